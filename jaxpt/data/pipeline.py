@@ -1,0 +1,165 @@
+"""Language-model data: config -> TFDS source -> SentencePiece tokenizer -> packed rows -> deterministic batches.
+
+The local corpus (`data.path`, '' = embedded stdlib corpus) goes through the `JaxptLocalText` TFDS builder
+(array_record under `WORKDIR/tfds`); `data.tfds_name` reads a prepared registered dataset instead. Both are read
+through random-access data sources, tokenized once, packed (see `jaxpt.data.packing`) and cached as `.npy` under
+`WORKDIR/data/packed_<key>`, where the key covers the source, the tokenizer model and `seq_len`.
+
+Order: the global stream of training rows is epoch after epoch, each epoch a permutation of all packed rows drawn
+from (seed, epoch). Step k takes rows [k * B, (k + 1) * B) of that stream, so a batch depends only on (seed, k)
+and a run resumed at step k sees the batches an uninterrupted run would have. Process p of P takes rows
+[p * B / P, (p + 1) * B / P) of each global batch and reads only those.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+from typing import Any, Iterator
+
+import numpy as np
+
+from jaxpt.data import config as config_lib
+from jaxpt.data import packing
+from jaxpt.data import tfds_text
+from jaxpt.data import tokenizer as tokenizer_lib
+
+PACKING_VERSION = 1
+_ARRAYS = ("train_tokens", "train_segments", "eval_tokens", "eval_segments")
+
+
+def _open_sources(settings: config_lib.DataSettings, workdir: str) -> tuple[dict[str, Any], str, int | None]:
+  """({'train', 'validation'} -> TFDS data source, identity of the source, byte cap for reading or None)."""
+  if settings.tfds_name:
+    sources, identity = tfds_text.named_sources(settings.tfds_name, settings.tfds_data_dir)
+    return sources, f"tfds|{identity}|{settings.tfds_text_key}|{settings.max_corpus_bytes}", settings.max_corpus_bytes
+  builder = tfds_text.prepare_local(settings.path, settings.max_corpus_bytes, settings.eval_fraction,
+                                    os.path.join(workdir, "tfds"))
+  return tfds_text.local_sources(builder), f"local|{builder.builder_config.name}", None
+
+
+def _pack_texts(texts: list[str], tokenizer: tokenizer_lib.Tokenizer, seq_len: int) -> tuple[np.ndarray, ...]:
+  if not texts:
+    return np.zeros((0, seq_len), np.int32), np.zeros((0, seq_len), np.int32)
+  return packing.pack(tokenizer.encode_batch(texts), seq_len, tokenizer.eos_id)
+
+
+def _load_or_pack(cache_dir: str, read_splits, tokenizer, seq_len: int) -> dict[str, np.ndarray]:
+  """The packed arrays, memory-mapped from `cache_dir` if present, else packed from `read_splits()` and saved."""
+  if not all(os.path.exists(os.path.join(cache_dir, f"{name}.npy")) for name in _ARRAYS):
+    train_texts, eval_texts = read_splits()
+    arrays = dict(zip(_ARRAYS, _pack_texts(train_texts, tokenizer, seq_len) +
+                      _pack_texts(eval_texts, tokenizer, seq_len)))
+    tmp = f"{cache_dir}.tmp{os.getpid()}"
+    os.makedirs(tmp, exist_ok=True)
+    for name, array in arrays.items():
+      np.save(os.path.join(tmp, f"{name}.npy"), array)
+    try:
+      os.rename(tmp, cache_dir)
+    except OSError:  # another process finished first: its arrays are identical
+      for name in _ARRAYS:
+        os.remove(os.path.join(tmp, f"{name}.npy"))
+      os.rmdir(tmp)
+  return {name: np.load(os.path.join(cache_dir, f"{name}.npy"), mmap_mode="r") for name in _ARRAYS}
+
+
+class LMData:
+  """Packed training rows and held-out rows of one corpus, with its tokenizer. Build with `LMData.create`."""
+
+  def __init__(self, settings: config_lib.DataSettings, tokenizer: tokenizer_lib.Tokenizer, seed: int,
+               arrays: dict[str, np.ndarray]):
+    self.settings = settings
+    self.tokenizer = tokenizer
+    self.seed = seed
+    self._arrays = arrays
+    self._permutations: dict[int, np.ndarray] = {}
+
+  @classmethod
+  def create(cls, data_config: Any, vocab_size: int, workdir: str, seed: int) -> "LMData":
+    """Validates `data_config`, then prepares (or reuses from `workdir`) the TFDS source, tokenizer and packing.
+
+    `vocab_size` is the model's; the tokenizer has at most that many ids. Raises ValueError naming the field.
+    """
+    settings = config_lib.validate(data_config)
+    if not isinstance(seed, (int, np.integer)) or seed < 0:
+      raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    os.makedirs(workdir, exist_ok=True)
+    sources, identity, max_bytes = _open_sources(settings, workdir)
+    text_key = settings.tfds_text_key if settings.tfds_name else "text"
+
+    def read(split):
+      return tfds_text.read_texts(sources[split], text_key, max_bytes)
+
+    training_texts = functools.cache(lambda: read(tfds_text.TRAIN))  # read only if tokenizer or packing need it
+    tokenizer = tokenizer_lib.load_or_train(os.path.join(workdir, "tokenizer"), vocab_size, identity,
+                                            training_texts)
+    key = hashlib.sha256(f"{identity}|{hashlib.sha256(tokenizer.model_proto).hexdigest()}|"
+                         f"{settings.seq_len}|{PACKING_VERSION}".encode()).hexdigest()[:20]
+    arrays = _load_or_pack(os.path.join(workdir, "data", f"packed_{key}"),
+                           lambda: (training_texts(), read(tfds_text.VALIDATION)), tokenizer, settings.seq_len)
+    data = cls(settings, tokenizer, int(seed), arrays)
+    needed = settings.eval_batches * settings.batch_size
+    if data.num_eval_rows < needed:
+      raise ValueError(
+          f"data.eval_batches={settings.eval_batches} needs {needed} held-out rows of data.seq_len="
+          f"{settings.seq_len} (data.batch_size={settings.batch_size}), but the held-out split "
+          f"(data.eval_fraction={settings.eval_fraction}) packs into {data.num_eval_rows}")
+    return data
+
+  @property
+  def num_train_rows(self) -> int:
+    return self._arrays["train_tokens"].shape[0]
+
+  @property
+  def num_eval_rows(self) -> int:
+    return self._arrays["eval_tokens"].shape[0]
+
+  def _permutation(self, epoch: int) -> np.ndarray:
+    if epoch not in self._permutations:
+      if len(self._permutations) >= 4:
+        self._permutations.pop(min(self._permutations))
+      rng = np.random.default_rng([self.seed, epoch])
+      self._permutations[epoch] = rng.permutation(self.num_train_rows)
+    return self._permutations[epoch]
+
+  def _slice(self, process_index: int, process_count: int) -> tuple[int, int]:
+    """[begin, end) rows of a global batch that belong to `process_index`."""
+    batch = self.settings.batch_size
+    if process_count <= 0 or batch % process_count:
+      raise ValueError(f"data.batch_size={batch} must be divisible by process_count={process_count}")
+    if not 0 <= process_index < process_count:
+      raise ValueError(f"process_index={process_index} must be in [0, process_count={process_count})")
+    per_process = batch // process_count
+    return process_index * per_process, (process_index + 1) * per_process
+
+  def train_batch(self, step: int, process_index: int = 0, process_count: int = 1) -> dict[str, np.ndarray]:
+    """This process's rows of the global batch of `step` (a function of seed and step only); [B / P, seq_len]."""
+    begin, end = self._slice(process_index, process_count)
+    stream = step * self.settings.batch_size + np.arange(begin, end, dtype=np.int64)
+    epochs, offsets = np.divmod(stream, self.num_train_rows)
+    rows = np.empty_like(stream)
+    for epoch in np.unique(epochs):
+      mask = epochs == epoch
+      rows[mask] = self._permutation(int(epoch))[offsets[mask]]
+    return packing.make_batch(self._arrays["train_tokens"][rows], self._arrays["train_segments"][rows])
+
+  def train_batches(self, start_step: int = 0, process_index: int = 0,
+                    process_count: int = 1) -> Iterator[dict[str, np.ndarray]]:
+    """Endless batches for steps start_step, start_step + 1, ... (see `train_batch`)."""
+    if start_step < 0:
+      raise ValueError(f"start_step must be >= 0, got {start_step}")
+    self._slice(process_index, process_count)
+    step = start_step
+    while True:
+      yield self.train_batch(step, process_index, process_count)
+      step += 1
+
+  def eval_batches(self, process_index: int = 0, process_count: int = 1) -> list[dict[str, np.ndarray]]:
+    """The fixed held-out batches: `data.eval_batches` batches of consecutive held-out rows, always the same."""
+    begin, end = self._slice(process_index, process_count)
+    batch = self.settings.batch_size
+    tokens, segments = self._arrays["eval_tokens"], self._arrays["eval_segments"]
+    return [packing.make_batch(tokens[i * batch + begin:i * batch + end], segments[i * batch + begin:i * batch + end])
+            for i in range(self.settings.eval_batches)]
+

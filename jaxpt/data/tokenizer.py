@@ -1,0 +1,137 @@
+"""SentencePiece tokenizer, trained on the training corpus at first use and cached in the workdir.
+
+Ids: pad=0, eos=1, bos=2, unk=3. Byte fallback and identity normalisation make `decode(encode(s)) == s` for any
+string. The model is stored as `<dir>/spm.model` with the settings it was trained with in `<dir>/spm.json`; a
+later run with the same settings reuses it, any other settings retrain it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from typing import Callable, Iterable, Iterator
+
+import sentencepiece as spm
+
+PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
+_CHUNK_CHARS = 2048  # training "sentences" are line-aligned chunks of documents of at most this many characters
+
+# Trainer options other than the vocabulary size; part of the cache key.
+TRAINER_OPTIONS = dict(
+    model_type="bpe",
+    pad_id=PAD_ID,
+    eos_id=EOS_ID,
+    bos_id=BOS_ID,
+    unk_id=UNK_ID,
+    byte_fallback=True,
+    hard_vocab_limit=False,  # a small corpus may not support the full vocabulary: use fewer pieces, not fail
+    normalization_rule_name="identity",
+    remove_extra_whitespaces=False,
+    add_dummy_prefix=False,
+    allow_whitespace_only_pieces=True,
+    split_digits=True,
+    character_coverage=0.9995,
+    input_sentence_size=4000,
+    shuffle_input_sentence=True,
+    max_sentence_length=4 * _CHUNK_CHARS,
+    seed_sentencepiece_size=200_000,
+)
+
+
+class Tokenizer:
+  """Text <-> int ids with a trained SentencePiece model."""
+
+  def __init__(self, model_proto: bytes):
+    self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    self.model_proto = model_proto
+
+  @classmethod
+  def load(cls, model_file: str) -> "Tokenizer":
+    with open(model_file, "rb") as f:
+      return cls(f.read())
+
+  @property
+  def vocab_size(self) -> int:
+    """Number of pieces; every id is in [0, vocab_size). At most the size asked for at training."""
+    return self._sp.get_piece_size()
+
+  @property
+  def pad_id(self) -> int:
+    return self._sp.pad_id()
+
+  @property
+  def eos_id(self) -> int:
+    return self._sp.eos_id()
+
+  @property
+  def bos_id(self) -> int:
+    return self._sp.bos_id()
+
+  def encode(self, text: str) -> list[int]:
+    """Ids of `text`, without bos/eos."""
+    return self._sp.encode(text)
+
+  def encode_batch(self, texts: list[str], num_threads: int = 2) -> list[list[int]]:
+    """Ids of each text, without bos/eos."""
+    return self._sp.encode(texts, num_threads=num_threads)
+
+  def decode(self, ids: Iterable[int]) -> str:
+    """Text of `ids`; pad/eos/bos ids decode to nothing."""
+    return self._sp.decode([int(i) for i in ids])
+
+
+def _training_sentences(documents: Iterable[str]) -> Iterator[str]:
+  """Line-aligned chunks of at most ~_CHUNK_CHARS characters (newlines kept, so they become pieces)."""
+  for doc in documents:
+    chunk = []
+    size = 0
+    for line in doc.splitlines(keepends=True):
+      if size + len(line) > _CHUNK_CHARS and chunk:
+        yield "".join(chunk)
+        chunk, size = [], 0
+      chunk.append(line[: 2 * _CHUNK_CHARS])
+      size += len(chunk[-1])
+    if chunk:
+      yield "".join(chunk)
+
+
+def train(documents: Iterable[str], vocab_size: int, num_threads: int = 2) -> Tokenizer:
+  """A tokenizer of at most `vocab_size` pieces trained (in memory) on `documents`."""
+  model = io.BytesIO()
+  try:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=_training_sentences(documents), model_writer=model, vocab_size=vocab_size,
+        num_threads=num_threads, minloglevel=2, **TRAINER_OPTIONS)
+  except RuntimeError as e:
+    raise ValueError(f"model.vocab_size={vocab_size}: SentencePiece training failed "
+                     f"(byte fallback needs 260 ids plus the corpus's characters): {e}") from e
+  return Tokenizer(model.getvalue())
+
+
+def _atomic_write(path: str, data: bytes) -> None:
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "wb") as f:
+    f.write(data)
+  os.replace(tmp, path)
+
+
+def load_or_train(directory: str, vocab_size: int, corpus_id: str,
+                  documents: Callable[[], Iterable[str]]) -> Tokenizer:
+  """The tokenizer cached in `directory` if it was trained with the same settings, else a newly trained one.
+
+  `corpus_id` identifies the training corpus (e.g. a fingerprint); `documents()` is only called when training.
+  """
+  settings = {"vocab_size": vocab_size, "corpus_id": corpus_id, "sentencepiece": spm.__version__,
+              **TRAINER_OPTIONS}
+  model_file = os.path.join(directory, "spm.model")
+  settings_file = os.path.join(directory, "spm.json")
+  if os.path.exists(model_file) and os.path.exists(settings_file):
+    with open(settings_file) as f:
+      if json.load(f) == settings:
+        return Tokenizer.load(model_file)
+  tokenizer = train(documents(), vocab_size)
+  os.makedirs(directory, exist_ok=True)
+  _atomic_write(model_file, tokenizer.model_proto)
+  _atomic_write(settings_file, json.dumps(settings, indent=1, sort_keys=True).encode())
+  return tokenizer
