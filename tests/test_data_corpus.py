@@ -1,0 +1,86 @@
+"""Reading corpora (embedded stdlib, folders, paragraph files) and the deterministic train/validation split."""
+
+import os
+
+import pytest
+
+from jaxpt.data import corpus
+
+
+def test_embedded_corpus_is_capped_sorted_stdlib_without_tests():
+  docs = corpus.embedded_documents(300_000)
+  size = sum(len(d.encode("utf-8")) for d in docs)
+  assert 250_000 < size <= 300_000
+  assert docs == corpus.embedded_documents(300_000)
+  files = corpus._stdlib_files()
+  for folder in {os.path.dirname(f) for f in files}:
+    names = [os.path.basename(f) for f in files if os.path.dirname(f) == folder]
+    assert names == sorted(names)
+  assert all(f.endswith(".py") for f in files)
+  parts = {p for f in files for p in os.path.relpath(f, corpus.stdlib_dir()).split(os.sep)[:-1]}
+  assert not parts & {"site-packages", "test", "tests", "__pycache__"}
+  # The first documents are whole files, in walk order.
+  with open(files[0], encoding="utf-8") as f:
+    assert docs[0] == f.read()
+  assert corpus.embedded_documents(1_000_000)[: len(docs) - 1] == docs[:-1]
+
+
+def test_embedded_corpus_bad_cap_names_field():
+  with pytest.raises(ValueError, match="data.max_corpus_bytes"):
+    corpus.embedded_documents(0)
+
+
+def test_folder_reads_text_files_recursively_sorted_and_skips_binary(tmp_path):
+  (tmp_path / "b").mkdir()
+  (tmp_path / "b" / "z.txt").write_text("zeta\n\nstill one document")
+  (tmp_path / "a.md").write_text("alpha ü")
+  (tmp_path / "c.bin").write_bytes(b"\x00\x01\x02binary")
+  (tmp_path / "d.txt").write_bytes("latin1 \xe9".encode("latin-1"))
+  (tmp_path / "e.txt").write_text("   \n")
+  (tmp_path / ".hidden").write_text("hidden")
+  assert corpus.path_documents(str(tmp_path)) == ["alpha ü", "zeta\n\nstill one document"]
+
+
+def test_single_file_splits_on_blank_lines(tmp_path):
+  path = tmp_path / "t.txt"
+  path.write_text("\nFirst:\nline two\n\n\nSecond para\n  \t\nThird\n")
+  assert corpus.path_documents(str(path)) == ["First:\nline two", "Second para", "Third"]
+
+
+@pytest.mark.parametrize("kind", ["missing", "empty_file", "empty_dir"])
+def test_bad_path_names_field_and_path(tmp_path, kind):
+  path = tmp_path / "nothing"
+  if kind == "empty_file":
+    path.write_text("\n\n")
+  elif kind == "empty_dir":
+    path.mkdir()
+  with pytest.raises(ValueError, match=f"data.path: '{path}'"):
+    corpus.read_documents(str(path), 1000)
+
+
+def test_split_is_stable_content_based_and_near_fraction():
+  docs = [f"document number {i}\n" * (i % 7 + 1) for i in range(4000)]
+  train, held_out = corpus.split_documents(docs, 0.1)
+  assert len(train) + len(held_out) == len(docs)
+  assert 300 < len(held_out) < 500
+  assert not set(train) & set(held_out)
+  # Same answer when documents are reordered or others are added: membership depends on content only.
+  train2, held_out2 = corpus.split_documents(docs[::-1] + ["new doc"], 0.1)
+  assert set(held_out2) - {"new doc"} == set(held_out)
+  assert corpus.split_documents(docs, 0.1) == (train, held_out)
+
+
+@pytest.mark.parametrize("fraction", [0.0, 1.0, -0.5])
+def test_split_bad_fraction_names_field(fraction):
+  with pytest.raises(ValueError, match="data.eval_fraction"):
+    corpus.split_documents(["a", "b"], fraction)
+
+
+def test_fingerprint_changes_with_source(tmp_path):
+  path = tmp_path / "c.txt"
+  path.write_text("one\n\ntwo")
+  before = corpus.fingerprint(str(path), 100)
+  assert before == corpus.fingerprint(str(path), 100)
+  path.write_text("one\n\ntwo\n\nthree")
+  assert corpus.fingerprint(str(path), 100) != before
+  assert corpus.fingerprint("", 100) != corpus.fingerprint("", 200)
