@@ -1,0 +1,60 @@
+"""Orbax checkpoints of a `TrainState`: async saves, keep-N, restore-latest."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+from jaxpt.train.state import TrainState
+
+CHECKPOINT_DIR = "checkpoints"
+
+
+class Checkpointer:
+  """Wraps `ocp.CheckpointManager` under `workdir/checkpoints/<step>/{state,meta}`.
+
+  `state` is the TrainState pytree (StandardSave); `meta` is a small JSON dict (e.g. the config). Saves are
+  asynchronous: `save` returns once arrays are copied off device; `wait()` blocks until files are committed.
+  """
+
+  def __init__(self, workdir: str, keep: int = 3, async_save: bool = True):
+    self.directory = os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save, create=True)
+    self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
+
+  def latest_step(self) -> int | None:
+    return self._manager.latest_step()
+
+  def all_steps(self) -> list[int]:
+    return list(self._manager.all_steps())
+
+  def save(self, state: TrainState, meta: dict | None = None) -> bool:
+    """Starts an async save at `state.step` (a no-op if that step is already saved); True if started."""
+    step = int(jax.device_get(state.step))
+    if step in self._manager.all_steps():
+      return False
+    args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta or {}))
+    return bool(self._manager.save(step, args=args, force=True))
+
+  def restore_latest(self, template: TrainState) -> TrainState | None:
+    """The latest checkpoint restored into `template`'s structure/dtypes/shardings, or None if there is none."""
+    step = self._manager.latest_step()
+    if step is None:
+      return None
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
+    restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
+    return restored.state
+
+  def restore_meta(self, step: int | None = None) -> dict[str, Any]:
+    step = self._manager.latest_step() if step is None else step
+    return dict(self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta)
+
+  def wait(self) -> None:
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    self._manager.wait_until_finished()
+    self._manager.close()

@@ -1,0 +1,68 @@
+"""LM step functions: the loss_fn the generic train step differentiates, and a held-out evaluator."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxpt.losses import get_loss
+from jaxpt.train.state import TrainState
+from jaxpt.train.step import LossFn
+
+
+def _forward(model: nn.Module, params: Any, batch: dict, rng: jax.Array | None) -> jax.Array:
+  """logits [B, S, V] for batch['inputs'] with its positions/segment_ids; dropout on iff rng is given."""
+  return model.apply({"params": params}, batch["inputs"], positions=batch.get("positions"),
+                     segment_ids=batch.get("segment_ids"), deterministic=rng is None,
+                     rngs=None if rng is None else {"dropout": rng})
+
+
+def make_lm_loss_fn(model: nn.Module, loss_name: str = "lm_cross_entropy", train: bool = True,
+                    **loss_kwargs: Any) -> LossFn:
+  """loss_fn(params, batch, rng) -> (loss, metrics): model.apply -> registered loss on (targets, weights).
+
+  With train=False, or a model without dropout, the rng is ignored (deterministic forward).
+  """
+  loss = get_loss(loss_name)
+  use_rng = train and getattr(getattr(model, "config", None), "dropout_rate", 0.0) > 0
+
+  def loss_fn(params: Any, batch: dict, rng: jax.Array) -> tuple[jax.Array, dict]:
+    logits = _forward(model, params, batch, rng if use_rng else None)
+    return loss(logits, batch["targets"], batch["weights"], **loss_kwargs)
+
+  return loss_fn
+
+
+def make_lm_evaluator(model: nn.Module, eval_batches: Sequence[dict],
+                      loss_name: str = "lm_cross_entropy") -> Callable[[TrainState], dict]:
+  """evaluate(state) -> {eval_loss, eval_ppl, eval_accuracy} over all `eval_batches` (token-weighted).
+
+  eval_loss = sum_b N_b nll_b / sum_b N_b (no z-loss); eval_ppl = exp(eval_loss).
+  """
+  if not eval_batches:
+    raise ValueError("make_lm_evaluator: no eval batches (data.eval_batches must be >= 1)")
+  loss_fn = make_lm_loss_fn(model, loss_name, train=False)
+
+  @jax.jit
+  def eval_step(params: Any, batch: dict) -> tuple[jax.Array, jax.Array, jax.Array]:
+    _, metrics = loss_fn(params, batch, jax.random.PRNGKey(0))
+    n = metrics["num_tokens"]
+    return n * metrics["nll"], n * metrics["accuracy"], n
+
+  device_batches = [jax.tree.map(jnp.asarray, b) for b in eval_batches]
+
+  def evaluate(state: TrainState) -> dict:
+    sums = np.zeros(3, np.float64)
+    for batch in device_batches:
+      sums += np.asarray(jax.device_get(eval_step(state.params, batch)), np.float64)
+    nll_sum, correct_sum, n = sums
+    eval_loss = nll_sum / max(n, 1.0)
+    return {"eval_loss": eval_loss, "eval_ppl": math.exp(min(eval_loss, 700.0)),
+            "eval_accuracy": correct_sum / max(n, 1.0)}
+
+  return evaluate

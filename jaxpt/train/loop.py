@@ -1,0 +1,157 @@
+"""The one training loop: restore -> iterate batches -> step -> log / eval / checkpoint, SIGTERM-safe.
+
+Pretraining, reward modelling and GRPO differ only in the `train_step` and batch iterator they pass in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import signal
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+import jax
+import numpy as np
+from absl import logging
+from tqdm import tqdm
+
+from jaxpt.train.checkpoint import Checkpointer
+from jaxpt.train.metrics import MetricWriter
+from jaxpt.train.state import TrainState
+
+TrainStep = Callable[[TrainState, Any], tuple[TrainState, dict]]
+BatchesFn = Callable[[int], Iterator[Any]]
+EvalFn = Callable[[TrainState], dict]
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopConfig:
+  """steps: total optimizer steps. `*_every = 0` means only at the end of the run (and, for checkpoints, on
+  SIGTERM). Checkpoints keep the newest `keep_checkpoints`."""
+
+  steps: int
+  log_every: int = 10
+  eval_every: int = 0
+  checkpoint_every: int = 0
+  keep_checkpoints: int = 3
+  async_checkpoints: bool = True
+  progress: bool = True
+
+  @classmethod
+  def from_config(cls, config: Any) -> "LoopConfig":
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{name: config[name] for name in names if name in config})
+
+
+@dataclasses.dataclass
+class LoopResult:
+  state: TrainState
+  preempted: bool  # stopped by SIGTERM (a checkpoint at state.step was saved)
+  last_row: dict  # the last metrics row written
+
+
+class _Preemption:
+  """Turns SIGTERM into a flag the loop checks between steps (only installable from the main thread)."""
+
+  def __init__(self):
+    self.requested = False
+
+  @contextlib.contextmanager
+  def installed(self):
+    if threading.current_thread() is not threading.main_thread():
+      yield self
+      return
+    previous = signal.signal(signal.SIGTERM, self._handle)
+    try:
+      yield self
+    finally:
+      signal.signal(signal.SIGTERM, previous)
+
+  def _handle(self, signum, frame):
+    del signum, frame
+    self.requested = True
+
+
+def _mean_metrics(pending: list[dict]) -> dict:
+  """Means over the steps since the last log; `num_tokens` is summed."""
+  host = jax.device_get(pending)
+  row = {}
+  for key in host[0]:
+    values = np.asarray([m[key] for m in host], np.float64)
+    row[key] = float(values.sum() if key == "num_tokens" else values.mean())
+  return row
+
+
+def _is_due(step: int, every: int) -> bool:
+  return every > 0 and step % every == 0
+
+
+def train_loop(state: TrainState, train_step: TrainStep, batches: BatchesFn, config: LoopConfig, workdir: str, *,
+               eval_fn: EvalFn | None = None, meta: dict | None = None,
+               stop_at: int | None = None) -> LoopResult:
+  """Trains `state` to `config.steps`, resuming from the latest checkpoint in `workdir` if there is one.
+
+  train_step(state, batch) -> (state, metrics): typically jitted; metrics are scalars (`num_tokens`, if
+    present, yields `tokens_per_sec`).
+  batches(start_step) -> iterator whose k-th item is the batch for step start_step + k (data order is a function
+    of the step, so the checkpointed step is the data position).
+  eval_fn(state) -> dict of scalars, run every `eval_every` steps and at the end.
+  meta: JSON-able dict saved with each checkpoint (e.g. the config).
+  stop_at: stop (and checkpoint) after this step, as if preempted there; for staged runs and tests.
+  Writes metrics.jsonl rows {step, loss, ..., lr, grad_norm, tokens_per_sec, eval_*}, TensorBoard, loss.png.
+  """
+  checkpointer = Checkpointer(workdir, keep=config.keep_checkpoints, async_save=config.async_checkpoints)
+  restored = checkpointer.restore_latest(state)
+  if restored is not None:
+    state = restored
+  start = int(jax.device_get(state.step))
+  end = config.steps if stop_at is None else min(config.steps, stop_at)
+  if start:
+    logging.info("resumed from checkpoint at step %d", start)
+  writer = MetricWriter(workdir, start_step=start)
+  preemption = _Preemption()
+  last_row: dict = {}
+  pending: list[dict] = []
+  step = start
+  bar = tqdm(total=config.steps, initial=start, disable=not config.progress, dynamic_ncols=True, desc="train")
+  try:
+    with preemption.installed():
+      iterator = batches(start)
+      tick = time.perf_counter()
+      while step < end and not preemption.requested:
+        state, metrics = train_step(state, next(iterator))
+        pending.append(metrics)
+        step += 1
+        bar.update(1)
+        is_last = step == config.steps
+        do_eval = eval_fn is not None and (_is_due(step, config.eval_every) or is_last)
+        if do_eval or is_last or step == end or _is_due(step, config.log_every):
+          row = _mean_metrics(pending)
+          elapsed = time.perf_counter() - tick
+          row["steps_per_sec"] = len(pending) / elapsed
+          if "num_tokens" in row:
+            row["tokens_per_sec"] = row.pop("num_tokens") / elapsed
+          pending = []
+          if do_eval:
+            row.update({k: float(v) for k, v in jax.device_get(eval_fn(state)).items()})
+          writer.write(step, row)
+          last_row = dict(row, step=step)
+          if "loss" in row:
+            bar.set_postfix(loss=f"{row['loss']:.4f}")
+          if do_eval:
+            writer.plot()
+          tick = time.perf_counter()
+        if _is_due(step, config.checkpoint_every):
+          checkpointer.save(state, meta)
+      if preemption.requested:
+        logging.warning("SIGTERM: saving a checkpoint at step %d and stopping", step)
+      if step > start or checkpointer.latest_step() is None:
+        checkpointer.save(state, meta)
+  finally:
+    bar.close()
+    checkpointer.close()
+    writer.plot()
+    writer.close()
+  return LoopResult(state=state, preempted=preemption.requested, last_row=last_row)

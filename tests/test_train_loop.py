@@ -1,0 +1,89 @@
+"""The generic loop on a tiny in-test model: bitwise resume, checkpoint retention, metrics sinks."""
+
+import glob
+import json
+import os
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+from jaxpt.train.loop import LoopConfig, train_loop
+from jaxpt.train.metrics import read_metrics
+from jaxpt.train.optim import make_optimizer
+from jaxpt.train.state import TrainState
+from jaxpt.train.step import make_train_step
+from tests.test_train_fixtures import batches_from, tiny_loss_fn, tiny_params
+
+STEPS = 12
+LOOP = LoopConfig(steps=STEPS, log_every=3, eval_every=4, checkpoint_every=5, keep_checkpoints=2, progress=False)
+
+
+@pytest.fixture(scope="module")
+def setup():
+  optim = ml_collections.ConfigDict(dict(learning_rate=1e-2, warmup_steps=3, end_lr_fraction=0.1, b1=0.9, b2=0.95,
+                                         eps=1e-8, weight_decay=0.1, grad_clip=1.0))
+  optimizer, schedule = make_optimizer(optim, STEPS)
+  train_step = jax.jit(make_train_step(tiny_loss_fn, optimizer, schedule))
+  init = lambda: TrainState.create(tiny_params(), optimizer, jax.random.PRNGKey(7))
+  eval_batch = next(batches_from(10_000))
+  evaluate = jax.jit(lambda state: {"eval_loss": tiny_loss_fn(state.params, eval_batch, None)[1]["nll"]})
+  return init, train_step, evaluate
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(setup, tmp_path_factory):
+  init, train_step, evaluate = setup
+  workdir = str(tmp_path_factory.mktemp("straight"))
+  return workdir, train_loop(init(), train_step, batches_from, LOOP, workdir, eval_fn=evaluate, meta={"run": "a"})
+
+
+def test_resume_is_bitwise_identical(setup, uninterrupted, tmp_path):
+  init, train_step, evaluate = setup
+  workdir = str(tmp_path)
+  first = train_loop(init(), train_step, batches_from, LOOP, workdir, eval_fn=evaluate, stop_at=7)
+  assert int(first.state.step) == 7 and not first.preempted
+  assert os.path.isdir(os.path.join(workdir, "checkpoints", "7"))
+  # A fresh init state: everything must come from the checkpoint.
+  second = train_loop(init(), train_step, batches_from, LOOP, workdir, eval_fn=evaluate)
+  want = uninterrupted[1].state
+  assert int(second.state.step) == STEPS
+  for got, ref in zip(jax.tree.leaves(second.state), jax.tree.leaves(want)):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(ref))
+  # metrics.jsonl: one row per logged step (plus one at the stop), same eval results as the uninterrupted run.
+  rows, want_rows = read_metrics(workdir), read_metrics(uninterrupted[0])
+  assert [r["step"] for r in rows] == [3, 4, 6, 7, 8, 9, 12]
+  strip = lambda r: {k: v for k, v in r.items() if not k.endswith("_per_sec")}
+  assert [strip(r) for r in rows[:3]] == [strip(r) for r in want_rows[:3]]
+  evals = lambda rows: [(r["step"], r["eval_loss"]) for r in rows if "eval_loss" in r]
+  assert evals(rows) == evals(want_rows)
+
+
+def test_metrics_rows_checkpoints_and_plots(uninterrupted):
+  workdir, result = uninterrupted
+  rows = read_metrics(workdir)
+  assert [r["step"] for r in rows] == [3, 4, 6, 8, 9, 12]
+  for row in rows:
+    for key in ("step", "loss", "nll", "accuracy", "lr", "grad_norm", "tokens_per_sec"):
+      assert np.isfinite(row[key]), (key, row)
+  assert [r["step"] for r in rows if "eval_loss" in r] == [4, 8, 12]
+  assert rows[-1]["eval_loss"] < rows[0]["loss"]
+  assert result.last_row["step"] == STEPS
+  # keep_checkpoints=2 of saves at 5, 10, 12.
+  assert sorted(int(os.path.basename(p)) for p in glob.glob(os.path.join(workdir, "checkpoints", "*"))
+                if os.path.basename(p).isdigit()) == [10, 12]
+  assert glob.glob(os.path.join(workdir, "tb", "events.out.tfevents.*"))
+  with open(os.path.join(workdir, "loss.png"), "rb") as f:
+    assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    assert json.loads(f.readline())["step"] == 3
+
+
+def test_finished_run_restarts_as_a_no_op(setup, uninterrupted):
+  init, train_step, evaluate = setup
+  workdir, result = uninterrupted
+  again = train_loop(init(), train_step, batches_from, LOOP, workdir, eval_fn=evaluate)
+  assert int(again.state.step) == STEPS
+  for got, ref in zip(jax.tree.leaves(again.state.params), jax.tree.leaves(result.state.params)):
+    np.testing.assert_array_equal(got, ref)

@@ -1,0 +1,103 @@
+"""Generic train step: gradient accumulation equivalence; optimizer schedule and weight-decay mask."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+
+from jaxpt.train.optim import decay_mask, make_optimizer, make_schedule
+from jaxpt.train.state import TrainState
+from jaxpt.train.step import accumulate_gradients, make_train_step
+from jaxpt.losses import get_loss
+from tests.test_train_fixtures import TinyLM, batch_for_step, tiny_params
+
+
+def optim_config(**overrides):
+  fields = dict(learning_rate=1e-2, warmup_steps=10, end_lr_fraction=0.1, b1=0.9, b2=0.95, eps=1e-8,
+                weight_decay=0.1, grad_clip=1.0, grad_accum_steps=1)
+  fields.update(overrides)
+  return ml_collections.ConfigDict(fields)
+
+
+@pytest.mark.parametrize("num_micro", [2, 4])
+def test_accumulated_gradients_equal_full_batch(num_micro):
+  params = tiny_params()
+  batch = batch_for_step(3)
+  batch["weights"][:4] = 0.0  # whole micro-batches of padding must not skew the mean
+  batch["weights"][4, :5] = 0.0
+  rng = jax.random.PRNGKey(1)
+  det_loss = lambda p, b, r: _det_loss(p, b)
+  full_grads, full_metrics = accumulate_gradients(det_loss, params, batch, rng, 1)
+  acc_grads, acc_metrics = jax.jit(accumulate_gradients, static_argnums=(0, 4))(det_loss, params, batch, rng,
+                                                                               num_micro)
+  for g_full, g_acc in zip(jax.tree.leaves(full_grads), jax.tree.leaves(acc_grads)):
+    np.testing.assert_allclose(g_acc, g_full, rtol=2e-5, atol=1e-7)
+  for key in ("loss", "nll", "accuracy", "num_tokens"):
+    np.testing.assert_allclose(acc_metrics[key], full_metrics[key], rtol=1e-5)
+
+
+def _det_loss(params, batch):
+  logits = TinyLM().apply({"params": params}, batch["inputs"], deterministic=True)
+  return get_loss("lm_cross_entropy")(logits, batch["targets"], batch["weights"], z_loss=1e-3)
+
+
+def test_train_step_with_accumulation_equals_one_step():
+  """Two SGD steps with accum 4 over B=8 match two steps over the same B (dropout off)."""
+  loss_fn = lambda p, b, r: _det_loss(p, b)
+  opt = optax.sgd(0.5)
+  schedule = lambda step: 0.5
+  results = []
+  for accum in (1, 4):
+    step = jax.jit(make_train_step(loss_fn, opt, schedule, grad_accum_steps=accum))
+    state = TrainState.create(tiny_params(), opt, jax.random.PRNGKey(0))
+    for k in range(2):
+      state, metrics = step(state, batch_for_step(k))
+    results.append((state, metrics))
+  (s1, m1), (s4, m4) = results
+  assert int(s1.step) == int(s4.step) == 2
+  for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s4.params)):
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(m4["grad_norm"], m1["grad_norm"], rtol=1e-5)
+  np.testing.assert_allclose(m4["loss"], m1["loss"], rtol=1e-5)
+
+
+def test_accumulation_rejects_indivisible_batch():
+  with pytest.raises(ValueError, match="grad_accum_steps=3"):
+    accumulate_gradients(lambda p, b, r: _det_loss(p, b), tiny_params(), batch_for_step(0), None, 3)
+
+
+def test_schedule_warmup_then_cosine_to_end_fraction():
+  schedule = make_schedule(optim_config(), total_steps=100)
+  np.testing.assert_allclose([schedule(0), schedule(5), schedule(10), schedule(100)],
+                             [0.0, 5e-3, 1e-2, 1e-3], rtol=1e-5, atol=1e-9)
+  assert schedule(55) < schedule(20)
+
+
+def test_decay_mask_skips_norms_biases_and_scanned_scales():
+  boxed = {
+      "scale": nn.Partitioned(jnp.ones((3, 4)), names=("layers", "embed")),
+      "kernel": nn.Partitioned(jnp.ones((3, 4, 5)), names=("layers", "embed", "mlp")),
+      "embedding": nn.Partitioned(jnp.ones((7, 4)), names=("vocab", "embed")),
+      "bias": jnp.ones((5,)),
+      "plain": jnp.ones((4, 5)),
+  }
+  assert decay_mask(boxed) == {"scale": False, "kernel": True, "embedding": True, "bias": False, "plain": True}
+
+
+def test_adamw_decays_only_masked_params_and_clips():
+  params = {"w": jnp.ones((2, 2)), "b": jnp.ones((2,))}
+  opt, _ = make_optimizer(optim_config(warmup_steps=0, learning_rate=0.1, weight_decay=0.5), total_steps=10)
+  state = opt.init(params)
+  zero = jax.tree.map(jnp.zeros_like, params)
+  updates, _ = opt.update(zero, state, params)
+  np.testing.assert_allclose(updates["w"], -0.1 * 0.5 * np.ones((2, 2)), rtol=1e-6)  # decay only
+  np.testing.assert_array_equal(updates["b"], 0.0)
+  for clip, want_norm in ((1.0, 1.0), (0.0, 200.0)):  # 0 = no clipping; global norm of the grads is 200
+    clip_opt, _ = make_optimizer(optim_config(grad_clip=clip), total_steps=10)
+    _, new_state = clip_opt.update({"w": jnp.full((2, 2), 100.0), "b": jnp.zeros(2)}, clip_opt.init(params),
+                                   params)
+    mu = optax.tree_utils.tree_get(new_state, "mu")  # (1 - b1) * the (clipped) gradient
+    np.testing.assert_allclose(optax.global_norm(mu), 0.1 * want_norm, rtol=1e-5)
