@@ -1,0 +1,90 @@
+"""Decoder-only transformer LM over any residual scheme.
+
+    streams_0 = (E[tokens],) or (E[tokens], E[tokens])        [batch, seq, d_model] each
+    streams_L = blocks_{L-1} o ... o blocks_0 (streams_0)      (nn.scan over layers, c_l scanned along)
+    hidden    = OutputMerge(streams_L)                          final-norm hidden states
+    logits    = hidden E^T (tied) or hidden W_head              [batch, seq, vocab], float32
+
+Parameters carry logical axis names (`vocab`, `embed`, `mlp`, `heads`, `kv_heads`, `kv`, `layers`);
+`init_params` returns them unboxed.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxpt.models.config import ModelConfig
+from jaxpt.nn.blocks import BLOCKS, RESIDUAL_AXES, OutputMerge
+from jaxpt.nn.dense import dense_init
+
+REMAT_POLICIES = {
+    "full": None,  # save nothing, recompute the whole block
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+class DecoderStack(nn.Module):
+  """`num_layers` blocks of the configured scheme: streams -> streams."""
+
+  config: ModelConfig
+  deterministic: bool = True
+
+  @nn.compact
+  def __call__(self, streams, positions, segment_ids=None):
+    cfg = self.config
+    block = BLOCKS[cfg.norm_scheme]
+    if cfg.remat != "none":
+      block = nn.remat(block, policy=REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers)
+    if cfg.scan_layers:
+      stack = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
+                      in_axes=(0, nn.broadcast, nn.broadcast), length=cfg.num_layers,
+                      metadata_params={nn.PARTITION_NAME: "layers"})
+      streams, _ = stack(cfg, self.deterministic, name="layers")(
+          streams, jnp.arange(cfg.num_layers), positions, segment_ids)
+      return streams
+    for layer in range(cfg.num_layers):
+      streams, _ = block(cfg, self.deterministic, name=f"layers_{layer}")(
+          streams, jnp.asarray(layer), positions, segment_ids)
+    return streams
+
+
+class TransformerLM(nn.Module):
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, tokens, positions=None, segment_ids=None, deterministic: bool = True,
+               return_hidden: bool = False):
+    """tokens, positions, segment_ids: int [batch, seq] -> logits float32 [batch, seq, vocab]
+    (and the final-norm hidden states [batch, seq, d_model] when `return_hidden`)."""
+    cfg = self.config
+    dtype = jnp.dtype(cfg.dtype)
+    if positions is None:
+      positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+    embedding = self.param("embedding",
+                           nn.with_logical_partitioning(nn.initializers.normal(0.02), ("vocab", "embed")),
+                           (cfg.vocab_size, cfg.d_model), jnp.dtype(cfg.param_dtype))
+    x = jnp.take(embedding, tokens, axis=0).astype(dtype)
+    x = nn.Dropout(rate=cfg.dropout_rate)(x, deterministic=deterministic)
+    x = nn.with_logical_constraint(x, RESIDUAL_AXES)
+    streams = (x, x) if cfg.is_siamese else (x,)
+    streams = DecoderStack(cfg, deterministic, name="decoder")(streams, positions, segment_ids)
+    hidden = OutputMerge(cfg, name="output")(streams)
+    if cfg.tie_embeddings:
+      logits = jnp.einsum("bsd,vd->bsv", hidden, embedding.astype(dtype), preferred_element_type=jnp.float32)
+    else:
+      logits = nn.Dense(cfg.vocab_size, use_bias=False, dtype=dtype, param_dtype=jnp.dtype(cfg.param_dtype),
+                        kernel_init=dense_init(("embed", "vocab")), name="head")(hidden)
+    logits = nn.with_logical_constraint(logits.astype(jnp.float32), ("batch", "length", "vocab"))
+    return (logits, hidden) if return_hidden else logits
+
+
+def init_params(config: ModelConfig, rng, seq_len: int = 8):
+  """Unboxed float parameters of `TransformerLM(config)` (a pytree of arrays)."""
+  tokens = jnp.zeros((1, seq_len), jnp.int32)
+  return nn.meta.unbox(TransformerLM(config).init(rng, tokens)["params"])
+
+
+def param_count(params) -> int:
+  return sum(int(p.size) for p in jax.tree_util.tree_leaves(params))

@@ -1,0 +1,165 @@
+"""Transformer blocks, one class per residual scheme (spec: shared/specs/siamesenorm.md).
+
+Every block maps `streams -> streams`, where `streams` is a tuple of `[batch, seq, d_model]` arrays: `(x,)` for
+the single-stream schemes and `(x, y)` for SiameseNorm (x: Post-Norm-like stream, y: Pre-Norm-like stream).
+F is attention or the MLP, LN a norm of the configured type, l the 0-based block index, c_l = sqrt(2(l+1)).
+
+- `pre`:   x <- x + F(LN(x))
+- `post`:  x <- LN(x + F(x))
+- `hybrid` (HybridNorm): x' = x + Attn_qkvnorm(x);  xb = LN(x');  x <- xb + MLP(xb)
+- `siamese_post_pre`: six norms per block (post1, pre1, in1, post2, pre2, in2)
+      xh = LN_post(x);  z = F(LN_in(xh + LN_pre(y)));  x <- xh + z / c_l;  y <- y + z     (for attn, then MLP)
+- `siamese_hybrid_pre`:
+      A = Attn_qkvnorm(c1 * x + N_attn_y(y));  x' = x + A / c_l;  y' = y + A
+      xb = N_ff(x');  M = MLP(N_ff_in(xb + N_ff_y(y')));  x <- xb + M / c_l;  y <- y' + M
+
+Each sub-layer is computed once and its (dropped-out) output is added to both streams. Blocks return
+`(streams, None)` so they can be stacked with `nn.scan` over the layer index.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from jaxpt.models.config import ModelConfig
+from jaxpt.nn.attention import Attention
+from jaxpt.nn.mlp import MLP
+from jaxpt.nn.norms import make_norm
+
+RESIDUAL_AXES = ("batch", "length", "embed")
+
+
+def depth_scale(layer_index):
+  """c_l = sqrt(2 (l + 1)) for the 0-based block index l (a traced scalar under nn.scan)."""
+  return jnp.sqrt(2.0 * (jnp.asarray(layer_index, jnp.float32) + 1.0))
+
+
+class ResidualBlock(nn.Module):
+  """Shared sub-layer factories; subclasses implement one residual scheme in `__call__`."""
+
+  config: ModelConfig
+  deterministic: bool = True
+
+  @property
+  def compute_dtype(self):
+    return jnp.dtype(self.config.dtype)
+
+  def norm(self, name: str):
+    cfg = self.config
+    return make_norm(cfg.norm_type, cfg.norm_eps, self.compute_dtype, jnp.dtype(cfg.param_dtype), name)
+
+  def attention(self, h, positions, segment_ids, qkv_norm: bool = False):
+    cfg = self.config
+    out = Attention(num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.resolved_head_dim,
+                    rope_theta=cfg.rope_theta, qk_norm=cfg.qk_norm or qkv_norm, v_norm=cfg.v_norm or qkv_norm,
+                    norm_eps=cfg.norm_eps, dtype=self.compute_dtype, param_dtype=jnp.dtype(cfg.param_dtype),
+                    name="attn")(h, positions, segment_ids)
+    return self.dropout(out)
+
+  def mlp(self, h):
+    cfg = self.config
+    out = MLP(mlp_dim=cfg.mlp_dim, mlp_type=cfg.mlp_type, dtype=self.compute_dtype,
+              param_dtype=jnp.dtype(cfg.param_dtype), name="mlp")(h)
+    return self.dropout(out)
+
+  def dropout(self, t):
+    return nn.Dropout(rate=self.config.dropout_rate)(t, deterministic=self.deterministic)
+
+  @staticmethod
+  def constrain(streams):
+    return tuple(nn.with_logical_constraint(s, RESIDUAL_AXES) for s in streams)
+
+
+class PreNormBlock(ResidualBlock):
+
+  @nn.compact
+  def __call__(self, streams, layer_index, positions, segment_ids=None):
+    (x,) = streams
+    x = x + self.attention(self.norm("attn_norm")(x), positions, segment_ids)
+    x = x + self.mlp(self.norm("mlp_norm")(x))
+    return self.constrain((x,)), None
+
+
+class PostNormBlock(ResidualBlock):
+
+  @nn.compact
+  def __call__(self, streams, layer_index, positions, segment_ids=None):
+    (x,) = streams
+    x = self.norm("attn_post_norm")(x + self.attention(x, positions, segment_ids))
+    x = self.norm("mlp_post_norm")(x + self.mlp(x))
+    return self.constrain((x,)), None
+
+
+class HybridNormBlock(ResidualBlock):
+
+  @nn.compact
+  def __call__(self, streams, layer_index, positions, segment_ids=None):
+    (x,) = streams
+    x = x + self.attention(x, positions, segment_ids, qkv_norm=True)
+    xb = self.norm("mlp_post_norm")(x)
+    x = xb + self.mlp(xb)
+    return self.constrain((x,)), None
+
+
+class SiamesePostPreBlock(ResidualBlock):
+
+  @nn.compact
+  def __call__(self, streams, layer_index, positions, segment_ids=None):
+    x, y = streams
+    inv_c = (1.0 / depth_scale(layer_index)).astype(x.dtype)
+    xh = self.norm("post1")(x)
+    a = self.attention(self.norm("in1")(xh + self.norm("pre1")(y)), positions, segment_ids)
+    x, y = xh + a * inv_c, y + a
+    xh = self.norm("post2")(x)
+    m = self.mlp(self.norm("in2")(xh + self.norm("pre2")(y)))
+    return self.constrain((xh + m * inv_c, y + m)), None
+
+
+class SiameseHybridPreBlock(ResidualBlock):
+
+  @nn.compact
+  def __call__(self, streams, layer_index, positions, segment_ids=None):
+    x, y = streams
+    inv_c = (1.0 / depth_scale(layer_index)).astype(x.dtype)
+    c1 = self.param("c1", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)), (x.shape[-1],),
+                    jnp.dtype(self.config.param_dtype))
+    a = self.attention(c1.astype(x.dtype) * x + self.norm("attn_y_norm")(y), positions, segment_ids,
+                       qkv_norm=True)
+    x, y = x + a * inv_c, y + a
+    xb = self.norm("ff_norm")(x)
+    m = self.mlp(self.norm("ff_in_norm")(xb + self.norm("ff_y_norm")(y)))
+    return self.constrain((xb + m * inv_c, y + m)), None
+
+
+BLOCKS = {
+    "pre": PreNormBlock,
+    "post": PostNormBlock,
+    "hybrid": HybridNormBlock,
+    "siamese_post_pre": SiamesePostPreBlock,
+    "siamese_hybrid_pre": SiameseHybridPreBlock,
+}
+
+
+class OutputMerge(nn.Module):
+  """Final hidden state `[batch, seq, d_model]` fed to the LM head.
+
+  pre, hybrid: LN_final(x);  post: x (already normalised);
+  siamese_*:   LN_final(LN_fx(x) + LN_fy(y)).
+  """
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, streams):
+    cfg = self.config
+
+    def norm(name):
+      return make_norm(cfg.norm_type, cfg.norm_eps, jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype), name)
+
+    if cfg.norm_scheme == "post":
+      return streams[0]
+    if cfg.is_siamese:
+      x, y = streams
+      return norm("final_norm")(norm("final_x_norm")(x) + norm("final_y_norm")(y))
+    return norm("final_norm")(streams[0])

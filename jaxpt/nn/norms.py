@@ -1,0 +1,59 @@
+"""Normalisation layers, computed in float32 and returned in the compute dtype.
+
+RMSNorm:   y = x / sqrt(mean(x^2) + eps) * w
+LayerNorm: y = (x - mean(x)) / sqrt(var(x) + eps) * w + b
+Both normalise over the last axis: `[..., features] -> [..., features]`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+
+class RMSNorm(nn.Module):
+  eps: float = 1e-5
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+  axis_name: str = "embed"
+
+  @nn.compact
+  def __call__(self, x):
+    features = x.shape[-1]
+    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, (self.axis_name,)),
+                       (features,), self.param_dtype)
+    x32 = x.astype(jnp.float32)
+    inv_rms = jnp.reciprocal(jnp.sqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.eps))
+    return (x32 * inv_rms * scale.astype(jnp.float32)).astype(self.dtype)
+
+
+class LayerNorm(nn.Module):
+  eps: float = 1e-5
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+  axis_name: str = "embed"
+
+  @nn.compact
+  def __call__(self, x):
+    features = x.shape[-1]
+    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, (self.axis_name,)),
+                       (features,), self.param_dtype)
+    bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, (self.axis_name,)),
+                      (features,), self.param_dtype)
+    x32 = x.astype(jnp.float32)
+    mean = jnp.mean(x32, axis=-1, keepdims=True)
+    centred = x32 - mean
+    var = jnp.mean(jnp.square(centred), axis=-1, keepdims=True)
+    y = centred * jnp.reciprocal(jnp.sqrt(var + self.eps))
+    return (y * scale.astype(jnp.float32) + bias.astype(jnp.float32)).astype(self.dtype)
+
+
+NORMS = {"rmsnorm": RMSNorm, "layernorm": LayerNorm}
+
+
+def make_norm(norm_type: str, eps: float, dtype: Any, param_dtype: Any, name: str,
+              axis_name: str = "embed") -> nn.Module:
+  """A fresh norm module of the configured kind; each call is its own parameter set."""
+  return NORMS[norm_type](eps=eps, dtype=dtype, param_dtype=param_dtype, axis_name=axis_name, name=name)
