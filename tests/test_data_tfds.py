@@ -1,15 +1,19 @@
 """TFDS: the local-text builder writes array_record without TensorFlow; datasets are reread by name."""
 
 import collections
-import importlib.util
 import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 from etils import epath
 
-from jaxpt.data import corpus, tfds_text
+import ml_collections
+
+from jaxpt.data import corpus, pipeline, tfds_text
 
 
 def _write_corpus(folder, n=60):
@@ -21,8 +25,33 @@ def _write_corpus(folder, n=60):
   return folder
 
 
-def test_tensorflow_is_absent():
-  assert importlib.util.find_spec("tensorflow") is None
+def test_builds_and_reads_with_tensorflow_hidden(tmp_path):
+  source = _write_corpus(tmp_path / "corpus", n=8)
+  script = textwrap.dedent(f"""
+      import sys
+
+      class HideTensorFlow:  # every finder now behaves as if TensorFlow were not installed
+        def __init__(self, finder):
+          self.finder = finder
+
+        def find_spec(self, name, path=None, target=None):
+          if name.split(".")[0] == "tensorflow" or not hasattr(self.finder, "find_spec"):
+            return None
+          return self.finder.find_spec(name, path, target)
+
+      sys.meta_path[:] = [HideTensorFlow(f) for f in sys.meta_path]
+      import importlib.util
+      assert importlib.util.find_spec("tensorflow") is None
+      from jaxpt.data import tfds_text
+      builder = tfds_text.prepare_local({str(source)!r}, 1000, 0.2, {str(tmp_path / "tfds")!r})
+      train = tfds_text.read_texts(tfds_text.local_sources(builder)["train"])
+      assert "tensorflow" not in sys.modules
+      print(len(train))
+  """)
+  result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+  assert result.returncode == 0, result.stderr[-3000:]
+  expected_train, _ = corpus.split_documents(corpus.path_documents(str(source)), 0.2)
+  assert result.stdout.split()[-1] == str(len(expected_train))
 
 
 def test_local_builder_builds_array_record_and_rereads_same_split(tmp_path):
@@ -106,3 +135,23 @@ def test_unknown_or_unprepared_dataset_names_field(tmp_path):
     tfds_text.named_sources("no_such_dataset_xyz", str(tmp_path))
   with pytest.raises(ValueError, match="data.tfds_name: 'jaxpt_test_named_text' has no prepared"):
     tfds_text.named_sources("jaxpt_test_named_text", str(tmp_path / "empty"))
+
+
+def test_pipeline_reads_registered_dataset_by_name(tmp_path):
+  JaxptTestNamedText(data_dir=str(tmp_path / "tfds"), file_format="array_record").download_and_prepare()
+  config = ml_collections.ConfigDict(dict(
+      path="ignored when tfds_name is set", tfds_name="jaxpt_test_named_text", tfds_text_key="sentence",
+      tfds_data_dir=str(tmp_path / "tfds"), seq_len=8, batch_size=2, eval_batches=1, eval_fraction=0.05,
+      max_corpus_bytes=1_000_000))
+  data = pipeline.LMData.create(config, 300, str(tmp_path / "work"), seed=0)
+  train_text = "".join(data.tokenizer.decode(data.train_batch(s)["inputs"].reshape(-1)) for s in range(5))
+  assert "sentence" in train_text and "✓" in train_text
+  eval_ids = data.eval_batches()[0]["inputs"]
+  assert eval_ids.shape == (2, 8)
+  eval_numbers = {int(w) for w in data.tokenizer.decode(eval_ids.reshape(-1)).replace("✓", " ").split()
+                  if w.isdigit()}
+  assert eval_numbers and eval_numbers <= set(range(40, 50))  # the 'test' split is held out
+  # max_corpus_bytes caps what is read from a named dataset.
+  config.max_corpus_bytes = 100
+  capped = pipeline.LMData.create(config, 300, str(tmp_path / "work"), seed=0)
+  assert capped.num_train_rows < data.num_train_rows

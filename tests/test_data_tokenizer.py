@@ -47,6 +47,13 @@ def test_round_trip_any_text(tok, text):
   assert tok.decode(tok.encode(text)) == text
 
 
+def test_training_is_deterministic(docs):
+  # More chunks than the trainer's sample limit, so sampling is exercised too.
+  many = [line for doc in docs for line in doc.splitlines() if line.strip()]
+  assert len(many) > tokenizer_lib._MAX_SENTENCES
+  assert tokenizer_lib.train(many, 700).model_proto == tokenizer_lib.train(many, 700).model_proto
+
+
 def test_decode_drops_control_ids(tok):
   ids = tok.encode("abc")
   assert tok.decode([tok.bos_id] + ids + [tok.eos_id, tok.pad_id]) == "abc"

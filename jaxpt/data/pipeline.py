@@ -68,8 +68,9 @@ class LMData:
   """Packed training rows and held-out rows of one corpus, with its tokenizer. Build with `LMData.create`."""
 
   def __init__(self, settings: config_lib.DataSettings, tokenizer: tokenizer_lib.Tokenizer, seed: int,
-               arrays: dict[str, np.ndarray]):
+               arrays: dict[str, np.ndarray], workdir: str):
     self.settings = settings
+    self.workdir = workdir
     self.tokenizer = tokenizer
     self.seed = seed
     self._arrays = arrays
@@ -98,7 +99,7 @@ class LMData:
                          f"{settings.seq_len}|{PACKING_VERSION}".encode()).hexdigest()[:20]
     arrays = _load_or_pack(os.path.join(workdir, "data", f"packed_{key}"),
                            lambda: (training_texts(), read(tfds_text.VALIDATION)), tokenizer, settings.seq_len)
-    data = cls(settings, tokenizer, int(seed), arrays)
+    data = cls(settings, tokenizer, int(seed), arrays, workdir)
     needed = settings.eval_batches * settings.batch_size
     if data.num_eval_rows < needed:
       raise ValueError(

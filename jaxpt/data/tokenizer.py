@@ -12,10 +12,12 @@ import json
 import os
 from typing import Callable, Iterable, Iterator
 
+import numpy as np
 import sentencepiece as spm
 
 PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
 _CHUNK_CHARS = 2048  # training "sentences" are line-aligned chunks of documents of at most this many characters
+_MAX_SENTENCES = 4000  # at most this many chunks (~8 MB) are trained on: a few seconds
 
 # Trainer options other than the vocabulary size; part of the cache key.
 TRAINER_OPTIONS = dict(
@@ -32,8 +34,8 @@ TRAINER_OPTIONS = dict(
     allow_whitespace_only_pieces=True,
     split_digits=True,
     character_coverage=0.9995,
-    input_sentence_size=4000,
-    shuffle_input_sentence=True,
+    input_sentence_size=0,  # we sample (deterministically) ourselves, see _MAX_SENTENCES
+    shuffle_input_sentence=False,
     max_sentence_length=4 * _CHUNK_CHARS,
     seed_sentencepiece_size=200_000,
 )
@@ -96,12 +98,21 @@ def _training_sentences(documents: Iterable[str]) -> Iterator[str]:
       yield "".join(chunk)
 
 
+def _sample(sentences: list[str], limit: int) -> list[str]:
+  """At most `limit` of `sentences`, chosen by a fixed-seed draw (same on every run and host), order kept."""
+  if len(sentences) <= limit:
+    return sentences
+  keep = np.sort(np.random.default_rng(0).choice(len(sentences), size=limit, replace=False))
+  return [sentences[i] for i in keep]
+
+
 def train(documents: Iterable[str], vocab_size: int, num_threads: int = 2) -> Tokenizer:
-  """A tokenizer of at most `vocab_size` pieces trained (in memory) on `documents`."""
+  """A tokenizer of at most `vocab_size` pieces trained (in memory) on `documents`; deterministic."""
   model = io.BytesIO()
+  sentences = _sample(list(_training_sentences(documents)), _MAX_SENTENCES)
   try:
     spm.SentencePieceTrainer.train(
-        sentence_iterator=_training_sentences(documents), model_writer=model, vocab_size=vocab_size,
+        sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size,
         num_threads=num_threads, minloglevel=2, **TRAINER_OPTIONS)
   except RuntimeError as e:
     raise ValueError(f"model.vocab_size={vocab_size}: SentencePiece training failed "
