@@ -19,7 +19,8 @@ from jaxpt.data import corpus, pipeline, tfds_text
 def _write_corpus(folder, n=60):
   folder.mkdir(parents=True, exist_ok=True)
   for i in range(n):
-    (folder / f"doc{i:03d}.txt").write_text(f"document {i}\n" + "ünïcode line\n" * (i % 5) + ("dup\n" if i % 10 == 0 else ""))
+    extra = "ünïcode line\n" * (i % 5) + ("dup\n" if i % 10 == 0 else "")
+    (folder / f"doc{i:03d}.txt").write_text(f"document {i}\n" + extra)
   (folder / "dup_a.txt").write_text("same content\n")
   (folder / "dup_b.txt").write_text("same content\n")
   return folder

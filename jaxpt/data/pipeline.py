@@ -100,6 +100,8 @@ class LMData:
     arrays = _load_or_pack(os.path.join(workdir, "data", f"packed_{key}"),
                            lambda: (training_texts(), read(tfds_text.VALIDATION)), tokenizer, settings.seq_len)
     data = cls(settings, tokenizer, int(seed), arrays, workdir)
+    if data.num_train_rows == 0:
+      raise ValueError(f"data.tfds_name: {settings.tfds_name!r} has an empty 'train' split")
     needed = settings.eval_batches * settings.batch_size
     if data.num_eval_rows < needed:
       raise ValueError(
