@@ -11,6 +11,7 @@ import numbers
 import os
 from typing import Any
 
+from jaxpt.data import config as data_config_lib
 from jaxpt.losses import get_loss
 from jaxpt.models.config import ConfigError, ModelConfig
 
@@ -79,7 +80,7 @@ def validate_config(config: Any) -> ModelConfig:
   if seq_len > model.max_seq_len:
     check.fail("data.seq_len", f"longer than config.model.max_seq_len={model.max_seq_len}")
   batch_size = check.integer("data.batch_size", 1)
-  check.integer("data.eval_batches", 1)
+  check.integer("data.eval_batches", 0)
   check.number("data.eval_fraction", 0.0, 1.0, low_open=True, high_open=True)
   path = check.get("data.path")
   tfds_name = config.data.get("tfds_name", "") or ""
@@ -87,8 +88,10 @@ def validate_config(config: Any) -> ModelConfig:
     check.fail("data.path", "must be a string ('' = the embedded default corpus)")
   if path and not tfds_name and not os.path.exists(os.path.expanduser(path)):
     check.fail("data.path", "no such file or directory")
-  if "max_corpus_bytes" in config.data:
-    check.integer("data.max_corpus_bytes", 0)
+  try:
+    data_config_lib.validate(config.data)  # the data layer's own checks (types, ranges, tfds fields)
+  except ValueError as e:
+    raise ConfigError(f"config.{e}") from None
 
   check.number("optim.learning_rate", 0.0, low_open=True)
   check.integer("optim.warmup_steps", 0)

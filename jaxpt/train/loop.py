@@ -109,7 +109,7 @@ def train_loop(state: TrainState, train_step: TrainStep, batches: BatchesFn, con
   start = int(jax.device_get(state.step))
   end = config.steps if stop_at is None else min(config.steps, stop_at)
   if start:
-    logging.info("resumed from checkpoint at step %d", start)
+    logging.warning("resuming from the checkpoint at step %d", start)
   writer = MetricWriter(workdir, start_step=start)
   preemption = _Preemption()
   last_row: dict = {}

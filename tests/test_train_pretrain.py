@@ -1,0 +1,131 @@
+"""Pretraining end to end on the real TransformerLM and data pipeline, shrunk to run in seconds.
+
+Shares one `build_pretraining` (data, compiled step) across the module; test_cli_pretrain.py reuses MICRO.
+"""
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from experiments.configs import tiny
+from jaxpt.train.checkpoint import Checkpointer
+from jaxpt.train.metrics import read_metrics
+from jaxpt.train.pretrain import build_pretraining, pretrain
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(ROOT, "experiments", "configs", "tiny.py")
+# `--config.<key>=<value>` overrides of experiments/configs/tiny.py: a ~50k-param model, 32-token rows.
+MICRO = {
+    "steps": 30, "log_every": 5, "eval_every": 10, "checkpoint_every": 0, "progress": False,
+    "model.vocab_size": 512, "model.d_model": 32, "model.num_layers": 1, "model.num_heads": 2,
+    "model.num_kv_heads": 2, "model.mlp_dim": 64, "model.max_seq_len": 32,
+    "data.seq_len": 32, "data.batch_size": 8, "data.eval_batches": 2, "data.max_corpus_bytes": 200_000,
+    "optim.warmup_steps": 5, "optim.learning_rate": 1e-2,
+}
+
+
+def micro_config(**extra):
+  config = tiny.get_config()
+  for key, value in {**MICRO, **extra}.items():
+    node = config
+    *parents, leaf = key.split(".")
+    for part in parents:
+      node = node[part]
+    node[leaf] = value
+  return config
+
+
+def final_params(workdir, setup):
+  checkpointer = Checkpointer(workdir)
+  state = checkpointer.restore_latest(setup.init_state())
+  checkpointer.close()
+  return state
+
+
+@pytest.fixture(scope="session")
+def micro_setup(tmp_path_factory):
+  config = micro_config()
+  return config, build_pretraining(config, str(tmp_path_factory.mktemp("micro_data")))
+
+
+@pytest.fixture(scope="session")
+def micro_run(micro_setup, tmp_path_factory):
+  """An uninterrupted MICRO run: (workdir, LoopResult)."""
+  config, setup = micro_setup
+  workdir = str(tmp_path_factory.mktemp("micro_run"))
+  return workdir, pretrain(config, workdir, setup=setup)
+
+
+def test_eval_loss_finite_and_decreasing(micro_run):
+  rows = [r for r in read_metrics(micro_run[0]) if "eval_loss" in r]
+  assert [r["step"] for r in rows] == [10, 20, 30]
+  losses = [r["eval_loss"] for r in rows]
+  assert np.all(np.isfinite(losses)) and losses[0] > losses[1] > losses[2], losses
+  assert losses[-1] < np.log(512)  # better than uniform over the vocabulary
+  np.testing.assert_allclose(rows[-1]["eval_ppl"], np.exp(losses[-1]), rtol=1e-6)
+
+
+def test_writes_metrics_tensorboard_plot_and_config(micro_run):
+  workdir, result = micro_run
+  rows = read_metrics(workdir)
+  assert [r["step"] for r in rows] == [5, 10, 15, 20, 25, 30]
+  for row in rows:
+    for key in ("loss", "lr", "grad_norm", "tokens_per_sec"):
+      assert np.isfinite(row[key]) and row[key] >= 0, (key, row)
+  assert rows[-1]["loss"] < rows[0]["loss"]
+  assert glob.glob(os.path.join(workdir, "tb", "events.out.tfevents.*"))
+  assert os.path.getsize(os.path.join(workdir, "loss.png")) > 1000
+  with open(os.path.join(workdir, "config.json")) as f:
+    assert json.load(f)["model"]["d_model"] == 32
+  assert int(result.state.step) == 30
+
+
+def test_resume_gives_bitwise_identical_params(micro_setup, micro_run, tmp_path):
+  config, setup = micro_setup
+  workdir = str(tmp_path)
+  assert int(pretrain(config, workdir, setup=setup, stop_at=13).state.step) == 13
+  resumed = pretrain(config, workdir, setup=setup).state
+  want = micro_run[1].state
+  for got, ref in zip(jax.tree.leaves(resumed), jax.tree.leaves(want)):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(ref))
+
+
+def _cli(workdir, **extra):
+  overrides = [f"--config.{k}={v}" for k, v in {**MICRO, **extra}.items()]
+  return [sys.executable, "-m", "jaxpt.cli", "pretrain", "--config", TINY, *overrides, "--workdir", workdir]
+
+
+def test_sigterm_checkpoints_and_restart_finishes_like_uninterrupted(micro_setup, micro_run, tmp_path):
+  config, setup = micro_setup
+  workdir = str(tmp_path)
+  proc = subprocess.Popen(_cli(workdir, log_every=1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          cwd=ROOT)
+  metrics = os.path.join(workdir, "metrics.jsonl")
+  deadline = time.time() + 120
+  while not (os.path.exists(metrics) and os.path.getsize(metrics)) and proc.poll() is None:
+    assert time.time() < deadline, "no metrics row within 120 s"
+    time.sleep(0.01)
+  proc.send_signal(signal.SIGTERM)
+  out, err = proc.communicate(timeout=120)
+  assert proc.returncode == 0, err[-3000:]
+  assert "SIGTERM" in out, out
+  reached = read_metrics(workdir)[-1]["step"]
+  assert 1 <= reached < config.steps
+  checkpointer = Checkpointer(workdir)
+  assert checkpointer.latest_step() == reached
+  checkpointer.close()
+
+  done = subprocess.run(_cli(workdir), capture_output=True, text=True, cwd=ROOT, timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert f"finished step {config.steps}" in done.stdout
+  resumed = final_params(workdir, setup)
+  for got, ref in zip(jax.tree.leaves(resumed), jax.tree.leaves(micro_run[1].state)):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(ref))
