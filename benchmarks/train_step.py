@@ -1,0 +1,114 @@
+"""Train-step throughput per residual scheme, side by side with the machine's own matmul rate.
+
+    python benchmarks/train_step.py [--schemes pre,siamese_post_pre] [--hf-python /tmp/hfref/bin/python]
+
+Configuration (the issue's): d_model 512, 8 layers, 8 heads (4 KV), SwiGLU 2048, vocab 8192 (tied),
+batch 8 x 256 tokens, fp32, AdamW. Achieved FLOP/s counts 6 * N * tokens per step (N = all parameters).
+Prints one JSON object; ratios are what to compare across machines. With --hf-python, the PyTorch/HF
+reference program (../shared/bench/hf_reference.py) runs right after, in the same invocation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import re
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from benchmarks.common import compiled_memory, matmul_gflops, median_seconds
+from jaxpt.models.config import ModelConfig
+from jaxpt.models.transformer import TransformerLM, init_params, param_count
+from jaxpt.train.lm import make_lm_loss_fn
+from jaxpt.train.optim import make_optimizer
+from jaxpt.train.state import TrainState
+from jaxpt.train.step import make_train_step
+
+BATCH, SEQ = 8, 256
+MODEL = dict(vocab_size=8192, d_model=512, num_layers=8, num_heads=8, num_kv_heads=4, mlp_dim=2048,
+             max_seq_len=2048, tie_embeddings=True)
+OPTIM = ml_collections.ConfigDict(dict(learning_rate=1e-3, warmup_steps=10, end_lr_fraction=0.1, b1=0.9, b2=0.95,
+                                       eps=1e-8, weight_decay=0.1, grad_clip=1.0))
+
+
+def random_batch(vocab_size: int) -> dict:
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(0, vocab_size, (BATCH, SEQ + 1), dtype=np.int32)
+  return {"inputs": jnp.asarray(tokens[:, :-1]), "targets": jnp.asarray(tokens[:, 1:]),
+          "weights": jnp.ones((BATCH, SEQ), jnp.float32)}
+
+
+def bench_scheme(scheme: str, repeats: int, **overrides) -> dict:
+  cfg = ModelConfig(norm_scheme=scheme, **dict(MODEL, **overrides))
+  model = TransformerLM(cfg)
+  params = init_params(cfg, jax.random.PRNGKey(0))
+  optimizer, schedule = make_optimizer(OPTIM, total_steps=1000)
+  state = TrainState.create(params, optimizer, jax.random.PRNGKey(1))
+  step = jax.jit(make_train_step(make_lm_loss_fn(model), optimizer, schedule), donate_argnums=0)
+  batch = random_batch(cfg.vocab_size)
+  compiled = step.lower(state, batch).compile()
+  holder = {"state": state}
+
+  def run():
+    holder["state"], metrics = compiled(holder["state"], batch)
+    return metrics["loss"]
+
+  seconds = median_seconds(run, repeats, warmup=1)
+  n = param_count(params)
+  flops = 6.0 * n * BATCH * SEQ
+  return {"params": n, "step_ms": round(seconds * 1e3, 1), "tokens_per_sec": round(BATCH * SEQ / seconds, 1),
+          "gflops_per_sec": round(flops / seconds / 1e9, 1), "memory": compiled_memory(compiled)}
+
+
+def run_hf_reference(python: str) -> dict:
+  script = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "bench" / "hf_reference.py"
+  out = subprocess.run([python, str(script), str(MODEL["d_model"]), str(MODEL["num_layers"])], check=True,
+                       capture_output=True, text=True).stdout
+  train = re.search(r"tokens/s (\d+)", out)
+  generate = re.search(r"generate: (\d+) new tokens/s", out)
+  return {"train_tokens_per_sec": float(train.group(1)) if train else None,
+          "generate_new_tokens_per_sec": float(generate.group(1)) if generate else None}
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--schemes", default="pre,post,hybrid,siamese_post_pre,siamese_hybrid_pre")
+  parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument("--remat", default="none")
+  parser.add_argument("--hf-python", default="", help="python of a venv with torch + transformers")
+  args = parser.parse_args(argv)
+
+  matmul = {f"{m}x{k}x{n}": round(matmul_gflops(m, k, n), 1)
+            for m, k, n in [(2048, 2048, 2048), (BATCH * SEQ, 512, 2048), (BATCH * SEQ, 512, 8192)]}
+  peak_matmul = max(matmul.values())
+  schemes = {s: bench_scheme(s, args.repeats, remat=args.remat) for s in args.schemes.split(",")}
+  for result in schemes.values():
+    result["fraction_of_matmul_rate"] = round(result["gflops_per_sec"] / peak_matmul, 3)
+  report = {"benchmark": "train_step", "config": dict(MODEL, batch=BATCH, seq=SEQ, dtype="float32",
+                                                      remat=args.remat),
+            "device": str(jax.devices()[0]), "jax": jax.__version__, "cpu_count": os.cpu_count(),
+            "machine": platform.machine(), "matmul_gflops_per_sec": matmul, "schemes": schemes}
+  if "pre" in schemes:
+    pre = schemes["pre"]
+    report["ratios_vs_pre"] = {s: {"step_time": round(r["step_ms"] / pre["step_ms"], 3),
+                                   "peak_memory": round(r["memory"]["peak_mib"] / pre["memory"]["peak_mib"], 3)}
+                               for s, r in schemes.items() if s != "pre"}
+  if args.hf_python:
+    hf = run_hf_reference(args.hf_python)
+    report["hf_reference"] = hf
+    if "pre" in schemes and hf["train_tokens_per_sec"]:
+      report["pre_tokens_per_sec_vs_hf"] = round(schemes["pre"]["tokens_per_sec"] / hf["train_tokens_per_sec"], 3)
+  json.dump(report, sys.stdout, indent=2)
+  print()
+
+
+if __name__ == "__main__":
+  main()
