@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from jaxpt.models.config import ModelConfig
 from jaxpt.nn.blocks import BLOCKS, RESIDUAL_AXES, OutputMerge
-from jaxpt.nn.dense import dense_init
+from jaxpt.nn.dense import Dense
 
 REMAT_POLICIES = {
     "full": None,  # save nothing, recompute the whole block
@@ -71,11 +71,13 @@ class TransformerLM(nn.Module):
     streams = (x, x) if cfg.is_siamese else (x,)
     streams = DecoderStack(cfg, deterministic, name="decoder")(streams, positions, segment_ids)
     hidden = OutputMerge(cfg, name="output")(streams)
-    if cfg.tie_embeddings:
-      logits = jnp.einsum("bsd,vd->bsv", hidden, embedding.astype(dtype), preferred_element_type=jnp.float32)
+    if cfg.tie_embeddings:  # one 2-D matmul [tokens, d] x [d, vocab] (see jaxpt.nn.dense)
+      flat = hidden.reshape(-1, cfg.d_model)
+      logits = jnp.dot(flat, embedding.astype(dtype).T, preferred_element_type=jnp.float32)
+      logits = logits.reshape(hidden.shape[:-1] + (cfg.vocab_size,))
     else:
-      logits = nn.Dense(cfg.vocab_size, use_bias=False, dtype=dtype, param_dtype=jnp.dtype(cfg.param_dtype),
-                        kernel_init=dense_init(("embed", "vocab")), name="head")(hidden)
+      logits = Dense((cfg.vocab_size,), ("embed", "vocab"), dtype=dtype, param_dtype=jnp.dtype(cfg.param_dtype),
+                     name="head")(hidden)
     logits = nn.with_logical_constraint(logits.astype(jnp.float32), ("batch", "length", "vocab"))
     return (logits, hidden) if return_hidden else logits
 

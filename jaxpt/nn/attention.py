@@ -17,7 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxpt.nn.dense import dense_init
+from jaxpt.nn.dense import Dense
 from jaxpt.nn.norms import RMSNorm
 from jaxpt.nn.rope import apply_rope
 
@@ -62,9 +62,7 @@ class Attention(nn.Module):
     d_model = x.shape[-1]
 
     def projection(heads, axes, name):
-      return nn.DenseGeneral((heads, self.head_dim), axis=-1, use_bias=False, dtype=self.dtype,
-                             param_dtype=self.param_dtype, name=name,
-                             kernel_init=dense_init(axes))(x)
+      return Dense((heads, self.head_dim), axes, dtype=self.dtype, param_dtype=self.param_dtype, name=name)(x)
 
     def head_norm(t, name):
       return RMSNorm(eps=self.norm_eps, dtype=self.dtype, param_dtype=self.param_dtype, axis_name="kv",
@@ -83,6 +81,5 @@ class Attention(nn.Module):
     k = nn.with_logical_constraint(k, ("batch", "length", "kv_heads", "kv"))
     v = nn.with_logical_constraint(v, ("batch", "length", "kv_heads", "kv"))
     out = grouped_attention(q, k, v, attention_mask(x.shape[1], segment_ids))
-    return nn.DenseGeneral(d_model, axis=(-2, -1), use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype,
-                           kernel_init=dense_init(("heads", "kv", "embed")),
-                           name="out")(out)
+    return Dense((d_model,), ("heads", "kv", "embed"), num_in_axes=2, dtype=self.dtype,
+                 param_dtype=self.param_dtype, name="out")(out)

@@ -10,7 +10,7 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
-from jaxpt.nn.dense import dense_init
+from jaxpt.nn.dense import Dense
 
 
 class MLP(nn.Module):
@@ -24,8 +24,7 @@ class MLP(nn.Module):
     d_model = x.shape[-1]
 
     def dense(features, axes, name):
-      return nn.Dense(features, use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype,
-                      kernel_init=dense_init(axes), name=name)
+      return Dense((features,), axes, dtype=self.dtype, param_dtype=self.param_dtype, name=name)
 
     if self.mlp_type == "swiglu":
       hidden = nn.silu(dense(self.mlp_dim, ("embed", "mlp"), "wi_gate")(x)) * dense(
