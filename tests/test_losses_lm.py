@@ -4,6 +4,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jaxpt.losses import get_loss, known_losses, register_loss
 from jaxpt.losses.lm import lm_cross_entropy
@@ -76,3 +78,24 @@ def test_registry():
     get_loss("no_such_loss")
   with pytest.raises(ValueError, match="already registered"):
     register_loss("lm_cross_entropy")(lambda: None)
+
+
+_loss_and_grad = jax.jit(jax.value_and_grad(lambda lg, t, w: lm_cross_entropy(lg, t, w, z_loss=1e-4)[0]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), scale=st.sampled_from([1e-3, 1.0, 1e2, 1e4]),
+       masked_rows=st.integers(0, 3))
+def test_property_finite_nonnegative_and_masked_tokens_get_no_gradient(seed, scale, masked_rows):
+  """Any logits scale, any number of all-masked rows: finite loss >= 0; masked tokens get exactly zero grad."""
+  rng = np.random.default_rng(seed)
+  logits = (rng.normal(size=(3, 4, 7)) * scale).astype(np.float32)
+  targets = rng.integers(0, 7, size=(3, 4)).astype(np.int32)
+  weights = (rng.random((3, 4)) > 0.5).astype(np.float32)
+  weights[:masked_rows] = 0.0
+  loss, grad = _loss_and_grad(logits, targets, weights)
+  assert np.isfinite(loss) and loss >= 0.0
+  assert np.all(np.isfinite(grad))
+  np.testing.assert_array_equal(np.asarray(grad)[weights == 0], 0.0)
+  if weights.sum() == 0:
+    assert loss == 0.0
