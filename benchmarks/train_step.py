@@ -10,6 +10,10 @@ reference program (../shared/bench/hf_reference.py) runs right after, in the sam
 
 from __future__ import annotations
 
+from jaxpt.host_allocator import reuse_freed_host_memory
+
+reuse_freed_host_memory()  # first, before JAX allocates (see jaxpt/host_allocator.py)
+
 import argparse
 import json
 import os
