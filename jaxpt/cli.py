@@ -17,6 +17,14 @@ from ml_collections import config_flags
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file (experiments/configs/*.py).",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and logs.")
+_DISTRIBUTED = flags.DEFINE_enum(
+    "distributed", "auto", ["auto", "on", "off"],
+    "Multi-process start-up (jax.distributed.initialize). auto: when a coordinator address is given (flag or "
+    "JAX_COORDINATOR_ADDRESS) or TPU_WORKER_HOSTNAMES lists several hosts; on: always (unset values are "
+    "auto-detected, e.g. on a TPU pod slice); off: never.")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-process runs).")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes (multi-process runs).")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index in [0, num_processes).")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,9 +52,16 @@ def _pretrain(config: Any, workdir: str) -> int:
   from jaxpt.train.config import validate_config
 
   validate_config(config)  # fail before importing or building anything heavy
-  from jaxpt.train.pretrain import pretrain
+  import jax
+  from jaxpt.parallel import MeshConfig
+  from jaxpt.train.pretrain import build_pretraining, pretrain
 
-  result = pretrain(config, workdir)
+  setup = build_pretraining(config, workdir)
+  mesh = " ".join(f"{axis}={size}" for axis, size in setup.sharded.mesh.shape.items())
+  print(f"jaxpt pretrain: process {jax.process_index()} of {jax.process_count()}, {jax.device_count()} devices, "
+        f"mesh {mesh} (rules {MeshConfig.from_config(config).rules}); compiled train step peak memory per device "
+        f"{setup.memory.get('peak_mib', float('nan')):.1f} MiB", flush=True)
+  result = pretrain(config, workdir, setup=setup)
   step = int(result.state.step)
   if result.preempted:
     print(f"jaxpt pretrain: SIGTERM at step {step}; checkpoint saved in {workdir}, rerun to resume.")
@@ -58,7 +73,9 @@ def _pretrain(config: Any, workdir: str) -> int:
 
 
 def _usage() -> str:
-  lines = ["usage: jaxpt <subcommand> --config <file.py> [--config.field=value ...] --workdir DIR", "",
+  lines = ["usage: jaxpt <subcommand> --config <file.py> [--config.field=value ...] --workdir DIR",
+           "         [--distributed=auto|on|off --coordinator_address=HOST:PORT --num_processes=N --process_id=I]",
+           "",
            "subcommands:"]
   lines += [f"  {c.name:<10} {c.help}" for c in SUBCOMMANDS.values()]
   return "\n".join(lines)
@@ -89,6 +106,9 @@ def _run(name: str) -> Callable[[list[str]], int]:
       return 2
     if not flags.FLAGS["verbosity"].present:
       logging.set_verbosity(logging.WARNING)  # orbax/tfds INFO lines drown the progress bar; -v 0 brings them back
+    from jaxpt.parallel.distributed import initialize
+
+    initialize(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)  # before any jax work
     try:
       return SUBCOMMANDS[name].run(_CONFIG.value, _WORKDIR.value)
     except ConfigError as e:
@@ -99,6 +119,9 @@ def _run(name: str) -> Callable[[list[str]], int]:
 
 
 def main(argv: list[str] | None = None) -> None:
+  from jaxpt.host_allocator import reuse_freed_host_memory
+
+  reuse_freed_host_memory()  # before JAX allocates: XLA:CPU step buffers are reused, not page-faulted anew
   argv = list(sys.argv if argv is None else argv)
   if len(argv) < 2 or argv[1] in ("-h", "--help", "help"):
     print(_usage())

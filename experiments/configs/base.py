@@ -34,6 +34,13 @@ def optim_config(**overrides) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(fields)
 
 
+def mesh_config(**overrides) -> ml_collections.ConfigDict:
+  """Device mesh (jaxpt.parallel): axis sizes, -1 = the remaining devices; rules one of dp, fsdp, tp, fsdp_tp."""
+  fields = dict(data=-1, fsdp=1, tensor=1, rules="fsdp_tp")
+  fields.update(overrides)
+  return ml_collections.ConfigDict(fields)
+
+
 def get_base_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.seed = 0
@@ -47,5 +54,6 @@ def get_base_config() -> ml_collections.ConfigDict:
   config.model = model_config()
   config.data = data_config()
   config.optim = optim_config()
+  config.mesh = mesh_config()
   config.loss = ml_collections.ConfigDict(dict(name="lm_cross_entropy", z_loss=1e-4))
   return config

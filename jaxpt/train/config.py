@@ -2,7 +2,7 @@
 
 A run config (see `experiments/configs/`) is a ConfigDict with top-level `seed`, `steps`, `log_every`,
 `eval_every`, `checkpoint_every`, `keep_checkpoints` and sub-dicts `model` (ModelConfig fields), `data`, `optim`,
-`loss`.
+`loss` and, optionally, `mesh` (jaxpt.parallel.MeshConfig fields; checks that need the devices happen later).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 from jaxpt.data import config as data_config_lib
 from jaxpt.losses import get_loss
 from jaxpt.models.config import ConfigError, ModelConfig
+from jaxpt.parallel.mesh import MeshConfig
 
 __all__ = ["ConfigError", "validate_config"]
 
@@ -112,4 +113,5 @@ def validate_config(config: Any) -> ModelConfig:
     check.fail("loss.name", str(e.args[0]))
   if "z_loss" in config.loss:
     check.number("loss.z_loss", 0.0)
+  MeshConfig.from_config(config)
   return model

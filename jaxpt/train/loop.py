@@ -18,7 +18,7 @@ from absl import logging
 from tqdm import tqdm
 
 from jaxpt.train.checkpoint import Checkpointer
-from jaxpt.train.metrics import MetricWriter
+from jaxpt.train.metrics import MetricWriter, NullMetricWriter
 from jaxpt.train.state import TrainState
 
 TrainStep = Callable[[TrainState, Any], tuple[TrainState, dict]]
@@ -110,12 +110,14 @@ def train_loop(state: TrainState, train_step: TrainStep, batches: BatchesFn, con
   end = config.steps if stop_at is None else min(config.steps, stop_at)
   if start:
     logging.warning("resuming from the checkpoint at step %d", start)
-  writer = MetricWriter(workdir, start_step=start)
+  lead = jax.process_index() == 0  # in a multi-process run only process 0 writes metrics and shows progress
+  writer = MetricWriter(workdir, start_step=start) if lead else NullMetricWriter()
   preemption = _Preemption()
   last_row: dict = {}
   pending: list[dict] = []
   step = start
-  bar = tqdm(total=config.steps, initial=start, disable=not config.progress, dynamic_ncols=True, desc="train")
+  bar = tqdm(total=config.steps, initial=start, disable=not (config.progress and lead), dynamic_ncols=True,
+             desc="train")
   try:
     with preemption.installed():
       iterator = batches(start)

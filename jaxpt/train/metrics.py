@@ -80,3 +80,16 @@ class MetricWriter:
 def _to_json_number(value) -> float:
   """A float; NaN/inf are kept (Python's json reads them back) so a diverged run is visible."""
   return float(value)
+
+
+class NullMetricWriter:
+  """MetricWriter's interface, writing nothing: for processes other than 0 in a multi-process run."""
+
+  def write(self, step: int, metrics: Mapping[str, float]) -> None:
+    del step, metrics
+
+  def plot(self) -> str:
+    return ""
+
+  def close(self) -> None:
+    pass

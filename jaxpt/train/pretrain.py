@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
+from jaxpt import parallel
 from jaxpt.data.pipeline import LMData
 from jaxpt.models.config import ConfigError, ModelConfig
 from jaxpt.models.transformer import TransformerLM
@@ -19,6 +20,7 @@ from jaxpt.train.config import validate_config
 from jaxpt.train.lm import make_lm_evaluator, make_lm_loss_fn
 from jaxpt.train.loop import LoopConfig, LoopResult, train_loop
 from jaxpt.train.optim import decay_mask, make_optimizer
+from jaxpt.train.sharded import ShardedTraining, shard_training
 from jaxpt.train.state import TrainState
 from jaxpt.train.step import make_train_step
 
@@ -30,20 +32,31 @@ class Pretraining:
   model_config: ModelConfig
   model: nn.Module
   data: LMData
-  init_state: Callable[[], TrainState]  # fresh (un-donated) initial state each call
-  train_step: Callable[[TrainState, dict], tuple[TrainState, dict]]
-  batches: Callable[[int], Iterator[dict]]
+  init_state: Callable[[], TrainState]  # fresh (un-donated) initial state each call, sharded on the mesh
+  train_step: Callable[[TrainState, dict], tuple[TrainState, dict]]  # compiled for the mesh
+  batches: Callable[[int], Iterator[dict]]  # global [B, ...] arrays; this process reads only its rows
   evaluate: Callable[[TrainState], dict] | None
   loop_config: LoopConfig
   meta: dict
+  sharded: ShardedTraining  # mesh, rules, shardings, compiled per-device memory
+
+  @property
+  def memory(self) -> dict:
+    """Compiled per-device memory of the train step in MiB (argument, output, temp, alias, peak)."""
+    return self.sharded.memory
 
 
 def build_pretraining(config: Any, workdir: str) -> Pretraining:
   """Validates `config` (ConfigError naming the field), then builds data, model, optimizer and step functions.
 
   Init/dropout keys: split(PRNGKey(config.seed)) -> (init, train); step t uses fold_in(train, t).
+  The mesh comes from `config.mesh` (see `jaxpt.parallel.mesh`); the train step is compiled here, for it.
   """
   model_config = validate_config(config)
+  mesh_config = parallel.MeshConfig.from_config(config)  # validated statically by validate_config
+  mesh = parallel.make_mesh(mesh_config)  # ConfigError if the sizes do not tile the devices
+  batch_size = int(config.data.batch_size)
+  parallel.check_global_batch(batch_size, mesh)
   try:
     data = LMData.create(config.data, vocab_size=model_config.vocab_size, workdir=workdir, seed=config.seed)
   except ValueError as e:  # the data layer names the field (e.g. a vocab too small for the corpus)
@@ -51,14 +64,15 @@ def build_pretraining(config: Any, workdir: str) -> Pretraining:
   if data.tokenizer.vocab_size > model_config.vocab_size:
     raise ConfigError(f"config.model.vocab_size={model_config.vocab_size}: smaller than the tokenizer's "
                       f"{data.tokenizer.vocab_size} tokens")
+  rules = mesh_config.logical_rules
   model = TransformerLM(model_config)
   init_rng, train_rng = jax.random.split(jax.random.PRNGKey(config.seed))
   dummy = jnp.zeros((1, config.data.seq_len), jnp.int32)
   boxed = jax.eval_shape(model.init, init_rng, dummy)["params"]
+  parallel.check_param_divisibility(boxed, mesh, rules, mesh_config.rules)
   optimizer, schedule = make_optimizer(config.optim, config.steps, mask=decay_mask(boxed))
 
-  @jax.jit
-  def init_state() -> TrainState:
+  def init_fn() -> TrainState:
     params = nn.meta.unbox(model.init(init_rng, dummy)["params"])
     return TrainState.create(params, optimizer, train_rng)
 
@@ -66,17 +80,35 @@ def build_pretraining(config: Any, workdir: str) -> Pretraining:
   loss_kwargs = {k: v for k, v in config.loss.items() if k != "name"}
   step_fn = make_train_step(make_lm_loss_fn(model, loss_name, **loss_kwargs), optimizer, schedule,
                             grad_accum_steps=config.optim.grad_accum_steps)
+  batch_sh = parallel.batch_sharding(mesh, rules)
+  data_index, data_count = parallel.process_batch_slice(batch_sh, batch_size)
+  sample = data.train_batch(0, data_index, data_count)
+  batch_shapes = {k: jax.ShapeDtypeStruct((batch_size,) + v.shape[1:], v.dtype) for k, v in sample.items()}
   # On CPU a checkpoint's host copy may alias device memory, so donate the state only on accelerators.
-  donate = (0,) if jax.default_backend() != "cpu" else ()
-  train_step = jax.jit(step_fn, donate_argnums=donate)
-  eval_batches = data.eval_batches() if config.data.eval_batches else []
+  sharded = shard_training(init_fn, step_fn, boxed, optimizer, mesh, rules, batch_shapes,
+                           donate=jax.default_backend() != "cpu")
+  eval_batches = [parallel.full_batch(b, batch_sh) for b in data.eval_batches()] if config.data.eval_batches else []
   evaluate = make_lm_evaluator(model, eval_batches, loss_name) if eval_batches else None
+
+  def batches(start: int) -> Iterator[dict]:
+    local = data.train_batches(start_step=start, process_index=data_index, process_count=data_count)
+    return parallel.global_batches(local, batch_sh, batch_size)
+
   return Pretraining(
-      model_config=model_config, model=model, data=data, init_state=init_state, train_step=train_step,
-      batches=lambda start: data.train_batches(start_step=start, process_index=jax.process_index(),
-                                               process_count=jax.process_count()),
-      evaluate=evaluate, loop_config=LoopConfig.from_config(config),
-      meta={"config": json.loads(config.to_json_best_effort())})
+      model_config=model_config, model=model, data=data, init_state=sharded.init_state,
+      train_step=sharded.train_step, batches=batches,
+      evaluate=_with_rules(evaluate, mesh, rules) if evaluate else None, loop_config=LoopConfig.from_config(config),
+      meta={"config": json.loads(config.to_json_best_effort())}, sharded=sharded)
+
+
+def _with_rules(evaluate: Callable[[TrainState], dict], mesh, rules) -> Callable[[TrainState], dict]:
+  """`evaluate` with activation constraints on the mesh (its jitted step traces on the first call)."""
+
+  def run(state: TrainState) -> dict:
+    with parallel.activation_sharding(mesh, rules):
+      return evaluate(state)
+
+  return run
 
 
 def pretrain(config: Any, workdir: str, *, setup: Pretraining | None = None,
@@ -84,10 +116,14 @@ def pretrain(config: Any, workdir: str, *, setup: Pretraining | None = None,
   """Trains (or resumes) the run in `workdir`; returns the loop's result. `setup` reuses compiled functions."""
   os.makedirs(workdir, exist_ok=True)
   setup = setup or build_pretraining(config, workdir)
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    f.write(config.to_json_best_effort(indent=2))
+  if jax.process_index() == 0:
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+      f.write(config.to_json_best_effort(indent=2))
   state = setup.init_state()
   n_params = sum(int(p.size) for p in jax.tree.leaves(state.params))
   logging.info("model: %.2fM params; training %d steps in %s", n_params / 1e6, config.steps, workdir)
+  logging.info("mesh %s (rules %s); %d process(es)", dict(setup.sharded.mesh.shape),
+               parallel.MeshConfig.from_config(config).rules, jax.process_count())
+  parallel.log_memory("train_step", setup.memory)
   return train_loop(state, setup.train_step, setup.batches, setup.loop_config, workdir, eval_fn=setup.evaluate,
                     meta=setup.meta, stop_at=stop_at)

@@ -1,0 +1,51 @@
+"""Logical-axis -> mesh-axis rules: named presets over the mesh axes `data`, `fsdp`, `tensor` (MaxText-style).
+
+Models name axes logically (`jaxpt.models`); a preset says which mesh axes each name is split over. Rules are
+ordered `(logical_name, mesh_axes)` pairs; flax gives each array dimension the first rule whose mesh axes are not
+already used by another dimension of that array. `batch` comes first, so on activations `[batch, length, embed]`
+the batch takes `fsdp` and `embed` stays whole, while on parameters (no batch axis) `embed` is split over `fsdp`.
+
+- `dp`:      batch over data x fsdp; every parameter replicated.
+- `fsdp`:    + parameters (and optimizer state) split along `embed` over `fsdp` (ZeRO-3).
+- `tp`:      batch over data x fsdp; attention heads, MLP hidden and vocab over `tensor` (Megatron-style), the
+             residual stream replicated over `tensor`.
+- `fsdp_tp`: both: `embed` over fsdp, heads / mlp / vocab over tensor.
+Unnamed logical axes (`length`, `kv`, `layers`) are never split.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+MESH_AXES = ("data", "fsdp", "tensor")
+DATA_AXES = ("data", "fsdp")  # the batch is split over both
+
+Rules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
+
+_BATCH = (("batch", DATA_AXES),)
+_FSDP = (("embed", "fsdp"),)
+_TENSOR = (("heads", "tensor"), ("kv_heads", "tensor"), ("mlp", "tensor"), ("vocab", "tensor"))
+
+RULE_PRESETS: dict[str, Rules] = {
+    "dp": _BATCH,
+    "fsdp": _BATCH + _FSDP,
+    "tp": _BATCH + _TENSOR,
+    "fsdp_tp": _BATCH + _TENSOR + _FSDP,
+}
+
+
+def get_rules(name: str) -> Rules:
+  """The preset `name` (one of RULE_PRESETS); KeyError naming the choices otherwise."""
+  if name not in RULE_PRESETS:
+    raise KeyError(f"unknown sharding rules {name!r} (choices: {', '.join(RULE_PRESETS)})")
+  return RULE_PRESETS[name]
+
+
+def mesh_axes_used(rules: Sequence[tuple[str, object]]) -> set[str]:
+  """Mesh axes that some rule splits an array over."""
+  used: set[str] = set()
+  for _, axes in rules:
+    if axes is None:
+      continue
+    used.update((axes,) if isinstance(axes, str) else axes)
+  return used

@@ -1,0 +1,124 @@
+"""Shardings from logical axis names: parameters, train state, batches, and the activation-rules context.
+
+Parameters are described by their boxed abstract tree (`jax.eval_shape(model.init, ...)["params"]`, leaves
+`nn.Partitioned` carrying logical names); nothing here materialises an array.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Callable, Iterator
+
+import flax.linen as nn
+import jax
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxpt.models.config import ConfigError
+from jaxpt.parallel.rules import Rules
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, PartitionSpec())
+
+
+def param_shardings(boxed_params: Any, mesh: Mesh, rules: Rules) -> Any:
+  """NamedSharding per parameter (unboxed tree structure) from the logical names in `boxed_params`."""
+  return nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed_params), mesh, rules)
+
+
+def check_param_divisibility(boxed_params: Any, mesh: Mesh, rules: Rules, rules_name: str = "") -> None:
+  """ConfigError naming the parameter, its logical axis and the mesh sizes when a split is uneven."""
+  specs = nn.logical_to_mesh(nn.get_partition_spec(boxed_params), rules)
+  leaves = jax.tree_util.tree_leaves_with_path(nn.meta.unbox(boxed_params))
+  spec_leaves = jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
+  logical = jax.tree.leaves(nn.get_partition_spec(boxed_params), is_leaf=lambda x: isinstance(x, PartitionSpec))
+  for (path, leaf), spec, names in zip(leaves, spec_leaves, logical):
+    for dim, axes in enumerate(spec):
+      if axes is None:
+        continue
+      axes = (axes,) if isinstance(axes, str) else tuple(axes)
+      ways = math.prod(mesh.shape[a] for a in axes)
+      if leaf.shape[dim] % ways:
+        sizes = " x ".join(f"config.mesh.{a}={mesh.shape[a]}" for a in axes)
+        raise ConfigError(f"{sizes} (config.mesh.rules={rules_name!r}): parameter {jax.tree_util.keystr(path)} "
+                          f"axis {names[dim]!r} has size {leaf.shape[dim]}, not divisible by {ways}")
+
+
+def state_shardings(abstract_state: Any, params_sharding: Any, optimizer: optax.GradientTransformation,
+                    mesh: Mesh) -> Any:
+  """Shardings of a TrainState: params as given, optimizer moments like their params, the rest replicated."""
+  rep = replicated(mesh)
+  is_sharding = lambda x: isinstance(x, NamedSharding)
+  opt = optax.tree_map_params(optimizer, lambda _, s: s, abstract_state.opt_state, params_sharding,
+                              transform_non_params=lambda _: rep, is_leaf=is_sharding)
+  return abstract_state.replace(step=rep, params=params_sharding, opt_state=opt, rng=rep)
+
+
+def batch_sharding(mesh: Mesh, rules: Rules) -> NamedSharding:
+  """Leading (batch) axis split as the `batch` rule says; the other axes whole."""
+  axes = nn.logical_to_mesh_axes(("batch",), rules)
+  return NamedSharding(mesh, PartitionSpec(*axes))
+
+
+def process_batch_slice(sharding: NamedSharding, global_batch: int) -> tuple[int, int]:
+  """(index, count): this process needs rows [index * B / count, (index + 1) * B / count) of each global batch.
+
+  Equals (process_index, process_count) when every process holds a distinct block of data-parallel devices;
+  processes that share their rows (e.g. a `tensor` axis across hosts) get the same index.
+  """
+  rows = sorted({(s[0].start or 0, global_batch if s[0].stop is None else s[0].stop)
+                 for s in sharding.addressable_devices_indices_map((global_batch,)).values()})
+  begin, end = rows[0][0], rows[-1][1]
+  covered = begin
+  for start, stop in rows:
+    if start > covered:
+      break
+    covered = max(covered, stop)
+  size = end - begin
+  if covered != end or global_batch % size or begin % size:
+    raise ValueError(f"this process's devices hold batch rows {rows}, not one aligned block of {global_batch}")
+  return begin // size, global_batch // size
+
+
+def global_batch(local_batch: dict, sharding: NamedSharding, global_batch_size: int) -> dict:
+  """This process's rows `[B / count, ...]` (see process_batch_slice) -> global arrays `[B, ...]`."""
+  return jax.tree.map(lambda x: jax.make_array_from_process_local_data(
+      sharding, np.asarray(x), (global_batch_size,) + np.shape(x)[1:]), local_batch)
+
+
+def full_batch(batch: dict, sharding: NamedSharding) -> dict:
+  """A batch every process holds whole (e.g. eval) -> global arrays `[B, ...]` laid out by `sharding`."""
+  def put(x):
+    x = np.asarray(x)
+    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+  return jax.tree.map(put, batch)
+
+
+def global_batches(local: Iterator[dict], sharding: NamedSharding, global_batch_size: int) -> Iterator[dict]:
+  for batch in local:
+    yield global_batch(batch, sharding, global_batch_size)
+
+
+@contextlib.contextmanager
+def activation_sharding(mesh: Mesh, rules: Rules, inside_jit: bool = False):
+  """Makes `nn.with_logical_constraint` in model code constrain activations on `mesh` under `rules`.
+
+  Use `inside_jit=True` in a function being traced, False (the default) around eager calls that trace later.
+  """
+  mesh_ctx = jax.sharding.use_abstract_mesh(mesh.abstract_mesh) if inside_jit else jax.set_mesh(mesh)
+  with mesh_ctx, nn.logical_axis_rules(rules):
+    yield
+
+
+def with_activation_sharding(fn: Callable, mesh: Mesh, rules: Rules) -> Callable:
+  """`fn` traced under `activation_sharding(mesh, rules)` (for use inside jit)."""
+
+  def wrapped(*args, **kwargs):
+    with activation_sharding(mesh, rules, inside_jit=True):
+      return fn(*args, **kwargs)
+
+  return wrapped

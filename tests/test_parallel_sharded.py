@@ -1,0 +1,26 @@
+"""Sharded training on 8 simulated CPU devices: runs tests/multidevice/sharded_training.py in a fresh process.
+
+XLA fixes the number of host devices when its backend starts, so those tests cannot share this process (or the
+suite's): the subprocess sets XLA_FLAGS before importing jax and shares compiled work across its own tests.
+"""
+
+import os
+import re
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SUITE = os.path.join("tests", "multidevice", "sharded_training.py")
+
+
+def test_sharded_training_suite_on_8_devices(tmp_path):
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  env.pop("XLA_FLAGS", None)
+  env.pop("PYTEST_XDIST_WORKER", None)
+  proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                         "--basetemp", str(tmp_path / "basetemp"), SUITE], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=900)
+  summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+  assert proc.returncode == 0, proc.stdout[-8000:] + proc.stderr[-3000:]
+  passed = re.search(r"(\d+) passed", summary)
+  assert passed and int(passed.group(1)) >= 25 and "skipped" not in summary, summary
