@@ -11,6 +11,7 @@ NORM_TYPES = ("rmsnorm", "layernorm")
 MLP_TYPES = ("swiglu", "gelu")
 DTYPES = ("float32", "bfloat16")
 REMAT_POLICIES = ("none", "full", "dots")
+KERNELS = ("reference", "pallas")
 
 
 class ConfigError(ValueError):
@@ -22,7 +23,9 @@ class ModelConfig:
   """Decoder-only transformer LM.
 
   `norm_scheme` picks the residual scheme (see `jaxpt.nn.blocks`). `dtype` is the compute dtype; parameters are
-  always kept in `param_dtype`. `head_dim` defaults to d_model // num_heads.
+  always kept in `param_dtype`. `head_dim` defaults to d_model // num_heads. `kernel` picks how the siamese
+  schemes compute their sub-layer boundaries: `reference` (separate norm modules, XLA fuses what it can) or
+  `pallas` (the fused two-stream-norm kernels in `kernels/two_stream_norm`; same parameters).
   """
 
   vocab_size: int = 256
@@ -46,6 +49,7 @@ class ModelConfig:
   remat: str = "none"
   scan_layers: bool = True
   dropout_rate: float = 0.0
+  kernel: str = "reference"
 
   @classmethod
   def from_dict(cls, values: Mapping[str, Any], prefix: str = "model") -> "ModelConfig":
@@ -73,7 +77,7 @@ class ModelConfig:
       if not isinstance(getattr(self, field), int) or getattr(self, field) <= 0:
         fail(field, "must be a positive integer")
     choices = {"norm_scheme": NORM_SCHEMES, "norm_type": NORM_TYPES, "mlp_type": MLP_TYPES, "dtype": DTYPES,
-               "param_dtype": DTYPES, "remat": REMAT_POLICIES}
+               "param_dtype": DTYPES, "remat": REMAT_POLICIES, "kernel": KERNELS}
     for field, allowed in choices.items():
       if getattr(self, field) not in allowed:
         fail(field, f"must be one of {', '.join(allowed)}")

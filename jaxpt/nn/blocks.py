@@ -15,6 +15,14 @@ F is attention or the MLP, LN a norm of the configured type, l the 0-based block
 
 Each sub-layer is computed once and its (dropped-out) output is added to both streams. Blocks return
 `(streams, None)` so they can be stacked with `nn.scan` over the layer index.
+
+With `config.kernel == "pallas"` the siamese blocks compute each boundary with one fused op (`jaxpt.nn.fused`),
+reading the same norm parameters (`NormParams`, same tree):
+- siamese_post_pre: entry  xh, h = fused(x, y)                  (no update: p = x)
+                    middle xh', y', h2 = fused(xh, y, a, c)      (p = xh + a/c, y' = y + a)
+- siamese_hybrid_pre: entry h = c1 * x + N_attn_y(y);  middle xb, y', h2 = fused(x, y, A, c) with
+                    post = ff_norm, pre = ff_y_norm, in = ff_in_norm
+The block-end updates x <- xh' + m/c, y <- y' + m stay two XLA-fused adds.
 """
 
 from __future__ import annotations
@@ -23,9 +31,10 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from jaxpt.models.config import ModelConfig
+from jaxpt.nn import fused
 from jaxpt.nn.attention import Attention
 from jaxpt.nn.mlp import MLP
-from jaxpt.nn.norms import make_norm
+from jaxpt.nn.norms import NormParams, make_norm
 
 RESIDUAL_AXES = ("batch", "length", "embed")
 
@@ -48,6 +57,11 @@ class ResidualBlock(nn.Module):
   def norm(self, name: str):
     cfg = self.config
     return make_norm(cfg.norm_type, cfg.norm_eps, self.compute_dtype, jnp.dtype(cfg.param_dtype), name)
+
+  def norm_params(self, name: str, features: int):
+    """The parameters of norm `name` (same tree as `self.norm(name)`), for the fused kernels."""
+    cfg = self.config
+    return NormParams(cfg.norm_type, jnp.dtype(cfg.param_dtype), name=name)(features)
 
   def attention(self, h, positions, segment_ids, qkv_norm: bool = False):
     cfg = self.config
@@ -106,6 +120,8 @@ class SiamesePostPreBlock(ResidualBlock):
 
   @nn.compact
   def __call__(self, streams, layer_index, positions, segment_ids=None):
+    if fused.use_fused(self.config):
+      return self.fused_call(streams, layer_index, positions, segment_ids)
     x, y = streams
     inv_c = (1.0 / depth_scale(layer_index)).astype(x.dtype)
     xh = self.norm("post1")(x)
@@ -115,21 +131,47 @@ class SiamesePostPreBlock(ResidualBlock):
     m = self.mlp(self.norm("in2")(xh + self.norm("pre2")(y)))
     return self.constrain((xh + m * inv_c, y + m)), None
 
+  def fused_call(self, streams, layer_index, positions, segment_ids):
+    x, y = streams
+    cfg, c = self.config, depth_scale(layer_index)
+    p = {name: self.norm_params(name, x.shape[-1]) for name in ("post1", "pre1", "in1", "post2", "pre2", "in2")}
+    xh, y, h = fused.post_pre_boundary(cfg, x, y, None, None, p["post1"], p["pre1"], p["in1"])
+    a = self.attention(h, positions, segment_ids)
+    xh, y, h = fused.post_pre_boundary(cfg, xh, y, a, c, p["post2"], p["pre2"], p["in2"])
+    m = self.mlp(h)
+    return self.constrain((xh + m * (1.0 / c).astype(x.dtype), y + m)), None
+
 
 class SiameseHybridPreBlock(ResidualBlock):
 
   @nn.compact
   def __call__(self, streams, layer_index, positions, segment_ids=None):
+    if fused.use_fused(self.config):
+      return self.fused_call(streams, layer_index, positions, segment_ids)
     x, y = streams
     inv_c = (1.0 / depth_scale(layer_index)).astype(x.dtype)
-    c1 = self.param("c1", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)), (x.shape[-1],),
-                    jnp.dtype(self.config.param_dtype))
+    c1 = self.c1(x.shape[-1])
     a = self.attention(c1.astype(x.dtype) * x + self.norm("attn_y_norm")(y), positions, segment_ids,
                        qkv_norm=True)
     x, y = x + a * inv_c, y + a
     xb = self.norm("ff_norm")(x)
     m = self.mlp(self.norm("ff_in_norm")(xb + self.norm("ff_y_norm")(y)))
     return self.constrain((xb + m * inv_c, y + m)), None
+
+  def c1(self, features: int):
+    return self.param("c1", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)), (features,),
+                      jnp.dtype(self.config.param_dtype))
+
+  def fused_call(self, streams, layer_index, positions, segment_ids):
+    x, y = streams
+    cfg, c, d = self.config, depth_scale(layer_index), x.shape[-1]
+    c1 = self.c1(d)
+    p = {name: self.norm_params(name, d) for name in ("attn_y_norm", "ff_norm", "ff_y_norm", "ff_in_norm")}
+    a = self.attention(fused.hybrid_entry(cfg, x, y, c1, p["attn_y_norm"]), positions, segment_ids,
+                       qkv_norm=True)
+    xb, y, h = fused.post_pre_boundary(cfg, x, y, a, c, p["ff_norm"], p["ff_y_norm"], p["ff_in_norm"])
+    m = self.mlp(h)
+    return self.constrain((xb + m * (1.0 / c).astype(x.dtype), y + m)), None
 
 
 BLOCKS = {

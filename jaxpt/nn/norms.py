@@ -3,6 +3,8 @@
 RMSNorm:   y = x / sqrt(mean(x^2) + eps) * w
 LayerNorm: y = (x - mean(x)) / sqrt(var(x) + eps) * w + b
 Both normalise over the last axis: `[..., features] -> [..., features]`.
+`NormParams` declares a norm's parameters (same names, shapes, init and logical axes) without applying it, for
+callers that hand them to a fused kernel (`jaxpt.nn.fused`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,18 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 
+def declare_scale(module: nn.Module, features: int):
+  """The `scale` parameter `[features]` (init 1) of a norm, declared in `module`'s scope."""
+  return module.param("scale", nn.with_logical_partitioning(nn.initializers.ones, (module.axis_name,)),
+                      (features,), module.param_dtype)
+
+
+def declare_bias(module: nn.Module, features: int):
+  """The `bias` parameter `[features]` (init 0) of a LayerNorm, declared in `module`'s scope."""
+  return module.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, (module.axis_name,)),
+                      (features,), module.param_dtype)
+
+
 class RMSNorm(nn.Module):
   eps: float = 1e-5
   dtype: Any = jnp.float32
@@ -21,9 +35,7 @@ class RMSNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    features = x.shape[-1]
-    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, (self.axis_name,)),
-                       (features,), self.param_dtype)
+    scale = declare_scale(self, x.shape[-1])
     x32 = x.astype(jnp.float32)
     inv_rms = jnp.reciprocal(jnp.sqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.eps))
     return (x32 * inv_rms * scale.astype(jnp.float32)).astype(self.dtype)
@@ -37,17 +49,29 @@ class LayerNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    features = x.shape[-1]
-    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, (self.axis_name,)),
-                       (features,), self.param_dtype)
-    bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, (self.axis_name,)),
-                      (features,), self.param_dtype)
+    scale, bias = declare_scale(self, x.shape[-1]), declare_bias(self, x.shape[-1])
     x32 = x.astype(jnp.float32)
     mean = jnp.mean(x32, axis=-1, keepdims=True)
     centred = x32 - mean
     var = jnp.mean(jnp.square(centred), axis=-1, keepdims=True)
     y = centred * jnp.reciprocal(jnp.sqrt(var + self.eps))
     return (y * scale.astype(jnp.float32) + bias.astype(jnp.float32)).astype(self.dtype)
+
+
+class NormParams(nn.Module):
+  """A norm's parameters, `{"scale": [features]}` (RMSNorm) or `{"scale", "bias"}` (LayerNorm), unapplied:
+  the same parameter tree as the norm module of that name, so checkpoints work either way."""
+
+  norm_type: str = "rmsnorm"
+  param_dtype: Any = jnp.float32
+  axis_name: str = "embed"
+
+  @nn.compact
+  def __call__(self, features: int):
+    params = {"scale": declare_scale(self, features)}
+    if self.norm_type == "layernorm":
+      params["bias"] = declare_bias(self, features)
+    return params
 
 
 NORMS = {"rmsnorm": RMSNorm, "layernorm": LayerNorm}

@@ -1,0 +1,1 @@
+"""Pallas kernels, each beside its pure-JAX reference. Imports only jax (never jaxpt)."""
