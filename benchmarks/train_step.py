@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from jaxpt.host_allocator import reuse_freed_host_memory
 
-reuse_freed_host_memory()  # first, before JAX allocates (see jaxpt/host_allocator.py)
+allocator_reuse = reuse_freed_host_memory()  # first, before JAX allocates (see jaxpt/host_allocator.py)
 
 import argparse
 import json
@@ -20,6 +20,7 @@ import os
 import pathlib
 import platform
 import re
+import resource
 import subprocess
 import sys
 
@@ -66,10 +67,14 @@ def bench_scheme(scheme: str, repeats: int, **overrides) -> dict:
     return metrics["loss"]
 
   seconds = median_seconds(run, repeats, warmup=1)
+  faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+  jax.block_until_ready(run())
+  faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before
   n = param_count(params)
   flops = 6.0 * n * BATCH * SEQ
   return {"params": n, "step_ms": round(seconds * 1e3, 1), "tokens_per_sec": round(BATCH * SEQ / seconds, 1),
-          "gflops_per_sec": round(flops / seconds / 1e9, 1), "memory": compiled_memory(compiled)}
+          "gflops_per_sec": round(flops / seconds / 1e9, 1), "memory": compiled_memory(compiled),
+          "minor_page_faults_per_step": faults}
 
 
 def run_hf_reference(python: str) -> dict:
@@ -87,17 +92,20 @@ def main(argv=None) -> None:
   parser.add_argument("--schemes", default="pre,post,hybrid,siamese_post_pre,siamese_hybrid_pre")
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--remat", default="none")
+  parser.add_argument("--no-scan", action="store_true", help="unroll the layers instead of nn.scan")
   parser.add_argument("--hf-python", default="", help="python of a venv with torch + transformers")
   args = parser.parse_args(argv)
 
   matmul = {f"{m}x{k}x{n}": round(matmul_gflops(m, k, n), 1)
             for m, k, n in [(2048, 2048, 2048), (BATCH * SEQ, 512, 2048), (BATCH * SEQ, 512, 8192)]}
   peak_matmul = max(matmul.values())
-  schemes = {s: bench_scheme(s, args.repeats, remat=args.remat) for s in args.schemes.split(",")}
+  schemes = {s: bench_scheme(s, args.repeats, remat=args.remat, scan_layers=not args.no_scan)
+             for s in args.schemes.split(",")}
   for result in schemes.values():
     result["fraction_of_matmul_rate"] = round(result["gflops_per_sec"] / peak_matmul, 3)
   report = {"benchmark": "train_step", "config": dict(MODEL, batch=BATCH, seq=SEQ, dtype="float32",
-                                                      remat=args.remat),
+                                                      remat=args.remat, scan_layers=not args.no_scan,
+                                                      host_allocator_reuse=allocator_reuse),
             "device": str(jax.devices()[0]), "jax": jax.__version__, "cpu_count": os.cpu_count(),
             "machine": platform.machine(), "matmul_gflops_per_sec": matmul, "schemes": schemes}
   if "pre" in schemes:

@@ -31,5 +31,6 @@ def reuse_freed_host_memory() -> bool:
   except (OSError, AttributeError):
     return False
   mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-  settings = ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 2**31 - 1))
+  # A trim threshold of -1 becomes SIZE_MAX inside glibc: never trim (2**31 - 1 would trim a 2 GiB+ heap top).
+  settings = ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, -1))
   return all(mallopt(option, value) == 1 for option, value in settings)

@@ -84,3 +84,20 @@ def test_fingerprint_changes_with_source(tmp_path):
   path.write_text("one\n\ntwo\n\nthree")
   assert corpus.fingerprint(str(path), 100) != before
   assert corpus.fingerprint("", 100) != corpus.fingerprint("", 200)
+
+
+def test_folder_with_one_file_is_split_over_paragraphs(tmp_path):
+  """A folder holding a single big file (like tinyshakespeare/) still gets a held-out split."""
+  paragraphs = [f"Speaker {i}:\nline {i} of the play.\n" for i in range(400)]
+  (tmp_path / "input.txt").write_text("\n".join(paragraphs))
+  docs = corpus.path_documents(str(tmp_path))
+  assert len(docs) == 1
+  train, held_out = corpus.split_documents(docs, 0.05)
+  assert held_out and train
+  assert len(train) + len(held_out) == 400
+  assert "\n\n".join(train + held_out).count("Speaker") == 400
+
+
+def test_split_that_holds_nothing_out_names_the_field():
+  with pytest.raises(ValueError, match="data.eval_fraction=0.01 holds out none"):
+    corpus.split_documents(["just one paragraph"], 0.01)

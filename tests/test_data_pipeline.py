@@ -10,7 +10,9 @@ import pytest
 from jaxpt.data import corpus, pipeline, tfds_text
 
 VOCAB = 512
-SHAKESPEARE = "/work/shared/data/tinyshakespeare/input.txt"
+# ../shared beside the repository, as on every developer machine and in CI.
+SHAKESPEARE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data",
+                           "tinyshakespeare")
 _WORDS = ("the of and to in a is that for it as was with be by on not he this are or his from at which but have "
           "an they you were her she there been one all we their has would when if so no will more out up into "
           "what about who them then some these two may could its only other new any time").split()
@@ -206,8 +208,8 @@ def test_eval_split_too_small_names_eval_batches(data, corpus_file):
 @pytest.mark.skipif(not os.path.exists(SHAKESPEARE), reason=f"{SHAKESPEARE} is absent on this machine")
 def test_tinyshakespeare(tmp_path):
   data = pipeline.LMData.create(data_config(path=SHAKESPEARE, seq_len=128, eval_fraction=0.05), 1024,
-                                str(tmp_path), seed=0)
-  docs = corpus.path_documents(SHAKESPEARE)
+                                str(tmp_path), seed=0)  # the folder, as `--config.data.path=` takes it
+  docs = corpus.path_documents(os.path.join(SHAKESPEARE, "input.txt"))
   assert len(docs) > 5000 and docs[0].startswith("First Citizen:")
   assert data.tokenizer.vocab_size == 1024
   tokens = data.tokenizer.encode(docs[0])

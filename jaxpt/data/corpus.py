@@ -145,13 +145,29 @@ def is_eval_document(doc: str, eval_fraction: float) -> bool:
   return int.from_bytes(digest, "big") / 2.0**64 < eval_fraction
 
 
-def split_documents(docs: Sequence[str], eval_fraction: float) -> tuple[list[str], list[str]]:
-  """(train, validation) documents, order preserved; validation holds about `eval_fraction` of them."""
-  if not 0.0 < eval_fraction < 1.0:
-    raise ValueError(f"data.eval_fraction must be in (0, 1), got {eval_fraction}")
+def _split_by_hash(docs: Sequence[str], eval_fraction: float) -> tuple[list[str], list[str]]:
   train, held_out = [], []
   for doc in docs:
     (held_out if is_eval_document(doc, eval_fraction) else train).append(doc)
+  return train, held_out
+
+
+def split_documents(docs: Sequence[str], eval_fraction: float) -> tuple[list[str], list[str]]:
+  """(train, validation) documents, order preserved; validation holds about `eval_fraction` of them.
+
+  When the documents are too few for whole ones to land on both sides (e.g. a folder with one big file), the
+  split is made over their blank-line paragraphs instead.
+  """
+  if not 0.0 < eval_fraction < 1.0:
+    raise ValueError(f"data.eval_fraction must be in (0, 1), got {eval_fraction}")
+  train, held_out = _split_by_hash(docs, eval_fraction)
+  if not train or not held_out:
+    paragraphs = [p for doc in docs for p in split_paragraphs(doc)]
+    train, held_out = _split_by_hash(paragraphs, eval_fraction)
+    docs = paragraphs
   if not train:
     raise ValueError(f"data.eval_fraction={eval_fraction} leaves no training document (of {len(docs)})")
+  if not held_out:
+    raise ValueError(f"data.eval_fraction={eval_fraction} holds out none of the corpus's {len(docs)} documents "
+                     "or paragraphs: raise it, or give data.path more text")
   return train, held_out
