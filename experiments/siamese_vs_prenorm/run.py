@@ -64,12 +64,9 @@ def run_dir(workdir: str, run: dict) -> str:
 
 
 def corpus_path(corpus: str, shakespeare: str) -> str:
-  """`data.path` of a corpus. A Shakespeare folder resolves to its `input.txt`: the data layer reads a folder as
-  one document per file, and a single document cannot be split into train and held-out text (a single file is
-  split into paragraph documents instead)."""
-  if corpus != "shakespeare":
-    return ""
-  return os.path.join(shakespeare, "input.txt") if os.path.isdir(shakespeare) else shakespeare
+  """`data.path` of a corpus: '' (the embedded default) or the Shakespeare folder/file. A folder holding one file
+  is held out over its paragraphs, exactly as the file itself would be (jaxpt.data.corpus.split_documents)."""
+  return shakespeare if corpus == "shakespeare" else ""
 
 
 def make_config(run: dict, shakespeare: str):
