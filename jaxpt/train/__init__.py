@@ -7,8 +7,10 @@ from jaxpt.train.checkpoint import Checkpointer
 from jaxpt.train.config import validate_config
 from jaxpt.train.loop import LoopConfig, LoopResult, train_loop
 from jaxpt.train.optim import decay_mask, make_optimizer, make_schedule
+from jaxpt.train.sharded import ShardedTraining, shard_training, sharded_init, train_state_sharding
 from jaxpt.train.state import TrainState
 from jaxpt.train.step import accumulate_gradients, make_train_step
 
-__all__ = ["Checkpointer", "LoopConfig", "LoopResult", "TrainState", "accumulate_gradients", "decay_mask",
-           "make_optimizer", "make_schedule", "make_train_step", "train_loop", "validate_config"]
+__all__ = ["Checkpointer", "LoopConfig", "LoopResult", "ShardedTraining", "TrainState", "accumulate_gradients",
+           "decay_mask", "make_optimizer", "make_schedule", "make_train_step", "shard_training", "sharded_init",
+           "train_loop", "train_state_sharding", "validate_config"]

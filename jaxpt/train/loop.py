@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from absl import logging
 from tqdm import tqdm
 
@@ -53,14 +54,20 @@ class LoopResult:
 
 
 class _Preemption:
-  """Turns SIGTERM into a flag the loop checks between steps (only installable from the main thread)."""
+  """Turns SIGTERM into a flag the loop checks between steps.
+
+  One process: a Python SIGTERM handler (only installable from the main thread). Several processes: jax's
+  preemption service (started by `jax.distributed.initialize`) catches SIGTERM on any host and agrees on a step all
+  hosts reach; `poll(step)` turns the flag on there on every host, so all stop and checkpoint at the same step.
+  """
 
   def __init__(self):
     self.requested = False
+    self.multi_process = jax.process_count() > 1
 
   @contextlib.contextmanager
   def installed(self):
-    if threading.current_thread() is not threading.main_thread():
+    if self.multi_process or threading.current_thread() is not threading.main_thread():
       yield self
       return
     previous = signal.signal(signal.SIGTERM, self._handle)
@@ -68,6 +75,11 @@ class _Preemption:
       yield self
     finally:
       signal.signal(signal.SIGTERM, previous)
+
+  def poll(self, step: int) -> None:
+    """Call after every step (all processes, same steps)."""
+    if self.multi_process and multihost_utils.reached_preemption_sync_point(step):
+      self.requested = True
 
   def _handle(self, signum, frame):
     del signum, frame
@@ -126,6 +138,7 @@ def train_loop(state: TrainState, train_step: TrainStep, batches: BatchesFn, con
         state, metrics = train_step(state, next(iterator))
         pending.append(metrics)
         step += 1
+        preemption.poll(step)
         bar.update(1)
         is_last = step == config.steps
         do_eval = eval_fn is not None and (_is_due(step, config.eval_every) or is_last)
