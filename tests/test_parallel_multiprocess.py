@@ -1,21 +1,25 @@
 """Two local processes under jax.distributed (CPU, gloo collectives) run `jaxpt pretrain` on a 2 x 2 device mesh
 (data over processes, fsdp within) and end where a single-process run does.
 
-Each process reads only its half of every global batch; both write one shared (sharded) checkpoint.
+Each process reads only its half of every global batch; both write one shared (sharded) checkpoint. A SIGTERM to
+one process stops both at the same step (jax's preemption service), with that step checkpointed.
 """
 
 import os
+import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
 
 from jaxpt.train.checkpoint import Checkpointer
 from jaxpt.train.metrics import read_metrics
-from jaxpt.train.pretrain import pretrain
+from jaxpt.train.pretrain import build_pretraining, pretrain
 from tests.test_train_pretrain import MICRO, ROOT, TINY, micro_config
 
 RUN = {"steps": 3, "log_every": 1, "eval_every": 3, "checkpoint_every": 0}
@@ -30,8 +34,8 @@ def _free_port():
     return s.getsockname()[1]
 
 
-def _command(workdir, port, process_id):
-  overrides = [f"--config.{k}={v}" for k, v in {**MICRO, **RUN, "mesh.fsdp": 2}.items()]
+def _command(workdir, port, process_id, **extra):
+  overrides = [f"--config.{k}={v}" for k, v in {**MICRO, **RUN, "mesh.fsdp": 2, **extra}.items()]
   return [sys.executable, "-m", "jaxpt.cli", "pretrain", "--config", TINY, *overrides, "--workdir", workdir,
           f"--coordinator_address=localhost:{port}", "--num_processes=2", f"--process_id={process_id}"]
 
@@ -74,3 +78,40 @@ def test_two_processes_match_one(tmp_path):
   for path, g, w in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=2e-6,
                                err_msg=jax.tree_util.keystr(path[0]))
+
+
+def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path):
+  """jax's preemption service spreads one host's SIGTERM: both processes checkpoint the same step and exit."""
+  config = micro_config(**RUN)
+  single_dir = str(tmp_path / "single")
+  build_pretraining(config, single_dir)  # prepares the data cache only
+  multi_dir = str(tmp_path / "multi")
+  for cached in ("tokenizer", "data", "tfds"):
+    shutil.copytree(os.path.join(single_dir, cached), os.path.join(multi_dir, cached))
+  port = _free_port()
+  env = dict(os.environ, XLA_FLAGS=XLA_FLAGS, PYTHONPATH=ROOT)
+  long_run = {"steps": 100000, "eval_every": 0}
+  procs = [subprocess.Popen(_command(multi_dir, port, i, **long_run), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True) for i in range(2)]
+  try:
+    metrics = os.path.join(multi_dir, "metrics.jsonl")
+    deadline = time.time() + 240
+    while not (os.path.exists(metrics) and os.path.getsize(metrics)):
+      assert time.time() < deadline and all(p.poll() is None for p in procs), "no metrics row within 240 s"
+      time.sleep(0.05)
+    procs[1].send_signal(signal.SIGTERM)
+    outputs = [p.communicate(timeout=240) for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  steps = []
+  for proc, (out, err) in zip(procs, outputs):
+    assert proc.returncode == 0, err[-4000:]
+    found = re.search(r"SIGTERM at step (\d+)", out)
+    assert found, out + err[-2000:]
+    steps.append(int(found.group(1)))
+  assert steps[0] == steps[1] and steps[0] < long_run["steps"], steps
+  checkpointer = Checkpointer(multi_dir)
+  assert checkpointer.latest_step() == steps[0]
+  checkpointer.close()
