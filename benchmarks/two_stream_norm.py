@@ -63,7 +63,7 @@ def paths(impl: str):
 def kernel_bytes(rows: int, d: int, itemsize: int, platform: str) -> dict:
   """What the fused kernels read and write: forward xh_prev, y_prev, z -> xh, y, h + statistics; backward
   xh_prev, z, y, statistics, dxh, dy, dh -> dxh_prev, dy_prev, dz + per-block weight partials."""
-  plan = layout.make_plan(rows, d, platform)
+  plan = layout.make_plan(rows, d, platform, itemsize=itemsize)
   row = plan.rows_pad * plan.d_pad * itemsize
   stats = plan.rows_pad * layout.SLOTS * 4
   params = layout.SLOTS * plan.d_pad * 4

@@ -25,7 +25,8 @@ class ModelConfig:
   `norm_scheme` picks the residual scheme (see `jaxpt.nn.blocks`). `dtype` is the compute dtype; parameters are
   always kept in `param_dtype`. `head_dim` defaults to d_model // num_heads. `kernel` picks how the siamese
   schemes compute their sub-layer boundaries: `reference` (separate norm modules, XLA fuses what it can) or
-  `pallas` (the fused two-stream-norm kernels in `kernels/two_stream_norm`; same parameters).
+  `pallas` (the fused two-stream-norm kernels in `kernels/two_stream_norm`; same parameters). The single-stream
+  schemes have no fused boundary and ignore it.
   """
 
   vocab_size: int = 256

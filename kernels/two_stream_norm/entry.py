@@ -111,7 +111,7 @@ def hybrid_entry(x, y, c1, norm_y, *, eps: float, platform: str | None = None, b
     raise ValueError(f"x and y must share shape {shape} and dtype {dtype}")
   rows_n = math.prod(shape[:-1])
   kind = rm.LAYERNORM if "bias" in norm_y else rm.RMSNORM
-  plan = layout.make_plan(rows_n, d, platform, block_rows, chunk_rows)
+  plan = layout.make_plan(rows_n, d, platform, block_rows, chunk_rows, jnp.dtype(dtype).itemsize)
   params = layout.pack_params([c1, norm_y["scale"], norm_y.get("bias", 0.0)], plan)
   static = Static(plan, kind, float(eps), jnp.dtype(dtype).name)
   h = _fused(static, params, *(layout.pad_rows(a.reshape(rows_n, d), plan) for a in (x, y)))

@@ -68,22 +68,25 @@ class Plan:
 
 
 def make_plan(rows: int, d: int, platform: str | None = None, block_rows: int | None = None,
-              chunk_rows: int | None = None) -> Plan:
-  """Block sizes for `[rows, d]` row arrays; explicit `block_rows`/`chunk_rows` override (tests)."""
+              chunk_rows: int | None = None, itemsize: int = 4) -> Plan:
+  """Block sizes for `[rows, d]` row arrays; explicit `block_rows`/`chunk_rows` override (tests).
+
+  On TPU the row tiling follows the dtype's native sublane packing: 8 rows for 4-byte, 16 for 2-byte items."""
   platform = resolve_platform(platform)
+  sublanes = SUBLANES * max(1, 4 // itemsize)
   if platform == "gpu":
     d_pad = pow2_ceil(max(d, 16))
     chunk = chunk_rows or max(1, pow2_floor(8192 // d_pad))
     block = block_rows or chunk * min(32, pow2_ceil(-(-rows // chunk)))
   else:
     d_pad = round_up(d, LANES)
-    chunk = chunk_rows or int(min(512, max(SUBLANES, pow2_floor((256 * 1024) // d_pad))))
-    chunk = min(chunk, round_up(rows, SUBLANES))
+    chunk = chunk_rows or int(min(512, max(sublanes, pow2_floor((256 * 1024) // d_pad))))
+    chunk = min(chunk, round_up(rows, sublanes))
     block = block_rows or chunk
   if block % chunk:
     raise ValueError(f"block_rows={block} is not a multiple of chunk_rows={chunk}")
-  if platform != "gpu" and chunk % SUBLANES:
-    raise ValueError(f"chunk_rows={chunk} must be a multiple of {SUBLANES} for the TPU tiling")
+  if platform != "gpu" and chunk % sublanes:
+    raise ValueError(f"chunk_rows={chunk} must be a multiple of {sublanes} for the TPU tiling")
   return Plan(rows=rows, d=d, rows_pad=round_up(rows, block), d_pad=d_pad, block_rows=block, chunk_rows=chunk,
               platform=platform)
 

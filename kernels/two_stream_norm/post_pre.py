@@ -187,7 +187,7 @@ def post_pre_boundary(xh_prev, y_prev, z, c, post, pre, inn, *, eps: float, plat
   arrays = (xh_prev, y_prev) if z is None else (xh_prev, y_prev, z)
   if any(a.shape != shape or a.dtype != dtype for a in arrays):
     raise ValueError(f"row inputs must share shape {shape} and dtype {dtype}")
-  plan = layout.make_plan(rows_n, d, platform, block_rows, chunk_rows)
+  plan = layout.make_plan(rows_n, d, platform, block_rows, chunk_rows, jnp.dtype(dtype).itemsize)
   bias = lambda n: n.get("bias", 0.0) if kind == rm.LAYERNORM else 0.0
   inv_c = 1.0 if z is None else 1.0 / jnp.asarray(c, jnp.float32)
   params = layout.pack_params([post["scale"], bias(post), pre["scale"], bias(pre), inn["scale"], bias(inn), inv_c],
