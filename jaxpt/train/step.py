@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
@@ -18,12 +19,17 @@ TrainStep = Callable[[TrainState, dict], tuple[TrainState, dict]]
 
 
 def _split_micro(batch: dict, num_micro: int) -> dict:
-  """[B, ...] -> [num_micro, B / num_micro, ...] for every leaf."""
+  """[B, ...] -> [num_micro, B / num_micro, ...] for every leaf.
+
+  Under logical-axis rules (a device mesh), each micro-batch is spread over the data-parallel devices (one
+  all-to-all per step) rather than living on a few of them; without rules this is a plain reshape.
+  """
 
   def split(x):
     if x.shape[0] % num_micro:
       raise ValueError(f"batch dimension {x.shape[0]} not divisible by optim.grad_accum_steps={num_micro}")
-    return x.reshape((num_micro, x.shape[0] // num_micro) + x.shape[1:])
+    micro = x.reshape((num_micro, x.shape[0] // num_micro) + x.shape[1:])
+    return nn.with_logical_constraint(micro, (None, "batch") + (None,) * (x.ndim - 1))
 
   return jax.tree.map(split, batch)
 

@@ -54,7 +54,7 @@ def test_eight_devices():
 class Setup:
   """Model, optimizer and un-jitted init/step functions of one residual scheme (tiny, fp32)."""
 
-  def __init__(self, scheme):
+  def __init__(self, scheme, accum=1):
     self.config = ModelConfig(vocab_size=256, d_model=32, num_layers=2, num_heads=4, num_kv_heads=4, mlp_dim=64,
                               max_seq_len=SEQ, **SCHEMES[scheme])
     self.model = TransformerLM(self.config)
@@ -64,7 +64,8 @@ class Setup:
     optim = ml_collections.ConfigDict(dict(base.optim_config(learning_rate=1e-2, warmup_steps=1)))
     self.optimizer, schedule = make_optimizer(optim, STEPS, mask=decay_mask(self.boxed))
     self.init_rng = init_rng
-    self.step_fn = make_train_step(make_lm_loss_fn(self.model, z_loss=1e-4), self.optimizer, schedule)
+    self.step_fn = make_train_step(make_lm_loss_fn(self.model, z_loss=1e-4), self.optimizer, schedule,
+                                   grad_accum_steps=accum)
 
   def init_fn(self):
     params = nn.meta.unbox(self.model.init(self.init_rng, self.dummy)["params"])
@@ -83,14 +84,14 @@ def batch(step):
 
 
 @functools.cache
-def setup(scheme):
-  return Setup(scheme)
+def setup(scheme, accum=1):
+  return Setup(scheme, accum)
 
 
 @functools.cache
-def reference(scheme):
+def reference(scheme, accum=1):
   """Single-device run: plain jit, no mesh. (losses per step, final state as numpy)."""
-  s = setup(scheme)
+  s = setup(scheme, accum)
   state = jax.jit(s.init_fn)()
   step = jax.jit(s.step_fn)
   losses = []
@@ -101,9 +102,9 @@ def reference(scheme):
 
 
 @functools.cache
-def sharded(scheme, preset):
+def sharded(scheme, preset, accum=1):
   """The same 3 steps through jaxpt.parallel on an 8-device mesh: (losses, final state, ShardedTraining)."""
-  s = setup(scheme)
+  s = setup(scheme, accum)
   mesh_config = parallel.MeshConfig(**MESHES[preset], rules=preset)
   mesh = parallel.make_mesh(mesh_config)
   shapes = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in batch(0).items()}
@@ -125,6 +126,15 @@ def test_matches_single_device(scheme, preset):
   got = jax.tree.map(np.asarray, state)
   for path, g, w in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_allclose(g, w, rtol=1e-4, atol=2e-6, err_msg=jax.tree_util.keystr(path[0]))
+
+
+def test_grad_accumulation_matches_single_device():
+  """2 micro-batches of 8 rows, each spread over data x fsdp = 4 devices (and tensor-parallel)."""
+  want_losses, want = reference("pre", accum=2)
+  losses, state, _ = sharded("pre", "fsdp_tp", accum=2)
+  np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
+  for g, w in zip(jax.tree.leaves(state), jax.tree.leaves(want)):
+    np.testing.assert_allclose(np.asarray(g), w, rtol=1e-4, atol=2e-6)
 
 
 def _strip(spec):
