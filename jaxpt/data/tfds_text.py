@@ -81,7 +81,12 @@ def prepare_local(source_path: str, max_bytes: int, eval_fraction: float, data_d
   """The builder of a local corpus under `data_dir`, prepared (built once; reused while the source is unchanged)."""
   builder = JaxptLocalText(source_path=source_path, max_bytes=max_bytes, eval_fraction=eval_fraction,
                            data_dir=data_dir)
-  builder.download_and_prepare(download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+  was_shown = getattr(tfds.core.utils.tqdm_utils, "_active", True)
+  tfds.display_progress_bar(False)  # a one-off build of a small corpus; keep the training bar readable
+  try:
+    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+  finally:
+    tfds.display_progress_bar(was_shown)
   return builder
 
 
