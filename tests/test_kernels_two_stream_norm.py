@@ -75,6 +75,10 @@ def test_reference_states_the_spec_equations(layernorm):
   c1 = np.linspace(0.5, 1.5, 40)
   np.testing.assert_allclose(reference.hybrid_entry(xh_prev, y_prev, jnp.asarray(c1, jnp.float32), pre, EPS),
                              c1 * np.asarray(xh_prev, np.float64) + np_norm(pre64, y_prev), rtol=2e-5, atol=2e-5)
+  x, y_u, h_u = reference.hybrid_entry_update(xh_prev, y_prev, z, c, jnp.asarray(c1, jnp.float32), pre, EPS)
+  np.testing.assert_allclose(x, p, rtol=2e-5, atol=2e-5)
+  np.testing.assert_allclose(y_u, y, rtol=2e-5, atol=2e-5)
+  np.testing.assert_allclose(h_u, c1 * p + np_norm(pre64, y), rtol=2e-5, atol=2e-5)
 
 
 # --- Pallas kernels against the reference: outputs and every gradient ---------------------------------------
@@ -131,15 +135,22 @@ def test_post_pre_kernel_matches_reference(shape, layernorm, dtype, update, tile
   compare(run("pallas", **tiles), run("reference"), args, cotangent_seed=len(shape), dtype=dtype)
 
 
-@pytest.mark.parametrize("shape, layernorm, dtype", [((37, 200), False, jnp.float32),
-                                                     ((37, 200), True, jnp.float32),
-                                                     ((3, 7, 128), True, jnp.bfloat16)])
-def test_hybrid_entry_kernel_matches_reference(shape, layernorm, dtype):
-  (x, y, _), (norm_y, _, _), _ = boundary_inputs(shape, layernorm, dtype, seed=3)
+@pytest.mark.parametrize("shape, layernorm, dtype, update", [((37, 200), False, jnp.float32, False),
+                                                             ((37, 200), True, jnp.float32, True),
+                                                             ((3, 7, 128), True, jnp.bfloat16, False),
+                                                             ((40, 136), False, jnp.bfloat16, True)])
+def test_hybrid_entry_kernel_matches_reference(shape, layernorm, dtype, update):
+  (x, y, z), (norm_y, _, _), c = boundary_inputs(shape, layernorm, dtype, seed=3)
   c1 = 1.0 + 0.3 * jax.random.normal(jax.random.PRNGKey(9), (shape[-1],))
-  run = lambda impl, **kw: lambda x, y, c1, n: tsn.hybrid_entry(x, y, c1, n, eps=EPS, impl=impl, **kw)
   tiles = SMALL_TILES if dtype == jnp.float32 else BF16_TILES
-  compare(run("pallas", **tiles), run("reference"), (x, y, c1, norm_y), cotangent_seed=1, dtype=dtype)
+  if update:
+    run = lambda impl, **kw: lambda x, y, z, c, c1, n: tsn.hybrid_entry_update(x, y, z, c, c1, n, eps=EPS,
+                                                                               impl=impl, **kw)
+    args = (x, y, z, c, c1, norm_y)
+  else:
+    run = lambda impl, **kw: lambda x, y, c1, n: tsn.hybrid_entry(x, y, c1, n, eps=EPS, impl=impl, **kw)
+    args = (x, y, c1, norm_y)
+  compare(run("pallas", **tiles), run("reference"), args, cotangent_seed=1, dtype=dtype)
 
 
 def test_c_may_be_traced_under_scan():
@@ -190,12 +201,13 @@ def test_forward_and_backward_lower_for_accelerators(platform, lowering_platform
                                      chunk_rows=16 if platform == "tpu" else 4)
     xh0, _, h0 = tsn.post_pre_boundary(xp, yp, None, None, *norms, eps=EPS, platform=platform)
     e = tsn.hybrid_entry(xh, y, c1, norms[0], eps=EPS, platform=platform)
-    return sum(jnp.sum(t.astype(jnp.float32)) for t in (xh, y, h, xh0, h0, e))
+    xu, yu, hu = tsn.hybrid_entry_update(xh, y, h, c, c1, norms[1], eps=EPS, platform=platform)
+    return sum(jnp.sum(t.astype(jnp.float32)) for t in (xh, y, h, xh0, h0, e, xu, yu, hu))
 
   lowered = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4, 5))).trace(
       xh_prev, y_prev, z, c, list(norms), c1).lower(lowering_platforms=(lowering_platform,))
   text = lowered.as_text()
-  assert text.count(marker) >= 6, text[:2000]  # three forward and three backward kernels
+  assert text.count(marker) >= 8, text[:2000]  # four forward and four backward kernels
 
 
 # --- the model's kernel switch ---------------------------------------------------------------------------

@@ -9,6 +9,7 @@ post_pre boundary (spec, "Hot path for a fused kernel"; also the mid-block bound
     (z None: p = xh_prev, y = y_prev -- the block-entry boundary of siamese_post_pre)
 hybrid entry (attention input of siamese_hybrid_pre):
     h = c1 * x + N_y(y)
+    update form, after the previous block's MLP output z: x = x_prev + z/c ; y = y_prev + z ; h = c1 * x + N_y(y)
 """
 
 from __future__ import annotations
@@ -44,3 +45,10 @@ def post_pre_boundary(xh_prev, y_prev, z, c, post, pre, inn, eps: float):
 def hybrid_entry(x, y, c1, norm_y, eps: float):
   """-> h = c1 * x + N_y(y), `[..., d]` in the input dtype."""
   return c1.astype(x.dtype) * x + norm(norm_y, y, eps)
+
+
+def hybrid_entry_update(x_prev, y_prev, z, c, c1, norm_y, eps: float):
+  """-> (x, y, h), each `[..., d]` in the input dtype."""
+  inv_c = (1.0 / jnp.asarray(c, jnp.float32)).astype(x_prev.dtype)
+  x, y = x_prev + z * inv_c, y_prev + z
+  return x, y, hybrid_entry(x, y, c1, norm_y, eps)
