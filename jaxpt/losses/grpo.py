@@ -1,0 +1,314 @@
+"""GRPO-family pieces on arrays: group advantages, KL estimators, token aggregation and policy losses.
+
+Equations: `/work/shared/specs/grpo_clipo.md` (DeepSeekMath GRPO, Dr.GRPO, RLOO, REINFORCE++-baseline, DAPO
+clip-higher, dual-clip PPO, GSPO). This module imports no model, train or data code.
+
+Conventions
+- Rewards and advantages are flat `[batch]` vectors with the G rollouts of one prompt CONTIGUOUS:
+  rollout i belongs to group i // G (batch = num_groups * G, i.e. `rewards.reshape(num_groups, G)` row-major).
+  That is the order a sampler produces when it repeats each prompt G times, and the advantages come back in the
+  same `[batch]` shape the policy losses take.
+- Per-token tensors are `[batch, seq]` over the RESPONSE positions: `logp[b, t]` is the log-prob of response token
+  t of rollout b under the current policy; `old_logp` under the rollout (behaviour) policy, `ref_logp` under the
+  frozen reference. `mask[b, t]` is 1 on real response tokens and 0 on padding / prompt.
+- Everything is computed in float32; losses return `(loss, metrics)` and are registered by name
+  (`ppo_clip`, `gspo`).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from jaxpt.losses.registry import register_loss
+
+ADV_EPS = 1e-6          # eps in (R - mean) / (std + eps)
+LOG_RATIO_CLIP = 20.0   # delta = clip(logp - logp_old, -20, 20)
+K3_CLAMP = 10.0         # k3 clamped to [-10, 10]
+AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+KL_KINDS = ("k1", "k2", "k3")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Group advantages
+# ---------------------------------------------------------------------------------------------------------------
+
+def _grouped(rewards: jax.Array, group_size: int) -> jax.Array:
+  rewards = jnp.asarray(rewards, jnp.float32)
+  if rewards.ndim != 1:
+    raise ValueError(f"rewards must be flat [batch], got shape {rewards.shape}")
+  if group_size < 1 or rewards.shape[0] % group_size:
+    raise ValueError(f"batch {rewards.shape[0]} is not a multiple of group_size {group_size}")
+  return rewards.reshape(-1, group_size)
+
+
+def _group_mean(r: jax.Array) -> jax.Array:
+  """[num_groups, G] -> group mean [num_groups, 1]; 0 for a singleton group (spec: singleton mean 0)."""
+  if r.shape[1] == 1:
+    return jnp.zeros_like(r)
+  return jnp.mean(r, axis=1, keepdims=True)
+
+
+def grpo_advantages(rewards: jax.Array, group_size: int, eps: float = ADV_EPS) -> jax.Array:
+  """GRPO: A_i = (R_i - mean_g) / (std_g + eps), std unbiased (ddof 1).
+
+  rewards [batch] (groups contiguous, see module doc) -> advantages [batch]. Singleton group (G = 1): mean 0,
+  std 1, so A_i = R_i / (1 + eps).
+  """
+  r = _grouped(rewards, group_size)
+  if group_size == 1:
+    return (r / (1.0 + eps)).reshape(-1)
+  mean = jnp.mean(r, axis=1, keepdims=True)
+  std = jnp.std(r, axis=1, keepdims=True, ddof=1)
+  return ((r - mean) / (std + eps)).reshape(-1)
+
+
+def drgrpo_advantages(rewards: jax.Array, group_size: int) -> jax.Array:
+  """Dr.GRPO: A_i = R_i - mean_g (no std normalisation). [batch] -> [batch]; singleton group: A_i = R_i."""
+  r = _grouped(rewards, group_size)
+  return (r - _group_mean(r)).reshape(-1)
+
+
+def rloo_advantages(rewards: jax.Array, group_size: int) -> jax.Array:
+  """RLOO: A_i = G/(G-1) (R_i - mean_g) = R_i - mean_{j != i} R_j.  [batch] -> [batch]; singleton: A_i = R_i."""
+  r = _grouped(rewards, group_size)
+  if group_size == 1:
+    return r.reshape(-1)
+  return (group_size / (group_size - 1) * (r - _group_mean(r))).reshape(-1)
+
+
+def reinforce_pp_baseline_advantages(rewards: jax.Array, group_size: int, eps: float = ADV_EPS) -> jax.Array:
+  """REINFORCE++-baseline: a_i = R_i - mean_g, then whitening over the whole batch:
+  A_i = (a_i - mean_batch(a)) / (std_batch(a) + eps), std unbiased (ddof 1; a batch of one: std 1).
+
+  [batch] -> [batch]. The whitening is over rollouts (each rollout weighs once, whatever its length).
+  """
+  a = drgrpo_advantages(rewards, group_size)
+  if a.shape[0] == 1:
+    return (a - jnp.mean(a)) / (1.0 + eps)
+  return (a - jnp.mean(a)) / (jnp.std(a, ddof=1) + eps)
+
+
+ADVANTAGES = {
+    "grpo": grpo_advantages,
+    "drgrpo": drgrpo_advantages,
+    "rloo": rloo_advantages,
+    "reinforce_pp_baseline": reinforce_pp_baseline_advantages,
+}
+
+
+def group_advantages(rewards: jax.Array, group_size: int, estimator: str = "grpo") -> jax.Array:
+  """Dispatch by name: `estimator` in {grpo, drgrpo, rloo, reinforce_pp_baseline}. [batch] -> [batch]."""
+  if estimator not in ADVANTAGES:
+    raise KeyError(f"unknown advantage estimator {estimator!r} (known: {', '.join(sorted(ADVANTAGES))})")
+  return ADVANTAGES[estimator](rewards, group_size)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# KL estimators
+# ---------------------------------------------------------------------------------------------------------------
+
+def kl_estimate(logp: jax.Array, ref_logp: jax.Array, kind: str = "k3") -> jax.Array:
+  """Per-token KL(pi || pi_ref) estimate from sampled-token log-probs; [batch, seq] -> [batch, seq].
+
+  delta_ref = logp - ref_logp
+    k1 = delta_ref
+    k2 = 0.5 delta_ref^2
+    k3 = clip(exp(-delta_ref) + delta_ref - 1, -10, 10)      ("low_var_kl"; alias accepted)
+  For k3, delta_ref is first clipped to [-20, 20]: k3 already exceeds 10 beyond |delta_ref| > 12, so values are
+  unchanged, and exp cannot overflow into an inf * 0 = nan gradient.
+  """
+  delta = jnp.asarray(logp, jnp.float32) - jnp.asarray(ref_logp, jnp.float32)
+  if kind == "k1":
+    return delta
+  if kind == "k2":
+    return 0.5 * jnp.square(delta)
+  if kind in ("k3", "low_var_kl"):
+    d = jnp.clip(delta, -LOG_RATIO_CLIP, LOG_RATIO_CLIP)
+    return jnp.clip(jnp.exp(-d) + d - 1.0, -K3_CLAMP, K3_CLAMP)
+  raise ValueError(f"unknown KL estimator {kind!r} (known: k1, k2, k3 / low_var_kl)")
+
+
+def kl_penalized_rewards(rewards: jax.Array, logp: jax.Array, ref_logp: jax.Array, mask: jax.Array,
+                         kl_coef: float, kind: str = "k1") -> jax.Array:
+  """KL in the reward: R'_i = R_i - kl_coef * sum_t m_it kl_it (sequence KL, no gradient).
+
+  rewards [batch], logp / ref_logp / mask [batch, seq] -> [batch]; feed R' to the group advantage.
+  """
+  kl = kl_estimate(logp, ref_logp, kind)
+  m = jnp.asarray(mask, jnp.float32)
+  seq_kl = jnp.sum(jnp.where(m != 0, kl * m, 0.0), axis=-1)
+  return jnp.asarray(rewards, jnp.float32) - kl_coef * jax.lax.stop_gradient(seq_kl)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Aggregation
+# ---------------------------------------------------------------------------------------------------------------
+
+def aggregate(values: jax.Array, mask: jax.Array, mode: str = "token-mean",
+              max_tokens: Optional[int] = None) -> jax.Array:
+  """Reduces per-token values [batch, seq] with mask m [batch, seq] to a scalar.
+
+    token-mean               : sum_{b,t} v m / sum_{b,t} m
+    seq-mean-token-sum       : mean_b' sum_t v m
+    seq-mean-token-mean      : mean_b' (sum_t v m / sum_t m)
+    seq-mean-token-sum-norm  : mean_b' (sum_t v m / T_max)           (Dr.GRPO; T_max = max_tokens or seq)
+  mean_b' runs over the rows with at least one unmasked token, so all-masked rows contribute nothing (neither
+  to the numerator nor to the count); with no unmasked token at all the result is 0. Masked positions are
+  zeroed with `where`, so inf/nan there cannot leak into the value or the gradient.
+  """
+  v = jnp.asarray(values, jnp.float32)
+  m = jnp.asarray(mask, jnp.float32)
+  vm = jnp.where(m != 0, v * m, 0.0)
+  if mode == "token-mean":
+    n = jnp.sum(m)
+    return jnp.sum(vm) / jnp.where(n > 0, n, 1.0)
+  row_tokens = jnp.sum(m, axis=-1)
+  row_valid = (row_tokens > 0).astype(jnp.float32)
+  n_rows = jnp.sum(row_valid)
+  row_sum = jnp.sum(vm, axis=-1)
+  if mode == "seq-mean-token-sum":
+    per_row = row_sum
+  elif mode == "seq-mean-token-mean":
+    per_row = row_sum / jnp.where(row_tokens > 0, row_tokens, 1.0)
+  elif mode == "seq-mean-token-sum-norm":
+    per_row = row_sum / float(max_tokens if max_tokens is not None else v.shape[-1])
+  else:
+    raise ValueError(f"unknown aggregation mode {mode!r} (known: {', '.join(AGG_MODES)})")
+  return jnp.sum(per_row * row_valid) / jnp.where(n_rows > 0, n_rows, 1.0)
+
+
+def entropy_from_logits(logits: jax.Array) -> jax.Array:
+  """Per-token entropy H_t = -sum_v p_v log p_v of softmax(logits); [..., V] -> [...], float32."""
+  logp = jax.nn.log_softmax(jnp.asarray(logits, jnp.float32), axis=-1)
+  return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Policy losses
+# ---------------------------------------------------------------------------------------------------------------
+
+def _masked_mean(x, m):
+  n = jnp.sum(m)
+  return jnp.sum(jnp.where(m != 0, x * m, 0.0)) / jnp.where(n > 0, n, 1.0)
+
+
+def _regularise(pg_loss, metrics, logp, mask, agg, max_tokens, ref_logp, kl_coef, kl_kind, entropy,
+                entropy_coef):
+  """Adds beta * agg(KL_ref) and subtracts entropy_coef * agg(H); fills the shared metrics."""
+  loss = pg_loss
+  m = jnp.asarray(mask, jnp.float32)
+  if ref_logp is not None:
+    kl = kl_estimate(logp, ref_logp, kl_kind)
+    kl_agg = aggregate(kl, m, agg, max_tokens)
+    loss = loss + kl_coef * kl_agg
+    metrics["kl_ref"] = kl_agg
+  if entropy is not None:
+    ent_agg = aggregate(entropy, m, agg, max_tokens)
+    loss = loss - entropy_coef * ent_agg
+    metrics["entropy"] = _masked_mean(jnp.asarray(entropy, jnp.float32), m)
+  metrics["loss"] = loss
+  return loss, metrics
+
+
+def _advantage_metrics(advantages):
+  a = jnp.asarray(advantages, jnp.float32)
+  return {"adv_mean": jnp.mean(a), "adv_std": jnp.std(a), "adv_min": jnp.min(a), "adv_max": jnp.max(a)}
+
+
+@register_loss("ppo_clip")
+def ppo_clip_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mask: jax.Array, *,
+                  eps_lo: float = 0.2, eps_hi: float = 0.2, dual_clip_c: Optional[float] = 3.0,
+                  agg: str = "token-mean", max_tokens: Optional[int] = None,
+                  ref_logp: Optional[jax.Array] = None, kl_coef: float = 0.0, kl_kind: str = "k3",
+                  entropy: Optional[jax.Array] = None, entropy_coef: float = 0.0,
+                  ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Token-level PPO-clip policy loss with clip-higher and dual-clip (GRPO / DAPO).
+
+  logp, old_logp [B, S]; advantages [B] (broadcast over tokens); mask [B, S]; optional ref_logp, entropy [B, S].
+    delta = clip(logp - old_logp, -20, 20),  rho = exp(delta)
+    l1 = -A rho ;  l2 = -A clip(rho, 1 - eps_lo, 1 + eps_hi) ;  l = max(l1, l2)
+    dual clip (dual_clip_c = c, None disables): l = min(l, -A c) where A < 0
+    loss = agg(l) + kl_coef * agg(k(logp, ref_logp)) - entropy_coef * agg(H)     (agg: see `aggregate`)
+  Gradient flows through logp only (old_logp, advantages are data). Metrics (token-means over the mask):
+  `pg_loss`, `clip_frac` (l2 > l1: clipped, no gradient), `clip_frac_dual` (A < 0 and -A c < l: dual-clipped),
+  `ratio_mean`, `approx_kl` (k3 of old vs new: mean(rho - 1 - delta)), `ppo_kl` (mean(-delta)), `kl_ref`
+  (when ref_logp is given), `entropy` (when given), `adv_mean/std/min/max` (over the batch), `loss`.
+  """
+  if dual_clip_c is not None and dual_clip_c <= 1.0:
+    raise ValueError(f"dual_clip_c must be > 1, got {dual_clip_c}")
+  logp = jnp.asarray(logp, jnp.float32)
+  m = jnp.asarray(mask, jnp.float32)
+  adv = jnp.asarray(advantages, jnp.float32)[:, None]
+  delta = jnp.clip(logp - jnp.asarray(old_logp, jnp.float32), -LOG_RATIO_CLIP, LOG_RATIO_CLIP)
+  rho = jnp.exp(delta)
+  l1 = -adv * rho
+  l2 = -adv * jnp.clip(rho, 1.0 - eps_lo, 1.0 + eps_hi)
+  l = jnp.maximum(l1, l2)
+  dual = jnp.zeros_like(l, dtype=bool)
+  if dual_clip_c is not None:
+    l3 = -adv * dual_clip_c
+    dual = (adv < 0) & (l > l3)
+    l = jnp.where(adv < 0, jnp.minimum(l, l3), l)
+  pg_loss = aggregate(l, m, agg, max_tokens)
+  rho_sg, delta_sg = jax.lax.stop_gradient(rho), jax.lax.stop_gradient(delta)
+  metrics = {
+      "pg_loss": pg_loss,
+      "clip_frac": _masked_mean((l2 > l1).astype(jnp.float32), m),
+      "clip_frac_dual": _masked_mean(dual.astype(jnp.float32), m),
+      "ratio_mean": _masked_mean(rho_sg, m),
+      "approx_kl": _masked_mean(rho_sg - 1.0 - delta_sg, m),
+      "ppo_kl": _masked_mean(-delta_sg, m),
+      **_advantage_metrics(advantages),
+  }
+  return _regularise(pg_loss, metrics, logp, m, agg, max_tokens, ref_logp, kl_coef, kl_kind, entropy,
+                     entropy_coef)
+
+
+@register_loss("gspo")
+def gspo_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mask: jax.Array, *,
+              eps_lo: float = 3e-4, eps_hi: float = 4e-4, agg: str = "seq-mean-token-mean",
+              max_tokens: Optional[int] = None, ref_logp: Optional[jax.Array] = None, kl_coef: float = 0.0,
+              kl_kind: str = "k3", entropy: Optional[jax.Array] = None, entropy_coef: float = 0.0,
+              ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """GSPO: sequence-level importance ratio with token-level straight-through (GSPO-token).
+
+  Shapes as `ppo_clip_loss`. With delta_t = logp_t - old_logp_t and L_i = sum_t m_it:
+    log s_i  = clip(sum_t m_it delta_it / L_i, -20, 20)            (sequence ratio s_i = exp(mean_t delta))
+    s_it     = exp(sg[log s_i] + logp_t - sg[logp_t])              (value s_i, d s_it = s_i d logp_t)
+    l_t      = max(-A s_it, -A clip(s_it, 1 - eps_lo, 1 + eps_hi)),  loss = agg(l) + KL / entropy terms
+  Defaults follow the GSPO paper (eps_lo 3e-4, eps_hi 4e-4, seq-mean-token-mean). Whole sequences are clipped
+  together: `clip_frac` is the token-mean of (clipped term > unclipped term), `seq_clip_frac` the fraction of
+  non-empty sequences clipped. Other metrics as `ppo_clip_loss`.
+  """
+  logp = jnp.asarray(logp, jnp.float32)
+  m = jnp.asarray(mask, jnp.float32)
+  adv = jnp.asarray(advantages, jnp.float32)[:, None]
+  delta = logp - jnp.asarray(old_logp, jnp.float32)
+  lengths = jnp.sum(m, axis=-1)
+  seq_delta = jnp.sum(jnp.where(m != 0, delta * m, 0.0), axis=-1) / jnp.where(lengths > 0, lengths, 1.0)
+  log_s = jnp.clip(seq_delta, -LOG_RATIO_CLIP, LOG_RATIO_CLIP)
+  log_s_tok = jax.lax.stop_gradient(log_s)[:, None] + logp - jax.lax.stop_gradient(logp)
+  s = jnp.exp(log_s_tok)
+  l1 = -adv * s
+  l2 = -adv * jnp.clip(s, 1.0 - eps_lo, 1.0 + eps_hi)
+  l = jnp.maximum(l1, l2)
+  pg_loss = aggregate(l, m, agg, max_tokens)
+  clipped = (l2 > l1).astype(jnp.float32)
+  row_valid = (lengths > 0).astype(jnp.float32)
+  n_rows = jnp.sum(row_valid)
+  s_seq = jax.lax.stop_gradient(jnp.exp(log_s))
+  token_delta = jax.lax.stop_gradient(jnp.clip(delta, -LOG_RATIO_CLIP, LOG_RATIO_CLIP))
+  metrics = {
+      "pg_loss": pg_loss,
+      "clip_frac": _masked_mean(clipped, m),
+      "seq_clip_frac": jnp.sum(jnp.max(clipped * m, axis=-1) * row_valid) / jnp.where(n_rows > 0, n_rows, 1.0),
+      "ratio_mean": jnp.sum(s_seq * row_valid) / jnp.where(n_rows > 0, n_rows, 1.0),
+      "approx_kl": _masked_mean(jnp.exp(token_delta) - 1.0 - token_delta, m),
+      "ppo_kl": _masked_mean(-token_delta, m),
+      **_advantage_metrics(advantages),
+  }
+  return _regularise(pg_loss, metrics, logp, m, agg, max_tokens, ref_logp, kl_coef, kl_kind, entropy,
+                     entropy_coef)
