@@ -1,0 +1,328 @@
+"""bt / dir / dpo / odin against plain numpy re-statements of their equations (values and gradients), plus
+hypothesis properties (extreme scores, monotonicity, log 2 at ties)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jaxpt.losses import club, get_loss, known_losses
+from jaxpt.losses.preference import bradley_terry, dir_loss, dpo, odin
+
+
+def log_sigmoid(z):
+  return -np.logaddexp(0.0, -z)
+
+
+def sigmoid(z):
+  return 1.0 / (1.0 + np.exp(-z))
+
+
+def numpy_bt(rc, rr, margin=0.0, eps=0.0, center=0.0, w=None):
+  rc, rr = np.asarray(rc, np.float64), np.asarray(rr, np.float64)
+  w = np.ones_like(rc) if w is None else np.asarray(w, np.float64)
+  z = rc - rr - margin
+  per = -(1 - eps) * log_sigmoid(z) - eps * log_sigmoid(-z)
+  n = w.sum()
+  return (w * per).sum() / n + center * (w * (rc + rr) ** 2).sum() / n
+
+
+def numpy_bt_grad(rc, rr, margin=0.0, eps=0.0, center=0.0, w=None):
+  """d/d r_c = w/N [sigmoid(z) - (1 - eps) + 2c (r_c + r_r)],  d/d r_r = w/N [-(sigmoid(z) - (1 - eps)) + 2c (...)]."""
+  rc, rr = np.asarray(rc, np.float64), np.asarray(rr, np.float64)
+  w = np.ones_like(rc) if w is None else np.asarray(w, np.float64)
+  s = sigmoid(rc - rr - margin) - (1 - eps)
+  c2 = 2 * center * (rc + rr)
+  return w / w.sum() * (s + c2), w / w.sum() * (-s + c2)
+
+
+def numpy_log_q(params, x):
+  p = {k: np.asarray(v, np.float64) for k, v in params.items()}
+  h = np.maximum(np.asarray(x, np.float64) @ p["w1"] + p["b1"], 0.0)
+  logits = h @ p["w2"] + p["b2"]
+  m = logits.max(-1, keepdims=True)
+  return logits - m - np.log(np.exp(logits - m).sum(-1, keepdims=True))
+
+
+def numpy_club(params, x, a):
+  """(1/N) sum_i log q(a_i|X_i) - (1/N^2) sum_i sum_j log q(a_j|X_i), written out as the double sum."""
+  lq = numpy_log_q(params, x)
+  n = len(a)
+  return (sum(lq[i, a[i]] for i in range(n)) / n
+          - sum(lq[i, a[j]] for i in range(n) for j in range(n)) / n**2)
+
+
+def finite_diff(f, x, eps=1e-6):
+  x = np.asarray(x, np.float64)
+  g = np.zeros_like(x)
+  for idx in np.ndindex(x.shape):
+    xp, xm = x.copy(), x.copy()
+    xp[idx] += eps
+    xm[idx] -= eps
+    g[idx] = (f(xp) - f(xm)) / (2 * eps)
+  return g
+
+
+@pytest.fixture(scope="module")
+def pairs():
+  rng = np.random.default_rng(0)
+  n, d = 6, 4
+  return dict(
+      rc=rng.normal(size=n).astype(np.float32) * 2, rr=rng.normal(size=n).astype(np.float32) * 2,
+      hc=rng.normal(size=(n, d)).astype(np.float32), hr=rng.normal(size=(n, d)).astype(np.float32),
+      a=rng.integers(0, 2, size=n).astype(np.int32),
+      len_c=np.array([10, 3, 7, 7, 20, 1]), len_r=np.array([4, 9, 7, 2, 30, 5]),
+      w=np.array([1, 1, 0, 1, 0.5, 1], np.float32),
+      margin=rng.uniform(0, 1, size=n).astype(np.float32))
+
+
+# ----------------------------------------------------------------------------------------------- Bradley-Terry
+
+@pytest.mark.parametrize("margin,eps,center,weighted", [
+    (0.0, 0.0, 0.0, False), ("pairs", 0.1, 0.0, False), (0.5, 0.0, 0.01, True), ("pairs", 0.2, 0.05, True)])
+def test_bt_matches_numpy_value_and_grad(pairs, margin, eps, center, weighted):
+  m = pairs["margin"] if margin == "pairs" else margin
+  w = pairs["w"] if weighted else None
+  (loss, metrics), (g_rc, g_rr) = jax.value_and_grad(bradley_terry, argnums=(0, 1), has_aux=True)(
+      jnp.asarray(pairs["rc"]), jnp.asarray(pairs["rr"]), m, eps, center, w)
+  np.testing.assert_allclose(loss, numpy_bt(pairs["rc"], pairs["rr"], m, eps, center, w), rtol=1e-5)
+  want_rc, want_rr = numpy_bt_grad(pairs["rc"], pairs["rr"], m, eps, center, w)
+  np.testing.assert_allclose(g_rc, want_rc, rtol=1e-4, atol=1e-7)
+  np.testing.assert_allclose(g_rr, want_rr, rtol=1e-4, atol=1e-7)
+  np.testing.assert_allclose(metrics["bt_loss"] + metrics["center_loss"], loss, rtol=1e-6)
+  ww = np.ones(6) if w is None else w
+  np.testing.assert_allclose(metrics["accuracy"], (ww * (pairs["rc"] > pairs["rr"])).sum() / ww.sum(), rtol=1e-6)
+  np.testing.assert_allclose(metrics["reward_margin"], (ww * (pairs["rc"] - pairs["rr"])).sum() / ww.sum(),
+                             rtol=1e-5)
+
+
+def test_bt_default_is_minus_mean_log_sigmoid(pairs):
+  loss, _ = bradley_terry(pairs["rc"], pairs["rr"])
+  np.testing.assert_allclose(loss, -np.mean(np.log(sigmoid(pairs["rc"].astype(np.float64) - pairs["rr"]))),
+                             rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------- DIR
+
+@pytest.mark.parametrize("mode", ["difference", "concat"])
+def test_dir_matches_numpy_value_and_grad(pairs, mode):
+  d_in = club.club_input_dim(pairs["hc"].shape[1], mode)
+  q = club.init_club_estimator(jax.random.PRNGKey(3), d_in, hidden=8)
+  lam = 0.7
+  make_x = (lambda hc, hr: hc - hr) if mode == "difference" else (lambda hc, hr: np.concatenate([hc, hr], -1))
+  f = lambda rc, rr, hc, hr, qp: dir_loss(rc, rr, hc, hr, pairs["a"], qp, mi_weight=lam, mode=mode,
+                                          label_smoothing=0.1)
+  (loss, metrics), grads = jax.value_and_grad(f, argnums=(0, 1, 2, 3, 4), has_aux=True)(
+      jnp.asarray(pairs["rc"]), jnp.asarray(pairs["rr"]), jnp.asarray(pairs["hc"]), jnp.asarray(pairs["hr"]), q)
+  g_rc, g_rr, g_hc, g_hr, g_q = grads
+  mi = numpy_club(q, make_x(pairs["hc"], pairs["hr"]), pairs["a"])
+  np.testing.assert_allclose(metrics["club"], mi, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(loss, numpy_bt(pairs["rc"], pairs["rr"], eps=0.1) + lam * mi, rtol=1e-5)
+  np.testing.assert_allclose(metrics["mi_loss"], lam * mi, rtol=1e-5, atol=1e-6)
+  want_rc, want_rr = numpy_bt_grad(pairs["rc"], pairs["rr"], eps=0.1)
+  np.testing.assert_allclose(g_rc, want_rc, rtol=1e-4, atol=1e-7)
+  np.testing.assert_allclose(g_rr, want_rr, rtol=1e-4, atol=1e-7)
+  fd_hc = finite_diff(lambda h: lam * numpy_club(q, make_x(h, pairs["hr"]), pairs["a"]), pairs["hc"])
+  fd_hr = finite_diff(lambda h: lam * numpy_club(q, make_x(pairs["hc"], h), pairs["a"]), pairs["hr"])
+  np.testing.assert_allclose(g_hc, fd_hc, rtol=1e-3, atol=1e-5)
+  np.testing.assert_allclose(g_hr, fd_hr, rtol=1e-3, atol=1e-5)
+  assert float(jnp.abs(g_hc).sum()) > 0
+  for leaf in jax.tree_util.tree_leaves(g_q):  # the RM loss never trains the estimator
+    np.testing.assert_array_equal(leaf, 0.0)
+
+
+def test_dir_with_zero_weight_is_bt(pairs):
+  q = club.init_club_estimator(jax.random.PRNGKey(0), 4, hidden=8)
+  loss, _ = dir_loss(pairs["rc"], pairs["rr"], pairs["hc"], pairs["hr"], pairs["a"], q, mi_weight=0.0)
+  np.testing.assert_allclose(loss, bradley_terry(pairs["rc"], pairs["rr"])[0], rtol=1e-6)
+
+
+# ----------------------------------------------------------------------------------------------- DPO
+
+def numpy_dpo(pc, pr, rc, rr, beta, eps, w=None):
+  pc, pr, rc, rr = (np.asarray(v, np.float64) for v in (pc, pr, rc, rr))
+  w = np.ones_like(pc) if w is None else np.asarray(w, np.float64)
+  z = beta * ((pc - rc) - (pr - rr))
+  per = -(1 - eps) * log_sigmoid(z) - eps * log_sigmoid(-z)
+  s = beta * (sigmoid(z) - (1 - eps)) * w / w.sum()
+  return (w * per).sum() / w.sum(), s, -s   # loss, d/d pi_c, d/d pi_r
+
+
+@pytest.fixture(scope="module")
+def logps():
+  rng = np.random.default_rng(1)
+  return [(-rng.uniform(5, 50, size=6)).astype(np.float32) for _ in range(4)]
+
+
+@pytest.mark.parametrize("beta,eps,weighted", [(0.1, 0.0, False), (0.5, 0.2, True)])
+def test_dpo_matches_numpy_value_and_grad(pairs, logps, beta, eps, weighted):
+  w = pairs["w"] if weighted else None
+  (loss, metrics), (g_pc, g_pr) = jax.value_and_grad(dpo, argnums=(0, 1), has_aux=True)(
+      *map(jnp.asarray, logps), beta, eps, w)
+  want, want_pc, want_pr = numpy_dpo(*logps, beta, eps, w)
+  np.testing.assert_allclose(loss, want, rtol=1e-5)
+  np.testing.assert_allclose(g_pc, want_pc, rtol=1e-4, atol=1e-7)
+  np.testing.assert_allclose(g_pr, want_pr, rtol=1e-4, atol=1e-7)
+  pc, pr, rc, rr = (v.astype(np.float64) for v in logps)
+  ww = np.ones(6) if w is None else w
+  np.testing.assert_allclose(metrics["chosen_reward"], (ww * beta * (pc - rc)).sum() / ww.sum(), rtol=1e-5)
+  z = beta * ((pc - rc) - (pr - rr))
+  np.testing.assert_allclose(metrics["accuracy"], (ww * (z > 0)).sum() / ww.sum(), rtol=1e-6)
+  assert "club" not in metrics and "mi_gate" not in metrics
+
+
+def test_dpo_dir_term_switches_on_after_warmup(pairs, logps):
+  q = club.init_club_estimator(jax.random.PRNGKey(5), 4, hidden=8)
+  lam, warm = 0.5, 80
+  a = (pairs["len_c"] > pairs["len_r"]).astype(np.int64)
+  mi = numpy_club(q, pairs["hc"] - pairs["hr"], a)
+  base = numpy_dpo(*logps, 0.1, 0.0)[0]
+
+  def f(hc, hr, qp, step):
+    return dpo(*logps, beta=0.1, q_params=qp, hidden_chosen=hc, hidden_rejected=hr,
+               chosen_lengths=pairs["len_c"], rejected_lengths=pairs["len_r"], step=step, warmup_steps=warm,
+               mi_weight=lam)
+
+  vg = jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2), has_aux=True))   # step is traced: one compile, two phases
+  (loss_off, m_off), (g_hc_off, _, _) = vg(pairs["hc"], pairs["hr"], q, warm - 1)
+  (loss_on, m_on), (g_hc, g_hr, g_q) = vg(pairs["hc"], pairs["hr"], q, warm)
+  np.testing.assert_allclose(loss_off, base, rtol=1e-5)
+  assert float(m_off["mi_gate"]) == 0.0 and float(m_on["mi_gate"]) == 1.0
+  np.testing.assert_array_equal(g_hc_off, 0.0)
+  np.testing.assert_allclose(m_off["club"], mi, rtol=1e-5, atol=1e-6)   # reported even while gated off
+  np.testing.assert_allclose(loss_on, base + lam * mi, rtol=1e-5)
+  np.testing.assert_allclose(m_on["dpo_loss"], base, rtol=1e-5)
+  np.testing.assert_allclose(g_hc, finite_diff(lambda h: lam * numpy_club(q, h - pairs["hr"], a), pairs["hc"]),
+                             rtol=1e-3, atol=1e-5)
+  np.testing.assert_allclose(g_hc, -g_hr, rtol=1e-6)   # X = h_c - h_r
+  for leaf in jax.tree_util.tree_leaves(g_q):
+    np.testing.assert_array_equal(leaf, 0.0)
+
+
+def test_dpo_dir_requires_its_inputs(pairs, logps):
+  q = club.init_club_estimator(jax.random.PRNGKey(5), 4, hidden=8)
+  with pytest.raises(ValueError, match="chosen_lengths, rejected_lengths"):
+    dpo(*logps, q_params=q, hidden_chosen=pairs["hc"], hidden_rejected=pairs["hr"])
+
+
+# ----------------------------------------------------------------------------------------------- ODIN
+
+def numpy_odin(qc, qr, lc, lr, len_c, len_r, wq, wl, corr_coef, ortho_coef):
+  lengths = np.concatenate([len_c, len_r]).astype(np.float64)
+  rho_q = np.corrcoef(np.concatenate([qc, qr]).astype(np.float64), lengths)[0, 1]
+  rho_l = np.corrcoef(np.concatenate([lc, lr]).astype(np.float64), lengths)[0, 1]
+  ortho = abs(np.dot(np.ravel(wq).astype(np.float64), np.ravel(wl)))
+  return (numpy_bt(np.asarray(qc, np.float64) + lc, np.asarray(qr, np.float64) + lr)
+          + corr_coef * (abs(rho_q) - rho_l) + ortho_coef * ortho)
+
+
+def test_odin_matches_numpy_value_and_grad(pairs):
+  rng = np.random.default_rng(7)
+  len_c, len_r = pairs["len_c"], pairs["len_r"]
+  qc, qr, lc, lr = (rng.normal(size=6) for _ in range(4))
+  qc, qr = qc - 0.1 * len_c, qr - 0.1 * len_r   # rho(r_Q, len) < 0, so |rho| is not rho
+  wq, wl = rng.normal(size=(4, 1)), rng.normal(size=(4, 1))
+  args = [np.asarray(v, np.float32) for v in (qc, qr, lc, lr)]
+  f = lambda qc, qr, lc, lr, wq, wl: odin(qc, qr, lc, lr, len_c, len_r, wq, wl, corr_coef=0.7, ortho_coef=0.3)
+  (loss, metrics), grads = jax.value_and_grad(f, argnums=tuple(range(6)), has_aux=True)(
+      *args, np.float32(wq), np.float32(wl))
+  np.testing.assert_allclose(loss, numpy_odin(qc, qr, lc, lr, len_c, len_r, wq, wl, 0.7, 0.3), rtol=1e-5)
+  lengths = np.concatenate([len_c, len_r])
+  np.testing.assert_allclose(metrics["corr_quality_length"], np.corrcoef(np.concatenate([qc, qr]), lengths)[0, 1],
+                             rtol=1e-5)
+  assert float(metrics["corr_quality_length"]) < -0.3
+  np.testing.assert_allclose(metrics["ortho_loss"], abs(np.ravel(wq) @ np.ravel(wl)), rtol=1e-5)
+  np.testing.assert_allclose(metrics["quality_accuracy"], np.mean(qc > qr))
+  values = [qc, qr, lc, lr, wq, wl]
+  for k, g in enumerate(grads):
+    def fk(v, k=k):
+      vals = list(values)
+      vals[k] = v
+      return numpy_odin(*vals[:4], len_c, len_r, *vals[4:], 0.7, 0.3)
+    np.testing.assert_allclose(g, finite_diff(fk, values[k]), rtol=1e-3, atol=1e-5, err_msg=f"argument {k}")
+
+
+def test_odin_zero_weight_pair_is_ignored_and_constant_lengths_give_zero_corr(pairs):
+  rng = np.random.default_rng(8)
+  qc, qr, lc, lr = (rng.normal(size=6).astype(np.float32) for _ in range(4))
+  wq, wl = rng.normal(size=4), rng.normal(size=4)
+  w = pairs["w"]
+  base, _ = odin(qc, qr, lc, lr, pairs["len_c"], pairs["len_r"], wq, wl, weights=w)
+  qc2, lens2 = qc.copy(), pairs["len_c"].copy()
+  qc2[2] += 50.0   # pair 2 has weight 0
+  lens2[2] = 1000
+  np.testing.assert_allclose(odin(qc2, qr, lc, lr, lens2, pairs["len_r"], wq, wl, weights=w)[0], base, rtol=1e-5)
+  loss, m = odin(qc, qr, lc, lr, np.full(6, 5), np.full(6, 5), wq, wl)
+  assert float(m["corr_quality_length"]) == 0.0 and float(m["corr_length_length"]) == 0.0
+  np.testing.assert_allclose(loss, numpy_bt(qc.astype(np.float64) + lc, qr.astype(np.float64) + lr)
+                             + abs(wq @ wl), rtol=1e-5)
+
+
+def test_registry():
+  assert {"bt", "dir", "dpo", "odin"} <= set(known_losses())
+  assert get_loss("bt") is bradley_terry and get_loss("dir") is dir_loss
+  assert get_loss("dpo") is dpo and get_loss("odin") is odin
+
+
+# ----------------------------------------------------------------------------------------------- properties
+
+_Q = club.init_club_estimator(jax.random.PRNGKey(0), 3, hidden=8)
+
+
+def _all_grads_finite(tree):
+  return all(bool(jnp.all(jnp.isfinite(leaf))) for leaf in jax.tree_util.tree_leaves(tree))
+
+
+_bt_vg = jax.jit(jax.value_and_grad(lambda rc, rr, eps: bradley_terry(rc, rr, 0.5, eps, 1e-3)[0], argnums=(0, 1)))
+_dir_vg = jax.jit(jax.value_and_grad(
+    lambda rc, rr, hc, hr, a: dir_loss(rc, rr, hc, hr, a, _Q, mi_weight=1.0)[0], argnums=(0, 1, 2, 3)))
+_dpo_vg = jax.jit(jax.value_and_grad(
+    lambda pc, pr, rc, rr, hc, hr, lc, lr: dpo(pc, pr, rc, rr, 0.1, 0.1, q_params=_Q, hidden_chosen=hc,
+                                                hidden_rejected=hr, chosen_lengths=lc, rejected_lengths=lr,
+                                                step=100)[0], argnums=(0, 1, 4)))
+_odin_vg = jax.jit(jax.value_and_grad(
+    lambda qc, qr, lc, lr, lens_c, lens_r, wq, wl: odin(qc, qr, lc, lr, lens_c, lens_r, wq, wl)[0],
+    argnums=(0, 1, 2, 3, 6, 7)))
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), scale=st.sampled_from([1e-3, 1.0, 1e2, 1e4]),
+       eps=st.sampled_from([0.0, 0.1]))
+def test_property_extreme_scores_give_finite_losses_and_grads(seed, scale, eps):
+  rng = np.random.default_rng(seed)
+  n = 5
+  big = lambda: (rng.choice([-1.0, 1.0], size=n) * scale * rng.uniform(0.5, 1.0, size=n)).astype(np.float32)
+  rc, rr = big(), big()
+  hc, hr = (rng.normal(size=(n, 3)) * scale).astype(np.float32), (rng.normal(size=(n, 3)) * scale).astype(np.float32)
+  a = rng.integers(0, 2, size=n).astype(np.int32)
+  lens_c, lens_r = rng.integers(1, 100, size=n), rng.integers(1, 100, size=n)
+  for loss, grads in (_bt_vg(rc, rr, eps), _dir_vg(rc, rr, hc, hr, a),
+                      _dpo_vg(big(), big(), big(), big(), hc, hr, lens_c, lens_r),
+                      _odin_vg(rc, rr, big(), big(), lens_c, lens_r, big(), big())):
+    assert np.isfinite(loss)
+    assert _all_grads_finite(grads)
+
+
+_bt_loss = jax.jit(lambda rc, rr: bradley_terry(rc, rr)[0])
+
+
+@settings(max_examples=40, deadline=None)
+@given(d=st.floats(-1e4, 1e4), delta=st.floats(1e-2, 1e4), base=st.floats(-1e3, 1e3))
+def test_property_bt_decreasing_in_score_difference(d, delta, base):
+  low = float(_bt_loss(np.float32([base + d]), np.float32([base])))
+  high = float(_bt_loss(np.float32([base + d + delta]), np.float32([base])))
+  assert high <= low
+  if -15.0 <= d and d + delta <= 15.0 and delta >= 0.1:   # away from float32 saturation: strictly
+    assert high < low
+
+
+@settings(max_examples=25, deadline=None)
+@given(value=st.floats(-1e4, 1e4), n=st.integers(1, 8), eps=st.floats(0.0, 0.5))
+def test_property_equal_scores_give_log2(value, n, eps):
+  scores = np.full(n, value, np.float32)
+  np.testing.assert_allclose(bradley_terry(scores, scores, label_smoothing=eps)[0], np.log(2.0), rtol=1e-6)
+  lp = np.full(n, -abs(value), np.float32)
+  np.testing.assert_allclose(dpo(lp, lp, lp * 0.5, lp * 0.5, beta=0.3, label_smoothing=eps)[0], np.log(2.0),
+                             rtol=1e-6)
