@@ -143,8 +143,10 @@ def test_aggregation_hand_computed():
   for mode, w in want.items():
     np.testing.assert_allclose(G.aggregate(v, m, mode), w, rtol=1e-6, err_msg=mode)
   np.testing.assert_allclose(G.aggregate(v, m, "seq-mean-token-sum-norm", max_tokens=10), 3.5 / 10, rtol=1e-6)
+  bad = np.where(m > 0, v, np.array([[np.nan], [-np.inf], [np.inf]], np.float32))   # garbage under the mask
   for mode in MODES:
     assert float(G.aggregate(v, np.zeros_like(m), mode)) == 0.0
+    np.testing.assert_allclose(G.aggregate(bad, m, mode), want[mode], rtol=1e-6)
   with pytest.raises(ValueError, match="token-mean"):
     G.aggregate(v, m, "sum")
 
@@ -283,9 +285,11 @@ def test_property_equal_rewards_zero_advantage_finite_loss(seed, value, gs, kind
 
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), name=st.sampled_from(["ppo_clip", "gspo"]), mode=st.sampled_from(MODES),
-       kl_kind=st.sampled_from([None, "k1", "k2", "k3"]), garbage=st.sampled_from([0.0, 1e4, -1e4]))
+       kl_kind=st.sampled_from([None, "k1", "k2", "k3"]),
+       garbage=st.sampled_from([0.0, 1e4, -1e4, -np.inf, np.inf, np.nan]))
 def test_property_all_masked_rows_contribute_nothing(seed, name, mode, kl_kind, garbage):
-  """Appending all-masked rows (any log-probs, any advantage) changes neither the loss nor the other gradients."""
+  """All-masked rows (any advantage) and masked positions (any log-probs, even -inf / nan) change neither the
+  loss nor the other gradients, and get exactly zero gradient themselves."""
   logp, old, ref, adv, mask = random_batch(seed, B, S)
   mask[B // 2:] = 0.0
   (loss_all, _), grad_all = _grad_fn(name, mode, kl_kind)(
@@ -295,6 +299,8 @@ def test_property_all_masked_rows_contribute_nothing(seed, name, mode, kl_kind, 
   (loss_half, _), grad_half = _grad_fn(name, mode, kl_kind)(
       pad(logp, -1.0), pad(old, -3.0), np.r_[adv[keep], [7.0] * (B - B // 2)].astype(np.float32),
       pad(mask, 0.0), pad(ref, -2.0))
+  assert np.isfinite(loss_all) and np.all(np.isfinite(np.asarray(grad_all)))
+  np.testing.assert_array_equal(np.asarray(grad_all)[mask == 0], 0.0)
   np.testing.assert_allclose(loss_all, loss_half, rtol=1e-5, atol=1e-7)
   np.testing.assert_allclose(np.asarray(grad_all)[keep], np.asarray(grad_half)[keep], rtol=1e-5, atol=1e-8)
   np.testing.assert_array_equal(np.asarray(grad_all)[B // 2:], 0.0)

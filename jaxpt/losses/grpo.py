@@ -190,6 +190,12 @@ def entropy_from_logits(logits: jax.Array) -> jax.Array:
 # Policy losses
 # ---------------------------------------------------------------------------------------------------------------
 
+def _zero_masked(x, m):
+  """x with masked positions replaced by 0 BEFORE any arithmetic, so -inf / nan log-probs on padding give
+  neither a nan value nor a nan gradient (a `where` on the output alone would still backprop 0 * nan)."""
+  return None if x is None else jnp.where(m != 0, jnp.asarray(x, jnp.float32), 0.0)
+
+
 def _masked_mean(x, m):
   n = jnp.sum(m)
   return jnp.sum(jnp.where(m != 0, x * m, 0.0)) / jnp.where(n > 0, n, 1.0)
@@ -232,15 +238,16 @@ def ppo_clip_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, m
     l1 = -A rho ;  l2 = -A clip(rho, 1 - eps_lo, 1 + eps_hi) ;  l = max(l1, l2)
     dual clip (dual_clip_c = c, None disables): l = min(l, -A c) where A < 0
     loss = agg(l) + kl_coef * agg(k(logp, ref_logp)) - entropy_coef * agg(H)     (agg: see `aggregate`)
-  Gradient flows through logp only (old_logp, advantages are data). Metrics (token-means over the mask):
-  `pg_loss`, `clip_frac` (l2 > l1: clipped, no gradient), `clip_frac_dual` (A < 0 and -A c < l: dual-clipped),
-  `ratio_mean`, `approx_kl` (k3 of old vs new: mean(rho - 1 - delta)), `ppo_kl` (mean(-delta)), `kl_ref`
-  (when ref_logp is given), `entropy` (when given), `adv_mean/std/min/max` (over the batch), `loss`.
+  Gradient flows through logp only (old_logp, advantages are data). Masked positions are zeroed in every
+  per-token input first: whatever they hold (-inf, nan), they get exactly zero gradient and change nothing.
+  Metrics (token-means over the mask): `pg_loss`, `clip_frac` (l2 > l1: clipped, no gradient),
+  `clip_frac_dual` (A < 0 and -A c < l: dual-clipped), `ratio_mean`, `approx_kl` (k3 of old vs new:
+  mean(rho - 1 - delta)), `ppo_kl` (mean(-delta)), `kl_ref` (when ref_logp is given), `entropy` (when given), `adv_mean/std/min/max` (over the batch), `loss`.
   """
   if dual_clip_c is not None and dual_clip_c <= 1.0:
     raise ValueError(f"dual_clip_c must be > 1, got {dual_clip_c}")
-  logp = jnp.asarray(logp, jnp.float32)
   m = jnp.asarray(mask, jnp.float32)
+  logp, old_logp, ref_logp, entropy = (_zero_masked(x, m) for x in (logp, old_logp, ref_logp, entropy))
   adv = jnp.asarray(advantages, jnp.float32)[:, None]
   delta = jnp.clip(logp - jnp.asarray(old_logp, jnp.float32), -LOG_RATIO_CLIP, LOG_RATIO_CLIP)
   rho = jnp.exp(delta)
@@ -283,8 +290,8 @@ def gspo_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mask:
   together: `clip_frac` is the token-mean of (clipped term > unclipped term), `seq_clip_frac` the fraction of
   non-empty sequences clipped. Other metrics as `ppo_clip_loss`.
   """
-  logp = jnp.asarray(logp, jnp.float32)
   m = jnp.asarray(mask, jnp.float32)
+  logp, old_logp, ref_logp, entropy = (_zero_masked(x, m) for x in (logp, old_logp, ref_logp, entropy))
   adv = jnp.asarray(advantages, jnp.float32)[:, None]
   delta = logp - jnp.asarray(old_logp, jnp.float32)
   lengths = jnp.sum(m, axis=-1)

@@ -79,7 +79,8 @@ def normalize_answer(answer: str) -> str:
   In order: `\\text{x}`-like wrappers -> x; `\\dfrac`/`\\tfrac` -> `\\frac`; `\\frac{a}{b}` -> `a/b`; drop `$`,
   `\\%`/`%`, degree signs, LaTeX spacing (`\\!`, `\\,`, `\\;`, `\\ `), `\\left`/`\\right`, all whitespace;
   `{,}` -> `,`; lower-case; drop trailing periods; drop a leading `x=`; drop a unit word after a number
-  (`18dollars` -> `18`); drop thousands commas in numbers (`1,000,000` -> `1000000`); drop a trailing `.0...` of an integer.
+  (`18dollars` -> `18`); drop thousands commas in numbers (`1,000,000` -> `1000000`); drop a trailing `.0...`
+  of an integer.
   """
   s = answer.strip()
   prev = None
