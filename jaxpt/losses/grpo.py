@@ -242,7 +242,8 @@ def ppo_clip_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, m
   per-token input first: whatever they hold (-inf, nan), they get exactly zero gradient and change nothing.
   Metrics (token-means over the mask): `pg_loss`, `clip_frac` (l2 > l1: clipped, no gradient),
   `clip_frac_dual` (A < 0 and -A c < l: dual-clipped), `ratio_mean`, `approx_kl` (k3 of old vs new:
-  mean(rho - 1 - delta)), `ppo_kl` (mean(-delta)), `kl_ref` (when ref_logp is given), `entropy` (when given), `adv_mean/std/min/max` (over the batch), `loss`.
+  mean(rho - 1 - delta)), `ppo_kl` (mean(-delta)), `kl_ref` (when ref_logp is given), `entropy` (when
+  given), `adv_mean/std/min/max` (over the batch), `loss`.
   """
   if dual_clip_c is not None and dual_clip_c <= 1.0:
     raise ValueError(f"dual_clip_c must be > 1, got {dual_clip_c}")
