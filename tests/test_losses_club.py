@@ -7,6 +7,7 @@ import optax
 import pytest
 
 from jaxpt.losses import club
+from tests.finite_differences import finite_diff
 
 
 def numpy_log_q(params, x):
@@ -32,17 +33,6 @@ def numpy_club(params, x, a, w=None):
 def numpy_estimator_loss(params, x, a):
   lq = numpy_log_q(params, x)
   return -np.mean(lq[np.arange(len(a)), a])
-
-
-def finite_diff(f, x, eps=1e-6):
-  x = np.asarray(x, np.float64)
-  g = np.zeros_like(x)
-  for idx in np.ndindex(x.shape):
-    xp, xm = x.copy(), x.copy()
-    xp[idx] += eps
-    xm[idx] -= eps
-    g[idx] = (f(xp) - f(xm)) / (2 * eps)
-  return g
 
 
 @pytest.fixture(scope="module")

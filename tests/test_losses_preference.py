@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from jaxpt.losses import club, get_loss, known_losses
 from jaxpt.losses.preference import bradley_terry, dir_loss, dpo, odin
+from tests.finite_differences import finite_diff
 
 
 def log_sigmoid(z):
@@ -52,17 +53,6 @@ def numpy_club(params, x, a):
   n = len(a)
   return (sum(lq[i, a[i]] for i in range(n)) / n
           - sum(lq[i, a[j]] for i in range(n) for j in range(n)) / n**2)
-
-
-def finite_diff(f, x, eps=1e-6):
-  x = np.asarray(x, np.float64)
-  g = np.zeros_like(x)
-  for idx in np.ndindex(x.shape):
-    xp, xm = x.copy(), x.copy()
-    xp[idx] += eps
-    xm[idx] -= eps
-    g[idx] = (f(xp) - f(xm)) / (2 * eps)
-  return g
 
 
 @pytest.fixture(scope="module")
