@@ -24,7 +24,7 @@ def _set(config, key, value):
 
 def test_tiny_config_is_valid():
   model = validate_config(tiny.get_config())
-  assert model.d_model == 128 and model.norm_scheme == "pre"
+  assert model.d_model == 128 and model.norm_scheme == "siamese_post_pre"
 
 
 @pytest.mark.parametrize("key, value, message", [
