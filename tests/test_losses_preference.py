@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from jaxpt.losses import club, get_loss, known_losses
 from jaxpt.losses.preference import bradley_terry, dir_loss, dpo, odin
 from tests.finite_differences import finite_diff
+from tests.test_losses_club import numpy_club  # the spec's CLUB double sum, in float64
 
 
 def log_sigmoid(z):
@@ -37,22 +38,6 @@ def numpy_bt_grad(rc, rr, margin=0.0, eps=0.0, center=0.0, w=None):
   s = sigmoid(rc - rr - margin) - (1 - eps)
   c2 = 2 * center * (rc + rr)
   return w / w.sum() * (s + c2), w / w.sum() * (-s + c2)
-
-
-def numpy_log_q(params, x):
-  p = {k: np.asarray(v, np.float64) for k, v in params.items()}
-  h = np.maximum(np.asarray(x, np.float64) @ p["w1"] + p["b1"], 0.0)
-  logits = h @ p["w2"] + p["b2"]
-  m = logits.max(-1, keepdims=True)
-  return logits - m - np.log(np.exp(logits - m).sum(-1, keepdims=True))
-
-
-def numpy_club(params, x, a):
-  """(1/N) sum_i log q(a_i|X_i) - (1/N^2) sum_i sum_j log q(a_j|X_i), written out as the double sum."""
-  lq = numpy_log_q(params, x)
-  n = len(a)
-  return (sum(lq[i, a[i]] for i in range(n)) / n
-          - sum(lq[i, a[j]] for i in range(n) for j in range(n)) / n**2)
 
 
 @pytest.fixture(scope="module")
