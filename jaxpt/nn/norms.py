@@ -27,11 +27,16 @@ def declare_bias(module: nn.Module, features: int):
                       (features,), module.param_dtype)
 
 
-class RMSNorm(nn.Module):
+class _RowNorm(nn.Module):
+  """Fields shared by the norms: eps, compute dtype, param dtype, the logical name of the normalised axis."""
+
   eps: float = 1e-5
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
   axis_name: str = "embed"
+
+
+class RMSNorm(_RowNorm):
 
   @nn.compact
   def __call__(self, x):
@@ -41,11 +46,7 @@ class RMSNorm(nn.Module):
     return (x32 * inv_rms * scale.astype(jnp.float32)).astype(self.dtype)
 
 
-class LayerNorm(nn.Module):
-  eps: float = 1e-5
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
-  axis_name: str = "embed"
+class LayerNorm(_RowNorm):
 
   @nn.compact
   def __call__(self, x):
