@@ -22,6 +22,22 @@ def median_seconds(fn: Callable[[], object], repeats: int, warmup: int = 1) -> f
   return statistics.median(times)
 
 
+def alternating_seconds(runs: dict[str, Callable[[], object]], repeats: int, warmup: int = 1
+                        ) -> dict[str, list[float]]:
+  """Wall times of each `runs[name]()` (outputs blocked on), timed round-robin: every round calls each once, so
+  a drifting machine load reaches all of them alike. `warmup` untimed rounds first."""
+  for _ in range(warmup):
+    for fn in runs.values():
+      jax.block_until_ready(fn())
+  times = {name: [] for name in runs}
+  for _ in range(repeats):
+    for name, fn in runs.items():
+      start = time.perf_counter()
+      jax.block_until_ready(fn())
+      times[name].append(time.perf_counter() - start)
+  return times
+
+
 def matmul_gflops(m: int, k: int, n: int, repeats: int = 5, dtype=jnp.float32) -> float:
   """Measured GFLOP/s of a jitted [m, k] x [k, n] matmul (2 m k n FLOPs) on the default device."""
   a = jax.random.normal(jax.random.PRNGKey(0), (m, k), dtype)

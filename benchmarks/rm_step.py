@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.common import compiled_memory, median_seconds
+from benchmarks.common import alternating_seconds, compiled_memory
 from benchmarks.train_step import MODEL, OPTIM
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.reward import RewardModel
@@ -76,11 +76,7 @@ def compile_step(loss: str, pairs: int, seq: int, inner_steps: int) -> tuple[dic
 def bench(pairs: int, seq: int, inner_steps: int, repeats: int) -> dict:
   """BT and DIR steps timed alternately (BT, DIR, BT, DIR, ...), so both see the same machine load."""
   steps = {loss: compile_step(loss, pairs, seq, inner_steps) for loss in ("bt", "dir")}
-  times = {loss: [] for loss in steps}
-  for _ in range(repeats):
-    for loss, (_, run) in steps.items():
-      times[loss].append(median_seconds(run, repeats=1, warmup=0 if times[loss] else 1))
-      print(f"{loss}: {times[loss][-1] * 1e3:.0f} ms", file=sys.stderr, flush=True)
+  times = alternating_seconds({loss: run for loss, (_, run) in steps.items()}, repeats)
   results = {}
   for loss, (facts, _) in steps.items():
     seconds = statistics.median(times[loss])

@@ -6,7 +6,8 @@ Configuration (the issue's): d_model 512, 8 layers, 8 heads (4 KV), SwiGLU 2048,
 batch 8, prompt 32, 128 new tokens sampled at temperature 1 with no EOS, so every row generates all 128 (HF:
 `generate(do_sample=True, top_k=0, min_new_tokens=128)`). One timed call = prefill + 127 decode steps, compile
 excluded; `prefill_ms` times the prefill (plus one sampling step) alone, `weights_matmul_ms` one pass over all
-weight matrices as batch-8 matmuls (the bandwidth floor of a decode step). Prints one JSON object.
+weight matrices as batch-8 matmuls (the bandwidth floor of a decode step). All of these, for every scheme, are
+timed round-robin so they see the same machine load. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -19,13 +20,15 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.common import median_seconds
+from benchmarks.common import alternating_seconds
 from benchmarks.train_step import MODEL, run_hf_reference
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import init_params, param_count
@@ -34,18 +37,18 @@ from jaxpt.rl.sampler import SamplingConfig, make_sampler
 BATCH, PROMPT, NEW_TOKENS = 8, 32, 128
 
 
-def timed_sampler(cfg: ModelConfig, params, new_tokens: int, repeats: int) -> float:
-  """Median seconds of one compiled sampler call (prompts without padding, all rows run to new_tokens)."""
+def sampler_run(cfg: ModelConfig, params, new_tokens: int) -> Callable[[], jax.Array]:
+  """One compiled sampler call per `run()` (prompts without padding, all rows run to new_tokens, a fresh key each)."""
   sampler = make_sampler(cfg, SamplingConfig(max_new_tokens=new_tokens), PROMPT)
   prompts = np.random.default_rng(0).integers(0, cfg.vocab_size, (BATCH, PROMPT), dtype=np.int32)
   mask = np.ones_like(prompts)
   compiled = sampler.lower(params, prompts, mask, jax.random.PRNGKey(0)).compile()
   calls = iter(range(10 ** 6))
-  return median_seconds(lambda: compiled(params, prompts, mask, jax.random.PRNGKey(next(calls))).tokens, repeats)
+  return lambda: compiled(params, prompts, mask, jax.random.PRNGKey(next(calls))).tokens
 
 
-def weights_matmul_seconds(params, repeats: int) -> float:
-  """Median seconds of one pass over every weight matrix as a batch-BATCH matmul (x [BATCH, rows] @ W [rows, cols]):
+def weights_matmul_run(params) -> Callable[[], object]:
+  """One pass over every weight matrix as a batch-BATCH matmul (x [BATCH, rows] @ W [rows, cols]) per `run()`:
   the floor a decode step, which must read all weights once, is compared against."""
   def as_matrix(w):
     return w.reshape(-1, w.shape[-1]) if w.ndim == 3 and w.shape[0] < w.shape[-1] else w.reshape(w.shape[0], -1)
@@ -53,21 +56,27 @@ def weights_matmul_seconds(params, repeats: int) -> float:
   matrices = [as_matrix(w) for w in jax.tree_util.tree_leaves(params) if w.ndim >= 2]
   inputs = [jnp.ones((BATCH, m.shape[0]), m.dtype) for m in matrices]
   one_pass = jax.jit(lambda ms, xs: [x @ m for m, x in zip(ms, xs)])
-  return median_seconds(lambda: one_pass(matrices, inputs), repeats, warmup=2)
+  return lambda: one_pass(matrices, inputs)
 
 
-def bench_scheme(scheme: str, repeats: int, **overrides) -> dict:
+def scheme_runs(scheme: str, **overrides) -> tuple[dict, dict]:
+  """(facts, runs): the full sampler call, the prefill alone (1 new token) and the weights pass of `scheme`."""
   cfg = ModelConfig(norm_scheme=scheme, **dict(MODEL, **overrides))
   params = init_params(cfg, jax.random.PRNGKey(0))
-  seconds = timed_sampler(cfg, params, NEW_TOKENS, repeats)
-  prefill = timed_sampler(cfg, params, 1, repeats)
-  decode_step = (seconds - prefill) / (NEW_TOKENS - 1)
-  floor = weights_matmul_seconds(params, repeats)
-  return {"weights_matmul_ms": round(floor * 1e3, 2), "decode_step_vs_weights_matmul": round(decode_step / floor, 2),
-          "params": param_count(params), "call_ms": round(seconds * 1e3, 1), "prefill_ms": round(prefill * 1e3, 1),
-          "decode_step_ms": round(decode_step * 1e3, 2),
-          "new_tokens_per_sec": round(BATCH * NEW_TOKENS / seconds, 1),
-          "decode_tokens_per_sec": round(BATCH / decode_step, 1)}
+  runs = {"call": sampler_run(cfg, params, NEW_TOKENS), "prefill": sampler_run(cfg, params, 1),
+          "weights_matmul": weights_matmul_run(params)}
+  return {"params": param_count(params)}, runs
+
+
+def summarise(facts: dict, seconds: dict) -> dict:
+  """Per-scheme figures from median seconds of its call / prefill / weights pass."""
+  decode_step = (seconds["call"] - seconds["prefill"]) / (NEW_TOKENS - 1)
+  return dict(facts, weights_matmul_ms=round(seconds["weights_matmul"] * 1e3, 2),
+              decode_step_vs_weights_matmul=round(decode_step / seconds["weights_matmul"], 2),
+              call_ms=round(seconds["call"] * 1e3, 1), prefill_ms=round(seconds["prefill"] * 1e3, 1),
+              decode_step_ms=round(decode_step * 1e3, 2),
+              new_tokens_per_sec=round(BATCH * NEW_TOKENS / seconds["call"], 1),
+              decode_tokens_per_sec=round(BATCH / decode_step, 1))
 
 
 def main(argv=None) -> None:
@@ -78,7 +87,14 @@ def main(argv=None) -> None:
   parser.add_argument("--hf-python", default="", help="python of a venv with torch + transformers")
   args = parser.parse_args(argv)
 
-  schemes = {s: bench_scheme(s, args.repeats, scan_layers=not args.no_scan) for s in args.schemes.split(",")}
+  facts, runs = {}, {}
+  for scheme in args.schemes.split(","):
+    facts[scheme], scheme_calls = scheme_runs(scheme, scan_layers=not args.no_scan)
+    runs.update({(scheme, part): run for part, run in scheme_calls.items()})
+  times = alternating_seconds(runs, args.repeats)
+  schemes = {scheme: summarise(facts[scheme], {part: statistics.median(t) for (s, part), t in times.items()
+                                               if s == scheme})
+             for scheme in facts}
   report = {"benchmark": "sampler",
             "config": dict(MODEL, batch=BATCH, prompt=PROMPT, new_tokens=NEW_TOKENS, dtype="float32",
                            sampling="temperature 1, no top-k/top-p, no EOS", scan_layers=not args.no_scan,

@@ -3,8 +3,11 @@
     python benchmarks/train_step.py [--schemes pre,siamese_post_pre] [--hf-python /tmp/hfref/bin/python]
 
 Configuration (the issue's): d_model 512, 8 layers, 8 heads (4 KV), SwiGLU 2048, vocab 8192 (tied),
-batch 8 x 256 tokens, fp32, AdamW. Achieved FLOP/s counts 6 * N * tokens per step (N = all parameters).
-Prints one JSON object; ratios are what to compare across machines. With --hf-python, the PyTorch/HF
+batch 8 x 256 tokens, fp32, AdamW, layers unrolled (`--scan` stacks them with nn.scan: on CPU the scan copies each
+layer's saved activations into and out of stacked buffers, ~5% of the step here; on TPU it keeps compile times
+flat in depth). Achieved FLOP/s counts 6 * N * tokens per step (N = all parameters).
+The schemes' steps are timed round-robin, so all see the same load on a shared machine. Prints one JSON object;
+ratios are what to compare across machines. With --hf-python, the PyTorch/HF
 reference program (../shared/bench/hf_reference.py) runs right after, in the same invocation.
 """
 
@@ -22,14 +25,16 @@ import platform
 import re
 import resource
 import subprocess
+import statistics
 import sys
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from benchmarks.common import compiled_memory, matmul_gflops, median_seconds
+from benchmarks.common import alternating_seconds, compiled_memory, matmul_gflops
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM, init_params, param_count
 from jaxpt.train.lm import make_lm_loss_fn
@@ -51,7 +56,8 @@ def random_batch(vocab_size: int) -> dict:
           "weights": jnp.ones((BATCH, SEQ), jnp.float32)}
 
 
-def bench_scheme(scheme: str, repeats: int, **overrides) -> dict:
+def compile_scheme(scheme: str, **overrides) -> tuple[dict, Callable[[], jax.Array]]:
+  """(facts, run): `run()` does one train step of `scheme` on a fixed batch (the state carried between calls)."""
   cfg = ModelConfig(norm_scheme=scheme, **dict(MODEL, **overrides))
   model = TransformerLM(cfg)
   params = init_params(cfg, jax.random.PRNGKey(0))
@@ -66,15 +72,28 @@ def bench_scheme(scheme: str, repeats: int, **overrides) -> dict:
     holder["state"], metrics = compiled(holder["state"], batch)
     return metrics["loss"]
 
-  seconds = median_seconds(run, repeats, warmup=1)
-  faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+  return {"params": param_count(params), "memory": compiled_memory(compiled)}, run
+
+
+def page_faults(run: Callable[[], jax.Array]) -> int:
+  """Minor page faults of one `run()`."""
+  before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
   jax.block_until_ready(run())
-  faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before
-  n = param_count(params)
-  flops = 6.0 * n * BATCH * SEQ
-  return {"params": n, "step_ms": round(seconds * 1e3, 1), "tokens_per_sec": round(BATCH * SEQ / seconds, 1),
-          "gflops_per_sec": round(flops / seconds / 1e9, 1), "memory": compiled_memory(compiled),
-          "minor_page_faults_per_step": faults}
+  return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+def bench_schemes(schemes: Sequence[str], repeats: int, **overrides) -> dict:
+  """Every scheme's step, timed round-robin (`alternating_seconds`) so all see the same machine load."""
+  compiled = {scheme: compile_scheme(scheme, **overrides) for scheme in schemes}
+  times = alternating_seconds({scheme: run for scheme, (_, run) in compiled.items()}, repeats)
+  results = {}
+  for scheme, (facts, run) in compiled.items():
+    seconds = statistics.median(times[scheme])
+    flops = 6.0 * facts["params"] * BATCH * SEQ
+    results[scheme] = dict(facts, step_ms=round(seconds * 1e3, 1), tokens_per_sec=round(BATCH * SEQ / seconds, 1),
+                           gflops_per_sec=round(flops / seconds / 1e9, 1),
+                           minor_page_faults_per_step=page_faults(run))
+  return results
 
 
 def run_hf_reference(python: str) -> dict:
@@ -92,19 +111,18 @@ def main(argv=None) -> None:
   parser.add_argument("--schemes", default="pre,post,hybrid,siamese_post_pre,siamese_hybrid_pre")
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--remat", default="none")
-  parser.add_argument("--no-scan", action="store_true", help="unroll the layers instead of nn.scan")
+  parser.add_argument("--scan", action="store_true", help="stack the layers with nn.scan instead of unrolling")
   parser.add_argument("--hf-python", default="", help="python of a venv with torch + transformers")
   args = parser.parse_args(argv)
 
   matmul = {f"{m}x{k}x{n}": round(matmul_gflops(m, k, n), 1)
             for m, k, n in [(2048, 2048, 2048), (BATCH * SEQ, 512, 2048), (BATCH * SEQ, 512, 8192)]}
   peak_matmul = max(matmul.values())
-  schemes = {s: bench_scheme(s, args.repeats, remat=args.remat, scan_layers=not args.no_scan)
-             for s in args.schemes.split(",")}
+  schemes = bench_schemes(args.schemes.split(","), args.repeats, remat=args.remat, scan_layers=args.scan)
   for result in schemes.values():
     result["fraction_of_matmul_rate"] = round(result["gflops_per_sec"] / peak_matmul, 3)
   report = {"benchmark": "train_step", "config": dict(MODEL, batch=BATCH, seq=SEQ, dtype="float32",
-                                                      remat=args.remat, scan_layers=not args.no_scan,
+                                                      remat=args.remat, scan_layers=args.scan,
                                                       host_allocator_reuse=allocator_reuse),
             "device": str(jax.devices()[0]), "jax": jax.__version__, "cpu_count": os.cpu_count(),
             "machine": platform.machine(), "matmul_gflops_per_sec": matmul, "schemes": schemes}

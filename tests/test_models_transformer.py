@@ -167,6 +167,27 @@ def test_packed_documents_do_not_see_each_other(scheme):
   np.testing.assert_allclose(logits[:, 3:], model.apply({"params": params}, doc_b), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("scheme", ["pre", "siamese_post_pre"])
+def test_query_chunked_attention_matches_plain_equations_and_gradients(scheme):
+  """Causal attention taken 3 queries at a time (7 = 3 + 3 + 1, packed documents) gives the plain equations'
+  logits and the unchunked model's gradients."""
+  cfg = dataclasses.replace(TINY, norm_scheme=scheme, attention_query_chunk=3)
+  params = randomise_norms(init_params(cfg, jax.random.PRNGKey(0)))
+  tokens = tokens_for(cfg, seq=7)
+  positions = jnp.array([[0, 1, 2, 0, 1, 2, 3]] * 2)
+  segments = jnp.array([[1, 1, 1, 2, 2, 2, 2], [1, 1, 1, 1, 1, 2, 2]])
+  logits = TransformerLM(cfg).apply({"params": params}, tokens, positions=positions, segment_ids=segments)
+  ref_logits, _ = reference_model.forward(params, tokens, cfg, positions=positions, segment_ids=segments)
+  np.testing.assert_allclose(logits, ref_logits, rtol=2e-5, atol=2e-5)
+
+  def loss(params, chunk):
+    model = TransformerLM(dataclasses.replace(cfg, attention_query_chunk=chunk))
+    return jnp.sum(jnp.sin(model.apply({"params": params}, tokens, positions=positions, segment_ids=segments)))
+
+  chunked, whole = jax.grad(loss)(params, 3), jax.grad(loss)(params, 0)
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), chunked, whole)
+
+
 def test_bfloat16_compute_keeps_float32_params_and_tracks_float32():
   cfg = dataclasses.replace(TINY, norm_scheme="siamese_hybrid_pre")
   params = init_params(cfg, jax.random.PRNGKey(0))
@@ -197,6 +218,7 @@ def test_dropout_is_active_only_when_not_deterministic():
     ("num_kv_heads", 3, "model.num_kv_heads=3: must divide model.num_heads=4"),
     ("num_layers", 0, "model.num_layers=0: must be a positive integer"),
     ("remat", "some", "model.remat='some'"),
+    ("attention_query_chunk", -1, "model.attention_query_chunk=-1: must be a non-negative integer"),
 ])
 def test_impossible_model_configs_name_the_field(field, value, message):
   values = dataclasses.asdict(TINY)

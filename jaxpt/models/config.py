@@ -43,7 +43,8 @@ class ModelConfig:
   always kept in `param_dtype`. `head_dim` defaults to d_model // num_heads. `kernel` picks how the siamese
   schemes compute their sub-layer boundaries: `reference` (separate norm modules, XLA fuses what it can) or
   `pallas` (the fused two-stream-norm kernels in `kernels/two_stream_norm`; same parameters). The single-stream
-  schemes have no fused boundary and ignore it.
+  schemes have no fused boundary and ignore it. `attention_query_chunk` > 0 computes causal attention that many
+  queries at a time, skipping the key blocks above the diagonal (same result; see `jaxpt.nn.attention`).
   """
 
   vocab_size: int = 256
@@ -61,6 +62,7 @@ class ModelConfig:
   v_norm: bool = False
   tie_embeddings: bool = True
   rope_theta: float = 10000.0
+  attention_query_chunk: int = 64
   max_seq_len: int = 2048
   dtype: str = "float32"
   param_dtype: str = "float32"
@@ -105,5 +107,7 @@ class ModelConfig:
       fail("norm_eps", "must be positive")
     if not 0.0 <= self.dropout_rate < 1.0:
       fail("dropout_rate", "must be in [0, 1)")
+    if not isinstance(self.attention_query_chunk, int) or self.attention_query_chunk < 0:
+      fail("attention_query_chunk", "must be a non-negative integer (0: all queries at once)")
     if not self.rope_theta > 0:
       fail("rope_theta", "must be positive")

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jaxpt.models.config import ModelConfig
 from jaxpt.nn.attention import KVCache, LayerCache, write_slots
 from jaxpt.nn.blocks import BLOCKS, RESIDUAL_AXES, OutputMerge
-from jaxpt.nn.dense import Dense
+from jaxpt.nn.dense import Dense, matmul
 
 REMAT_POLICIES = {
     "full": None,  # save nothing, recompute the whole block
@@ -121,7 +121,7 @@ class TransformerLM(nn.Module):
     hidden = OutputMerge(cfg, name="output")(streams)
     if cfg.tie_embeddings:  # one 2-D matmul [tokens, d] x [d, vocab] (see jaxpt.nn.dense)
       flat = hidden.reshape(-1, cfg.d_model)
-      logits = jnp.dot(flat, embedding.astype(dtype).T, preferred_element_type=jnp.float32)
+      logits = matmul(flat, embedding.astype(dtype).T, jnp.float32)
       logits = logits.reshape(hidden.shape[:-1] + (cfg.vocab_size,))
     else:
       logits = Dense((cfg.vocab_size,), ("embed", "vocab"), dtype=dtype, param_dtype=jnp.dtype(cfg.param_dtype),
