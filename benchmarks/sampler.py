@@ -1,6 +1,7 @@
-"""KV-cache sampler throughput (new tokens/s) per residual scheme, side by side with HF transformers `generate`.
+"""KV-cache sampler throughput (new tokens/s) per residual scheme, beside HF `generate` and tunix's `Sampler`.
 
     python -m benchmarks.sampler [--schemes pre,siamese_post_pre] [--hf-python /tmp/hfref/bin/python]
+                                 [--tunix-python /tmp/tunix/bin/python]
 
 Configuration (the issue's): d_model 512, 8 layers, 8 heads (4 KV), SwiGLU 2048, vocab 8192 (tied), fp32;
 batch 8, prompt 32, 128 new tokens sampled at temperature 1 with no EOS, so every row generates all 128 (HF:
@@ -28,8 +29,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import references
 from benchmarks.common import alternating_seconds
-from benchmarks.train_step import MODEL, run_hf_reference
+from benchmarks.train_step import MODEL
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import init_params, param_count
 from jaxpt.rl.sampler import SamplingConfig, make_sampler
@@ -84,7 +86,7 @@ def main(argv=None) -> None:
   parser.add_argument("--schemes", default="pre,siamese_post_pre")
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--no-scan", action="store_true", help="unroll the layers instead of nn.scan")
-  parser.add_argument("--hf-python", default="", help="python of a venv with torch + transformers")
+  references.add_arguments(parser)
   args = parser.parse_args(argv)
 
   facts, runs = {}, {}
@@ -104,11 +106,12 @@ def main(argv=None) -> None:
   if "pre" in schemes:
     pre = schemes["pre"]["call_ms"]
     report["call_time_vs_pre"] = {s: round(r["call_ms"] / pre, 3) for s, r in schemes.items() if s != "pre"}
-  if args.hf_python:
-    hf = run_hf_reference(args.hf_python)["generate_new_tokens_per_sec"]
-    report["hf_generate_new_tokens_per_sec"] = hf
-    if hf:
-      report["new_tokens_per_sec_vs_hf"] = {s: round(r["new_tokens_per_sec"] / hf, 2) for s, r in schemes.items()}
+  for name, reference in references.run(args, MODEL["d_model"], MODEL["num_layers"]).items():
+    generate = reference["generate_new_tokens_per_sec"]
+    report[f"{name}_generate_new_tokens_per_sec"] = generate
+    if generate:
+      report[f"new_tokens_per_sec_vs_{name}"] = {s: round(r["new_tokens_per_sec"] / generate, 2)
+                                                 for s, r in schemes.items()}
   json.dump(report, sys.stdout, indent=2)
   print()
 

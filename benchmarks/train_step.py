@@ -1,14 +1,15 @@
 """Train-step throughput per residual scheme, side by side with the machine's own matmul rate.
 
-    python benchmarks/train_step.py [--schemes pre,siamese_post_pre] [--hf-python /tmp/hfref/bin/python]
+    python -m benchmarks.train_step [--schemes pre,siamese_post_pre] [--hf-python /tmp/hfref/bin/python]
+                                    [--tunix-python /tmp/tunix/bin/python]
 
 Configuration (the issue's): d_model 512, 8 layers, 8 heads (4 KV), SwiGLU 2048, vocab 8192 (tied),
 batch 8 x 256 tokens, fp32, AdamW, layers unrolled (`--scan` stacks them with nn.scan: on CPU the scan copies each
 layer's saved activations into and out of stacked buffers, ~5% of the step here; on TPU it keeps compile times
 flat in depth). Achieved FLOP/s counts 6 * N * tokens per step (N = all parameters).
 The schemes' steps are timed round-robin, so all see the same load on a shared machine. Prints one JSON object;
-ratios are what to compare across machines. With --hf-python, the PyTorch/HF
-reference program (../shared/bench/hf_reference.py) runs right after, in the same invocation.
+ratios are what to compare across machines. With --hf-python / --tunix-python, the PyTorch/HF and tunix reference
+programs (`benchmarks/references.py`) run right after, in the same invocation.
 """
 
 from __future__ import annotations
@@ -20,11 +21,8 @@ allocator_reuse = reuse_freed_host_memory()  # first, before JAX allocates (see 
 import argparse
 import json
 import os
-import pathlib
 import platform
-import re
 import resource
-import subprocess
 import statistics
 import sys
 from typing import Callable, Sequence
@@ -34,6 +32,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from benchmarks import references
 from benchmarks.common import alternating_seconds, compiled_memory, matmul_gflops
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM, init_params, param_count
@@ -96,23 +95,13 @@ def bench_schemes(schemes: Sequence[str], repeats: int, **overrides) -> dict:
   return results
 
 
-def run_hf_reference(python: str) -> dict:
-  script = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "bench" / "hf_reference.py"
-  out = subprocess.run([python, str(script), str(MODEL["d_model"]), str(MODEL["num_layers"])], check=True,
-                       capture_output=True, text=True).stdout
-  train = re.search(r"tokens/s (\d+)", out)
-  generate = re.search(r"generate: (\d+) new tokens/s", out)
-  return {"train_tokens_per_sec": float(train.group(1)) if train else None,
-          "generate_new_tokens_per_sec": float(generate.group(1)) if generate else None}
-
-
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--schemes", default="pre,post,hybrid,siamese_post_pre,siamese_hybrid_pre")
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--remat", default="none")
   parser.add_argument("--scan", action="store_true", help="stack the layers with nn.scan instead of unrolling")
-  parser.add_argument("--hf-python", default="", help="python of a venv with torch + transformers")
+  references.add_arguments(parser)
   args = parser.parse_args(argv)
 
   matmul = {f"{m}x{k}x{n}": round(matmul_gflops(m, k, n), 1)
@@ -131,11 +120,11 @@ def main(argv=None) -> None:
     report["ratios_vs_pre"] = {s: {"step_time": round(r["step_ms"] / pre["step_ms"], 3),
                                    "peak_memory": round(r["memory"]["peak_mib"] / pre["memory"]["peak_mib"], 3)}
                                for s, r in schemes.items() if s != "pre"}
-  if args.hf_python:
-    hf = run_hf_reference(args.hf_python)
-    report["hf_reference"] = hf
-    if "pre" in schemes and hf["train_tokens_per_sec"]:
-      report["pre_tokens_per_sec_vs_hf"] = round(schemes["pre"]["tokens_per_sec"] / hf["train_tokens_per_sec"], 3)
+  for name, reference in references.run(args, MODEL["d_model"], MODEL["num_layers"]).items():
+    report[f"{name}_reference"] = reference
+    if "pre" in schemes and reference["train_tokens_per_sec"]:
+      report[f"pre_tokens_per_sec_vs_{name}"] = round(schemes["pre"]["tokens_per_sec"] /
+                                                      reference["train_tokens_per_sec"], 3)
   json.dump(report, sys.stdout, indent=2)
   print()
 
