@@ -15,7 +15,8 @@ F is attention or the MLP, LN a norm of the configured type, l the 0-based block
 
 Each sub-layer is computed once and its (dropped-out) output is added to both streams. Blocks return
 `(streams, kv)` so they can be stacked with `nn.scan` over the layer index: kv is None, or, when called with the
-layer's `LayerCache` (decoding), its key/value buffers with the new tokens' K/V written in. Only K/V are cached: the streams (both SiameseNorm streams) are per-token state recomputed for each token.
+layer's `LayerCache` (decoding), its key/value buffers with the new tokens' K/V written in. Only K/V are cached:
+the streams (both SiameseNorm streams) are per-token state recomputed for each token.
 
 With `config.kernel == "pallas"` the siamese blocks compute each boundary with one fused op (`jaxpt.nn.fused`),
 reading the same norm parameters (`NormParams`, same tree):
@@ -69,8 +70,8 @@ class ResidualBlock(nn.Module):
     cfg = self.config
     out = Attention(num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.resolved_head_dim,
                     rope_theta=cfg.rope_theta, qk_norm=cfg.qk_norm or qkv_norm, v_norm=cfg.v_norm or qkv_norm,
-                    norm_eps=cfg.norm_eps, query_chunk=cfg.attention_query_chunk, dtype=self.compute_dtype, param_dtype=jnp.dtype(cfg.param_dtype),
-                    name="attn")(h, positions, segment_ids, cache)
+                    norm_eps=cfg.norm_eps, query_chunk=cfg.attention_query_chunk, dtype=self.compute_dtype,
+                    param_dtype=jnp.dtype(cfg.param_dtype), name="attn")(h, positions, segment_ids, cache)
     out, kv = (out, None) if cache is None else out
     return self.dropout(out), kv
 
