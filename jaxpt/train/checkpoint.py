@@ -9,7 +9,6 @@ import jax
 import orbax.checkpoint as ocp
 
 from jaxpt.models.config import ConfigError
-
 from jaxpt.train.state import TrainState
 
 CHECKPOINT_DIR = "checkpoints"

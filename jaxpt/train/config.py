@@ -16,7 +16,7 @@ from jaxpt.losses import get_loss
 from jaxpt.models.config import ConfigError, ModelConfig
 from jaxpt.parallel.mesh import MeshConfig
 
-__all__ = ["ConfigChecker", "ConfigError", "check_optim", "check_run_fields", "validate_config"]
+__all__ = ["ConfigChecker", "ConfigError", "check_optim", "check_run_fields", "check_vocab", "validate_config"]
 
 TOP_LEVEL = ("seed", "steps", "log_every", "eval_every", "checkpoint_every", "keep_checkpoints")
 OPTIM_FIELDS = ("learning_rate", "warmup_steps", "end_lr_fraction", "b1", "b2", "eps", "weight_decay", "grad_clip",
@@ -73,6 +73,13 @@ def check_run_fields(config: Any) -> ModelConfig:
   check.integer("checkpoint_every", 0)
   check.integer("keep_checkpoints", 1)
   return ModelConfig.from_dict(check.get("model").to_dict(), prefix="config.model")
+
+
+def check_vocab(model: ModelConfig, tokenizer_vocab_size: int) -> None:
+  """ConfigError naming config.model.vocab_size when the tokenizer has more tokens than the embedding has rows."""
+  if tokenizer_vocab_size > model.vocab_size:
+    raise ConfigError(f"config.model.vocab_size={model.vocab_size}: smaller than the tokenizer's "
+                      f"{tokenizer_vocab_size} tokens")
 
 
 def check_optim(config: Any, batch_field: str = "data.batch_size") -> None:

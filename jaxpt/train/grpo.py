@@ -29,7 +29,7 @@ import numpy as np
 import optax
 from absl import logging
 
-from jaxpt.data import math_prompts
+from jaxpt.data import math_prompts, order
 from jaxpt.data.sft import PromptData, task_tokenizer
 from jaxpt.data.tokenizer import Tokenizer
 from jaxpt.losses import get_loss
@@ -42,7 +42,7 @@ from jaxpt.rl.logprobs import response_logits, response_logprobs, token_logprobs
 from jaxpt.rl.rollouts import repeat_prompts, response_texts, verifier_rewards
 from jaxpt.rl.sampler import SamplingConfig, make_sampler
 from jaxpt.train.checkpoint import load_run_params
-from jaxpt.train.config import ConfigChecker, check_optim, check_run_fields
+from jaxpt.train.config import ConfigChecker, check_optim, check_run_fields, check_vocab
 from jaxpt.train.loop import LoopConfig, LoopResult, print_summary, save_run_config, train_loop
 from jaxpt.train.optim import make_optimizer
 from jaxpt.train.state import TrainState
@@ -150,8 +150,6 @@ def _split_groups(num_rows: int, group_size: int, minibatches: int, rng: np.rand
 class GRPOTrainer:
   """Everything a GRPO run needs, built once by `build_grpo`; `train_step` is the loop's step function."""
 
-  model_config: ModelConfig
-  model: TransformerLM
   settings: GRPOSettings
   clipo_config: clipo.CLIPOConfig
   tokenizer: Any
@@ -169,10 +167,7 @@ class GRPOTrainer:
   meta: dict
 
   def batches(self, start: int) -> Iterator[dict]:
-    step = start
-    while True:
-      yield self.prompts.batch(step)
-      step += 1
+    return order.step_batches(lambda step, *_: self.prompts.batch(step), self.prompts.batch_size, start)
 
   def rollouts(self, params: Any, batch: dict, rng: jax.Array) -> dict:
     """Samples G responses per prompt and scores them: host numpy arrays `[N, ...]` plus texts."""
@@ -306,9 +301,7 @@ def _tokenizer(config: Any, model_config: ModelConfig, workdir: str) -> Tokenize
 def build_grpo(config: Any, workdir: str) -> GRPOTrainer:
   model_config, settings, clipo_config, _ = validate_grpo_config(config)
   tokenizer = _tokenizer(config, model_config, workdir)
-  if tokenizer.vocab_size > model_config.vocab_size:
-    raise ConfigError(f"config.model.vocab_size={model_config.vocab_size}: smaller than the tokenizer's "
-                      f"{tokenizer.vocab_size} tokens")
+  check_vocab(model_config, tokenizer.vocab_size)
   prompts = PromptData.create(config.task, tokenizer, batch_size=int(config.data.prompts_per_step),
                               prompt_len=int(config.data.max_prompt_len), seed=int(config.seed),
                               data_dir=os.path.join(workdir, "tfds"))
@@ -333,7 +326,7 @@ def build_grpo(config: Any, workdir: str) -> GRPOTrainer:
   temperature = float(config.sampling.temperature)
   logprobs = jax.jit(lambda params, *arrays: response_logprobs(model, params, *arrays, temperature=temperature))
   return GRPOTrainer(
-      model_config=model_config, model=model, settings=settings, clipo_config=clipo_config, tokenizer=tokenizer,
+      settings=settings, clipo_config=clipo_config, tokenizer=tokenizer,
       prompts=prompts, init_state=init_state, ref_params=ref_params, sample=sampler(False),
       sample_greedy=sampler(True), logprobs=logprobs,
       update=make_policy_update(model, optimizer, settings, clipo_config, temperature),

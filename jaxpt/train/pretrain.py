@@ -16,7 +16,7 @@ from jaxpt.data.pipeline import LMData
 from jaxpt.models.config import ConfigError, ModelConfig
 from jaxpt.models.transformer import TransformerLM
 from jaxpt.train.checkpoint import load_run_params
-from jaxpt.train.config import validate_config
+from jaxpt.train.config import check_vocab, validate_config
 from jaxpt.train.lm import make_lm_evaluator, make_lm_loss_fn
 from jaxpt.train.loop import LoopConfig, LoopResult, save_run_config, train_loop
 from jaxpt.train.optim import decay_mask, make_optimizer
@@ -80,9 +80,7 @@ def build_lm_training(config: Any, model_config: ModelConfig, data: LMData, mesh
   under the mesh's rules."""
   mesh_config = parallel.MeshConfig.from_config(config)
   batch_size = int(config.data.batch_size)
-  if data.tokenizer.vocab_size > model_config.vocab_size:
-    raise ConfigError(f"config.model.vocab_size={model_config.vocab_size}: smaller than the tokenizer's "
-                      f"{data.tokenizer.vocab_size} tokens")
+  check_vocab(model_config, data.tokenizer.vocab_size)
   rules = mesh_config.logical_rules
   model = TransformerLM(model_config)
   init_rng, train_rng = jax.random.split(jax.random.PRNGKey(config.seed))

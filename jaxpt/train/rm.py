@@ -34,7 +34,7 @@ from jaxpt.models.reward import RewardModel
 from jaxpt.models.transformer import param_count
 from jaxpt.parallel.mesh import MeshConfig
 from jaxpt.train import rm_eval
-from jaxpt.train.config import ConfigChecker, check_optim, check_run_fields
+from jaxpt.train.config import ConfigChecker, check_optim, check_run_fields, check_vocab
 from jaxpt.train.checkpoint import load_run_params
 from jaxpt.train.loop import LoopConfig, LoopResult, print_summary, save_run_config, train_loop
 from jaxpt.train.optim import decay_mask, make_optimizer
@@ -396,9 +396,7 @@ def build_rm(config: Any, workdir: str) -> RewardTraining:
                                                     seed=config.seed)
   except ValueError as e:
     raise ConfigError(str(e) if str(e).startswith("config.") else f"config.{e}") from e
-  if data.tokenizer.vocab_size > model_config.vocab_size:
-    raise ConfigError(f"config.model.vocab_size={model_config.vocab_size}: smaller than the tokenizer's "
-                      f"{data.tokenizer.vocab_size} tokens")
+  check_vocab(model_config, data.tokenizer.vocab_size)
   rules = mesh_config.logical_rules
   model = RewardModel(model_config, settings.num_scores)
   init_rng, train_rng = jax.random.split(jax.random.PRNGKey(config.seed))
