@@ -54,7 +54,7 @@ def compile_step(loss: str, pairs: int, seq: int, inner_steps: int) -> tuple[dic
   """(facts, run): `run()` does one train step of `loss` on a fixed batch (the state carried between calls)."""
   cfg = ModelConfig(norm_scheme="pre", **MODEL)
   settings = rm.RMSettings(loss=loss, inner_steps=inner_steps)
-  model = RewardModel(cfg, settings.num_scores)
+  model = RewardModel(cfg, settings.objective.num_scores)
   init = jax.jit(lambda key: nn.meta.unbox(model.init(key, jnp.zeros((1, seq), jnp.int32),
                                                       jnp.zeros((1,), jnp.int32))["params"]))
   params = init(jax.random.PRNGKey(0))

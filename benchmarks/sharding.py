@@ -33,14 +33,12 @@ import math  # noqa: E402
 import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import ml_collections  # noqa: E402
 
-from experiments.configs import base  # noqa: E402
 from jaxpt import parallel  # noqa: E402
 from jaxpt.models.config import ModelConfig  # noqa: E402
 from jaxpt.models.transformer import TransformerLM  # noqa: E402
 from jaxpt.train.lm import make_lm_loss_fn  # noqa: E402
-from jaxpt.train.optim import decay_mask, make_optimizer  # noqa: E402
+from jaxpt.train.optim import OptimConfig, decay_mask, make_optimizer  # noqa: E402
 from jaxpt.train.sharded import shard_training  # noqa: E402
 from jaxpt.train.state import TrainState  # noqa: E402
 from jaxpt.train.step import make_train_step  # noqa: E402
@@ -67,8 +65,7 @@ def compile_step(preset: str, remat: str) -> dict:
   init_rng, train_rng = jax.random.split(jax.random.PRNGKey(0))
   dummy = jnp.zeros((1, SEQ), jnp.int32)
   boxed = jax.eval_shape(model.init, init_rng, dummy)["params"]
-  optimizer, schedule = make_optimizer(ml_collections.ConfigDict(dict(base.optim_config())), 1000,
-                                       mask=decay_mask(boxed))
+  optimizer, schedule = make_optimizer(OptimConfig(), 1000, mask=decay_mask(boxed))
 
   def init_fn():
     return TrainState.create(nn.meta.unbox(model.init(init_rng, dummy)["params"]), optimizer, train_rng)

@@ -29,7 +29,6 @@ from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from benchmarks import references
@@ -37,15 +36,15 @@ from benchmarks.common import alternating_seconds, compiled_memory, matmul_gflop
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM, init_params, param_count
 from jaxpt.train.lm import make_lm_loss_fn
-from jaxpt.train.optim import make_optimizer
+from jaxpt.train.optim import OptimConfig, make_optimizer
 from jaxpt.train.state import TrainState
 from jaxpt.train.step import make_train_step
 
 BATCH, SEQ = 8, 256
 MODEL = dict(vocab_size=8192, d_model=512, num_layers=8, num_heads=8, num_kv_heads=4, mlp_dim=2048,
              max_seq_len=2048, tie_embeddings=True)
-OPTIM = ml_collections.ConfigDict(dict(learning_rate=1e-3, warmup_steps=10, end_lr_fraction=0.1, b1=0.9, b2=0.95,
-                                       eps=1e-8, weight_decay=0.1, grad_clip=1.0))
+OPTIM = OptimConfig(learning_rate=1e-3, warmup_steps=10, end_lr_fraction=0.1, b1=0.9, b2=0.95, eps=1e-8,
+                    weight_decay=0.1, grad_clip=1.0)
 
 
 def random_batch(vocab_size: int) -> dict:

@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks.common import median_seconds
-from kernels.two_stream_norm import layout
-from kernels.two_stream_norm import post_pre_boundary
+from jaxpt.kernels.two_stream_norm import layout
+from jaxpt.kernels.two_stream_norm import post_pre_boundary
 
 EPS = 1e-5
 # d-wide row passes per token per boundary (spec, "Hot path"): unfused ops vs one fused kernel

@@ -1,0 +1,41 @@
+"""jaxpt: SiameseNorm transformers, DIR reward models and GRPO/CLIPO post-training in JAX/Flax.
+
+    import jaxpt
+    jaxpt.ModelConfig, jaxpt.TransformerLM, jaxpt.RewardModel         models
+    jaxpt.get_loss("policy", "ppo_clip"), jaxpt.known_losses("lm")    losses, registered by kind
+    jaxpt.pretrain, jaxpt.sft, jaxpt.train_rm, jaxpt.train_grpo        trainers: (config, workdir) -> LoopResult
+    jaxpt.PretrainRunConfig, ..., jaxpt.from_section, jaxpt.config_dict  run configs
+
+Every name is imported on first use, so `import jaxpt` is cheap and has no side effects.
+"""
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "jaxpt.config": ("ConfigError", "config_dict", "from_section", "load_config_file"),
+    "jaxpt.models.config": ("ModelConfig",),
+    "jaxpt.models.transformer": ("TransformerLM",),
+    "jaxpt.models.reward": ("RewardModel",),
+    "jaxpt.losses": ("LOSS_KINDS", "get_loss", "known_losses", "register_loss"),
+    "jaxpt.train.pretrain": ("PretrainRunConfig", "pretrain"),
+    "jaxpt.train.sft": ("SFTRunConfig", "sft"),
+    "jaxpt.train.rm": ("RMRunConfig", "train_rm"),
+    "jaxpt.train.grpo": ("GRPORunConfig", "train_grpo"),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = ["__version__", *_MODULE_OF]
+
+
+def __getattr__(name: str):
+  if name in _MODULE_OF:
+    import importlib
+
+    value = getattr(importlib.import_module(_MODULE_OF[name]), name)
+    globals()[name] = value
+    return value
+  raise AttributeError(f"module 'jaxpt' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+  return sorted(set(globals()) | set(_MODULE_OF))

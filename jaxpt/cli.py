@@ -1,13 +1,15 @@
 """`jaxpt <subcommand> --config <file.py> [--config.field=value ...] --workdir DIR`.
 
-Each subcommand is a function `(config, workdir) -> exit code` registered with `@subcommand(name, help)`;
-they share the `--config` (ml_collections config file, Flax-examples style) and `--workdir` flags. A config
-error prints one line naming the field and exits 2, without a traceback.
+Each subcommand names a trainer's run-config dataclass and its `run_*(run_config, workdir) -> exit code`; the
+config file is checked once, here, into that dataclass. They share the `--config` (ml_collections config file,
+Flax-examples style) and `--workdir` flags. A config error prints one line naming the field and exits 2, without a
+traceback.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import sys
 from typing import Any, Callable
 
@@ -29,64 +31,32 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index in 
 
 @dataclasses.dataclass(frozen=True)
 class Subcommand:
+  """`jaxpt <name>`: `<module>.<run>(run_config, workdir) -> exit code`, its config a `<module>.<config_class>`."""
+
   name: str
   help: str
-  run: Callable[[Any, str], int]
+  module: str
+  config_class: str
+  run: str
+
+  def __call__(self, config: Any, workdir: str) -> int:
+    """Checks `config` once (ConfigError naming the field) and runs the subcommand on the checked run config."""
+    from jaxpt.config import from_section
+
+    module = importlib.import_module(self.module)
+    return getattr(module, self.run)(from_section(getattr(module, self.config_class), config, "config"), workdir)
 
 
-SUBCOMMANDS: dict[str, Subcommand] = {}
-
-
-def subcommand(name: str, help: str) -> Callable:
-  """Registers `fn(config, workdir) -> int` as `jaxpt <name>`."""
-
-  def decorator(fn: Callable[[Any, str], int]) -> Callable[[Any, str], int]:
-    SUBCOMMANDS[name] = Subcommand(name, help, fn)
-    return fn
-
-  return decorator
-
-
-@subcommand("pretrain", "Pretrain a transformer LM (metrics.jsonl, TensorBoard, loss.png, checkpoints in workdir).")
-def _pretrain(config: Any, workdir: str) -> int:
-  from jaxpt.train.config import validate_config
-
-  validate_config(config)  # fail before importing or building anything heavy
-  import jax
-  from jaxpt.parallel import MeshConfig
-  from jaxpt.train.loop import print_summary
-  from jaxpt.train.pretrain import build_pretraining, pretrain
-
-  setup = build_pretraining(config, workdir)
-  mesh = " ".join(f"{axis}={size}" for axis, size in setup.sharded.mesh.shape.items())
-  print(f"jaxpt pretrain: process {jax.process_index()} of {jax.process_count()}, {jax.device_count()} devices, "
-        f"mesh {mesh} (rules {MeshConfig.from_config(config).rules}); compiled train step peak memory per device "
-        f"{setup.memory.get('peak_mib', float('nan')):.1f} MiB", flush=True)
-  return print_summary("pretrain", pretrain(config, workdir, setup=setup), workdir, ("loss", "eval_loss", "eval_ppl"))
-
-
-@subcommand("sft", "Supervised fine-tuning on a math task (response-only loss; answer accuracy in the eval).")
-def _sft(config: Any, workdir: str) -> int:
-  from jaxpt.train.sft import run_sft, validate_sft_config
-
-  validate_sft_config(config)
-  return run_sft(config, workdir)
-
-
-@subcommand("grpo", "GRPO / CLIPO post-training with KV-cache rollouts and verifiable rewards.")
-def _grpo(config: Any, workdir: str) -> int:
-  from jaxpt.train.grpo import run_grpo, validate_grpo_config
-
-  validate_grpo_config(config)
-  return run_grpo(config, workdir)
-
-
-@subcommand("rm", "Train a reward model (Bradley-Terry, DIR, ODIN) and write its evaluation report.")
-def _rm(config: Any, workdir: str) -> int:
-  from jaxpt.train.rm import run_rm, validate_rm_config
-
-  validate_rm_config(config)
-  return run_rm(config, workdir)
+SUBCOMMANDS: dict[str, Subcommand] = {c.name: c for c in (
+    Subcommand("pretrain", "Pretrain a transformer LM (metrics.jsonl, TensorBoard, loss.png, checkpoints in workdir).",
+               "jaxpt.train.pretrain", "PretrainRunConfig", "run_pretrain"),
+    Subcommand("sft", "Supervised fine-tuning on a math task (response-only loss; answer accuracy in the eval).",
+               "jaxpt.train.sft", "SFTRunConfig", "run_sft"),
+    Subcommand("grpo", "GRPO / CLIPO post-training with KV-cache rollouts and verifiable rewards.",
+               "jaxpt.train.grpo", "GRPORunConfig", "run_grpo"),
+    Subcommand("rm", "Train a reward model (Bradley-Terry, DIR, ODIN) and write its evaluation report.",
+               "jaxpt.train.rm", "RMRunConfig", "run_rm"),
+)}
 
 
 def _usage() -> str:
@@ -113,7 +83,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 def _run(name: str) -> Callable[[list[str]], int]:
   def run(argv: list[str]) -> int:
-    from jaxpt.models.config import ConfigError
+    from jaxpt.config import ConfigError
 
     if len(argv) > 1:
       print(f"jaxpt {name}: unexpected arguments {argv[1:]}\n\n{_usage()}", file=sys.stderr)
@@ -127,7 +97,7 @@ def _run(name: str) -> Callable[[list[str]], int]:
 
     initialize(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)  # before any jax work
     try:
-      return SUBCOMMANDS[name].run(_CONFIG.value, _WORKDIR.value)
+      return SUBCOMMANDS[name](_CONFIG.value, _WORKDIR.value)
     except ConfigError as e:
       print(f"jaxpt {name}: config error: {e}", file=sys.stderr)
       return 2

@@ -8,8 +8,8 @@ import pytest
 
 from experiments.configs import tiny
 from jaxpt import cli
-from jaxpt.models.config import ConfigError
-from jaxpt.train.config import validate_config
+from jaxpt.config import ConfigError, from_section
+from jaxpt.train.pretrain import PretrainRunConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "experiments", "configs", "tiny.py")
@@ -22,8 +22,12 @@ def _set(config, key, value):
   config[leaf] = value
 
 
+def validate_config(config) -> PretrainRunConfig:
+  return from_section(PretrainRunConfig, config, "config")
+
+
 def test_tiny_config_is_valid():
-  model = validate_config(tiny.get_config())
+  model = validate_config(tiny.get_config()).model
   assert model.d_model == 128 and model.norm_scheme == "siamese_post_pre"
 
 
@@ -40,7 +44,8 @@ def test_tiny_config_is_valid():
     ("optim.learning_rate", 0.0, "config.optim.learning_rate=0.0: must be in (0.0, inf]"),
     ("optim.end_lr_fraction", 2.0, "config.optim.end_lr_fraction=2.0: must be in [0.0, 1.0]"),
     ("optim.grad_accum_steps", 3, "config.optim.grad_accum_steps=3: must divide config.data.batch_size=16"),
-    ("loss.name", "mse", "config.loss.name='mse': unknown loss 'mse' (known: "),
+    ("loss.name", "mse", "config.loss.name='mse': unknown lm loss 'mse' (known: lm_cross_entropy"),
+    ("loss.name", "bt", "config.loss.name='bt': 'bt' is a preference loss, not a lm loss (lm losses: "),
     ("loss.z_loss", -1e-4, "config.loss.z_loss=-0.0001: must be in [0.0, inf]"),
 ])
 def test_impossible_config_names_the_field(key, value, message):
@@ -62,6 +67,7 @@ def test_missing_section_is_named():
     ("--config.steps=-1", "config.steps=-1: must be >= 0"),
     ("--config.model.norm_scheme=sideways", "config.model.norm_scheme='sideways'"),
     ("--config.no_such_field=1", "no config field 'no_such_field'"),
+    ("--config.loss.name=bt", "config.loss.name='bt': 'bt' is a preference loss, not a lm loss"),
 ])
 def test_cli_reports_config_error_without_traceback(override, field, tmp_path):
   result = subprocess.run([sys.executable, "-m", "jaxpt.cli", "pretrain", "--config", TINY, override,

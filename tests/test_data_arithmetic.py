@@ -5,10 +5,11 @@ import re
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from jaxpt.config import ConfigError, from_section
 from jaxpt.data import arithmetic
 from jaxpt.data.arithmetic import ArithmeticConfig, generate, perturb
-from jaxpt.data.math_prompts import format_prompt, format_response, reward
-from jaxpt.rl.rewards import extract_answer
+from jaxpt.data.math_prompts import format_prompt, format_response
+from jaxpt.rl.rewards import extract_answer, math_reward
 
 CONFIG = ArithmeticConfig(num_steps=3, max_value=12, ops="+-*", max_factor=4)
 
@@ -91,8 +92,8 @@ def test_any_knobs_give_correct_answers(num_steps, max_value, ops, seed):
 @pytest.mark.parametrize("field, value", [("num_steps", 0), ("max_value", 0), ("ops", "+/"), ("ops", ""),
                                           ("max_factor", 1), ("test_fraction", 1.0), ("allow_negative", 1)])
 def test_invalid_knob_names_the_field(field, value):
-  with pytest.raises(ValueError, match=rf"task\.{field}="):
-    ArithmeticConfig(**{field: value}).validate()
+  with pytest.raises(ConfigError, match=rf"^task\.{field}="):
+    from_section(ArithmeticConfig, {field: value}, "task")
 
 
 def test_too_many_distinct_problems_is_an_error():
@@ -136,8 +137,8 @@ def test_response_format_and_reward(problems):
   assert p.question in prompt
   assert response.endswith(f"\\boxed{{{p.answer}}}")
   assert extract_answer(response) == p.answer
-  assert reward(response, p.answer) == 1.0
+  assert math_reward(response, p.answer) == 1.0
   wrong = str(int(p.answer) + 1)
-  assert reward(format_response(p.solution, wrong), p.answer) == 0.0
-  assert reward(p.solution, p.answer) == 0.0  # no box, no reward
-  assert reward(response + " \\boxed{" + wrong + "}", p.answer) == 0.0  # the last box counts
+  assert math_reward(format_response(p.solution, wrong), p.answer) == 0.0
+  assert math_reward(p.solution, p.answer) == 0.0  # no box, no reward
+  assert math_reward(response + " \\boxed{" + wrong + "}", p.answer) == 0.0  # the last box counts

@@ -99,5 +99,5 @@ def test_folder_with_one_file_is_split_over_paragraphs(tmp_path):
 
 
 def test_split_that_holds_nothing_out_names_the_field():
-  with pytest.raises(ValueError, match="data.eval_fraction=0.01 holds out none"):
+  with pytest.raises(ValueError, match="data.eval_fraction=0.01: holds out none"):
     corpus.split_documents(["just one paragraph"], 0.01)

@@ -77,7 +77,7 @@ def test_resume_from_step_k_matches_uninterrupted_run_across_epochs(data):
     for a, b in zip(resumed, uninterrupted[k:]):
       _assert_batches_equal(a, b)
   # A restarted process (new LMData from the same workdir and seed) resumes identically.
-  restarted = pipeline.LMData.create(data.settings, VOCAB, data.workdir, seed=7)
+  restarted = pipeline.LMData.create(data.config, VOCAB, data.workdir, seed=7)
   _assert_batches_equal(next(restarted.train_batches(start_step=5)), uninterrupted[5])
   # The first epoch visits every packed row once; the second epoch is in another order.
   first_epoch = np.concatenate([b["inputs"] for b in uninterrupted[:steps_per_epoch]])
@@ -89,8 +89,8 @@ def test_resume_from_step_k_matches_uninterrupted_run_across_epochs(data):
 
 
 def test_different_seeds_differ_same_seed_agrees(data):
-  other = pipeline.LMData.create(data.settings, VOCAB, data.workdir, seed=8)
-  same = pipeline.LMData.create(data.settings, VOCAB, data.workdir, seed=7)
+  other = pipeline.LMData.create(data.config, VOCAB, data.workdir, seed=8)
+  same = pipeline.LMData.create(data.config, VOCAB, data.workdir, seed=7)
   assert not np.array_equal(next(other.train_batches())["inputs"], next(data.train_batches())["inputs"])
   _assert_batches_equal(next(same.train_batches(start_step=2)), next(data.train_batches(start_step=2)))
 
@@ -109,7 +109,7 @@ def test_process_slices_partition_the_global_batch(data, process_count):
 
 
 def test_process_count_must_divide_batch(data):
-  with pytest.raises(ValueError, match="data.batch_size=8 must be divisible by process_count=3"):
+  with pytest.raises(ValueError, match="data.batch_size=8: must be divisible by process_count=3"):
     next(data.train_batches(process_index=0, process_count=3))
   with pytest.raises(ValueError, match="process_index"):
     next(data.train_batches(process_index=2, process_count=2))
@@ -196,7 +196,7 @@ def test_missing_field_and_bad_path_name_the_field(tmp_path):
   del config["seq_len"]
   with pytest.raises(ValueError, match="data.seq_len: missing"):
     pipeline.LMData.create(config, VOCAB, str(tmp_path), seed=0)
-  with pytest.raises(ValueError, match=f"data.path: '{tmp_path / 'absent.txt'}'"):
+  with pytest.raises(ValueError, match=f"data.path='{tmp_path / 'absent.txt'}': no such file or directory"):
     pipeline.LMData.create(data_config(path=str(tmp_path / "absent.txt")), VOCAB, str(tmp_path), seed=0)
 
 

@@ -1,5 +1,6 @@
 """Preference data: jsonl reading (hh-rlhf split, file:line errors, skipped pairs), TFDS round trip, batches."""
 
+import dataclasses
 import gzip
 import json
 import os
@@ -7,6 +8,7 @@ import os
 import numpy as np
 import pytest
 
+from jaxpt.config import from_section
 from jaxpt.data import preference, preference_batches, synthetic_preferences
 from jaxpt.data.preference import PreferencePair
 
@@ -136,7 +138,7 @@ def test_folder_with_train_and_test_files(tmp_path):
 
 @pytest.fixture(scope="module")
 def synthetic_data(tmp_path_factory):
-  config = preference_batches.default_config(seq_len=64, batch_size=8, synthetic_train_pairs=256,
+  config = preference_batches.PreferenceDataConfig(seq_len=64, batch_size=8, synthetic_train_pairs=256,
                                              synthetic_test_pairs=37, biases="length,format")
   return preference_batches.PreferenceData.create(config, VOCAB, str(tmp_path_factory.mktemp("syn")), seed=3)
 
@@ -184,9 +186,9 @@ def test_train_batches_are_deterministic_per_step_and_cover_epochs(synthetic_dat
   assert len({row.tobytes() for row in epoch}) == len({p.prompt + p.chosen for p in data.pairs("train")})
   halves = [data.train_batch(4, p, 2)["rejected_tokens"] for p in range(2)]
   np.testing.assert_array_equal(np.concatenate(halves), data.train_batch(4)["rejected_tokens"])
-  same_seed = preference_batches.PreferenceData.create(data.settings.__dict__, VOCAB, str(tmp_path), seed=3)
+  same_seed = preference_batches.PreferenceData.create(dataclasses.asdict(data.config), VOCAB, str(tmp_path), seed=3)
   np.testing.assert_array_equal(same_seed.train_batch(9)["chosen_tokens"], data.train_batch(9)["chosen_tokens"])
-  other_seed = preference_batches.PreferenceData(data.settings, data.tokenizer, 4, data._pairs, str(tmp_path))
+  other_seed = preference_batches.PreferenceData(data.config, data.tokenizer, 4, data._pairs, str(tmp_path))
   assert not np.array_equal(other_seed.train_batch(0)["chosen_tokens"], data.train_batch(0)["chosen_tokens"])
 
 
@@ -217,7 +219,7 @@ def test_left_truncation_keeps_the_response_end(tmp_path):
   long_response = " " + " ".join(f"word{i}" for i in range(60)) + " THE END"
   _write_jsonl(tmp_path / "long.jsonl",
                [{"prompt": f"Question {i}?", "chosen": long_response, "rejected": f" short {i}"} for i in range(40)])
-  config = preference_batches.default_config(source=str(tmp_path / "long.jsonl"), seq_len=16, batch_size=4,
+  config = preference_batches.PreferenceDataConfig(source=str(tmp_path / "long.jsonl"), seq_len=16, batch_size=4,
                                              test_fraction=0.3)
   data = preference_batches.PreferenceData.create(config, 400, str(tmp_path / "work"), seed=0)
   batch = data.train_batch(0)
@@ -230,7 +232,7 @@ def test_left_truncation_keeps_the_response_end(tmp_path):
 
 
 def test_hh_rlhf_batches_with_sycophancy(tmp_path, hh):
-  config = preference_batches.default_config(source=HH, seq_len=64, batch_size=16, max_pairs=400, eval_batches=4,
+  config = preference_batches.PreferenceDataConfig(source=HH, seq_len=64, batch_size=16, max_pairs=400, eval_batches=4,
                                              sycophancy_ratio=0.4, biases="length,sycophancy,format")
   data = preference_batches.PreferenceData.create(config, VOCAB, str(tmp_path), seed=0)
   assert data.num_pairs("train") == 400 and data.num_pairs("test") == 64
@@ -249,29 +251,25 @@ def test_hh_rlhf_batches_with_sycophancy(tmp_path, hh):
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("seq_len", 1, "data.seq_len must be > 1"),
-    ("batch_size", "8", "data.batch_size must be a int"),
-    ("length_bias", 1.5, "data.length_bias must be in"),
-    ("biases", "length,nope", "data.biases: unknown bias 'nope'"),
-    ("biases", "sycophancy", "data.biases: 'sycophancy' needs data.sycophancy_ratio"),
+    ("seq_len", 1, "data.seq_len=1: must be > 1"),
+    ("batch_size", "8", "data.batch_size='8': must be an integer"),
+    ("length_bias", 1.5, r"data.length_bias=1.5: must be in \[0.0, 1.0\]"),
+    ("biases", "length,nope", "data.biases='length,nope': unknown bias 'nope'"),
+    ("biases", "sycophancy", "data.biases='sycophancy': 'sycophancy' needs data.sycophancy_ratio"),
     ("source", "/no/such/file.jsonl", "data.source"),
     ("test_fraction", 0.0, "data.test_fraction"),
 ])
 def test_invalid_config_names_the_field(field, value, message):
-  config = preference_batches.default_config().to_dict()
+  config = dataclasses.asdict(preference_batches.PreferenceDataConfig())
   config[field] = value
   with pytest.raises(ValueError, match=message):
-    preference_batches.validate(config)
+    from_section(preference_batches.PreferenceDataConfig, config, "config.data")
 
 
 def test_synthetic_batches_need_enough_pairs(tmp_path):
-  config = preference_batches.default_config(synthetic_train_pairs=4, batch_size=8)
-  with pytest.raises(ValueError, match="data.batch_size=8 exceeds"):
+  config = preference_batches.PreferenceDataConfig(synthetic_train_pairs=4, batch_size=8)
+  with pytest.raises(ValueError, match="data.batch_size=8: exceeds"):
     preference_batches.PreferenceData.create(config, VOCAB, str(tmp_path), seed=0)
-
-
-def test_preference_data_is_importable_from_the_pairs_module():
-  assert preference.PreferenceData is preference_batches.PreferenceData
 
 
 def test_synthetic_pairs_match_generator(synthetic_data):

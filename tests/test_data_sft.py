@@ -6,8 +6,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from experiments.configs import base
 from jaxpt.data import arithmetic, sft
+from jaxpt.data.config import LMDataConfig
 from jaxpt.data.math_prompts import format_prompt, format_response
 
 TASK = dict(name="arithmetic", num_steps=2, max_value=15, ops="+-", max_factor=5, allow_negative=False,
@@ -30,7 +30,7 @@ def tokenizer(workdir):
 
 @pytest.fixture(scope="module")
 def data(tokenizer, workdir):
-  data_config = base.data_config(seq_len=80, batch_size=8, eval_batches=2)
+  data_config = LMDataConfig(seq_len=80, batch_size=8, eval_batches=2)
   return sft.SFTData.create_for_task(task_config(), data_config, tokenizer, seed=5, workdir=workdir)
 
 
@@ -82,7 +82,7 @@ def test_sft_batch_weights_only_on_response_tokens(data, tokenizer):
 
 
 def test_sft_batches_deterministic_and_resumable(data, tokenizer, workdir):
-  data_config = base.data_config(seq_len=80, batch_size=8, eval_batches=2)
+  data_config = LMDataConfig(seq_len=80, batch_size=8, eval_batches=2)
   other = sft.SFTData.create_for_task(task_config(), data_config, tokenizer, seed=5, workdir=workdir)
   for step in (0, 7, 40):  # 300 problems / 8 per batch: step 40 is in the second epoch
     for key, value in data.train_batch(step).items():
@@ -110,20 +110,20 @@ def test_eval_batches_are_the_held_out_problems(data, tokenizer):
 
 
 def test_errors_name_the_field(tokenizer, workdir):
-  short = base.data_config(seq_len=20, batch_size=8, eval_batches=2)
+  short = LMDataConfig(seq_len=20, batch_size=8, eval_batches=2)
   with pytest.raises(ValueError, match=r"data\.seq_len=20: example 0"):
     sft.SFTData.create_for_task(task_config(), short, tokenizer, seed=0, workdir=workdir)
-  many = base.data_config(seq_len=80, batch_size=8, eval_batches=6)
+  many = LMDataConfig(seq_len=80, batch_size=8, eval_batches=6)
   with pytest.raises(ValueError, match=r"data\.eval_batches=6"):
     sft.SFTData.create_for_task(task_config(), many, tokenizer, seed=0, workdir=workdir)
   with pytest.raises(ValueError, match=r"task\.name='mnist'"):
-    sft.validate_task(task_config(name="mnist"))
+    sft.task_config(task_config(name="mnist"))
   with pytest.raises(ValueError, match=r"task\.ops='\+/'"):
-    sft.validate_task(task_config(ops="+/"))
+    sft.task_config(task_config(ops="+/"))
   with pytest.raises(ValueError, match=r"task\.train_size=0"):
-    sft.validate_task(task_config(train_size=0))
+    sft.task_config(task_config(train_size=0))
   with pytest.raises(ValueError, match=r"task\.path='/nonexistent'"):
-    sft.validate_task(task_config(name="gsm8k", path="/nonexistent"))
+    sft.task_config(task_config(name="gsm8k", path="/nonexistent"))
 
 
 @pytest.fixture(scope="module")

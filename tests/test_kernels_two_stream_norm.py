@@ -10,10 +10,11 @@ import numpy as np
 import optax
 import pytest
 
-import kernels.two_stream_norm as tsn
-from kernels.two_stream_norm import layout
-from kernels.two_stream_norm import reference
-from jaxpt.models.config import ConfigError, ModelConfig
+import jaxpt.kernels.two_stream_norm as tsn
+from jaxpt.kernels.two_stream_norm import layout
+from jaxpt.kernels.two_stream_norm import reference
+from jaxpt.config import ConfigError, from_section
+from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM, init_params
 
 EPS = 1e-5
@@ -57,20 +58,20 @@ def np_norm(p, x):
 
 @pytest.mark.parametrize("layernorm", [False, True])
 def test_reference_states_the_spec_equations(layernorm):
-  (xh_prev, y_prev, z), (post, pre, inn), c = boundary_inputs((3, 5, 40), layernorm, jnp.float32)
+  (xh_prev, y_prev, z), (post, pre, in_norm), c = boundary_inputs((3, 5, 40), layernorm, jnp.float32)
   np64 = lambda t: jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), t)
-  post64, pre64, inn64 = np64(post), np64(pre), np64(inn)
+  post64, pre64, in_norm64 = np64(post), np64(pre), np64(in_norm)
   p = np.asarray(xh_prev, np.float64) + np.asarray(z, np.float64) / float(c)
   y = np.asarray(y_prev, np.float64) + np.asarray(z, np.float64)
   xh = np_norm(post64, p)
-  h = np_norm(inn64, xh + np_norm(pre64, y))
-  got = reference.post_pre_boundary(xh_prev, y_prev, z, c, post, pre, inn, EPS)
+  h = np_norm(in_norm64, xh + np_norm(pre64, y))
+  got = reference.post_pre_boundary(xh_prev, y_prev, z, c, post, pre, in_norm, EPS)
   for a, b in zip(got, (xh, y, h)):
     np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5)
-  xh0, y0, h0 = reference.post_pre_boundary(xh_prev, y_prev, None, None, post, pre, inn, EPS)
+  xh0, y0, h0 = reference.post_pre_boundary(xh_prev, y_prev, None, None, post, pre, in_norm, EPS)
   np.testing.assert_array_equal(y0, y_prev)
   np.testing.assert_allclose(xh0, np_norm(post64, xh_prev), rtol=2e-5, atol=2e-5)
-  np.testing.assert_allclose(h0, np_norm(inn64, np_norm(post64, xh_prev) + np_norm(pre64, y_prev)),
+  np.testing.assert_allclose(h0, np_norm(in_norm64, np_norm(post64, xh_prev) + np_norm(pre64, y_prev)),
                              rtol=2e-5, atol=2e-5)
   c1 = np.linspace(0.5, 1.5, 40)
   np.testing.assert_allclose(reference.hybrid_entry(xh_prev, y_prev, jnp.asarray(c1, jnp.float32), pre, EPS),
@@ -126,9 +127,9 @@ def test_post_pre_kernel_matches_reference(shape, layernorm, dtype, update, tile
 
   def run(impl, **kw):
     if update:
-      return lambda xp, yp, z, c, post, pre, inn: tsn.post_pre_boundary(xp, yp, z, c, post, pre, inn, eps=EPS,
+      return lambda xp, yp, z, c, post, pre, in_norm: tsn.post_pre_boundary(xp, yp, z, c, post, pre, in_norm, eps=EPS,
                                                                          impl=impl, **kw)
-    return lambda xp, yp, post, pre, inn: tsn.post_pre_boundary(xp, yp, None, None, post, pre, inn, eps=EPS,
+    return lambda xp, yp, post, pre, in_norm: tsn.post_pre_boundary(xp, yp, None, None, post, pre, in_norm, eps=EPS,
                                                                 impl=impl, **kw)
 
   args = (xh_prev, y_prev, z, c, *norms) if update else (xh_prev, y_prev, *norms)
@@ -218,7 +219,7 @@ TINY = ModelConfig(vocab_size=50, d_model=16, num_layers=2, num_heads=4, num_kv_
 
 def test_kernel_field_is_validated():
   with pytest.raises(ConfigError, match="model.kernel='triton': must be one of reference, pallas"):
-    ModelConfig.from_dict(dict(dataclasses.asdict(TINY), kernel="triton"))
+    from_section(ModelConfig, dict(dataclasses.asdict(TINY), kernel="triton"), "model")
 
 
 def randomised(params, seed=1):

@@ -182,7 +182,7 @@ def test_reward_matches_numpy_and_is_stop_gradient():
 def test_registered_by_name(z_small):
   key = jax.random.PRNGKey(2)
   for objective in C.OBJECTIVES:
-    loss, _ = get_loss(f"clipo_{objective}")(z_small, LABELS, GROUPS, key, level="batch")
+    loss, _ = get_loss("contrastive", f"clipo_{objective}")(z_small, LABELS, GROUPS, key, level="batch")
     np.testing.assert_allclose(loss, C.contrastive_loss(z_small, LABELS, GROUPS, key, objective=objective,
                                                         level="batch")[0], rtol=1e-6)
 

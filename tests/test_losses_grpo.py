@@ -252,8 +252,8 @@ def test_gspo_matches_numpy(mode):
 
 
 def test_registry():
-  assert get_loss("ppo_clip") is G.ppo_clip_loss and get_loss("gspo") is G.gspo_loss
-  assert {"ppo_clip", "gspo"} <= set(known_losses())
+  assert get_loss("policy", "ppo_clip") is G.ppo_clip_loss and get_loss("policy", "gspo") is G.gspo_loss
+  assert {"ppo_clip", "gspo"} <= set(known_losses("policy"))
 
 
 # ------------------------------------------------------------------ properties
@@ -267,7 +267,7 @@ def _grad_fn(name, mode, kl_kind=None):
     kw = dict(agg=mode)
     if kl_kind is not None:
       kw.update(ref_logp=ref, kl_coef=0.1, kl_kind=kl_kind)
-    return get_loss(name)(lp, old, adv, mask, **kw)
+    return get_loss("policy", name)(lp, old, adv, mask, **kw)
   return jax.jit(jax.value_and_grad(f, has_aux=True))
 
 

@@ -72,12 +72,14 @@ def test_zero_weights_give_zero_loss(batch):
 
 
 def test_registry():
-  assert get_loss("lm_cross_entropy") is lm_cross_entropy
-  assert "lm_cross_entropy" in known_losses()
-  with pytest.raises(KeyError, match="lm_cross_entropy"):
-    get_loss("no_such_loss")
-  with pytest.raises(ValueError, match="already registered"):
-    register_loss("lm_cross_entropy")(lambda: None)
+  assert get_loss("lm", "lm_cross_entropy") is lm_cross_entropy
+  assert "lm_cross_entropy" in known_losses("lm")
+  with pytest.raises(KeyError, match=r"unknown lm loss 'no_such_loss' \(known: .*lm_cross_entropy"):
+    get_loss("lm", "no_such_loss")
+  with pytest.raises(ValueError, match="lm loss 'lm_cross_entropy' is already registered"):
+    register_loss("lm", "lm_cross_entropy")(lambda: None)
+  register_loss("lm", "lm_cross_entropy")(lm_cross_entropy)  # the same function again is fine
+  assert get_loss("lm", "lm_cross_entropy") is lm_cross_entropy
 
 
 _loss_and_grad = jax.jit(jax.value_and_grad(lambda lg, t, w: lm_cross_entropy(lg, t, w, z_loss=1e-4)[0]))

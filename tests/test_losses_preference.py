@@ -236,9 +236,9 @@ def test_odin_zero_weight_pair_is_ignored_and_constant_lengths_give_zero_corr(pa
 
 
 def test_registry():
-  assert {"bt", "dir", "dpo", "odin"} <= set(known_losses())
-  assert get_loss("bt") is bradley_terry and get_loss("dir") is dir_loss
-  assert get_loss("dpo") is dpo and get_loss("odin") is odin
+  assert {"bt", "dir", "dpo", "odin"} <= set(known_losses("preference"))
+  assert get_loss("preference", "bt") is bradley_terry and get_loss("preference", "dir") is dir_loss
+  assert get_loss("preference", "dpo") is dpo and get_loss("preference", "odin") is odin
 
 
 # ----------------------------------------------------------------------------------------------- properties

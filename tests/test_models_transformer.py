@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxpt.models.config import ConfigError, ModelConfig
+from jaxpt.config import ConfigError, from_section
+from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import DecoderStack, TransformerLM, init_params
 from tests import reference_model
 
@@ -224,9 +225,9 @@ def test_impossible_model_configs_name_the_field(field, value, message):
   values = dataclasses.asdict(TINY)
   values[field] = value
   with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
-    ModelConfig.from_dict(values)
+    from_section(ModelConfig, values, "model")
 
 
 def test_unknown_model_field_is_named():
   with pytest.raises(ConfigError, match="model.d_modle: unknown field"):
-    ModelConfig.from_dict({"d_modle": 3})
+    from_section(ModelConfig, {"d_modle": 3}, "model")

@@ -5,15 +5,19 @@ import jax
 import pytest
 from jax.sharding import AbstractMesh
 
-from experiments.configs import base
+from experiments.configs import tiny
 from jaxpt import parallel
-from jaxpt.models.config import ConfigError
+from jaxpt.config import ConfigError, config_dict, from_section
 from jaxpt.parallel import distributed
-from jaxpt.train.config import validate_config
+from jaxpt.train.pretrain import PretrainRunConfig
+
+
+def validate_config(config) -> PretrainRunConfig:
+  return from_section(PretrainRunConfig, config, "config")
 
 
 def test_default_mesh_is_all_devices_on_data():
-  config = parallel.MeshConfig.from_config(base.get_base_config())
+  config = validate_config(tiny.get_config()).mesh
   assert parallel.resolve_mesh_shape(config, 8) == {"data": 8, "fsdp": 1, "tensor": 1}
   assert parallel.resolve_mesh_shape(config, 1) == {"data": 1, "fsdp": 1, "tensor": 1}
   mesh = parallel.make_mesh(config)
@@ -38,20 +42,20 @@ def test_mesh_not_tiling_devices_names_sizes_and_fields(sizes, devices, pattern)
 
 @pytest.mark.parametrize("mesh,pattern", [
     (dict(data=0), r"config.mesh.data=0: must be a positive integer or -1"),
-    (dict(data=-1, fsdp=-1), r"config.mesh.data=-1, config.mesh.fsdp=-1: at most one"),
+    (dict(data=-1, fsdp=-1), r"config.mesh.fsdp=-1: at most one mesh axis may be -1 \(config.mesh.data is -1 too\)"),
     (dict(rules="zero"), r"config.mesh.rules='zero': must be one of dp, fsdp, tp, fsdp_tp"),
     (dict(tensor=2, rules="fsdp"), r"config.mesh.tensor=2: config.mesh.rules='fsdp' splits nothing over .*'tensor'"),
     (dict(data=2, tensor=4, rules="dp"), r"config.mesh.tensor=4: config.mesh.rules='dp' splits nothing"),
 ])
 def test_static_mesh_errors_name_the_field(mesh, pattern):
-  config = base.get_base_config()
-  config.mesh = base.mesh_config(**mesh)
+  config = tiny.get_config()
+  config.mesh = config_dict(parallel.MeshConfig, **mesh)
   with pytest.raises(ConfigError, match=pattern):
     validate_config(config)
 
 
 def test_unknown_mesh_field():
-  config = base.get_base_config()
+  config = tiny.get_config()
   config.mesh.pipeline = 2
   with pytest.raises(ConfigError, match=r"config.mesh.pipeline: unknown field"):
     validate_config(config)
@@ -67,8 +71,8 @@ def test_global_batch_must_split_over_data_and_fsdp():
 def test_build_fails_on_a_mesh_larger_than_the_devices_before_data_work(tmp_path):
   from jaxpt.train.pretrain import build_pretraining
 
-  config = base.get_base_config()
-  config.mesh = base.mesh_config(data=jax.device_count() + 1)
+  config = tiny.get_config()
+  config.mesh = config_dict(parallel.MeshConfig, data=jax.device_count() + 1)
   with pytest.raises(ConfigError, match=rf"config.mesh.data={jax.device_count() + 1} .*there are "):
     build_pretraining(config, str(tmp_path))
   assert not list(tmp_path.iterdir())

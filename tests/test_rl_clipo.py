@@ -8,6 +8,7 @@ import numpy as np
 import optax
 import pytest
 
+from jaxpt.config import ConfigError, from_section
 from jaxpt.losses import clipo as clipo_loss
 from jaxpt.models.heads import ProjectionHead
 from jaxpt.rl import clipo
@@ -21,12 +22,11 @@ GROUPS = np.repeat(np.arange(3), 4)
 
 # ------------------------------------------------------------------ config
 
-def test_config_defaults_and_from_run_config():
-  assert clipo.CLIPOConfig.from_config(None) == clipo.CLIPOConfig()
-  assert clipo.CLIPOConfig.from_config(ml_collections.ConfigDict()) == clipo.CLIPOConfig()
+def test_config_defaults_and_from_section():
+  assert from_section(clipo.CLIPOConfig, None, "config.clipo") == clipo.CLIPOConfig()
+  assert from_section(clipo.CLIPOConfig, ml_collections.ConfigDict(), "config.clipo") == clipo.CLIPOConfig()
   section = {"enabled": True, "head": "mlp", "out_dim": 64, "level": "cross", "in_loss_coef": 0.1}
-  c = clipo.CLIPOConfig.from_config(ml_collections.ConfigDict(section))
-  assert clipo.CLIPOConfig.from_config(ml_collections.ConfigDict({"seed": 0, "clipo": section})) == c
+  c = from_section(clipo.CLIPOConfig, ml_collections.ConfigDict(section), "config.clipo")
   assert (c.enabled, c.head, c.out_dim, c.level, c.in_loss_coef, c.temperature) == (True, "mlp", 64, "cross", 0.1,
                                                                                       0.05)
   assert (c.reward_coef, c.reward_floor, c.learning_rate, c.weight_decay) == (0.2, -0.5, 1e-3, 0.01)
@@ -40,8 +40,8 @@ def test_config_defaults_and_from_run_config():
     ("in_loss_coef", -0.5), ("in_loss_coef", "x"), ("freeze_policy_steps", -1), ("freeze_policy_steps", True),
     ("bogus", 1)])
 def test_config_errors_name_the_field(field, value):
-  with pytest.raises(ValueError, match=rf"clipo\.{field}"):
-    clipo.CLIPOConfig.from_config(ml_collections.ConfigDict({field: value}))
+  with pytest.raises(ConfigError, match=rf"^config\.clipo\.{field}"):
+    from_section(clipo.CLIPOConfig, ml_collections.ConfigDict({field: value}), "config.clipo")
 
 
 # ------------------------------------------------------------------ representation and head

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxpt.config import ConfigError, from_section
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM, init_cache, init_params
 from jaxpt.rl.logprobs import response_logprobs, rollout_inputs
@@ -189,11 +190,10 @@ def test_eos_stops_rows_pads_after_and_max_new_tokens():
 @pytest.mark.parametrize("field,value", [("max_new_tokens", 0), ("temperature", 0.0), ("top_k", -1),
                                          ("top_p", 0.0), ("top_p", 1.5), ("eos_id", -2), ("pad_id", -1)])
 def test_config_validation_names_the_field(field, value):
-  config = dataclasses.replace(SamplingConfig(max_new_tokens=4), **{field: value})
-  with pytest.raises(ValueError, match=rf"sampling\.{field}="):
-    config.validate()
-  with pytest.raises(ValueError, match=rf"sampling\.{field}="):
-    make_sampler(TINY, config, PROMPT_LEN)
+  with pytest.raises(ConfigError, match=rf"^{field}="):
+    dataclasses.replace(SamplingConfig(max_new_tokens=4), **{field: value})
+  with pytest.raises(ConfigError, match=rf"^sampling\.{field}="):
+    from_section(SamplingConfig, {"max_new_tokens": 4, field: value}, "sampling")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ def tiny_loss_fn(params, batch, rng):
   """Dropout on iff rng is given."""
   logits = TinyLM().apply({"params": params}, batch["inputs"], deterministic=rng is None,
                           rngs=None if rng is None else {"dropout": rng})
-  return get_loss("lm_cross_entropy")(logits, batch["targets"], batch["weights"], z_loss=1e-3)
+  return get_loss("lm", "lm_cross_entropy")(logits, batch["targets"], batch["weights"], z_loss=1e-3)
 
 
 def tiny_params(seed=0):

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from experiments.configs import grpo_tiny, sft_tiny
-from jaxpt.models.config import ConfigError
-from jaxpt.train.grpo import _split_groups, build_grpo, train_grpo, validate_grpo_config
+from jaxpt.config import ConfigError, from_section
+from jaxpt.train.grpo import GRPORunConfig, _split_groups, build_grpo, train_grpo
 from jaxpt.train.metrics import read_metrics
 from jaxpt.train.sft import sft
 
@@ -75,6 +75,20 @@ def test_resume_reaches_the_same_parameters(grpo_run, tmp_path):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
+def test_policy_update_goes_through_the_shared_step_with_grad_accumulation(sft_workdir, tmp_path):
+  """grad_accum_steps splits each minibatch into micro-batches: the same update (fp tolerance), `lr` logged."""
+  runs = []
+  for accum in (1, 2):
+    trainer = build_grpo(grpo_config(sft_workdir, **{"optim.grad_accum_steps": accum}), str(tmp_path / str(accum)))
+    state, metrics = trainer.train_step(trainer.init_state(), trainer.prompts.batch(0))
+    assert int(state.step) == 1  # the loop's step; the optimizer's own count is inside opt_state
+    assert metrics["lr"] == pytest.approx(2e-3)
+    runs.append(metrics)
+  assert runs[0]["accuracy"] == runs[1]["accuracy"]  # the same rollouts
+  for key in ("grad_norm", "pg_loss", "loss"):
+    assert runs[1][key] == pytest.approx(runs[0][key], rel=1e-4, abs=1e-7), key
+
+
 def test_clipo_trains_its_head_and_shapes_the_reward(sft_workdir, tmp_path):
   config = grpo_config(sft_workdir, **{"steps": 3, "clipo.enabled": True, "clipo.out_dim": 32,
                                         "clipo.in_loss_coef": 0.1, "clipo.freeze_policy_steps": 1,
@@ -115,9 +129,11 @@ def test_split_groups_keeps_groups_whole_and_covers_every_row():
     ("sampling.top_p", 1.5, "sampling.top_p"),
     ("clipo.out_dim", -3, "config.clipo.out_dim=-3"),
     ("init_from", "/nonexistent", "config.init_from='/nonexistent': no checkpoints/ folder"),
+    ("optim.grad_accum_steps", 3, "config.optim.grad_accum_steps=3: must divide the rollouts per minibatch"),
+    ("grpo.policy_loss", "bt", "config.grpo.policy_loss='bt': 'bt' is a preference loss, not a policy loss"),
 ])
 def test_config_errors_name_the_field(field, value, message):
   config = grpo_config()
   config.update_from_flattened_dict({field: value})
   with pytest.raises(ConfigError, match=re.escape(message)):
-    validate_grpo_config(config)
+    from_section(GRPORunConfig, config, "config")

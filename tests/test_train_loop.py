@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jaxpt.train.loop import LoopConfig, train_loop
-from jaxpt.train.metrics import read_metrics
+from jaxpt.train.metrics import MetricWriter, read_metrics
 from jaxpt.train.optim import make_optimizer
 from jaxpt.train.state import TrainState
 from jaxpt.train.step import make_train_step
@@ -78,6 +78,18 @@ def test_metrics_rows_checkpoints_and_plots(uninterrupted):
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     assert json.loads(f.readline())["step"] == 3
+
+
+def test_loss_png_is_drawn_once_at_the_end(setup, tmp_path, monkeypatch):
+  """Evals at steps 4, 8, 12 do not redraw loss.png: the loop draws it once, from the writer's in-memory rows."""
+  init, train_step, evaluate = setup
+  drawn = []
+  plot = MetricWriter.plot
+  monkeypatch.setattr(MetricWriter, "plot", lambda self: drawn.append(len(self.rows)) or plot(self))
+  train_loop(init(), train_step, batches_from, LOOP, str(tmp_path), eval_fn=evaluate)
+  assert drawn == [len(read_metrics(str(tmp_path)))]
+  with open(os.path.join(tmp_path, "loss.png"), "rb") as f:
+    assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
 def test_finished_run_restarts_as_a_no_op(setup, uninterrupted):

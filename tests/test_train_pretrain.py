@@ -47,7 +47,7 @@ def micro_config(**extra):
 
 def final_params(workdir, setup):
   checkpointer = Checkpointer(workdir)
-  state = checkpointer.restore_latest(setup.init_state())
+  state = checkpointer.restore_latest(setup.training.init_state())
   checkpointer.close()
   return state
 
@@ -136,8 +136,8 @@ def test_sigterm_checkpoints_and_restart_finishes_like_uninterrupted(micro_setup
 def test_lm_grad_accumulation_matches_full_batch(micro_setup):
   """On the real model and packed batches (positions, segment ids, padding): accum 4 over B=8 == one pass."""
   _, setup = micro_setup
-  params = setup.init_state().params
-  loss_fn = make_lm_loss_fn(setup.model, "lm_cross_entropy", z_loss=1e-4)
+  params = setup.training.init_state().params
+  loss_fn = make_lm_loss_fn(setup.training.model, "lm_cross_entropy", z_loss=1e-4)
   batch = setup.data.train_batch(0)
   batch["weights"][:2] = 0.0  # a fully padded micro-batch
   grads = {k: jax.jit(accumulate_gradients, static_argnums=(0, 4))(loss_fn, params, batch, jax.random.PRNGKey(0), k)

@@ -13,7 +13,8 @@ import numpy as np
 import optax
 import pytest
 
-from jaxpt.models.config import ConfigError, ModelConfig
+from jaxpt.config import ConfigError, from_section
+from jaxpt.models.config import ModelConfig
 from jaxpt.models.reward import RewardModel
 from jaxpt.train import rm, rm_eval
 from jaxpt.train.checkpoint import load_run_params
@@ -40,10 +41,10 @@ def random_batch(seed: int, batch: int = B) -> dict:
   return out
 
 
-def settings_for(loss: str, **overrides) -> rm.RMSettings:
+def settings_for(loss: str, **overrides) -> rm.RMConfig:
   values = dict(loss=loss, margin=0.3, label_smoothing=0.1, center_coef=0.05, mi_weight=0.7, inner_steps=K,
                 estimator_hidden=HIDDEN, estimator_lr=3e-3, odin_corr_coef=0.8, odin_ortho_coef=0.6)
-  return rm.RMSettings(**{**values, **overrides})
+  return rm.RMConfig(**{**values, **overrides})
 
 
 @functools.lru_cache(maxsize=None)
@@ -54,9 +55,9 @@ def _init(num_scores: int):
   return model, init(jax.random.PRNGKey(0))
 
 
-def model_params(settings: rm.RMSettings):
+def model_params(settings: rm.RMConfig):
   """(RewardModel, params) for the loss's number of heads, initialised once per test session."""
-  return _init(settings.num_scores)
+  return _init(settings.objective.num_scores)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -320,20 +321,37 @@ def tiny_config(**overrides):
     ({"rm.club_mode": "sum"}, "config.rm.club_mode='sum'"),
     ({"rm.inner_steps": 0}, "config.rm.inner_steps=0: must be >= 1"),
     ({"rm.label_smoothing": 0.7}, "config.rm.label_smoothing=0.7"),
-    ({"data.length_bias": 1.5}, "config.data.length_bias must be in [0, 1]"),
+    ({"data.length_bias": 1.5}, "config.data.length_bias=1.5: must be in [0.0, 1.0]"),
     ({"data.seq_len": 100}, "config.data.seq_len=100: longer than config.model.max_seq_len=64"),
     ({"optim.grad_accum_steps": 5}, "config.optim.grad_accum_steps=5: must divide"),
     ({"init_from": "/nonexistent/run"}, "config.init_from='/nonexistent/run'"),
 ])
 def test_config_errors_name_the_field(overrides, message):
   with pytest.raises(ConfigError, match=None) as error:
-    rm.validate_rm_config(tiny_config(**overrides))
+    from_section(rm.RMRunConfig, tiny_config(**overrides), "config")
   assert message in str(error.value), str(error.value)
 
 
+def test_train_rm_with_dir_resumes_bitwise(tmp_path):
+  """build_rm -> train_rm (shared builder and step, estimator in aux, 2 micro-batches): stop at 3 and resume
+  equals the uninterrupted run, params and estimator state."""
+  config = tiny_config(**{
+      "steps": 6, "log_every": 3, "eval_every": 0, "checkpoint_every": 0, "progress": False, "model.d_model": 32,
+      "model.num_layers": 1, "model.num_heads": 2, "model.num_kv_heads": 2, "model.mlp_dim": 64,
+      "data.synthetic_train_pairs": 256, "data.synthetic_test_pairs": 64, "data.batch_size": 16, "rm.loss": "dir",
+      "rm.estimator_hidden": 32, "optim.grad_accum_steps": 2})
+  setup = rm.build_rm(config, str(tmp_path / "data"))
+  whole = rm.train_rm(config, str(tmp_path / "whole"), setup=setup).state
+  assert int(rm.train_rm(config, str(tmp_path / "split"), setup=setup, stop_at=3).state.step) == 3
+  resumed = rm.train_rm(config, str(tmp_path / "split"), setup=setup).state
+  assert int(resumed.step) == 6
+  for got, want in zip(jax.tree.leaves((resumed.params, resumed.aux)), jax.tree.leaves((whole.params, whole.aux))):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
 def test_tiny_config_is_valid():
-  model, settings = rm.validate_rm_config(tiny_config())
-  assert settings.loss == "bt" and model.d_model == 64
+  run = from_section(rm.RMRunConfig, tiny_config(), "config")
+  assert run.rm.loss == "bt" and run.model.d_model == 64
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -9,13 +9,12 @@ import pytest
 
 from experiments.configs import sft_tiny
 from jaxpt.data import sft as sft_data
-from jaxpt.models.config import ConfigError
+from jaxpt.config import ConfigError, from_section
 from jaxpt.train.checkpoint import Checkpointer
 from jaxpt.train.metrics import read_metrics
-from jaxpt.data.math_prompts import reward
-from jaxpt.rl.rewards import extract_answer
+from jaxpt.rl.rewards import extract_answer, math_reward
 from jaxpt.rl.sampler import SamplingConfig, make_sampler
-from jaxpt.train.sft import answer_accuracy, run_sft, sft, build_sft, validate_sft_config
+from jaxpt.train.sft import SFTRunConfig, answer_accuracy, build_sft, run_sft, sft
 
 MICRO = {
     "steps": 30, "log_every": 5, "eval_every": 15, "checkpoint_every": 0, "progress": False,
@@ -79,7 +78,7 @@ def test_answer_accuracy_equals_reward_of_unpadded_argmax_decoding(micro_setup, 
   batch = sft_data.prompt_batches(tokenizer, problems, 4, 48)[0]
   assert len(set(batch["prompt_mask"].sum(1).tolist())) > 1  # prompts of different lengths
   # Reference: each prompt alone, right-padded to a fixed width (causal, so later padding changes nothing).
-  apply = jax.jit(lambda ids: setup.model.apply({"params": params}, ids))
+  apply = jax.jit(lambda ids: setup.training.model.apply({"params": params}, ids))
   texts = []
   for row in range(4):
     ids = list(batch["prompt_tokens"][row][batch["prompt_mask"][row] > 0])
@@ -93,12 +92,12 @@ def test_answer_accuracy_equals_reward_of_unpadded_argmax_decoding(micro_setup, 
   for row in (0, 2):
     problems[row] = dataclasses.replace(problems[row], answer=extract_answer(texts[row]) or "none")
   batches = sft_data.prompt_batches(tokenizer, problems, 4, 48)
-  sample = make_sampler(setup.model_config, SamplingConfig(32, greedy=True, eos_id=tokenizer.eos_id), 48)
+  sample = make_sampler(setup.config.model, SamplingConfig(32, greedy=True, eos_id=tokenizer.eos_id), 48)
   out = jax.device_get(sample(params, batches[0]["prompt_tokens"], batches[0]["prompt_mask"],
                               jax.random.PRNGKey(0)))
   assert [tokenizer.decode(t[m > 0]) for t, m in zip(out.tokens, out.mask)] == texts
   got = answer_accuracy(sample, params, batches, tokenizer, jax.random.PRNGKey(0))
-  assert got == np.mean([reward(t, p.answer) for t, p in zip(texts, problems)])
+  assert got == np.mean([math_reward(t, p.answer) for t, p in zip(texts, problems)])
 
 
 def test_init_from_and_run_sft_summary(micro_run, tmp_path, capsys):
@@ -124,9 +123,10 @@ def test_init_from_and_run_sft_summary(micro_run, tmp_path, capsys):
 ])
 def test_config_errors_name_the_field(key, value, message):
   with pytest.raises(ConfigError, match=message):
-    validate_sft_config(micro_config(**{key: value}))
+    from_section(SFTRunConfig, micro_config(**{key: value}), "config")
 
 
 def test_default_config_is_valid():
-  model_config, task, decode = validate_sft_config(sft_tiny.get_config())
+  run = from_section(SFTRunConfig, sft_tiny.get_config(), "config")
+  model_config, task, decode = run.model, run.task, run.decode
   assert task.name == "arithmetic" and model_config.norm_scheme == "siamese_post_pre" and decode.temperature == 1.0

@@ -41,7 +41,7 @@ def test_accumulated_gradients_equal_full_batch(num_micro):
 
 def _det_loss(params, batch):
   logits = TinyLM().apply({"params": params}, batch["inputs"], deterministic=True)
-  return get_loss("lm_cross_entropy")(logits, batch["targets"], batch["weights"], z_loss=1e-3)
+  return get_loss("lm", "lm_cross_entropy")(logits, batch["targets"], batch["weights"], z_loss=1e-3)
 
 
 def test_train_step_with_accumulation_equals_one_step():

@@ -5,7 +5,8 @@
 Tiny models (experiments/configs/rm_tiny.py shrunk to d_model 32, 2 layers), one run per (dataset, method, seed);
 each run's rm_eval.json (de-biased 'test' split; for synthetic also 'adversarial', the chosen answer always
 shorter) is collected into results.json, summarised (mean +- std over seeds) in results.md, and plotted in
-results.png (plus each method's score-vs-length scatter for the first seed, scatter_<dataset>_<method>.png). Runs live under --out (default /tmp/dir_debias); the committed files go next to this script.
+results.png (plus each method's score-vs-length scatter for the first seed, scatter_<dataset>_<method>.png).
+Runs live under --out (default /tmp/dir_debias); the committed files go next to this script.
 """
 
 from __future__ import annotations
@@ -111,7 +112,8 @@ def plot(rows: list[dict], path: str) -> None:
   datasets = list(dict.fromkeys(r["dataset"] for r in rows))
   fig, axes = plt.subplots(len(datasets), 2, figsize=(9, 3.2 * len(datasets)), squeeze=False)
   for i, dataset in enumerate(datasets):
-    for j, (key, label) in enumerate((("accuracy", "test accuracy" + (" (de-biased)" if dataset == "synthetic" else "")),
+    accuracy_label = "test accuracy" + (" (de-biased)" if dataset == "synthetic" else "")
+    for j, (key, label) in enumerate((("accuracy", accuracy_label),
                                       ("pearson_score_length", "Pearson corr(score, length)"))):
       ax = axes[i, j]
       for k, method in enumerate(METHODS):

@@ -14,7 +14,11 @@ by ~lr per update whatever the size of its (noisy) policy gradient, which this t
   jaxpt grpo --config experiments/grpo_vs_clipo/config.py:grpo --workdir /tmp/gvc/grpo --config.init_from=/tmp/gvc/sft
 """
 
-from experiments.configs import grpo_tiny, sft_tiny
+import os
+
+from jaxpt.config import load_config_file
+
+CONFIGS = os.path.join(os.path.dirname(__file__), "..", "configs")
 
 SFT_STEPS = 300
 GRPO_STEPS = 100
@@ -22,7 +26,7 @@ EVAL_PROBLEMS = 256
 
 
 def sft():
-  config = sft_tiny.get_config()
+  config = load_config_file(os.path.join(CONFIGS, "sft_tiny.py"))
   config.steps = SFT_STEPS
   config.eval_every = SFT_STEPS
   config.checkpoint_every = SFT_STEPS
@@ -31,7 +35,7 @@ def sft():
 
 
 def grpo(clipo: bool = False):
-  config = grpo_tiny.get_config()
+  config = load_config_file(os.path.join(CONFIGS, "grpo_tiny.py"))
   config.steps = GRPO_STEPS
   config.log_every = 1
   config.eval_every = GRPO_STEPS

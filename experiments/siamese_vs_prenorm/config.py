@@ -8,7 +8,8 @@ per run; everything else (steps, batch, tokens, width, depth) is the same for ev
       --config.model.norm_scheme=siamese_post_pre
 """
 
-from experiments.configs import base
+from jaxpt.config import config_dict
+from jaxpt.train.pretrain import PretrainRunConfig
 
 STEPS = 200
 # Probed on tiny Shakespeare, seed 0, before the grid (final eval loss): 200 steps, 1e-3: pre 5.63, post 5.64;
@@ -20,16 +21,11 @@ HIGH_LR = 3e-2
 
 
 def get_config():
-  config = base.get_base_config()
-  config.steps = STEPS
-  config.log_every = 10
-  config.eval_every = 25
-  config.checkpoint_every = STEPS  # one checkpoint, at the end (marks the run as finished)
-  config.keep_checkpoints = 1
-  config.async_checkpoints = False
-  config.progress = False
-  config.model = base.model_config(vocab_size=1024, d_model=64, num_layers=6, num_heads=4, num_kv_heads=4,
-                                   mlp_dim=256, max_seq_len=64, norm_scheme="pre")
-  config.data = base.data_config(seq_len=64, batch_size=16, eval_batches=2, max_corpus_bytes=2_000_000)
-  config.optim = base.optim_config(learning_rate=NORMAL_LR, warmup_steps=STEPS // 20)
-  return config
+  return config_dict(
+      PretrainRunConfig, steps=STEPS, log_every=10, eval_every=25,
+      checkpoint_every=STEPS,  # one checkpoint, at the end (marks the run as finished)
+      keep_checkpoints=1, async_checkpoints=False, progress=False,
+      model=dict(vocab_size=1024, d_model=64, num_layers=6, num_heads=4, num_kv_heads=4, mlp_dim=256, max_seq_len=64,
+                 norm_scheme="pre"),
+      data=dict(seq_len=64, batch_size=16, eval_batches=2, max_corpus_bytes=2_000_000),
+      optim=dict(learning_rate=NORMAL_LR, warmup_steps=STEPS // 20))

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from jaxpt.config import Section, at_least, fail, from_section, in_range
+
 VERSION = 2  # bump when the same config and seed would generate different problems (caches key on it)
 PERTURBATIONS = ("rename", "distractor", "numbers")
 SPLITS = ("train", "test")
@@ -45,7 +47,7 @@ class Problem:
 
 
 @dataclasses.dataclass(frozen=True)
-class ArithmeticConfig:
+class ArithmeticConfig(Section):
   """Difficulty knobs.
 
   num_steps: operations per problem; max_value: start value and +/- operands are drawn from [1, max_value];
@@ -61,27 +63,14 @@ class ArithmeticConfig:
   allow_negative: bool = False
   test_fraction: float = 0.1
 
-  def validate(self, prefix: str = "task") -> "ArithmeticConfig":
-    """Returns self; raises ValueError naming the field (`<prefix>.<field>=<value>: ...`)."""
-
-    def fail(field, message):
-      raise ValueError(f"{prefix}.{field}={getattr(self, field)!r}: {message}")
-
-    for field, low in (("num_steps", 1), ("max_value", 1), ("max_factor", 2)):
-      value = getattr(self, field)
-      if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        fail(field, "must be an integer")
-      if value < low:
-        fail(field, f"must be >= {low}")
-    if not isinstance(self.ops, str) or not self.ops or set(self.ops) - set("+-*") or len(set(self.ops)) != len(
-        self.ops):
-      fail("ops", "must be a non-empty subset of '+-*' without repeats")
-    if not isinstance(self.allow_negative, bool):
-      fail("allow_negative", "must be a bool")
-    if isinstance(self.test_fraction, bool) or not isinstance(self.test_fraction, (int, float)) or not (
-        0.0 < self.test_fraction < 1.0):
-      fail("test_fraction", "must be in (0, 1)")
-    return self
+  def check(self) -> None:
+    """ConfigError (relative field name) for impossible knobs; `jaxpt.config.from_section` calls it."""
+    at_least(self, "num_steps", 1)
+    at_least(self, "max_value", 1)
+    at_least(self, "max_factor", 2)
+    if not self.ops or set(self.ops) - set("+-*") or len(set(self.ops)) != len(self.ops):
+      raise fail(self, "ops", "must be a non-empty subset of '+-*' without repeats")
+    in_range(self, "test_fraction", 0.0, 1.0, low_open=True, high_open=True)
 
 
 def evaluate(numbers: list[int], ops: list[str]) -> list[int]:
@@ -170,7 +159,7 @@ def generate(config: ArithmeticConfig, count: int, seed: int, split: str = "trai
   Draws come from one generator seeded by (seed, split), so the first n problems of a larger count are the same
   n problems. Problems whose arithmetic content belongs to the other split, or whose question repeats, are skipped.
   """
-  config.validate()
+  config = from_section(ArithmeticConfig, config, "task")
   if split not in SPLITS:
     raise ValueError(f"split={split!r}: must be one of {SPLITS}")
   if count < 0:

@@ -26,7 +26,9 @@ from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
+from jaxpt.config import ConfigError
 from jaxpt.data.preference import PreferencePair
+from jaxpt.registry import Registry
 
 SYCOPHANTIC_PREFIX = "Yes, you are right. "
 
@@ -47,35 +49,37 @@ class _Bias:
   num_classes: int
 
 
-_REGISTRY: dict[str, _Bias] = {}
+BIASES: Registry[_Bias] = Registry("bias")
 
 
 def register_bias(name: str, num_classes: int = 2) -> Callable[[BiasFn], BiasFn]:
-  """Decorator registering a bias function under `name`; its labels lie in [0, num_classes)."""
+  """Decorator registering a bias function under `name` in `BIASES`; its labels lie in [0, num_classes).
+  ValueError if another function (or the same one with another num_classes) already has that name."""
   if num_classes < 2:
     raise ValueError(f"bias {name!r}: num_classes must be >= 2, got {num_classes}")
 
   def decorate(fn: BiasFn) -> BiasFn:
-    if name in _REGISTRY and _REGISTRY[name].fn is not fn:
-      raise ValueError(f"bias {name!r} is already registered")
-    _REGISTRY[name] = _Bias(fn, num_classes)
+    entry = _Bias(fn, num_classes)
+    if not (name in BIASES and BIASES.get(name) == entry):   # re-registering the same entry is a no-op
+      BIASES.add(name, entry)
     return fn
 
   return decorate
 
 
 def known_biases() -> tuple[str, ...]:
-  return tuple(sorted(_REGISTRY))
+  return tuple(sorted(BIASES))
 
 
 def _entry(name: str) -> _Bias:
-  if name not in _REGISTRY:
-    raise ValueError(f"data.biases: unknown bias {name!r} (known: {', '.join(known_biases())})")
-  return _REGISTRY[name]
+  try:
+    return BIASES.get(name)
+  except KeyError as e:
+    raise ConfigError("config.data.biases", e.args[0]) from None
 
 
 def get_bias(name: str) -> BiasFn:
-  """The registered bias function `name`; ValueError naming `data.biases` if unknown."""
+  """The registered bias function `name`; ConfigError (a ValueError) naming `config.data.biases` if unknown."""
   return _entry(name).fn
 
 

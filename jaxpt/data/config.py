@@ -1,56 +1,41 @@
-"""Validation of the `data` config section; every error names the field as `data.<field>`."""
+"""The `data` config section of language-model runs (pretraining, SFT): `LMDataConfig`."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import os
 
-_MISSING = object()
-_FIELD_TYPES = {"path": str, "tfds_name": str, "tfds_text_key": str, "tfds_data_dir": str, "seq_len": int,
-                "batch_size": int, "eval_batches": int, "eval_fraction": float, "max_corpus_bytes": int}
+from jaxpt.config import Section, at_least, fail, in_range
 
 
 @dataclasses.dataclass(frozen=True)
-class DataSettings:
-  """The validated, typed copy of a `data` ConfigDict (or any object with these attributes)."""
+class LMDataConfig(Section):
+  """Where the text comes from and how it is batched.
 
-  path: str
-  tfds_name: str
-  tfds_text_key: str
-  tfds_data_dir: str
+  path: a text file or folder ('' = the embedded default corpus, the Python standard library's sources);
+  tfds_name / tfds_text_key / tfds_data_dir: read a prepared TFDS dataset instead (e.g. 'lm1b', feature 'text');
+  seq_len: tokens per packed row; batch_size: global rows per step; eval_batches: held-out batches per eval;
+  eval_fraction: share of the local corpus's documents held out; max_corpus_bytes: cap on the text read.
+  """
+
   seq_len: int
   batch_size: int
-  eval_batches: int
-  eval_fraction: float
-  max_corpus_bytes: int
+  path: str = ""
+  tfds_name: str = ""
+  tfds_text_key: str = "text"
+  tfds_data_dir: str = ""
+  eval_batches: int = 4
+  eval_fraction: float = 0.05
+  max_corpus_bytes: int = 4_000_000
 
-
-def _field(config: Any, name: str, kind: type) -> Any:
-  value = getattr(config, name, _MISSING)
-  if value is _MISSING:
-    raise ValueError(f"data.{name}: missing from the data config")
-  if kind is float and isinstance(value, int) and not isinstance(value, bool):
-    value = float(value)
-  if kind is str and value is None:
-    value = ""
-  if not isinstance(value, kind) or isinstance(value, bool):
-    raise ValueError(f"data.{name} must be a {kind.__name__}, got {value!r}")
-  return value
-
-
-def validate(config: Any) -> DataSettings:
-  """Checks the fields of a `data` config and returns them as `DataSettings`; raises ValueError naming the field."""
-  settings = DataSettings(**{name: _field(config, name, kind) for name, kind in _FIELD_TYPES.items()})
-  if settings.seq_len <= 1:
-    raise ValueError(f"data.seq_len must be > 1, got {settings.seq_len}")
-  if settings.batch_size <= 0:
-    raise ValueError(f"data.batch_size must be > 0, got {settings.batch_size}")
-  if settings.eval_batches < 0:
-    raise ValueError(f"data.eval_batches must be >= 0, got {settings.eval_batches}")
-  if not 0.0 < settings.eval_fraction < 1.0:
-    raise ValueError(f"data.eval_fraction must be in (0, 1), got {settings.eval_fraction}")
-  if settings.max_corpus_bytes <= 0:
-    raise ValueError(f"data.max_corpus_bytes must be > 0, got {settings.max_corpus_bytes}")
-  if settings.tfds_name and not settings.tfds_text_key:
-    raise ValueError("data.tfds_text_key must name the text feature when data.tfds_name is set")
-  return settings
+  def check(self) -> None:
+    if self.seq_len <= 1:
+      raise fail(self, "seq_len", "must be > 1")
+    at_least(self, "batch_size", 1)
+    at_least(self, "eval_batches", 0)
+    in_range(self, "eval_fraction", 0.0, 1.0, low_open=True, high_open=True)
+    at_least(self, "max_corpus_bytes", 1)
+    if self.tfds_name and not self.tfds_text_key:
+      raise fail(self, "tfds_text_key", "must name the text feature when data.tfds_name is set")
+    if self.path and not self.tfds_name and not os.path.exists(os.path.expanduser(self.path)):
+      raise fail(self, "path", "no such file or directory")

@@ -15,6 +15,8 @@ import sys
 import sysconfig
 from typing import Sequence
 
+from jaxpt.config import ConfigError
+
 # Folder names never read from the standard library (third-party code and test suites).
 _STDLIB_SKIP_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"})
 _PARAGRAPH_BREAK = re.compile(r"\n[ \t\r\f\v]*\n")
@@ -55,7 +57,7 @@ def embedded_documents(max_bytes: int) -> list[str]:
   The file that crosses the cap is cut at a line boundary, so the corpus is a deterministic prefix.
   """
   if max_bytes <= 0:
-    raise ValueError(f"data.max_corpus_bytes must be > 0, got {max_bytes}")
+    raise ConfigError("config.data.max_corpus_bytes", "must be > 0", max_bytes)
   docs, total = [], 0
   for path in _stdlib_files():
     text = _read_text(path)
@@ -71,7 +73,8 @@ def embedded_documents(max_bytes: int) -> list[str]:
     docs.append(text)
     total += size
   if not docs:
-    raise ValueError(f"data.max_corpus_bytes={max_bytes} keeps no document of the standard library {stdlib_dir()}")
+    raise ConfigError("config.data.max_corpus_bytes", f"keeps no document of the standard library {stdlib_dir()}",
+                      max_bytes)
   return docs
 
 
@@ -93,7 +96,7 @@ def split_paragraphs(text: str) -> list[str]:
 def path_documents(path: str) -> list[str]:
   """Documents of a user path: a folder gives one per text file, a single file one per paragraph."""
   if not path or not os.path.exists(path):
-    raise ValueError(f"data.path: {path!r} does not exist")
+    raise ConfigError("config.data.path", f"{path!r} does not exist")
   if os.path.isdir(path):
     docs = []
     for file in _folder_files(path):
@@ -103,10 +106,10 @@ def path_documents(path: str) -> list[str]:
   else:
     text = _read_text(path)
     if text is None:
-      raise ValueError(f"data.path: {path!r} is not a UTF-8 text file")
+      raise ConfigError("config.data.path", f"{path!r} is not a UTF-8 text file")
     docs = split_paragraphs(text)
   if not docs:
-    raise ValueError(f"data.path: {path!r} holds no non-empty text document")
+    raise ConfigError("config.data.path", f"{path!r} holds no non-empty text document")
   return docs
 
 
@@ -125,7 +128,7 @@ def fingerprint(path: str, max_bytes: int) -> str:
     h.update(f"stdlib|{stdlib_dir()}|{sys.version}|{max_bytes}".encode())
     return h.hexdigest()
   if not os.path.exists(path):
-    raise ValueError(f"data.path: {path!r} does not exist")
+    raise ConfigError("config.data.path", f"{path!r} does not exist")
   path = os.path.abspath(path)
   files = _folder_files(path) if os.path.isdir(path) else [path]
   h.update(f"path|{path}".encode())
@@ -159,15 +162,15 @@ def split_documents(docs: Sequence[str], eval_fraction: float) -> tuple[list[str
   split is made over their blank-line paragraphs instead.
   """
   if not 0.0 < eval_fraction < 1.0:
-    raise ValueError(f"data.eval_fraction must be in (0, 1), got {eval_fraction}")
+    raise ConfigError("config.data.eval_fraction", "must be in (0, 1)", eval_fraction)
   train, held_out = _split_by_hash(docs, eval_fraction)
   if not train or not held_out:
     paragraphs = [p for doc in docs for p in split_paragraphs(doc)]
     train, held_out = _split_by_hash(paragraphs, eval_fraction)
     docs = paragraphs
   if not train:
-    raise ValueError(f"data.eval_fraction={eval_fraction} leaves no training document (of {len(docs)})")
+    raise ConfigError("config.data.eval_fraction", f"leaves no training document (of {len(docs)})", eval_fraction)
   if not held_out:
-    raise ValueError(f"data.eval_fraction={eval_fraction} holds out none of the corpus's {len(docs)} documents "
-                     "or paragraphs: raise it, or give data.path more text")
+    raise ConfigError("config.data.eval_fraction", f"holds out none of the corpus's {len(docs)} documents or "
+                      "paragraphs: raise it, or give data.path more text", eval_fraction)
   return train, held_out

@@ -2,7 +2,7 @@
 
 The source folder holds `train.jsonl` and `test.jsonl`, one `{"question": ..., "answer": "...#### N"}` per line.
 Features: question, answer (the full reasoning text), final (the number after `####`,
-`jaxpt.rl.rewards.parse_gsm8k_answer`). Nothing is downloaded; the folder is only read. See
+`jaxpt.data.math_prompts.parse_gsm8k_answer`). Nothing is downloaded; the folder is only read. See
 `jaxpt.data.tfds_text` for how tfds 4.9.10 builds array_record without TensorFlow.
 """
 
@@ -20,7 +20,7 @@ from etils import epath
 
 from jaxpt.data import tfds_text
 from jaxpt.data.arithmetic import Problem
-from jaxpt.rl.rewards import parse_gsm8k_answer
+from jaxpt.data.math_prompts import parse_gsm8k_answer
 
 SPLITS = ("train", "test")
 _CALCULATOR = re.compile(r"<<[^<>]*>>")

@@ -1,15 +1,15 @@
-"""Prompt and response text of the math tasks, and the verifiable reward GRPO uses on them.
+"""Text of the math tasks: prompt and response formats, and the ground truth of a GSM8K answer field.
 
     prompt   = "Question: <question>\nAnswer:\n"
     response = "<solution>\n\\boxed{<answer>}"       (the last `\\boxed{}` is the answer, see jaxpt.rl.rewards)
+    GSM8K answer field = "<reasoning>\n#### N"      (ground truth: N, `parse_gsm8k_answer`)
 
 SFT trains on prompt + response + EOS (loss on the response and EOS only); GRPO samples a response after the
-prompt tokens and scores it with `reward`. Prompt and response are tokenized separately and concatenated.
+prompt tokens and scores it with `jaxpt.rl.rewards.math_reward`. Prompt and response are tokenized separately and
+concatenated. Pure Python: this module imports nothing (the rewards above the data layer import it).
 """
 
 from __future__ import annotations
-
-from jaxpt.rl.rewards import math_reward
 
 PROMPT_PREFIX = "Question: "
 PROMPT_SUFFIX = "\nAnswer:\n"
@@ -25,6 +25,12 @@ def format_response(solution: str, answer: str) -> str:
   return f"{solution.strip()}\n\\boxed{{{answer}}}"
 
 
-def reward(response_text: str, answer: str) -> float:
-  """1.0 if the last `\\boxed{}` of `response_text` matches `answer` (jaxpt.rl.rewards.math_reward), else 0.0."""
-  return math_reward(response_text, answer)
+def parse_gsm8k_answer(answer: str) -> str:
+  """GSM8K ground truth: the text after the last `####`, stripped, thousands commas removed ('2,125' -> '2125').
+
+  Raises ValueError when the field has no `####`.
+  """
+  idx = answer.rfind("####")
+  if idx < 0:
+    raise ValueError(f"GSM8K answer has no '####': {answer[-80:]!r}")
+  return answer[idx + 4:].strip().replace(",", "")

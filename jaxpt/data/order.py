@@ -11,13 +11,15 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from jaxpt.config import ConfigError
+
 _CACHED_EPOCHS = 4
 
 
 def process_slice(batch_size: int, process_index: int, process_count: int) -> tuple[int, int]:
   """[begin, end) rows of a global batch of `batch_size` that belong to `process_index`."""
   if process_count <= 0 or batch_size % process_count:
-    raise ValueError(f"data.batch_size={batch_size} must be divisible by process_count={process_count}")
+    raise ConfigError("config.data.batch_size", f"must be divisible by process_count={process_count}", batch_size)
   if not 0 <= process_index < process_count:
     raise ValueError(f"process_index={process_index} must be in [0, process_count={process_count})")
   per_process = batch_size // process_count

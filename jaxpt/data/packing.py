@@ -18,6 +18,8 @@ from typing import Sequence
 
 import numpy as np
 
+from jaxpt.config import ConfigError
+
 
 def pack(documents: Sequence[Sequence[int]], seq_len: int, eos_id: int) -> tuple[np.ndarray, np.ndarray]:
   """Packs `documents` (each followed by `eos_id`) into rows.
@@ -25,7 +27,7 @@ def pack(documents: Sequence[Sequence[int]], seq_len: int, eos_id: int) -> tuple
   Returns (tokens int32 [rows, seq_len], segment_ids int32 [rows, seq_len]); rows = ceil(total / seq_len).
   """
   if seq_len <= 0:
-    raise ValueError(f"data.seq_len must be > 0, got {seq_len}")
+    raise ConfigError("config.data.seq_len", "must be > 0", seq_len)
   lengths = np.fromiter((len(d) + 1 for d in documents), dtype=np.int64, count=len(documents))
   total = int(lengths.sum())
   rows = -(-total // seq_len)

@@ -20,7 +20,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from jaxpt.data import config as config_lib
+from jaxpt.config import ConfigError, from_section
+from jaxpt.data.config import LMDataConfig
 from jaxpt.data import order, packing
 from jaxpt.data import tfds_text
 from jaxpt.data import tokenizer as tokenizer_lib
@@ -29,12 +30,12 @@ PACKING_VERSION = 1
 _ARRAYS = ("train_tokens", "train_segments", "eval_tokens", "eval_segments")
 
 
-def _open_sources(settings: config_lib.DataSettings, workdir: str) -> tuple[dict[str, Any], str, int | None]:
+def _open_sources(config: LMDataConfig, workdir: str) -> tuple[dict[str, Any], str, int | None]:
   """({'train', 'validation'} -> TFDS data source, identity of the source, byte cap for reading or None)."""
-  if settings.tfds_name:
-    sources, identity = tfds_text.named_sources(settings.tfds_name, settings.tfds_data_dir)
-    return sources, f"tfds|{identity}|{settings.tfds_text_key}|{settings.max_corpus_bytes}", settings.max_corpus_bytes
-  builder = tfds_text.prepare_local(settings.path, settings.max_corpus_bytes, settings.eval_fraction,
+  if config.tfds_name:
+    sources, identity = tfds_text.named_sources(config.tfds_name, config.tfds_data_dir)
+    return sources, f"tfds|{identity}|{config.tfds_text_key}|{config.max_corpus_bytes}", config.max_corpus_bytes
+  builder = tfds_text.prepare_local(config.path, config.max_corpus_bytes, config.eval_fraction,
                                     os.path.join(workdir, "tfds"))
   return tfds_text.local_sources(builder), f"local|{builder.builder_config.name}", None
 
@@ -67,27 +68,27 @@ def _load_or_pack(cache_dir: str, read_splits, tokenizer, seq_len: int) -> dict[
 class LMData:
   """Packed training rows and held-out rows of one corpus, with its tokenizer. Build with `LMData.create`."""
 
-  def __init__(self, settings: config_lib.DataSettings, tokenizer: tokenizer_lib.Tokenizer, seed: int,
+  def __init__(self, config: LMDataConfig, tokenizer: tokenizer_lib.Tokenizer, seed: int,
                arrays: dict[str, np.ndarray], workdir: str):
-    self.settings = settings
+    self.config = config
     self.workdir = workdir
     self.tokenizer = tokenizer
     self.seed = seed
     self._arrays = arrays
-    self._order = order.StepOrder(seed, arrays["train_tokens"].shape[0], settings.batch_size)
+    self._order = order.StepOrder(seed, arrays["train_tokens"].shape[0], config.batch_size)
 
   @classmethod
-  def create(cls, data_config: Any, vocab_size: int, workdir: str, seed: int) -> "LMData":
-    """Validates `data_config`, then prepares (or reuses from `workdir`) the TFDS source, tokenizer and packing.
-
-    `vocab_size` is the model's; the tokenizer has at most that many ids. Raises ValueError naming the field.
+  def create(cls, data_config: LMDataConfig | Any, vocab_size: int, workdir: str, seed: int) -> "LMData":
+    """Prepares (or reuses from `workdir`) the TFDS source, tokenizer and packing of `data_config` (an LMDataConfig,
+    or a `data` section, checked here). `vocab_size` is the model's; the tokenizer has at most that many ids.
+    Raises ConfigError naming the field.
     """
-    settings = config_lib.validate(data_config)
+    config = from_section(LMDataConfig, data_config, "config.data")
     if not isinstance(seed, (int, np.integer)) or seed < 0:
       raise ValueError(f"seed must be a non-negative int, got {seed!r}")
     os.makedirs(workdir, exist_ok=True)
-    sources, identity, max_bytes = _open_sources(settings, workdir)
-    text_key = settings.tfds_text_key if settings.tfds_name else "text"
+    sources, identity, max_bytes = _open_sources(config, workdir)
+    text_key = config.tfds_text_key if config.tfds_name else "text"
 
     def read(split):
       return tfds_text.read_texts(sources[split], text_key, max_bytes)
@@ -96,18 +97,18 @@ class LMData:
     tokenizer = tokenizer_lib.load_or_train(os.path.join(workdir, "tokenizer"), vocab_size, identity,
                                             training_texts)
     key = hashlib.sha256(f"{identity}|{hashlib.sha256(tokenizer.model_proto).hexdigest()}|"
-                         f"{settings.seq_len}|{PACKING_VERSION}".encode()).hexdigest()[:20]
+                         f"{config.seq_len}|{PACKING_VERSION}".encode()).hexdigest()[:20]
     arrays = _load_or_pack(os.path.join(workdir, "data", f"packed_{key}"),
-                           lambda: (training_texts(), read(tfds_text.VALIDATION)), tokenizer, settings.seq_len)
-    data = cls(settings, tokenizer, int(seed), arrays, workdir)
+                           lambda: (training_texts(), read(tfds_text.VALIDATION)), tokenizer, config.seq_len)
+    data = cls(config, tokenizer, int(seed), arrays, workdir)
     if data.num_train_rows == 0:
-      raise ValueError(f"data.tfds_name: {settings.tfds_name!r} has an empty 'train' split")
-    needed = settings.eval_batches * settings.batch_size
+      raise ConfigError("config.data.tfds_name", "has an empty 'train' split", config.tfds_name)
+    needed = config.eval_batches * config.batch_size
     if data.num_eval_rows < needed:
-      raise ValueError(
-          f"data.eval_batches={settings.eval_batches} needs {needed} held-out rows of data.seq_len="
-          f"{settings.seq_len} (data.batch_size={settings.batch_size}), but the held-out split "
-          f"(data.eval_fraction={settings.eval_fraction}) packs into {data.num_eval_rows}")
+      raise ConfigError(
+          "config.data.eval_batches", f"needs {needed} held-out rows of data.seq_len={config.seq_len} "
+          f"(data.batch_size={config.batch_size}), but the held-out split (data.eval_fraction="
+          f"{config.eval_fraction}) packs into {data.num_eval_rows}", config.eval_batches)
     return data
 
   @property
@@ -126,13 +127,13 @@ class LMData:
   def train_batches(self, start_step: int = 0, process_index: int = 0,
                     process_count: int = 1) -> Iterator[dict[str, np.ndarray]]:
     """Endless batches for steps start_step, start_step + 1, ... (see `train_batch`)."""
-    return order.step_batches(self.train_batch, self.settings.batch_size, start_step, process_index, process_count)
+    return order.step_batches(self.train_batch, self.config.batch_size, start_step, process_index, process_count)
 
   def eval_batches(self, process_index: int = 0, process_count: int = 1) -> list[dict[str, np.ndarray]]:
     """The fixed held-out batches: `data.eval_batches` batches of consecutive held-out rows, always the same."""
-    begin, end = order.process_slice(self.settings.batch_size, process_index, process_count)
-    batch = self.settings.batch_size
+    begin, end = order.process_slice(self.config.batch_size, process_index, process_count)
+    batch = self.config.batch_size
     tokens, segments = self._arrays["eval_tokens"], self._arrays["eval_segments"]
     return [packing.make_batch(tokens[i * batch + begin:i * batch + end], segments[i * batch + begin:i * batch + end])
-            for i in range(self.settings.eval_batches)]
+            for i in range(self.config.eval_batches)]
 

@@ -25,6 +25,7 @@ import tensorflow_datasets as tfds
 from absl import logging
 from etils import epath
 
+from jaxpt.config import ConfigError
 from jaxpt.data import corpus
 from jaxpt.data.tfds_text import as_text, prepare_quietly, read_examples
 
@@ -158,8 +159,8 @@ def split_files(path: str) -> dict[str, str] | None:
   for split in (TRAIN, TEST):
     names = sorted(n for n in os.listdir(path) if n.startswith(split) and n.endswith(_SUFFIXES))
     if len(names) != 1:
-      raise ValueError(f"data.source: folder {path!r} must hold exactly one {split}*.jsonl[.gz] file, "
-                       f"found {names}")
+      raise ConfigError("config.data.source", f"folder {path!r} must hold exactly one {split}*.jsonl[.gz] file, "
+                        f"found {names}")
     found[split] = os.path.join(path, names[0])
   return found
 
@@ -170,14 +171,14 @@ def read_splits(path: str, test_fraction: float) -> dict[str, list[PreferencePai
   if files is not None:
     return {split: read_preference_jsonl(file)[0] for split, file in files.items()}
   if not 0.0 < test_fraction < 1.0:
-    raise ValueError(f"data.test_fraction must be in (0, 1), got {test_fraction}")
+    raise ConfigError("config.data.test_fraction", "must be in (0, 1)", test_fraction)
   pairs, _ = read_preference_jsonl(path)
   held_out = [is_test_pair(p, test_fraction) for p in pairs]
   train = [p for p, t in zip(pairs, held_out) if not t]
   test = [p for p, t in zip(pairs, held_out) if t]
   if not train or not test:
-    raise ValueError(f"data.test_fraction={test_fraction} leaves {len(train)} train and {len(test)} test pairs "
-                     f"of the {len(pairs)} in {path}")
+    raise ConfigError("config.data.test_fraction", f"leaves {len(train)} train and {len(test)} test pairs of the "
+                      f"{len(pairs)} in {path}", test_fraction)
   return {TRAIN: train, TEST: test}
 
 
@@ -192,7 +193,7 @@ class PreferenceConfig(tfds.core.BuilderConfig):
 def preference_config(source_path: str, test_fraction: float) -> PreferenceConfig:
   """The config for a source, named by a fingerprint of its files and split, so a changed source is rebuilt."""
   if not source_path or not os.path.exists(source_path):
-    raise ValueError(f"data.source: {source_path!r} does not exist")
+    raise ConfigError("config.data.source", f"{source_path!r} does not exist")
   key = f"{corpus.fingerprint(source_path, 0)}|{test_fraction!r}"
   name = "src_" + hashlib.sha256(key.encode()).hexdigest()[:16]
   return PreferenceConfig(name=name, description=f"preference pairs of {source_path}",
@@ -253,10 +254,3 @@ def load_preferences(builder: JaxptPreferences, split: str) -> list[PreferencePa
   pairs = [PreferencePair(as_text(e["prompt"]), as_text(e["chosen"]), as_text(e["rejected"]),
                           {"source": as_text(e["source"]), "line": int(e["line"])}) for e in read_examples(source)]
   return sorted(pairs, key=lambda p: (p.meta["source"], p.meta["line"]))
-
-
-def __getattr__(name):
-  if name == "PreferenceData":  # the batching layer, importable from here too (it imports this module)
-    from jaxpt.data.preference_batches import PreferenceData
-    return PreferenceData
-  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -26,14 +26,12 @@ import dataclasses
 import hashlib
 import math
 import os
-import types
 from typing import Any, Iterator, Sequence
 
-import ml_collections
 import numpy as np
 
+from jaxpt.config import ConfigError, Section, at_least, fail, from_section, in_range
 from jaxpt.data import bias as bias_lib
-from jaxpt.data import config as config_lib
 from jaxpt.data import order
 from jaxpt.data import preference
 from jaxpt.data import synthetic_preferences
@@ -41,89 +39,61 @@ from jaxpt.data import tokenizer as tokenizer_lib
 
 SYNTHETIC = "synthetic"
 _SIDE_SIGN = {"chosen": 1, "rejected": -1, "none": 0}
-_DEFAULTS = dict(source=SYNTHETIC, seq_len=64, batch_size=16, eval_batches=0, test_fraction=0.1,
-                 length_bias=0.9, synthetic_train_pairs=4096, synthetic_test_pairs=512, data_seed=0,
-                 sycophancy_ratio=0.0, sycophancy_side_prob=0.8, sycophancy_test_side_prob=0.0,
-                 biases="length", max_pairs=0, tfds_data_dir="")
-
-
-def default_config(**overrides) -> ml_collections.ConfigDict:
-  """Every `data` field PreferenceData reads, at its default, then `overrides`.
-
-  source "synthetic" | path; seq_len; batch_size; eval_batches (0 = every test pair, N = the first N batches);
-  test_fraction (held out of a single-file source); length_bias (synthetic train P(chosen longer));
-  synthetic_train_pairs / synthetic_test_pairs; data_seed (synthetic generation and sycophancy draws);
-  sycophancy_ratio (0 = off) / sycophancy_side_prob / sycophancy_test_side_prob; biases (comma list);
-  max_pairs (0 = all training pairs); tfds_data_dir ('' = WORKDIR/tfds).
-  """
-  unknown = set(overrides) - set(_DEFAULTS)
-  if unknown:
-    raise ValueError(f"data: unknown fields {sorted(unknown)}")
-  return ml_collections.ConfigDict({**_DEFAULTS, **overrides})
 
 
 @dataclasses.dataclass(frozen=True)
-class PreferenceSettings:
-  """The validated, typed `data` section; see `default_config` for the fields."""
+class PreferenceDataConfig(Section):
+  """The `data` section of reward-model runs.
 
-  source: str
-  seq_len: int
-  batch_size: int
-  eval_batches: int
-  test_fraction: float
-  length_bias: float
-  synthetic_train_pairs: int
-  synthetic_test_pairs: int
-  data_seed: int
-  sycophancy_ratio: float
-  sycophancy_side_prob: float
-  sycophancy_test_side_prob: float
-  biases: str
-  max_pairs: int
-  tfds_data_dir: str
+  source: "synthetic" | a .jsonl[.gz] file or folder; seq_len; batch_size; eval_batches (0 = every test pair,
+  N = the first N batches); test_fraction (held out of a single-file source); length_bias (synthetic train
+  P(chosen longer)); synthetic_train_pairs / synthetic_test_pairs; data_seed (synthetic generation and sycophancy
+  draws); sycophancy_ratio (0 = off) / sycophancy_side_prob / sycophancy_test_side_prob; biases (comma list);
+  max_pairs (0 = all training pairs); tfds_data_dir ('' = WORKDIR/tfds).
+  """
+
+  source: str = SYNTHETIC
+  seq_len: int = 64
+  batch_size: int = 16
+  eval_batches: int = 0
+  test_fraction: float = 0.1
+  length_bias: float = 0.9
+  synthetic_train_pairs: int = 4096
+  synthetic_test_pairs: int = 512
+  data_seed: int = 0
+  sycophancy_ratio: float = 0.0
+  sycophancy_side_prob: float = 0.8
+  sycophancy_test_side_prob: float = 0.0
+  biases: str = "length"
+  max_pairs: int = 0
+  tfds_data_dir: str = ""
 
   @property
   def bias_names(self) -> tuple[str, ...]:
     return tuple(n.strip() for n in self.biases.split(",") if n.strip())
 
-
-def _field(config: Any, name: str) -> Any:
-  """The typed value of `data.<name>`, or its default when the config lacks it."""
-  if not hasattr(config, name):
-    return _DEFAULTS[name]
-  return config_lib._field(config, name, type(_DEFAULTS[name]))  # pylint: disable=protected-access
-
-
-def validate(config: Any) -> PreferenceSettings:
-  """The `data` section as PreferenceSettings (absent fields take their defaults); ValueError naming the field."""
-  if isinstance(config, dict):
-    config = types.SimpleNamespace(**config)
-  s = PreferenceSettings(**{name: _field(config, name) for name in _DEFAULTS})
-  positive = dict(seq_len=s.seq_len - 1, batch_size=s.batch_size, synthetic_train_pairs=s.synthetic_train_pairs,
-                  synthetic_test_pairs=s.synthetic_test_pairs)
-  for name, value in positive.items():
-    if value <= 0:
-      raise ValueError(f"data.{name} must be > {1 if name == 'seq_len' else 0}, got {getattr(s, name)}")
-  for name in ("eval_batches", "max_pairs", "data_seed"):
-    if getattr(s, name) < 0:
-      raise ValueError(f"data.{name} must be >= 0, got {getattr(s, name)}")
-  if not 0.0 < s.test_fraction < 1.0:
-    raise ValueError(f"data.test_fraction must be in (0, 1), got {s.test_fraction}")
-  for name in ("length_bias", "sycophancy_ratio", "sycophancy_side_prob", "sycophancy_test_side_prob"):
-    if not 0.0 <= getattr(s, name) <= 1.0:
-      raise ValueError(f"data.{name} must be in [0, 1], got {getattr(s, name)}")
-  if s.source != SYNTHETIC and not os.path.exists(s.source):
-    raise ValueError(f"data.source: {s.source!r} is neither 'synthetic' nor an existing file or folder")
-  if not s.bias_names:
-    raise ValueError("data.biases must name at least one bias")
-  for name in s.bias_names:
-    bias_lib.get_bias(name)
-  if "sycophancy" in s.bias_names and s.sycophancy_ratio == 0.0:
-    raise ValueError("data.biases: 'sycophancy' needs data.sycophancy_ratio > 0")
-  return s
+  def check(self) -> None:
+    if self.seq_len <= 1:
+      raise fail(self, "seq_len", "must be > 1")
+    for name in ("batch_size", "synthetic_train_pairs", "synthetic_test_pairs"):
+      at_least(self, name, 1)
+    for name in ("eval_batches", "max_pairs", "data_seed"):
+      at_least(self, name, 0)
+    in_range(self, "test_fraction", 0.0, 1.0, low_open=True, high_open=True)
+    for name in ("length_bias", "sycophancy_ratio", "sycophancy_side_prob", "sycophancy_test_side_prob"):
+      in_range(self, name, 0.0, 1.0)
+    if self.source != SYNTHETIC and not os.path.exists(self.source):
+      raise fail(self, "source", "neither 'synthetic' nor an existing file or folder")
+    if not self.bias_names:
+      raise fail(self, "biases", "must name at least one bias")
+    for name in self.bias_names:
+      if name not in bias_lib.known_biases():
+        raise fail(self, "biases", f"unknown bias {name!r} (known: {', '.join(bias_lib.known_biases())})")
+    if "sycophancy" in self.bias_names and self.sycophancy_ratio == 0.0:
+      raise fail(self, "biases", "'sycophancy' needs data.sycophancy_ratio > 0")
 
 
-def _read_pairs(s: PreferenceSettings, workdir: str) -> dict[str, list[preference.PreferencePair]]:
+def _read_pairs(s: PreferenceDataConfig, workdir: str) -> dict[str, list[preference.PreferencePair]]:
   """{split: pairs} before contamination: synthetic train/test/adversarial, or a source's train/test."""
   if s.source == SYNTHETIC:
     make = synthetic_preferences.make_synthetic_preferences
@@ -135,7 +105,7 @@ def _read_pairs(s: PreferenceSettings, workdir: str) -> dict[str, list[preferenc
   return {split: preference.load_preferences(builder, split) for split in (preference.TRAIN, preference.TEST)}
 
 
-def _contaminate(s: PreferenceSettings, splits: dict[str, list]) -> dict[str, list]:
+def _contaminate(s: PreferenceDataConfig, splits: dict[str, list]) -> dict[str, list]:
   if s.sycophancy_ratio == 0.0:
     return splits
   out = {}
@@ -207,25 +177,26 @@ def _pad_rows(batch: dict[str, Any], size: int, pad_id: int) -> dict[str, Any]:
 class PreferenceData:
   """Tokenized preference splits with their tokenizer; build with `PreferenceData.create`."""
 
-  def __init__(self, settings: PreferenceSettings, tokenizer: tokenizer_lib.Tokenizer, seed: int,
+  def __init__(self, config: PreferenceDataConfig, tokenizer: tokenizer_lib.Tokenizer, seed: int,
                pairs: dict[str, list[preference.PreferencePair]], workdir: str):
-    self.settings = settings
+    self.config = config
     self.tokenizer = tokenizer
     self.seed = seed
     self.workdir = workdir
     self._pairs = pairs
-    self._arrays = {split: _encode(p, tokenizer, settings.seq_len, settings.bias_names) for split, p in pairs.items()}
-    self._order = order.StepOrder(seed, len(pairs["train"]), settings.batch_size)
+    self._arrays = {split: _encode(p, tokenizer, config.seq_len, config.bias_names) for split, p in pairs.items()}
+    self._order = order.StepOrder(seed, len(pairs["train"]), config.batch_size)
 
   @classmethod
   def create(cls, data_config: Any, vocab_size: int, workdir: str, seed: int,
              tokenizer: tokenizer_lib.Tokenizer | None = None) -> "PreferenceData":
-    """Validates `data_config`, reads and contaminates the pairs, and tokenizes them.
+    """Reads and contaminates the pairs of `data_config` (a PreferenceDataConfig, or a `data` section, checked
+    here), and tokenizes them.
 
     The tokenizer (at most `vocab_size` ids) is `tokenizer` if given, else trained on the training pairs' texts
-    and cached in WORKDIR/tokenizer. Raises ValueError naming the `data.<field>` at fault.
+    and cached in WORKDIR/tokenizer. Raises ConfigError naming the `config.data.<field>` at fault.
     """
-    settings = validate(data_config)
+    settings = from_section(PreferenceDataConfig, data_config, "config.data")
     if not isinstance(seed, (int, np.integer)) or seed < 0:
       raise ValueError(f"seed must be a non-negative int, got {seed!r}")
     os.makedirs(workdir, exist_ok=True)
@@ -235,13 +206,14 @@ class PreferenceData:
     if settings.eval_batches:
       pairs = {k: (v if k == "train" else v[:settings.eval_batches * settings.batch_size]) for k, v in pairs.items()}
     if len(pairs["train"]) < settings.batch_size:
-      raise ValueError(f"data.batch_size={settings.batch_size} exceeds the {len(pairs['train'])} training pairs "
-                       f"of data.source={settings.source!r}")
+      raise ConfigError("config.data.batch_size", f"exceeds the {len(pairs['train'])} training pairs of "
+                        f"data.source={settings.source!r}", settings.batch_size)
     if tokenizer is None:
       tokenizer = tokenizer_lib.load_or_train(os.path.join(workdir, "tokenizer"), vocab_size,
                                               _corpus_id(pairs["train"]), lambda: _pair_texts(pairs["train"]))
     if tokenizer.vocab_size > vocab_size:
-      raise ValueError(f"model.vocab_size={vocab_size} is smaller than the tokenizer's {tokenizer.vocab_size}")
+      raise ConfigError("config.model.vocab_size", f"smaller than the tokenizer's {tokenizer.vocab_size} tokens",
+                        vocab_size)
     return cls(settings, tokenizer, int(seed), pairs, workdir)
 
   @property
@@ -252,7 +224,7 @@ class PreferenceData:
   @property
   def bias_classes(self) -> dict[str, int]:
     """{name: number of label values} of the configured biases (a CLUB estimator's output size)."""
-    return {name: bias_lib.num_classes(name) for name in self.settings.bias_names}
+    return {name: bias_lib.num_classes(name) for name in self.config.bias_names}
 
   def pairs(self, split: str) -> list[preference.PreferencePair]:
     """The pairs of `split` after contamination, in batch order for eval splits."""
@@ -276,17 +248,17 @@ class PreferenceData:
   def train_batches(self, start_step: int = 0, process_index: int = 0,
                     process_count: int = 1) -> Iterator[dict[str, Any]]:
     """Endless batches for steps start_step, start_step + 1, ... (see `train_batch`)."""
-    return order.step_batches(self.train_batch, self.settings.batch_size, start_step, process_index, process_count)
+    return order.step_batches(self.train_batch, self.config.batch_size, start_step, process_index, process_count)
 
   def num_eval_batches(self, split: str = "test") -> int:
-    return math.ceil(self.num_pairs(split) / self.settings.batch_size)
+    return math.ceil(self.num_pairs(split) / self.config.batch_size)
 
   def eval_batches(self, split: str = "test", process_index: int = 0,
                    process_count: int = 1) -> list[dict[str, Any]]:
     """Every pair of `split` exactly once, in order; the last batch is filled with weight-0 padding pairs."""
     self._check_split(split)
-    begin, end = order.process_slice(self.settings.batch_size, process_index, process_count)
-    size, n = self.settings.batch_size, self.num_pairs(split)
+    begin, end = order.process_slice(self.config.batch_size, process_index, process_count)
+    size, n = self.config.batch_size, self.num_pairs(split)
     batches = []
     for first in range(0, n, size):
       rows = np.arange(first + begin, min(first + end, n))
@@ -307,8 +279,8 @@ class PreferenceData:
     pairs, arrays = self.pairs(split), self._arrays[split]
     counts = [bias_lib.TokenCounts(int(c), int(r))
               for c, r in zip(arrays["chosen_response_len"], arrays["rejected_response_len"])]
-    contaminated = self.settings.sycophancy_ratio > 0
-    names = dict.fromkeys(self.settings.bias_names + ("length", "format") + (("sycophancy",) if contaminated else ()))
+    contaminated = self.config.sycophancy_ratio > 0
+    names = dict.fromkeys(self.config.bias_names + ("length", "format") + (("sycophancy",) if contaminated else ()))
     meta = {
         "chosen_response_len": arrays["chosen_response_len"],
         "rejected_response_len": arrays["rejected_response_len"],

@@ -1,6 +1,6 @@
 """Math-task data for SFT and RL: problems of a task config, its tokenizer, SFT batches and RL prompt batches.
 
-A task config (`config.task`, a ConfigDict or any object with these attributes):
+The task config (`config.task`, a `TaskConfig`):
     name            'arithmetic' (embedded generator, jaxpt.data.arithmetic) | 'gsm8k' (local jsonl folder)
     num_steps, max_value, ops, max_factor, allow_negative, test_fraction   arithmetic difficulty knobs
     train_size, test_size   problems per split (gsm8k: at most this many, 0 = all)
@@ -22,7 +22,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxpt.data import arithmetic
-from jaxpt.data import config as data_config_lib
+from jaxpt.config import ConfigError, Section, at_least, fail, from_section, one_of
+from jaxpt.data.config import LMDataConfig
 from jaxpt.data import gsm8k, order
 from jaxpt.data import tokenizer as tokenizer_lib
 from jaxpt.data.arithmetic import Problem
@@ -31,28 +32,55 @@ from jaxpt.data.pipeline import LMData
 
 TASKS = ("arithmetic", "gsm8k")
 PROMPT_SEGMENT, RESPONSE_SEGMENT = 1, 2
+PROMPT_LEN_FIELD = "config.data.max_prompt_len"  # the RL run config's prompt length (PromptData)
 _KNOBS = tuple(f.name for f in dataclasses.fields(arithmetic.ArithmeticConfig))
+_ARITHMETIC = arithmetic.ArithmeticConfig
 
 
 @dataclasses.dataclass(frozen=True)
-class TaskSettings:
-  """The validated task config: `arithmetic` holds the knobs (None for gsm8k)."""
+class TaskConfig(Section):
+  """The `task` config section (see the module docstring); the arithmetic knobs default to ArithmeticConfig's."""
 
-  name: str
-  train_size: int
-  test_size: int
-  seed: int
-  path: str
-  tfds_data_dir: str
-  arithmetic: arithmetic.ArithmeticConfig | None
+  name: str = "arithmetic"
+  train_size: int = 20000
+  test_size: int = 512
+  seed: int = 0
+  path: str = ""
+  tfds_data_dir: str = ""
+  num_steps: int = _ARITHMETIC.num_steps
+  max_value: int = _ARITHMETIC.max_value
+  ops: str = _ARITHMETIC.ops
+  max_factor: int = _ARITHMETIC.max_factor
+  allow_negative: bool = _ARITHMETIC.allow_negative
+  test_fraction: float = _ARITHMETIC.test_fraction
+
+  @property
+  def arithmetic(self) -> arithmetic.ArithmeticConfig | None:
+    """The generator's knobs (None for gsm8k)."""
+    return arithmetic.ArithmeticConfig(**self._knobs()) if self.name == "arithmetic" else None
+
+  def _knobs(self) -> dict[str, Any]:
+    return {k: getattr(self, k) for k in _KNOBS}
+
+  def check(self) -> None:
+    one_of(self, "name", TASKS)
+    for field in ("train_size", "test_size", "seed"):
+      at_least(self, field, 0)
+    if self.name == "arithmetic":
+      for field in ("train_size", "test_size"):
+        if getattr(self, field) < 1:
+          raise fail(self, field, "must be >= 1 for the arithmetic task")
+      arithmetic.ArithmeticConfig(**self._knobs())  # the knobs' own checks
+    elif not all(os.path.isfile(os.path.join(self.path, f"{s}.jsonl")) for s in gsm8k.SPLITS):
+      raise fail(self, "path", "must be a folder with train.jsonl and test.jsonl")
 
   @property
   def train_identity(self) -> str:
     """A string naming the training split's text exactly (knobs, train_size, seed; gsm8k: a hash of the files),
     the tokenizer's cache key: test_size and tfds_data_dir do not change it."""
-    fields = dataclasses.asdict(self)
-    fields.pop("tfds_data_dir")
-    fields.pop("test_size")
+    knobs = self.arithmetic
+    fields = {"name": self.name, "train_size": self.train_size, "seed": self.seed, "path": self.path,
+              "arithmetic": None if knobs is None else dataclasses.asdict(knobs)}
     if self.name == "gsm8k":
       fields["path"] = gsm8k.fingerprint(self.path)
     else:
@@ -60,44 +88,15 @@ class TaskSettings:
     return json.dumps(fields, sort_keys=True)
 
 
-def _get(task_config: Any, field: str, default: Any) -> Any:
-  return task_config[field] if field in task_config else getattr(task_config, field, default)
+def task_config(task: TaskConfig | Any) -> TaskConfig:
+  """`task` as a checked TaskConfig (a `task` section is converted; ConfigError naming `config.task.<field>`)."""
+  return from_section(TaskConfig, task, "config.task")
 
 
-def validate_task(task_config: Any) -> TaskSettings:
-  """Checks `task_config` (see module docstring); raises ValueError naming the field as `task.<field>`."""
-  name = _get(task_config, "name", None)
-  if name not in TASKS:
-    raise ValueError(f"task.name={name!r}: must be one of {TASKS}")
-  values = {}
-  for field in ("train_size", "test_size", "seed"):
-    value = _get(task_config, field, None)
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-      raise ValueError(f"task.{field}={value!r}: must be an integer >= 0")
-    values[field] = int(value)
-  if name == "arithmetic":
-    for field in ("train_size", "test_size"):
-      if values[field] < 1:
-        raise ValueError(f"task.{field}={values[field]}: must be >= 1 for the arithmetic task")
-  for field in ("path", "tfds_data_dir"):
-    value = _get(task_config, field, "")
-    if not isinstance(value, str):
-      raise ValueError(f"task.{field}={value!r}: must be a string")
-    values[field] = value
-  knobs = None
-  if name == "arithmetic":
-    defaults = arithmetic.ArithmeticConfig()
-    knobs = arithmetic.ArithmeticConfig(**{k: _get(task_config, k, getattr(defaults, k)) for k in _KNOBS})
-    knobs.validate("task")
-  elif not all(os.path.isfile(os.path.join(values["path"], f"{s}.jsonl")) for s in gsm8k.SPLITS):
-    raise ValueError(f"task.path={values['path']!r}: must be a folder with train.jsonl and test.jsonl")
-  return TaskSettings(name=name, arithmetic=knobs, **values)
-
-
-def task_problems(task_config: Any, split: str, data_dir: str | None = None) -> list[Problem]:
+def task_problems(task: TaskConfig | Any, split: str, data_dir: str | None = None) -> list[Problem]:
   """The problems of `split` ('train' | 'test'). gsm8k builds its TFDS dataset under `data_dir` if given, else
   `task.tfds_data_dir`, else ~/tensorflow_datasets."""
-  task = validate_task(task_config)
+  task = task_config(task)
   if task.name == "arithmetic":
     size = task.train_size if split == "train" else task.test_size
     return arithmetic.generate(task.arithmetic, size, task.seed, split)
@@ -112,26 +111,26 @@ def example_text(problem: Problem) -> tuple[str, str]:
   return format_prompt(problem.question), format_response(problem.solution, problem.answer)
 
 
-def task_tokenizer(task_config: Any, vocab_size: int, workdir: str,
+def task_tokenizer(task: TaskConfig | Any, vocab_size: int, workdir: str,
                    data_dir: str | None = None) -> tokenizer_lib.Tokenizer:
   """SentencePiece (jaxpt.data.tokenizer.load_or_train) trained on the training split's prompt + response texts,
   cached in `workdir/tokenizer`: any run (SFT, GRPO) with the same training split (TaskSettings.train_identity)
   and vocab_size reuses it; any other task retrains it there (overwriting the file)."""
-  task = validate_task(task_config)
+  task = task_config(task)
 
   def documents() -> list[str]:
-    return ["".join(example_text(p)) for p in task_problems(task_config, "train", data_dir)]
+    return ["".join(example_text(p)) for p in task_problems(task, "train", data_dir)]
 
   return tokenizer_lib.load_or_train(os.path.join(workdir, "tokenizer"), vocab_size, f"task|{task.train_identity}",
                                      documents)
 
 
 def encode_examples(tokenizer: tokenizer_lib.Tokenizer, problems: Sequence[Problem], seq_len: int,
-                    field: str = "data.seq_len") -> tuple[np.ndarray, np.ndarray]:
+                    field: str = "config.data.seq_len") -> tuple[np.ndarray, np.ndarray]:
   """Rows of prompt + response + EOS, right-padded with 0.
 
   Returns (tokens int32 [N, seq_len], segments int32 [N, seq_len]): segments 1 on prompt tokens, 2 on response
-  tokens and the EOS, 0 on padding. A longer example raises ValueError naming `field`.
+  tokens and the EOS, 0 on padding. A longer example raises ConfigError naming `field`.
   """
   texts = [example_text(p) for p in problems]
   prompts = tokenizer.encode_batch([t[0] for t in texts])
@@ -141,8 +140,8 @@ def encode_examples(tokenizer: tokenizer_lib.Tokenizer, problems: Sequence[Probl
   for i, (prompt, response) in enumerate(zip(prompts, responses)):
     length = len(prompt) + len(response) + 1
     if length > seq_len:
-      raise ValueError(f"{field}={seq_len}: example {i} ({problems[i].question[:60]!r}...) has {length} tokens "
-                       "(prompt + response + EOS)")
+      raise ConfigError(field, f"example {i} ({problems[i].question[:60]!r}...) has {length} tokens "
+                        "(prompt + response + EOS)", seq_len)
     tokens[i, :length] = prompt + response + [tokenizer.eos_id]
     segments[i, :len(prompt)] = PROMPT_SEGMENT
     segments[i, len(prompt):length] = RESPONSE_SEGMENT
@@ -175,21 +174,22 @@ class SFTData(LMData):
   """
 
   @classmethod
-  def create_for_task(cls, task_config: Any, data_config: Any, tokenizer: tokenizer_lib.Tokenizer, seed: int,
-                      workdir: str, data_dir: str | None = None) -> "SFTData":
+  def create_for_task(cls, task: TaskConfig | Any, data_config: LMDataConfig | Any,
+                      tokenizer: tokenizer_lib.Tokenizer, seed: int, workdir: str,
+                      data_dir: str | None = None) -> "SFTData":
     """Encodes the task's train and test problems with `tokenizer`; ValueError naming the field on bad config."""
-    settings = data_config_lib.validate(data_config)
+    config = from_section(LMDataConfig, data_config, "config.data")
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
       raise ValueError(f"seed must be a non-negative int, got {seed!r}")
-    train = encode_examples(tokenizer, task_problems(task_config, "train", data_dir), settings.seq_len)
-    test = encode_examples(tokenizer, task_problems(task_config, "test", data_dir), settings.seq_len)
+    train = encode_examples(tokenizer, task_problems(task, "train", data_dir), config.seq_len)
+    test = encode_examples(tokenizer, task_problems(task, "test", data_dir), config.seq_len)
     arrays = {"train_tokens": train[0], "train_segments": train[1], "eval_tokens": test[0],
               "eval_segments": test[1]}
-    data = cls(settings, tokenizer, int(seed), arrays, workdir)
-    needed = settings.eval_batches * settings.batch_size
+    data = cls(config, tokenizer, int(seed), arrays, workdir)
+    needed = config.eval_batches * config.batch_size
     if data.num_eval_rows < needed:
-      raise ValueError(f"data.eval_batches={settings.eval_batches} needs {needed} held-out problems "
-                       f"(data.batch_size={settings.batch_size}), but task.test_size gives {data.num_eval_rows}")
+      raise ConfigError("config.data.eval_batches", f"needs {needed} held-out problems (data.batch_size="
+                        f"{config.batch_size}), but task.test_size gives {data.num_eval_rows}", config.eval_batches)
     return data
 
   def train_batch(self, step: int, process_index: int = 0, process_count: int = 1) -> dict[str, np.ndarray]:
@@ -203,13 +203,13 @@ class SFTData(LMData):
 def encode_prompts(tokenizer: tokenizer_lib.Tokenizer, questions: Sequence[str], prompt_len: int,
                    field: str = "prompt_len") -> tuple[np.ndarray, np.ndarray]:
   """Left-padded prompt tokens: (tokens int32 [N, P], mask int32 [N, P]) with each prompt's tokens rightmost,
-  mask 1 on them and 0 (token 0) on the padding to their left. A longer prompt raises ValueError naming `field`."""
+  mask 1 on them and 0 (token 0) on the padding to their left. A longer prompt raises ConfigError naming `field`."""
   encoded = tokenizer.encode_batch([format_prompt(q) for q in questions])
   tokens = np.zeros((len(encoded), prompt_len), np.int32)
   mask = np.zeros((len(encoded), prompt_len), np.int32)
   for i, ids in enumerate(encoded):
     if len(ids) > prompt_len:
-      raise ValueError(f"{field}={prompt_len}: prompt {i} ({questions[i][:60]!r}...) has {len(ids)} tokens")
+      raise ConfigError(field, f"prompt {i} ({questions[i][:60]!r}...) has {len(ids)} tokens", prompt_len)
     if ids:
       tokens[i, prompt_len - len(ids):] = ids
       mask[i, prompt_len - len(ids):] = 1
@@ -222,9 +222,10 @@ def _prompt_batch(tokens: np.ndarray, mask: np.ndarray, problems: Sequence[Probl
 
 
 def prompt_batches(tokenizer: tokenizer_lib.Tokenizer, problems: Sequence[Problem], batch_size: int,
-                   prompt_len: int) -> list[dict[str, Any]]:
-  """`problems` in order as PromptData batches of `batch_size` (the last may be smaller)."""
-  tokens, mask = encode_prompts(tokenizer, [p.question for p in problems], prompt_len)
+                   prompt_len: int, field: str = "config.decode.prompt_len") -> list[dict[str, Any]]:
+  """`problems` in order as PromptData batches of `batch_size` (the last may be smaller); a prompt longer than
+  `prompt_len` tokens raises ConfigError naming `field`."""
+  tokens, mask = encode_prompts(tokenizer, [p.question for p in problems], prompt_len, field)
   return [_prompt_batch(tokens[i:i + batch_size], mask[i:i + batch_size], problems[i:i + batch_size])
           for i in range(0, len(problems), batch_size)]
 
@@ -236,7 +237,7 @@ class PromptData:
   batch(step) / each batch of eval_sets():
     prompt_tokens int32 [B, P]  format_prompt(question) tokens, LEFT-padded with 0 (real tokens rightmost)
     prompt_mask   int32 [B, P]  1 on real prompt tokens, 0 on padding
-    answers       list[str]     the exact answers (host-side; score with math_prompts.reward(response, answer))
+    answers       list[str]     the exact answers (host-side; score with jaxpt.rl.rewards.math_reward(response, answer))
     questions     list[str]     the question texts
   """
 
@@ -252,20 +253,20 @@ class PromptData:
     self.seed = seed
     self.train = list(train)
     self.eval_problems = {k: list(v) for k, v in eval_problems.items()}
-    self._train_tokens = encode_prompts(tokenizer, [p.question for p in self.train], prompt_len)
+    self._train_tokens = encode_prompts(tokenizer, [p.question for p in self.train], prompt_len, PROMPT_LEN_FIELD)
     self._order = order.StepOrder(seed, len(self.train), batch_size)
 
   @classmethod
-  def create(cls, task_config: Any, tokenizer: tokenizer_lib.Tokenizer, batch_size: int, prompt_len: int,
+  def create(cls, task: TaskConfig | Any, tokenizer: tokenizer_lib.Tokenizer, batch_size: int, prompt_len: int,
              seed: int, data_dir: str | None = None) -> "PromptData":
     """Train problems, and as held-out sets the test problems ('test') and, for the arithmetic task, their
     perturbed variants 'test_rename', 'test_distractor', 'test_numbers' (problem i perturbed with seed i)."""
-    test = task_problems(task_config, "test", data_dir)
+    test = task_problems(task, "test", data_dir)
     eval_problems = {"test": test}
-    if validate_task(task_config).name == "arithmetic":
+    if task_config(task).name == "arithmetic":
       for kind in arithmetic.PERTURBATIONS:
         eval_problems[f"test_{kind}"] = [arithmetic.perturb(p, kind, seed=i) for i, p in enumerate(test)]
-    return cls(task_problems(task_config, "train", data_dir), eval_problems, tokenizer, batch_size, prompt_len,
+    return cls(task_problems(task, "train", data_dir), eval_problems, tokenizer, batch_size, prompt_len,
                seed)
 
   def batch(self, step: int) -> dict[str, Any]:
@@ -277,5 +278,5 @@ class PromptData:
   def eval_sets(self) -> dict[str, list[dict[str, Any]]]:
     """{'test', 'test_rename', 'test_distractor', 'test_numbers'} (gsm8k: 'test' only) -> batches of B problems
     in order (the last batch may be smaller)."""
-    return {name: prompt_batches(self.tokenizer, problems, self.batch_size, self.prompt_len)
+    return {name: prompt_batches(self.tokenizer, problems, self.batch_size, self.prompt_len, PROMPT_LEN_FIELD)
             for name, problems in self.eval_problems.items()}

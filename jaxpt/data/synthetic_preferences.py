@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from jaxpt.config import ConfigError
 from jaxpt.data.preference import PreferencePair
 
 SPLIT_LENGTH_BIAS = {"train": 0.9, "test": 0.5, "adversarial": 0.0}
@@ -61,7 +62,7 @@ def make_synthetic_preferences(count: int, seed: int, split: str = "train",
     raise ValueError(f"count must be >= 0, got {count}")
   p = SPLIT_LENGTH_BIAS[split] if length_bias is None else float(length_bias)
   if not 0.0 <= p <= 1.0:
-    raise ValueError(f"data.length_bias must be in [0, 1], got {length_bias}")
+    raise ConfigError("config.data.length_bias", "must be in [0, 1]", length_bias)
   rng = np.random.default_rng([seed, _SPLIT_STREAM[split]])
   pairs = []
   for _ in range(count):

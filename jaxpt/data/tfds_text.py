@@ -14,6 +14,7 @@ from typing import Any, Iterator, Sequence
 import tensorflow_datasets as tfds
 from etils import epath
 
+from jaxpt.config import ConfigError
 from jaxpt.data import corpus
 
 TRAIN, VALIDATION = "train", "validation"
@@ -111,7 +112,7 @@ def read_texts(source, text_key: str = "text", max_bytes: int | None = None) -> 
   texts, total = [], 0
   for example in read_examples(source):
     if text_key not in example:
-      raise ValueError(f"data.tfds_text_key: {text_key!r} is not a feature (features: {sorted(example)})")
+      raise ConfigError("config.data.tfds_text_key", f"{text_key!r} is not a feature (features: {sorted(example)})")
     value = example[text_key]
     texts.append(as_text(value))
     total += len(value)
@@ -136,19 +137,20 @@ def named_sources(name: str, data_dir: str = "") -> tuple[dict[str, Any], str]:
   try:
     builder = tfds.builder(name, data_dir=data_dir or None)
   except Exception as e:  # tfds raises several types for unknown names / configs
-    raise ValueError(f"data.tfds_name: cannot open TFDS dataset {name!r} "
-                     f"(data.tfds_data_dir={data_dir!r}): {e}") from e
+    raise ConfigError("config.data.tfds_name", f"cannot open TFDS dataset {name!r} "
+                      f"(data.tfds_data_dir={data_dir!r}): {e}") from e
   splits = builder.info.splits
   if not builder.is_prepared() or TRAIN not in splits:
-    raise ValueError(f"data.tfds_name: {name!r} has no prepared 'train' split under {builder.data_dir} "
-                     f"(data.tfds_data_dir={data_dir!r})")
+    raise ConfigError("config.data.tfds_name", f"{name!r} has no prepared 'train' split under {builder.data_dir} "
+                      f"(data.tfds_data_dir={data_dir!r})")
   held_out = next((s for s in _EVAL_SPLITS if s in splits), None)
   if held_out is None:
-    raise ValueError(f"data.tfds_name: {name!r} has no 'validation' or 'test' split (splits: {sorted(splits)})")
+    raise ConfigError("config.data.tfds_name", f"{name!r} has no 'validation' or 'test' split (splits: "
+                      f"{sorted(splits)})")
   try:
     sources = builder.as_data_source()
   except Exception as e:
-    raise ValueError(f"data.tfds_name: {name!r} under {builder.data_dir} cannot be read as a random-access "
-                     f"data source (it must be prepared with file_format='array_record'): {e}") from e
+    raise ConfigError("config.data.tfds_name", f"{name!r} under {builder.data_dir} cannot be read as a random-access "
+                      f"data source (it must be prepared with file_format='array_record'): {e}") from e
   identity = f"{builder.info.full_name}|{builder.data_dir}|{splits[TRAIN].num_examples}|{held_out}"
   return {TRAIN: sources[TRAIN], VALIDATION: sources[held_out]}, identity

@@ -15,6 +15,8 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 import sentencepiece as spm
 
+from jaxpt.config import ConfigError
+
 PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
 _CHUNK_CHARS = 2048  # training "sentences" are line-aligned chunks of documents of at most this many characters
 _MAX_SENTENCES = 4000  # at most this many chunks (~8 MB) are trained on: a few seconds
@@ -115,8 +117,8 @@ def train(documents: Iterable[str], vocab_size: int, num_threads: int = 2) -> To
         sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size,
         num_threads=num_threads, minloglevel=2, **TRAINER_OPTIONS)
   except RuntimeError as e:
-    raise ValueError(f"model.vocab_size={vocab_size}: SentencePiece training failed "
-                     f"(byte fallback needs 260 ids plus the corpus's characters): {e}") from e
+    raise ConfigError("config.model.vocab_size", f"SentencePiece training failed "
+                      f"(byte fallback needs 260 ids plus the corpus's characters): {e}", vocab_size) from e
   return Tokenizer(model.getvalue())
 
 

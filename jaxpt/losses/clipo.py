@@ -20,7 +20,7 @@ Loss (`contrastive_loss`), temperature tau (0.05):
   s_ij = zn_i . zn_j  (`cosine`)   or   s_ij = -||zn_i - zn_j||^2  (`l2`)
   l_ij = s_ij / tau - sg(max_k s_ik / tau)                        (max over the whole row, k = i included)
   infonce    (spec):  L_i = a_i (-l_{i,p_i} + log(sum_{j in A(i)} exp l_ij + 1e-8)),  p_i ~ Uniform(P(i))
-  supcon_out (Khosla et al. 2020, L_out):  L_i = a_i (-(1/|P(i)|) sum_{p in P(i)} l_ip + log(sum_{A(i)} exp l_ij + 1e-8))
+  supcon_out (Khosla et al. 2020, L_out): L_i = a_i (-(1/|P(i)|) sum_{p in P(i)} l_ip + log(sum_{A(i)} exp l_ij + 1e-8))
   soft_nn    (Frosst et al. 2019):  L_i = a_i (-log(sum_{p in P(i)} exp l_ip + 1e-8) + log(sum_{A(i)} exp l_ij + 1e-8))
   loss = sum_i L_i / (sum_i a_i + 1e-8)
 Every L_i >= 0 (P(i) is inside A(i)), and L_i = 0 for non-anchors.
@@ -179,7 +179,7 @@ def _register(objective: str) -> None:
 
   loss.__name__ = loss.__qualname__ = f"clipo_{objective}_loss"
   loss.__doc__ = f"`contrastive_loss` with objective={objective!r}."
-  register_loss(f"clipo_{objective}")(loss)
+  register_loss("contrastive", f"clipo_{objective}")(loss)
 
 
 for _objective in OBJECTIVES:

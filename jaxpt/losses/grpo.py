@@ -11,8 +11,8 @@ Conventions
 - Per-token tensors are `[batch, seq]` over the RESPONSE positions: `logp[b, t]` is the log-prob of response token
   t of rollout b under the current policy; `old_logp` under the rollout (behaviour) policy, `ref_logp` under the
   frozen reference. `mask[b, t]` is 1 on real response tokens and 0 on padding / prompt.
-- Everything is computed in float32; losses return `(loss, metrics)` and are registered by name
-  (`ppo_clip`, `gspo`).
+- Everything is computed in float32; losses return `(loss, metrics)` and are registered as `policy` losses
+  (`ppo_clip`, `gspo`); the advantage estimators are the `ADVANTAGES` registry.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxpt.losses.registry import register_loss
+from jaxpt.registry import Registry
 
 ADV_EPS = 1e-6          # eps in (R - mean) / (std + eps)
 LOG_RATIO_CLIP = 20.0   # delta = clip(logp - logp_old, -20, 20)
@@ -34,6 +35,8 @@ KL_KINDS = ("k1", "k2", "k3")
 # ---------------------------------------------------------------------------------------------------------------
 # Group advantages
 # ---------------------------------------------------------------------------------------------------------------
+
+ADVANTAGES: Registry = Registry("advantage estimator")   # name -> f(rewards [batch], group_size) -> [batch]
 
 def _grouped(rewards: jax.Array, group_size: int) -> jax.Array:
   rewards = jnp.asarray(rewards, jnp.float32)
@@ -51,6 +54,7 @@ def _group_mean(r: jax.Array) -> jax.Array:
   return jnp.mean(r, axis=1, keepdims=True)
 
 
+@ADVANTAGES.register("grpo")
 def grpo_advantages(rewards: jax.Array, group_size: int, eps: float = ADV_EPS) -> jax.Array:
   """GRPO: A_i = (R_i - mean_g) / (std_g + eps), std unbiased (ddof 1).
 
@@ -65,12 +69,14 @@ def grpo_advantages(rewards: jax.Array, group_size: int, eps: float = ADV_EPS) -
   return ((r - mean) / (std + eps)).reshape(-1)
 
 
+@ADVANTAGES.register("drgrpo")
 def drgrpo_advantages(rewards: jax.Array, group_size: int) -> jax.Array:
   """Dr.GRPO: A_i = R_i - mean_g (no std normalisation). [batch] -> [batch]; singleton group: A_i = R_i."""
   r = _grouped(rewards, group_size)
   return (r - _group_mean(r)).reshape(-1)
 
 
+@ADVANTAGES.register("rloo")
 def rloo_advantages(rewards: jax.Array, group_size: int) -> jax.Array:
   """RLOO: A_i = G/(G-1) (R_i - mean_g) = R_i - mean_{j != i} R_j.  [batch] -> [batch]; singleton: A_i = R_i."""
   r = _grouped(rewards, group_size)
@@ -79,6 +85,7 @@ def rloo_advantages(rewards: jax.Array, group_size: int) -> jax.Array:
   return (group_size / (group_size - 1) * (r - _group_mean(r))).reshape(-1)
 
 
+@ADVANTAGES.register("reinforce_pp_baseline")
 def reinforce_pp_baseline_advantages(rewards: jax.Array, group_size: int, eps: float = ADV_EPS) -> jax.Array:
   """REINFORCE++-baseline: a_i = R_i - mean_g, then whitening over the whole batch:
   A_i = (a_i - mean_batch(a)) / (std_batch(a) + eps), std unbiased (ddof 1; a batch of one: std 1).
@@ -91,19 +98,10 @@ def reinforce_pp_baseline_advantages(rewards: jax.Array, group_size: int, eps: f
   return (a - jnp.mean(a)) / (jnp.std(a, ddof=1) + eps)
 
 
-ADVANTAGES = {
-    "grpo": grpo_advantages,
-    "drgrpo": drgrpo_advantages,
-    "rloo": rloo_advantages,
-    "reinforce_pp_baseline": reinforce_pp_baseline_advantages,
-}
-
-
 def group_advantages(rewards: jax.Array, group_size: int, estimator: str = "grpo") -> jax.Array:
-  """Dispatch by name: `estimator` in {grpo, drgrpo, rloo, reinforce_pp_baseline}. [batch] -> [batch]."""
-  if estimator not in ADVANTAGES:
-    raise KeyError(f"unknown advantage estimator {estimator!r} (known: {', '.join(sorted(ADVANTAGES))})")
-  return ADVANTAGES[estimator](rewards, group_size)
+  """Dispatch by name through `ADVANTAGES` (grpo, drgrpo, rloo, reinforce_pp_baseline). [batch] -> [batch];
+  KeyError naming the known estimators for an unknown name."""
+  return ADVANTAGES.get(estimator)(rewards, group_size)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -224,7 +222,7 @@ def _advantage_metrics(advantages):
   return {"adv_mean": jnp.mean(a), "adv_std": jnp.std(a), "adv_min": jnp.min(a), "adv_max": jnp.max(a)}
 
 
-@register_loss("ppo_clip")
+@register_loss("policy", "ppo_clip")
 def ppo_clip_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mask: jax.Array, *,
                   eps_lo: float = 0.2, eps_hi: float = 0.2, dual_clip_c: Optional[float] = 3.0,
                   agg: str = "token-mean", max_tokens: Optional[int] = None,
@@ -275,7 +273,7 @@ def ppo_clip_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, m
                      entropy_coef)
 
 
-@register_loss("gspo")
+@register_loss("policy", "gspo")
 def gspo_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mask: jax.Array, *,
               eps_lo: float = 3e-4, eps_hi: float = 4e-4, agg: str = "seq-mean-token-mean",
               max_tokens: Optional[int] = None, ref_logp: Optional[jax.Array] = None, kl_coef: float = 0.0,

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from jaxpt.losses.registry import register_loss
 
 
-@register_loss("lm_cross_entropy")
+@register_loss("lm", "lm_cross_entropy")
 def lm_cross_entropy(logits: jax.Array, targets: jax.Array, weights: jax.Array,
                      z_loss: float = 0.0) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Weighted mean token NLL plus a z-loss, in float32.

@@ -36,7 +36,7 @@ def _smoothed_logistic(z: jax.Array, label_smoothing: float) -> jax.Array:
   return -(1.0 - label_smoothing) * jax.nn.log_sigmoid(z) - label_smoothing * jax.nn.log_sigmoid(-z)
 
 
-@register_loss("bt")
+@register_loss("preference", "bt")
 def bradley_terry(chosen_scores: jax.Array, rejected_scores: jax.Array, margin=0.0, label_smoothing: float = 0.0,
                   center_coef: float = 0.0, weights: Optional[jax.Array] = None) -> tuple[jax.Array, Metrics]:
   """Bradley-Terry reward-model loss.
@@ -66,7 +66,7 @@ def bradley_terry(chosen_scores: jax.Array, rejected_scores: jax.Array, margin=0
   }
 
 
-@register_loss("dir")
+@register_loss("preference", "dir")
 def dir_loss(chosen_scores: jax.Array, rejected_scores: jax.Array, hidden_chosen: jax.Array,
              hidden_rejected: jax.Array, bias_labels: jax.Array, q_params: club_lib.Params, mi_weight: float = 0.1,
              mode: str = "difference", margin=0.0, label_smoothing: float = 0.0, center_coef: float = 0.0,
@@ -90,7 +90,7 @@ def dir_loss(chosen_scores: jax.Array, rejected_scores: jax.Array, hidden_chosen
   return loss, {**metrics, **club_metrics, "loss": loss, "mi_loss": mi_term}
 
 
-@register_loss("dpo")
+@register_loss("preference", "dpo")
 def dpo(policy_chosen_logps: jax.Array, policy_rejected_logps: jax.Array, reference_chosen_logps: jax.Array,
         reference_rejected_logps: jax.Array, beta: float = 0.1, label_smoothing: float = 0.0,
         weights: Optional[jax.Array] = None, *, q_params: Optional[club_lib.Params] = None,
@@ -155,7 +155,7 @@ def _weighted_corr(x: jax.Array, y: jax.Array, w: jax.Array, eps: float = 1e-12)
   return cov / (jnp.sqrt(vx + eps) * jnp.sqrt(vy + eps))
 
 
-@register_loss("odin")
+@register_loss("preference", "odin")
 def odin(quality_chosen: jax.Array, quality_rejected: jax.Array, length_chosen: jax.Array,
          length_rejected: jax.Array, chosen_lengths: jax.Array, rejected_lengths: jax.Array,
          quality_head_weight: jax.Array, length_head_weight: jax.Array, corr_coef: float = 1.0,

@@ -24,10 +24,10 @@ import jax.numpy as jnp
 
 from jaxpt.models.config import ModelConfig
 from jaxpt.nn.attention import KVCache, LayerCache, write_slots
-from jaxpt.nn.blocks import BLOCKS, RESIDUAL_AXES, OutputMerge
+from jaxpt.models.blocks import BLOCKS, RESIDUAL_AXES, OutputMerge
 from jaxpt.nn.dense import Dense, matmul
 
-REMAT_POLICIES = {
+CHECKPOINT_POLICIES = {  # the jax.checkpoint policy of each ModelConfig.remat mode but "none" (no remat)
     "full": None,  # save nothing, recompute the whole block
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
@@ -46,10 +46,10 @@ class DecoderStack(nn.Module):
   @nn.compact
   def __call__(self, streams, positions, segment_ids=None, cache: KVCache | None = None, cache_index=None):
     cfg = self.config
-    block = BLOCKS[cfg.norm_scheme]
+    block = BLOCKS.get(cfg.norm_scheme)
     if cache is None:
       if cfg.remat != "none":
-        block = nn.remat(block, policy=REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers)
+        block = nn.remat(block, policy=CHECKPOINT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers)
       return self.stack(block, streams, positions, segment_ids)
     if segment_ids is None:
       segment_ids = jnp.ones(streams[0].shape[:2], jnp.int32)

@@ -4,7 +4,7 @@ RMSNorm:   y = x / sqrt(mean(x^2) + eps) * w
 LayerNorm: y = (x - mean(x)) / sqrt(var(x) + eps) * w + b
 Both normalise over the last axis: `[..., features] -> [..., features]`.
 `NormParams` declares a norm's parameters (same names, shapes, init and logical axes) without applying it, for
-callers that hand them to a fused kernel (`jaxpt.nn.fused`).
+callers that hand them to a fused kernel (`jaxpt.models.fused`).
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from typing import Any
 
 import flax.linen as nn
 import jax.numpy as jnp
+
+from jaxpt.registry import Registry
 
 
 def declare_scale(module: nn.Module, features: int):
@@ -75,10 +77,13 @@ class NormParams(nn.Module):
     return params
 
 
-NORMS = {"rmsnorm": RMSNorm, "layernorm": LayerNorm}
+NORMS: Registry[type[_RowNorm]] = Registry("norm")
+NORMS.add("rmsnorm", RMSNorm)
+NORMS.add("layernorm", LayerNorm)
 
 
 def make_norm(norm_type: str, eps: float, dtype: Any, param_dtype: Any, name: str,
               axis_name: str = "embed") -> nn.Module:
-  """A fresh norm module of the configured kind; each call is its own parameter set."""
-  return NORMS[norm_type](eps=eps, dtype=dtype, param_dtype=param_dtype, axis_name=axis_name, name=name)
+  """A fresh norm module of the configured kind (a `NORMS` name; KeyError naming the known norms otherwise);
+  each call is its own parameter set."""
+  return NORMS.get(norm_type)(eps=eps, dtype=dtype, param_dtype=param_dtype, axis_name=axis_name, name=name)

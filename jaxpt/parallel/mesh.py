@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Sequence
+from typing import Sequence
 
 import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh
 
-from jaxpt.models.config import ConfigError
-from jaxpt.parallel.rules import DATA_AXES, MESH_AXES, RULE_PRESETS, Rules, get_rules, mesh_axes_used
+from jaxpt.config import ConfigError, Section, fail, one_of
+from jaxpt.parallel.rules import DATA_AXES, MESH_AXES, RULES, Rules, get_rules, mesh_axes_used
 
 
 @dataclasses.dataclass(frozen=True)
-class MeshConfig:
+class MeshConfig(Section):
   """Sizes of the mesh axes (-1 = all devices left over; at most one) and the rules preset name."""
 
   data: int = -1
@@ -28,36 +28,23 @@ class MeshConfig:
   tensor: int = 1
   rules: str = "fsdp_tp"
 
-  @classmethod
-  def from_config(cls, config: Any) -> "MeshConfig":
-    """From a run config's `mesh` section (defaults where the section or a field is absent); static checks."""
-    section = config.get("mesh") if hasattr(config, "get") else None
-    values = {} if section is None else (section.to_dict() if hasattr(section, "to_dict") else dict(section))
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-      raise ConfigError(f"config.mesh.{unknown[0]}: unknown field (known: {', '.join(sorted(known))})")
-    mesh_config = cls(**values)
-    mesh_config.validate()
-    return mesh_config
-
   @property
   def sizes(self) -> dict[str, int]:
     return {axis: getattr(self, axis) for axis in MESH_AXES}
 
-  def validate(self) -> None:
+  def check(self) -> None:
+    """ConfigError (relative field name) for sizes or rules that cannot work on any device count."""
     for axis, size in self.sizes.items():
-      if isinstance(size, bool) or not isinstance(size, int) or (size < 1 and size != -1):
-        raise ConfigError(f"config.mesh.{axis}={size!r}: must be a positive integer or -1 (the rest)")
-    if sum(size == -1 for size in self.sizes.values()) > 1:
-      wild = [f"config.mesh.{a}=-1" for a, s in self.sizes.items() if s == -1]
-      raise ConfigError(f"{', '.join(wild)}: at most one mesh axis may be -1")
-    if self.rules not in RULE_PRESETS:
-      raise ConfigError(f"config.mesh.rules={self.rules!r}: must be one of {', '.join(RULE_PRESETS)}")
+      if size < 1 and size != -1:
+        raise fail(self, axis, "must be a positive integer or -1 (the rest)")
+    wild = [axis for axis, size in self.sizes.items() if size == -1]
+    if len(wild) > 1:
+      raise fail(self, wild[1], f"at most one mesh axis may be -1 (config.mesh.{wild[0]} is -1 too)")
+    one_of(self, "rules", RULES)
     unused = [a for a, s in self.sizes.items() if s > 1 and a not in mesh_axes_used(get_rules(self.rules))]
     if unused:
-      raise ConfigError(f"config.mesh.{unused[0]}={self.sizes[unused[0]]}: config.mesh.rules={self.rules!r} "
-                        f"splits nothing over mesh axis {unused[0]!r} (pick rules that use it, or size 1)")
+      raise fail(self, unused[0], f"config.mesh.rules={self.rules!r} splits nothing over mesh axis {unused[0]!r} "
+                 "(pick rules that use it, or size 1)")
 
   @property
   def logical_rules(self) -> Rules:
@@ -71,11 +58,11 @@ def resolve_mesh_shape(mesh_config: MeshConfig, num_devices: int) -> dict[str, i
   described = " x ".join(f"config.mesh.{a}={s}" for a, s in sizes.items())
   if -1 in sizes.values():
     if num_devices % fixed:
-      raise ConfigError(f"{described}: the fixed sizes multiply to {fixed}, which does not divide the "
+      raise ConfigError(described, f"the fixed sizes multiply to {fixed}, which does not divide the "
                         f"{num_devices} devices")
     return {a: (num_devices // fixed if s == -1 else s) for a, s in sizes.items()}
   if fixed != num_devices:
-    raise ConfigError(f"{described}: the mesh has {fixed} devices but there are {num_devices} "
+    raise ConfigError(described, f"the mesh has {fixed} devices but there are {num_devices} "
                       f"(set one axis to -1 to take the rest)")
   return dict(sizes)
 
@@ -110,5 +97,5 @@ def check_global_batch(batch_size: int, mesh: Mesh, field: str = "config.data.ba
   """ConfigError naming the sizes and fields when the global batch does not split over data x fsdp."""
   dp = data_parallel_size(mesh)
   if batch_size % dp:
-    raise ConfigError(f"{field}={batch_size}: not divisible by the data-parallel mesh axes "
-                      f"config.mesh.data={mesh.shape['data']} x config.mesh.fsdp={mesh.shape['fsdp']} = {dp}")
+    raise ConfigError(field, "not divisible by the data-parallel mesh axes config.mesh.data="
+                      f"{mesh.shape['data']} x config.mesh.fsdp={mesh.shape['fsdp']} = {dp}", batch_size)

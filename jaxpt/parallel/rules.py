@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from jaxpt.registry import Registry
+
 MESH_AXES = ("data", "fsdp", "tensor")
 DATA_AXES = ("data", "fsdp")  # the batch is split over both
 
@@ -26,19 +28,16 @@ _BATCH = (("batch", DATA_AXES),)
 _FSDP = (("embed", "fsdp"),)
 _TENSOR = (("heads", "tensor"), ("kv_heads", "tensor"), ("mlp", "tensor"), ("vocab", "tensor"))
 
-RULE_PRESETS: dict[str, Rules] = {
-    "dp": _BATCH,
-    "fsdp": _BATCH + _FSDP,
-    "tp": _BATCH + _TENSOR,
-    "fsdp_tp": _BATCH + _TENSOR + _FSDP,
-}
+RULES: Registry[Rules] = Registry("sharding rules")
+RULES.add("dp", _BATCH)
+RULES.add("fsdp", _BATCH + _FSDP)
+RULES.add("tp", _BATCH + _TENSOR)
+RULES.add("fsdp_tp", _BATCH + _TENSOR + _FSDP)
 
 
 def get_rules(name: str) -> Rules:
-  """The preset `name` (one of RULE_PRESETS); KeyError naming the choices otherwise."""
-  if name not in RULE_PRESETS:
-    raise KeyError(f"unknown sharding rules {name!r} (choices: {', '.join(RULE_PRESETS)})")
-  return RULE_PRESETS[name]
+  """The preset `name` (one of RULES); KeyError naming the known presets otherwise."""
+  return RULES.get(name)
 
 
 def mesh_axes_used(rules: Sequence[tuple[str, object]]) -> set[str]:

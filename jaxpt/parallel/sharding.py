@@ -16,7 +16,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxpt.models.config import ConfigError
+from jaxpt.config import ConfigError
 from jaxpt.parallel.rules import Rules
 
 
@@ -43,7 +43,7 @@ def check_param_divisibility(boxed_params: Any, mesh: Mesh, rules: Rules, rules_
       ways = math.prod(mesh.shape[a] for a in axes)
       if leaf.shape[dim] % ways:
         sizes = " x ".join(f"config.mesh.{a}={mesh.shape[a]}" for a in axes)
-        raise ConfigError(f"{sizes} (config.mesh.rules={rules_name!r}): parameter {jax.tree_util.keystr(path)} "
+        raise ConfigError(f"{sizes} (config.mesh.rules={rules_name!r})", f"parameter {jax.tree_util.keystr(path)} "
                           f"axis {names[dim]!r} has size {leaf.shape[dim]}, not divisible by {ways}")
 
 

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import numbers
-from typing import Any, Mapping
+from typing import Any
 
 import flax
 import flax.linen as nn
@@ -27,15 +26,17 @@ import jax.numpy as jnp
 import optax
 
 from jaxpt.losses import clipo as clipo_loss
-from jaxpt.models.config import ConfigError, validated_from_dict
+from jaxpt.losses import get_loss
+from jaxpt.config import Section, at_least, fail, in_range, one_of
 from jaxpt.models.heads import HEAD_KINDS, ProjectionHead
 
 Metrics = dict[str, jax.Array]
 
 
 @dataclasses.dataclass(frozen=True)
-class CLIPOConfig:
-  """`config.clipo` (all fields optional; absent section = CLIPO off). Frozen, so hashable: a static jit argument."""
+class CLIPOConfig(Section):
+  """The `clipo` section (all fields optional; absent section = CLIPO off). Frozen, so hashable: a static jit
+  argument."""
 
   enabled: bool = False
   head: str = "linear"                # projection head kind: linear | mlp
@@ -51,52 +52,19 @@ class CLIPOConfig:
   in_loss_coef: float = 0.0           # the in-loss variant (0 = off)
   freeze_policy_steps: int = 0
 
-  @classmethod
-  def from_config(cls, section: Any) -> "CLIPOConfig":
-    """From the run config's `clipo` section (a ConfigDict or dict; None = all defaults, CLIPO off), validated.
-    A whole run config (one holding a `clipo` key) is accepted too: its `clipo` section is read."""
-    if section is not None and "clipo" in section:
-      section = section["clipo"]
-    values = {} if section is None else (section.to_dict() if hasattr(section, "to_dict") else dict(section))
-    return cls.from_dict(values)
-
-  @classmethod
-  def from_dict(cls, values: Mapping[str, Any], prefix: str = "config.clipo") -> "CLIPOConfig":
-    return validated_from_dict(cls, values, prefix)
-
-  def validate(self, prefix: str = "config.clipo") -> None:
-    def fail(field: str, message: str) -> None:
-      raise ConfigError(f"{prefix}.{field}={getattr(self, field)!r}: {message}")
-
-    def number(field: str) -> float:
-      value = getattr(self, field)
-      if isinstance(value, bool) or not isinstance(value, numbers.Real) or value != value:
-        fail(field, "must be a number")
-      return float(value)
-
-    if not isinstance(self.enabled, bool):
-      fail("enabled", "must be a bool")
+  def check(self) -> None:
     choices = {"head": HEAD_KINDS, "objective": clipo_loss.OBJECTIVES, "level": clipo_loss.LEVELS,
                "distance": clipo_loss.DISTANCES}
     for field, allowed in choices.items():
-      if getattr(self, field) not in allowed:
-        fail(field, f"must be one of {', '.join(allowed)}")
-    for field in ("out_dim", "freeze_policy_steps"):
-      value = getattr(self, field)
-      if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        fail(field, "must be an integer")
-    if self.out_dim < 1:
-      fail("out_dim", "must be >= 1")
-    if self.freeze_policy_steps < 0:
-      fail("freeze_policy_steps", "must be >= 0")
+      one_of(self, field, allowed)
+    at_least(self, "out_dim", 1)
+    at_least(self, "freeze_policy_steps", 0)
     for field in ("temperature", "learning_rate"):
-      if not number(field) > 0:
-        fail(field, "must be > 0")
+      in_range(self, field, 0.0, low_open=True)
     for field in ("reward_coef", "weight_decay", "in_loss_coef"):
-      if not number(field) >= 0:
-        fail(field, "must be >= 0")
-    if not -float("inf") < number("reward_floor") <= 0:
-      fail("reward_floor", "must be finite and <= 0")
+      in_range(self, field, 0.0)
+    if not -float("inf") < self.reward_floor <= 0:
+      raise fail(self, "reward_floor", "must be finite and <= 0")
 
   def head_module(self) -> ProjectionHead:
     return ProjectionHead(out_dim=self.out_dim, kind=self.head)
@@ -139,7 +107,9 @@ def init_head_state(config: CLIPOConfig, d_model: int, rng: jax.Array) -> CLIPOH
 def _head_loss(config: CLIPOConfig, params: Any, reps: jax.Array, labels: jax.Array, group_ids: jax.Array,
                rng: jax.Array) -> tuple[jax.Array, Metrics]:
   z = config.head_module().apply({"params": params}, reps)
-  return clipo_loss.contrastive_loss(z, labels, group_ids, rng, **config.loss_kwargs())
+  kwargs = config.loss_kwargs()
+  loss = get_loss("contrastive", "clipo_" + kwargs.pop("objective"))
+  return loss(z, labels, group_ids, rng, **kwargs)
 
 
 @functools.partial(jax.jit, static_argnums=0)

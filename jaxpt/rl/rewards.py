@@ -2,7 +2,8 @@
 
 Spec (`/work/shared/specs/grpo_clipo.md`, "Reward for math"): the answer is the content of the LAST `\\boxed{...}`
 (brace matching) in the response, after the last `</think>` if there is one; the GSM8K ground truth is the number
-after `####`; an answer is correct if the normalised strings match or they are numerically equal; reward 1.0 / 0.0.
+after `####` (`parse_gsm8k_answer`, from the data layer: `jaxpt.data.math_prompts`); an answer is correct if the
+normalised strings match or they are numerically equal; reward 1.0 / 0.0.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 from typing import Optional
+
+from jaxpt.data.math_prompts import parse_gsm8k_answer
 
 THINK_CLOSE = "</think>"
 THINK_OPEN = "<think>"
@@ -60,17 +63,6 @@ def last_boxed(text: str) -> Optional[str]:
 def extract_answer(response: str) -> Optional[str]:
   """The answer of a response: `last_boxed(strip_think(response))`."""
   return last_boxed(strip_think(response))
-
-
-def parse_gsm8k_answer(answer: str) -> str:
-  """GSM8K ground truth: the text after the last `####`, stripped, thousands commas removed ('2,125' -> '2125').
-
-  Raises ValueError when the field has no `####`.
-  """
-  idx = answer.rfind("####")
-  if idx < 0:
-    raise ValueError(f"GSM8K answer has no '####': {answer[-80:]!r}")
-  return answer[idx + 4:].strip().replace(",", "")
 
 
 def normalize_answer(answer: str) -> str:

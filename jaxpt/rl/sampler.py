@@ -26,12 +26,13 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxpt.config import Section, at_least, fail, in_range
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM, init_cache, unstack_layers
 
 
 @dataclasses.dataclass(frozen=True)
-class SamplingConfig:
+class SamplingConfig(Section):
   """How to sample `max_new_tokens` response tokens (top_k 0 and top_p 1 switch those filters off)."""
 
   max_new_tokens: int
@@ -43,22 +44,17 @@ class SamplingConfig:
   pad_id: int = 0
   return_hidden: bool = False
 
-  def validate(self, prefix: str = "sampling") -> None:
-    def fail(field: str, message: str) -> None:
-      raise ValueError(f"{prefix}.{field}={getattr(self, field)!r}: {message}")
-
-    if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
-      fail("max_new_tokens", "must be a positive integer")
+  def check(self) -> None:
+    at_least(self, "max_new_tokens", 1)
     if not self.temperature > 0:
-      fail("temperature", "must be positive (use greedy=True for argmax decoding)")
-    if not isinstance(self.top_k, int) or self.top_k < 0:
-      fail("top_k", "must be a non-negative integer (0 = off)")
-    if not 0.0 < self.top_p <= 1.0:
-      fail("top_p", "must be in (0, 1] (1 = off)")
-    if self.eos_id is not None and (not isinstance(self.eos_id, int) or self.eos_id < 0):
-      fail("eos_id", "must be a non-negative token id or None")
-    if not isinstance(self.pad_id, int) or self.pad_id < 0:
-      fail("pad_id", "must be a non-negative token id")
+      raise fail(self, "temperature", "must be positive (use greedy=True for argmax decoding)")
+    if self.top_k < 0:
+      raise fail(self, "top_k", "must be a non-negative integer (0 = off)")
+    in_range(self, "top_p", 0.0, 1.0, low_open=True)
+    if self.eos_id is not None and self.eos_id < 0:
+      raise fail(self, "eos_id", "must be a non-negative token id or None")
+    if self.pad_id < 0:
+      raise fail(self, "pad_id", "must be a non-negative token id")
 
 
 @flax.struct.dataclass
@@ -124,7 +120,6 @@ def make_sampler(model_config: ModelConfig, sampling: SamplingConfig, prompt_len
 
   Every row must hold at least one real prompt token.
   """
-  sampling.validate()
   if prompt_len <= 0:
     raise ValueError(f"prompt_len={prompt_len}: must be positive")
   decode_config = dataclasses.replace(model_config, scan_layers=False)  # weights read in place (see transformer.py)

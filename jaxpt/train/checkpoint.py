@@ -8,7 +8,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from jaxpt.models.config import ConfigError
+from jaxpt.config import ConfigError
 from jaxpt.train.state import TrainState
 
 CHECKPOINT_DIR = "checkpoints"
@@ -18,7 +18,7 @@ class Checkpointer:
   """Wraps `ocp.CheckpointManager` under `workdir/checkpoints/<step>/{state,meta}`.
 
   `state` is the TrainState pytree (StandardSave); `meta` is a small JSON dict (e.g. the config). Saves are
-  asynchronous: `save` returns once arrays are copied off device; `wait()` blocks until files are committed.
+  asynchronous: `save` returns once arrays are copied off device; `close()` waits until files are committed.
   """
 
   def __init__(self, workdir: str, keep: int = 3, async_save: bool = True):
@@ -28,9 +28,6 @@ class Checkpointer:
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
-
-  def all_steps(self) -> list[int]:
-    return list(self._manager.all_steps())
 
   def save(self, state: TrainState, meta: dict | None = None) -> bool:
     """Starts an async save at `state.step` (a no-op if that step is already saved); True if started."""
@@ -61,13 +58,6 @@ class Checkpointer:
     args = ocp.args.PyTreeRestore(item=abstract, restore_args=restore_args, partial_restore=True)
     return self._manager.restore(step, args=ocp.args.Composite(state=args)).state["params"]
 
-  def restore_meta(self, step: int | None = None) -> dict[str, Any]:
-    step = self._manager.latest_step() if step is None else step
-    return dict(self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta)
-
-  def wait(self) -> None:
-    self._manager.wait_until_finished()
-
   def close(self) -> None:
     self._manager.wait_until_finished()
     self._manager.close()
@@ -82,16 +72,16 @@ def load_run_params(workdir: str, template: Any, field: str = "config.init_from"
   checkpointer = Checkpointer(os.path.expanduser(workdir), async_save=False)
   try:
     if checkpointer.latest_step() is None:
-      raise ConfigError(f"{field}={workdir!r}: no checkpoint under {checkpointer.directory}")
+      raise ConfigError(field, f"no checkpoint under {checkpointer.directory}", workdir)
     try:
       params = checkpointer.restore_params(template)
     except (ValueError, KeyError, TypeError) as e:
-      raise ConfigError(f"{field}={workdir!r}: its params do not fit config.model ({e})") from None
+      raise ConfigError(field, f"its params do not fit config.model ({e})", workdir) from None
   finally:
     checkpointer.close()
   for path, got, want in zip(jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(params),
                              jax.tree.leaves(template)):
     if got.shape != want.shape:
-      raise ConfigError(f"{field}={workdir!r}: parameter {jax.tree_util.keystr(path[0])} has shape {got.shape}, "
-                        f"config.model needs {want.shape}")
+      raise ConfigError(field, f"parameter {jax.tree_util.keystr(path[0])} has shape {got.shape}, "
+                        f"config.model needs {want.shape}", workdir)
   return params

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Callable, Sequence
 
@@ -10,9 +11,29 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxpt.config import ConfigError, Section, in_range
 from jaxpt.losses import get_loss
 from jaxpt.train.state import TrainState
 from jaxpt.train.step import LossFn
+
+
+@dataclasses.dataclass(frozen=True)
+class LMLossConfig(Section):
+  """The `loss` section of LM runs: a registered `lm` loss (`jaxpt.losses`) and its z-loss weight."""
+
+  name: str = "lm_cross_entropy"
+  z_loss: float = 1e-4
+
+  def check(self) -> None:
+    try:
+      get_loss("lm", self.name)
+    except KeyError as e:
+      raise ConfigError("name", e.args[0], self.name) from None
+    in_range(self, "z_loss", 0.0)
+
+  def kwargs(self) -> dict[str, Any]:
+    """The loss function's keyword arguments."""
+    return {"z_loss": self.z_loss}
 
 
 def _forward(model: nn.Module, params: Any, batch: dict, rng: jax.Array | None) -> jax.Array:
@@ -28,7 +49,7 @@ def make_lm_loss_fn(model: nn.Module, loss_name: str = "lm_cross_entropy", train
 
   With train=False, or a model without dropout, the rng is ignored (deterministic forward).
   """
-  loss = get_loss(loss_name)
+  loss = get_loss("lm", loss_name)
   use_rng = train and getattr(getattr(model, "config", None), "dropout_rate", 0.0) > 0
 
   def loss_fn(params: Any, batch: dict, rng: jax.Array) -> tuple[jax.Array, dict]:

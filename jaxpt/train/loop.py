@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import signal
 import threading
@@ -19,6 +20,7 @@ from jax.experimental import multihost_utils
 from absl import logging
 from tqdm import tqdm
 
+from jaxpt.config import Section, at_least
 from jaxpt.train.checkpoint import Checkpointer
 from jaxpt.train.metrics import MetricWriter, NullMetricWriter
 from jaxpt.train.state import TrainState
@@ -29,11 +31,12 @@ EvalFn = Callable[[TrainState], dict]
 
 
 @dataclasses.dataclass(frozen=True)
-class LoopConfig:
-  """steps: total optimizer steps. `*_every = 0` means only at the end of the run (and, for checkpoints, on
-  SIGTERM). Checkpoints keep the newest `keep_checkpoints`."""
+class LoopConfig(Section):
+  """steps: total loop steps. `*_every = 0` means only at the end of the run (and, for checkpoints, on
+  SIGTERM). Checkpoints keep the newest `keep_checkpoints`. A run config (`jaxpt.train.config.RunConfig`) holds
+  these fields at its top level."""
 
-  steps: int
+  steps: int = 1000
   log_every: int = 10
   eval_every: int = 0
   checkpoint_every: int = 0
@@ -41,10 +44,10 @@ class LoopConfig:
   async_checkpoints: bool = True
   progress: bool = True
 
-  @classmethod
-  def from_config(cls, config: Any) -> "LoopConfig":
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{name: config[name] for name in names if name in config})
+  def check(self) -> None:
+    for field, low in (("steps", 0), ("log_every", 1), ("eval_every", 0), ("checkpoint_every", 0),
+                       ("keep_checkpoints", 1)):
+      at_least(self, field, low)
 
 
 @dataclasses.dataclass
@@ -98,12 +101,12 @@ def _mean_metrics(pending: list[dict]) -> dict:
   return row
 
 
-def save_run_config(config: Any, workdir: str) -> None:
-  """Creates `workdir` and writes the run's config there as `config.json` (process 0 only)."""
+def save_run_config(config: dict, workdir: str) -> None:
+  """Creates `workdir` and writes the run's config (a JSON-able dict) there as `config.json` (process 0 only)."""
   os.makedirs(workdir, exist_ok=True)
   if jax.process_index() == 0:
     with open(os.path.join(workdir, "config.json"), "w") as f:
-      f.write(config.to_json_best_effort(indent=2))
+      json.dump(config, f, indent=2)
 
 
 def print_summary(command: str, result: "LoopResult", workdir: str, keys: Sequence[str]) -> int:
@@ -177,8 +180,6 @@ def train_loop(state: TrainState, train_step: TrainStep, batches: BatchesFn, con
           last_row = dict(row, step=step)
           if "loss" in row:
             bar.set_postfix(loss=f"{row['loss']:.4f}")
-          if do_eval:
-            writer.plot()
           tick = time.perf_counter()
         if _is_due(step, config.checkpoint_every):
           checkpointer.save(state, meta)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import flax.linen as nn
@@ -9,17 +10,47 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxpt.config import Section, at_least, in_range
 
-def make_schedule(optim_config: Any, total_steps: int) -> optax.Schedule:
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig(Section):
+  """The `optim` section: AdamW (b1, b2, eps, weight_decay) at a learning rate warmed up linearly over
+  `warmup_steps`, then cosine-decayed to learning_rate * end_lr_fraction; global-norm clipping at grad_clip
+  (0 = off); gradients accumulated over grad_accum_steps micro-batches."""
+
+  learning_rate: float = 3e-3
+  warmup_steps: int = 50
+  end_lr_fraction: float = 0.1
+  b1: float = 0.9
+  b2: float = 0.95
+  eps: float = 1e-8
+  weight_decay: float = 0.1
+  grad_clip: float = 1.0
+  grad_accum_steps: int = 1
+
+  def check(self) -> None:
+    in_range(self, "learning_rate", 0.0, low_open=True)
+    at_least(self, "warmup_steps", 0)
+    in_range(self, "end_lr_fraction", 0.0, 1.0)
+    in_range(self, "b1", 0.0, 1.0, high_open=True)
+    in_range(self, "b2", 0.0, 1.0, high_open=True)
+    in_range(self, "eps", 0.0, low_open=True)
+    in_range(self, "weight_decay", 0.0)
+    in_range(self, "grad_clip", 0.0)
+    at_least(self, "grad_accum_steps", 1)
+
+
+def make_schedule(optim_config: OptimConfig, total_steps: int) -> optax.Schedule:
   """lr(t): 0 -> peak linearly over `warmup_steps`, then cosine to `peak * end_lr_fraction` at `total_steps`."""
-  peak = float(optim_config.learning_rate)
-  warmup = int(optim_config.warmup_steps)
+  peak = optim_config.learning_rate
+  warmup = optim_config.warmup_steps
   return optax.warmup_cosine_decay_schedule(
       init_value=0.0,
       peak_value=peak,
       warmup_steps=warmup,
       decay_steps=max(int(total_steps), warmup + 1),
-      end_value=peak * float(optim_config.end_lr_fraction),
+      end_value=peak * optim_config.end_lr_fraction,
   )
 
 
@@ -39,7 +70,7 @@ def decay_mask(params: Any, scan_axis: str = "layers") -> Any:
   return jax.tree.map(leaf_mask, params, is_leaf=lambda x: isinstance(x, nn.Partitioned))
 
 
-def make_optimizer(optim_config: Any, total_steps: int,
+def make_optimizer(optim_config: OptimConfig, total_steps: int,
                    mask: Any = None) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """Returns (optimizer, schedule). `mask`: weight-decay mask pytree (or callable); default `decay_mask`.
 
@@ -47,14 +78,14 @@ def make_optimizer(optim_config: Any, total_steps: int,
   """
   schedule = make_schedule(optim_config, total_steps)
   parts = []
-  if float(optim_config.grad_clip) > 0:
-    parts.append(optax.clip_by_global_norm(float(optim_config.grad_clip)))
+  if optim_config.grad_clip > 0:
+    parts.append(optax.clip_by_global_norm(optim_config.grad_clip))
   parts.append(optax.adamw(
       learning_rate=schedule,
-      b1=float(optim_config.b1),
-      b2=float(optim_config.b2),
-      eps=float(optim_config.eps),
-      weight_decay=float(optim_config.weight_decay),
+      b1=optim_config.b1,
+      b2=optim_config.b2,
+      eps=optim_config.eps,
+      weight_decay=optim_config.weight_decay,
       mask=decay_mask if mask is None else mask,
   ))
   return optax.chain(*parts), schedule

@@ -13,43 +13,88 @@ micro-batches, each with its own estimator update (as in the reference), gradien
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, NamedTuple, Optional
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 from absl import logging
 
 from jaxpt import parallel
+from jaxpt.config import ConfigError, Section, at_least, from_section, in_range, one_of
 from jaxpt.data import preference_batches
+from jaxpt.data.preference_batches import PreferenceDataConfig
 from jaxpt.losses import club as club_lib
-from jaxpt.losses import preference as preference_losses
-from jaxpt.models.config import ConfigError, ModelConfig
+from jaxpt.losses import get_loss
 from jaxpt.models.reward import RewardModel
 from jaxpt.models.transformer import param_count
-from jaxpt.parallel.mesh import MeshConfig
+from jaxpt.registry import Registry
 from jaxpt.train import rm_eval
-from jaxpt.train.config import ConfigChecker, check_optim, check_run_fields, check_vocab
-from jaxpt.train.checkpoint import load_run_params
-from jaxpt.train.loop import LoopConfig, LoopResult, print_summary, save_run_config, train_loop
-from jaxpt.train.optim import decay_mask, make_optimizer
-from jaxpt.train.pretrain import make_checked_mesh, with_rules
-from jaxpt.train.sharded import ShardedTraining, shard_training
+from jaxpt.train.builder import Training, batch_shapes, build_training, training_mesh
+from jaxpt.train.config import RunConfig, check_vocab, config_json
+from jaxpt.train.loop import LoopResult, print_summary, save_run_config, train_loop
 from jaxpt.train.state import TrainState
-from jaxpt.train.step import split_micro_batches
+from jaxpt.train.step import make_train_step
 
-RM_LOSSES = ("bt", "dir", "odin")
 BIAS_PREFIX = "bias/"
 
 
+class RMInputs(NamedTuple):
+  """What a reward-model loss sees of one batch of B pairs (chosen rows first, then rejected): scores [2B]
+  ([2B, 2] with two heads), final hidden states [2B, d], the head kernel [d, heads], the flat batch, and the DIR
+  estimator's params (None for the other losses)."""
+
+  scores: jax.Array
+  hidden: jax.Array
+  head_kernel: jax.Array
+  batch: dict
+  q_params: Optional[club_lib.Params]
+
+  @property
+  def pairs(self) -> int:
+    return self.batch["chosen_tokens"].shape[0]
+
+
 @dataclasses.dataclass(frozen=True)
-class RMSettings:
-  """`config.rm`: the loss and its options.
+class RMObjective:
+  """How the RM trainer calls a registered `preference` loss: call(settings, inputs, bt_options) -> (loss,
+  metrics); num_scores: score heads; uses_club: the DIR estimator is trained in the step (state in aux)."""
+
+  call: Callable[["RMConfig", RMInputs, dict], tuple[jax.Array, dict]]
+  num_scores: int = 1
+  uses_club: bool = False
+
+
+def _bt(settings: "RMConfig", x: RMInputs, options: dict) -> tuple[jax.Array, dict]:
+  b = x.pairs
+  return get_loss("preference", "bt")(x.scores[:b], x.scores[b:], **options)
+
+
+def _dir(settings: "RMConfig", x: RMInputs, options: dict) -> tuple[jax.Array, dict]:
+  b = x.pairs
+  return get_loss("preference", "dir")(x.scores[:b], x.scores[b:], x.hidden[:b], x.hidden[b:],
+                                       x.batch[BIAS_PREFIX + settings.bias], x.q_params, settings.mi_weight,
+                                       settings.club_mode, **options)
+
+
+def _odin(settings: "RMConfig", x: RMInputs, options: dict) -> tuple[jax.Array, dict]:
+  b, s = x.pairs, x.scores
+  return get_loss("preference", "odin")(s[:b, 0], s[b:, 0], s[:b, 1], s[b:, 1], x.batch["chosen_response_len"],
+                                        x.batch["rejected_response_len"], x.head_kernel[:, 0], x.head_kernel[:, 1],
+                                        settings.odin_corr_coef, settings.odin_ortho_coef, **options)
+
+
+RM_OBJECTIVES: Registry[RMObjective] = Registry("reward-model loss")  # rm.loss -> how the step calls it
+RM_OBJECTIVES.add("bt", RMObjective(_bt))
+RM_OBJECTIVES.add("dir", RMObjective(_dir, uses_club=True))
+RM_OBJECTIVES.add("odin", RMObjective(_odin, num_scores=2))
+
+
+@dataclasses.dataclass(frozen=True)
+class RMConfig(Section):
+  """The `rm` section: the loss and its options.
 
   loss: bt | dir | odin. margin, label_smoothing, center_coef: Bradley-Terry options (all losses).
   DIR: mi_weight (lambda), bias (the data's bias label a used by CLUB), club_mode (difference | concat),
@@ -72,74 +117,39 @@ class RMSettings:
   odin_corr_coef: float = 1.0
   odin_ortho_coef: float = 1.0
 
-  @classmethod
-  def from_config(cls, rm_config: Any) -> "RMSettings":
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{name: rm_config[name] for name in names if name in rm_config})
+  def check(self) -> None:
+    one_of(self, "loss", RM_OBJECTIVES)
+    for name in ("margin", "center_coef", "mi_weight", "estimator_weight_decay", "odin_corr_coef",
+                 "odin_ortho_coef"):
+      in_range(self, name, 0.0)
+    in_range(self, "label_smoothing", 0.0, 0.5)
+    for name, minimum in (("inner_steps", 1), ("estimator_hidden", 1), ("bias_classes", 2)):
+      at_least(self, name, minimum)
+    in_range(self, "estimator_lr", 0.0, low_open=True)
+    one_of(self, "club_mode", club_lib.CLUB_INPUT_MODES)
 
   @property
-  def num_scores(self) -> int:
-    return 2 if self.loss == "odin" else 1
+  def objective(self) -> RMObjective:
+    return RM_OBJECTIVES.get(self.loss)
 
   def estimator_optimizer(self) -> optax.GradientTransformation:
     return club_lib.make_estimator_optimizer(self.estimator_lr, self.estimator_weight_decay)
 
 
-def rm_config_defaults() -> ml_collections.ConfigDict:
-  """`config.rm` with every field at its default."""
-  return ml_collections.ConfigDict(dataclasses.asdict(RMSettings()))
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RMRunConfig(RunConfig):
+  """A reward-model run: `RunConfig` plus `data` (preference pairs) and `rm`; `init_from` fills the backbone."""
 
+  data: PreferenceDataConfig = PreferenceDataConfig()
+  rm: RMConfig = RMConfig()
 
-# ---------------------------------------------------------------------------------------------------------------
-# Validation
-
-
-def validate_rm_config(config: Any) -> tuple[ModelConfig, RMSettings]:
-  """Checks every field an RM run reads (ConfigError naming the field); returns the model config and settings.
-
-  The loop, model and optimizer fields go through `jaxpt.train.config`'s shared checks; the preference data and
-  `rm` fields are checked here (the data layer checks its own fields again when it builds).
-  """
-  check = ConfigChecker(config)
-  for section in ("model", "data", "optim", "rm"):
-    check.get(section)
-  loss = check.get("rm.loss")
-  if loss not in RM_LOSSES:
-    check.fail("rm.loss", f"must be one of {', '.join(RM_LOSSES)}")
-  unknown = sorted(set(config.rm) - {f.name for f in dataclasses.fields(RMSettings)})
-  if unknown:
-    raise ConfigError(f"config.rm.{unknown[0]}: unknown field")
-  for name in ("margin", "center_coef", "mi_weight", "estimator_weight_decay", "odin_corr_coef", "odin_ortho_coef"):
-    if name in config.rm:
-      check.number(f"rm.{name}", 0.0)
-  if "label_smoothing" in config.rm:
-    check.number("rm.label_smoothing", 0.0, 0.5)
-  for name, minimum in (("inner_steps", 1), ("estimator_hidden", 1), ("bias_classes", 2)):
-    if name in config.rm:
-      check.integer(f"rm.{name}", minimum)
-  if "estimator_lr" in config.rm:
-    check.number("rm.estimator_lr", 0.0, low_open=True)
-  if config.rm.get("club_mode", "difference") not in club_lib.CLUB_INPUT_MODES:
-    check.fail("rm.club_mode", f"must be one of {', '.join(club_lib.CLUB_INPUT_MODES)}")
-  settings = RMSettings.from_config(config.rm)
-
-  try:
-    data = preference_batches.validate(check.get("data"))  # the data layer's own checks, naming data.<field>
-  except ValueError as e:
-    raise ConfigError(f"config.{e}") from None
-  if settings.loss == "dir" and settings.bias not in data.bias_names:
-    check.fail("rm.bias", f"not among the data's bias labels config.data.biases={data.biases!r}")
-  init_from = config.get("init_from", "") or ""
-  if init_from and not os.path.isdir(os.path.expanduser(init_from)):
-    check.fail("init_from", "no such run directory (a jaxpt pretrain/sft workdir, or '' for random init)")
-
-  model = check_run_fields(config)
-  seq_len = data.seq_len
-  if seq_len > model.max_seq_len:
-    check.fail("data.seq_len", f"longer than config.model.max_seq_len={model.max_seq_len}")
-  check_optim(config)
-  MeshConfig.from_config(config)
-  return model, settings
+  def check(self) -> None:
+    super().check()
+    if self.rm.objective.uses_club and self.rm.bias not in self.data.bias_names:
+      raise ConfigError("rm.bias", f"not among the data's bias labels config.data.biases={self.data.biases!r}",
+                        self.rm.bias)
+    self.check_seq_len(self.data.seq_len, "data.seq_len")
+    self.check_batch_split(self.data.batch_size, "config.data.batch_size")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -160,34 +170,25 @@ def pair_tokens(batch: dict) -> tuple[jax.Array, jax.Array]:
   return tokens, last
 
 
-def rm_objective(settings: RMSettings, scores: jax.Array, hidden: jax.Array, head_kernel: jax.Array, batch: dict,
+def rm_objective(settings: RMConfig, scores: jax.Array, hidden: jax.Array, head_kernel: jax.Array, batch: dict,
                  q_params: Optional[club_lib.Params]) -> tuple[jax.Array, dict]:
   """The configured loss on one batch: scores [2B] ([2B, 2] for ODIN), hidden [2B, d], head kernel [d, n]."""
-  b = batch["chosen_tokens"].shape[0]
-  weights = batch["weights"]
   bt_options = dict(margin=settings.margin, label_smoothing=settings.label_smoothing,
-                    center_coef=settings.center_coef, weights=weights)
-  if settings.loss == "bt":
-    return preference_losses.bradley_terry(scores[:b], scores[b:], **bt_options)
-  if settings.loss == "dir":
-    return preference_losses.dir_loss(scores[:b], scores[b:], hidden[:b], hidden[b:],
-                                      batch[BIAS_PREFIX + settings.bias], q_params, settings.mi_weight,
-                                      settings.club_mode, **bt_options)
-  return preference_losses.odin(scores[:b, 0], scores[b:, 0], scores[:b, 1], scores[b:, 1],
-                                batch["chosen_response_len"], batch["rejected_response_len"], head_kernel[:, 0],
-                                head_kernel[:, 1], settings.odin_corr_coef, settings.odin_ortho_coef, **bt_options)
+                    center_coef=settings.center_coef, weights=batch["weights"])
+  inputs = RMInputs(scores, hidden, head_kernel, batch, q_params)
+  return RM_OBJECTIVES.get(settings.loss).call(settings, inputs, bt_options)
 
 
-def init_estimator(settings: RMSettings, d_model: int, rng: jax.Array) -> Optional[dict]:
+def init_estimator(settings: RMConfig, d_model: int, rng: jax.Array) -> Optional[dict]:
   """`TrainState.aux` for DIR: {"q_params", "q_opt_state"}; None for the other losses."""
-  if settings.loss != "dir":
+  if not settings.objective.uses_club:
     return None
   q_params = club_lib.init_club_estimator(rng, club_lib.club_input_dim(d_model, settings.club_mode),
                                           settings.bias_classes, settings.estimator_hidden)
   return {"q_params": q_params, "q_opt_state": settings.estimator_optimizer().init(q_params)}
 
 
-def make_rm_grad_fn(model: RewardModel, settings: RMSettings) -> Callable:
+def make_rm_grad_fn(model: RewardModel, settings: RMConfig) -> Callable:
   """grad_fn(params, aux, batch, rng) -> (grads, aux, metrics) for one (micro-)batch of pairs.
 
   One backbone forward over [2B, S] under `jax.vjp`; the DIR estimator moves K steps on the primal hidden states
@@ -209,7 +210,7 @@ def make_rm_grad_fn(model: RewardModel, settings: RMSettings) -> Callable:
     hidden, pullback = jax.vjp(features, params["backbone"])
     extra = {}
     q_params = None
-    if settings.loss == "dir":
+    if settings.objective.uses_club:
       b = batch["chosen_tokens"].shape[0]
       x = club_lib.club_input(hidden[:b], hidden[b:], settings.club_mode)
       q_params, q_opt_state, inner = club_lib.inner_update(
@@ -232,49 +233,14 @@ def make_rm_grad_fn(model: RewardModel, settings: RMSettings) -> Callable:
   return grad_fn
 
 
-def make_rm_train_step(model: RewardModel, settings: RMSettings, optimizer: optax.GradientTransformation,
+def make_rm_train_step(model: RewardModel, settings: RMConfig, optimizer: optax.GradientTransformation,
                        schedule: optax.Schedule, grad_accum_steps: int = 1) -> Callable:
-  """train_step(state, batch) -> (state, metrics) (un-jitted); `batch` as from `flatten_batch`.
-
-  With M = grad_accum_steps > 1 the micro-batches run in order under a scan, the estimator state carried from one
-  to the next; grads and metrics are pair-weighted means (n_i = sum of micro-batch i's pair weights), `num_pairs`
-  the sum. Micro-batch i uses dropout key fold_in(step_rng, i). metrics gain `grad_norm` and `lr`.
+  """train_step(state, batch) -> (state, metrics) (un-jitted): the shared step (`jaxpt.train.step`) on
+  `make_rm_grad_fn`, batch as from `flatten_batch`. With M = grad_accum_steps > 1 the micro-batches run in order,
+  the estimator state carried from one to the next; grads and metrics are pair-weighted means (`num_pairs` the sum).
   """
-  grad_fn = make_rm_grad_fn(model, settings)
-
-  def accumulate(params, aux, batch, rng):
-    if grad_accum_steps == 1:
-      return grad_fn(params, aux, batch, rng)
-    micro = split_micro_batches(batch, grad_accum_steps)
-
-    def body(carry, xs):
-      grad_sum, aux, metric_sum, total = carry
-      index, micro_batch = xs
-      grads, aux, metrics = grad_fn(params, aux, micro_batch, jax.random.fold_in(rng, index))
-      n = metrics["num_pairs"]
-      grad_sum = jax.tree.map(lambda acc, g: acc + n * g.astype(jnp.float32), grad_sum, grads)
-      metric_sum = jax.tree.map(lambda acc, m: acc + n * m, metric_sum, metrics)
-      return (grad_sum, aux, metric_sum, total + n), None
-
-    first = jax.tree.map(lambda x: x[0], micro)
-    shapes = jax.eval_shape(lambda: grad_fn(params, aux, first, rng))
-    zeros = lambda tree: jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), tree)
-    init = (zeros(shapes[0]), aux, zeros(shapes[2]), jnp.zeros((), jnp.float32))
-    (grad_sum, aux, metric_sum, total), _ = jax.lax.scan(body, init, (jnp.arange(grad_accum_steps), micro))
-    denom = jnp.where(total > 0, total, 1.0)
-    grads = jax.tree.map(lambda g, p: (g / denom).astype(p.dtype), grad_sum, params)
-    metrics = {k: v / denom for k, v in metric_sum.items()}
-    metrics["num_pairs"] = total
-    return grads, aux, metrics
-
-  def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
-    grads, aux, metrics = accumulate(state.params, state.aux, batch, state.step_rng())
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    metrics = dict(metrics, grad_norm=optax.global_norm(grads), lr=jnp.asarray(schedule(state.step), jnp.float32))
-    return state.replace(step=state.step + 1, params=params, opt_state=opt_state, aux=aux), metrics
-
-  return train_step
+  return make_train_step(None, optimizer, schedule, grad_accum_steps, "num_pairs",
+                         grad_fn=make_rm_grad_fn(model, settings))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -361,115 +327,70 @@ class RMEvaluator:
 
 @dataclasses.dataclass
 class RewardTraining:
-  """Everything `train_loop` needs for an RM run, built once (the step compiled for the mesh)."""
+  """An RM run built once: `training` holds the compiled step; the evaluator scores every eval split."""
 
-  model_config: ModelConfig
-  settings: RMSettings
+  config: RMRunConfig
+  training: Training
   model: RewardModel
-  data: Any  # jaxpt.data.preference.PreferenceData
-  init_state: Callable[[], TrainState]
-  train_step: Callable[[TrainState, dict], tuple[TrainState, dict]]
+  data: Any  # jaxpt.data.preference_batches.PreferenceData
   batches: Callable[[int], Iterator[dict]]
   evaluator: RMEvaluator  # every eval split of the data ('test' first)
   evaluate: Callable[[TrainState], dict]  # the evaluator under the mesh's activation rules
-  loop_config: LoopConfig
-  meta: dict
-  sharded: ShardedTraining
-
-  @property
-  def memory(self) -> dict:
-    return self.sharded.memory
 
 
-def build_rm(config: Any, workdir: str) -> RewardTraining:
-  """Validates `config`, then builds preference data, RewardModel, optimizer, the compiled step and evaluator.
+def build_rm(config: RMRunConfig | Any, workdir: str) -> RewardTraining:
+  """Checks `config` (ConfigError naming the field), then builds preference data, RewardModel, optimizer, the
+  compiled step and evaluator. `config.init_from` (a jaxpt pretrain/SFT workdir) fills the backbone's params."""
+  config = from_section(RMRunConfig, config, "config")
+  settings = config.rm
+  batch_size = config.data.batch_size
+  mesh = training_mesh(config, batch_size)  # before any data work
+  data = preference_batches.PreferenceData.create(config.data, vocab_size=config.model.vocab_size, workdir=workdir,
+                                                  seed=config.seed)
+  check_vocab(config.model, data.tokenizer.vocab_size)
+  model = RewardModel(config.model, settings.objective.num_scores)
+  init_args = (jnp.zeros((1, config.data.seq_len), jnp.int32), jnp.zeros((1,), jnp.int32))
 
-  Keys: split(PRNGKey(config.seed)) -> (init, train); init -> (model, estimator). `config.init_from` (a jaxpt
-  pretrain/SFT workdir) replaces the backbone params of the initial state with that run's latest params.
-  """
-  model_config, settings = validate_rm_config(config)
-  mesh_config = parallel.MeshConfig.from_config(config)
-  mesh = make_checked_mesh(config)  # before any data work
-  batch_size = int(config.data.batch_size)
-  try:
-    data = preference_batches.PreferenceData.create(config.data, vocab_size=model_config.vocab_size, workdir=workdir,
-                                                    seed=config.seed)
-  except ValueError as e:
-    raise ConfigError(str(e) if str(e).startswith("config.") else f"config.{e}") from e
-  check_vocab(model_config, data.tokenizer.vocab_size)
-  rules = mesh_config.logical_rules
-  model = RewardModel(model_config, settings.num_scores)
-  init_rng, train_rng = jax.random.split(jax.random.PRNGKey(config.seed))
-  model_rng, estimator_rng = jax.random.split(init_rng)
-  dummy = (jnp.zeros((1, config.data.seq_len), jnp.int32), jnp.zeros((1,), jnp.int32))
-  boxed = jax.eval_shape(model.init, model_rng, *dummy)["params"]
-  parallel.check_param_divisibility(boxed, mesh, rules, mesh_config.rules)
-  optimizer, schedule = make_optimizer(config.optim, config.steps, mask=decay_mask(boxed))
+  def train_batch(step: int, index: int, count: int) -> dict:
+    return flatten_batch(data.train_batch(step, index, count))
 
-  def init_fn() -> TrainState:
-    params = nn.meta.unbox(model.init(model_rng, *dummy)["params"])
-    aux = init_estimator(settings, model_config.d_model, estimator_rng)
-    return TrainState.create(params, optimizer, train_rng, aux=aux)
-
-  step_fn = make_rm_train_step(model, settings, optimizer, schedule, config.optim.grad_accum_steps)
-  batch_sh = parallel.batch_sharding(mesh, rules)
-  data_index, data_count = parallel.process_batch_slice(batch_sh, batch_size)
-  sample = flatten_batch(data.train_batch(0, data_index, data_count))
-  batch_shapes = {k: jax.ShapeDtypeStruct((batch_size,) + np.shape(v)[1:], np.asarray(v).dtype)
-                  for k, v in sample.items()}
-  sharded = shard_training(init_fn, step_fn, boxed, optimizer, mesh, rules, batch_shapes,
-                           donate=jax.default_backend() != "cpu")
-  init_from = config.get("init_from", "") or ""
-
-  def init_state() -> TrainState:
-    state = sharded.init_state()
-    if init_from:
-      backbone = load_run_params(init_from, state.params["backbone"])
-      state = state.replace(params={**state.params, "backbone": backbone})
-    return state
-
+  training = build_training(
+      config, mesh, model, init_args, batch_shapes(train_batch(0, 0, 1), batch_size),
+      grad_fn=make_rm_grad_fn(model, settings), weight_key="num_pairs",
+      init_aux=lambda rng: init_estimator(settings, config.model.d_model, rng), init_from_subtree="backbone")
   names = ["test"] + [split for split in data.eval_splits if split != "test"]
   evaluator = RMEvaluator(model, {split: ([flatten_batch(b) for b in data.eval_batches(split)], data.eval_meta(split))
                                   for split in names},
-                          put=lambda b: parallel.full_batch(b, batch_sh), out_sharding=parallel.replicated(mesh))
-
-  def batches(start: int) -> Iterator[dict]:
-    local = (flatten_batch(b) for b in data.train_batches(start, data_index, data_count))
-    return parallel.global_batches(local, batch_sh, batch_size)
-
-  return RewardTraining(
-      model_config=model_config, settings=settings, model=model, data=data, init_state=init_state,
-      train_step=sharded.train_step, batches=batches, evaluator=evaluator,
-      evaluate=with_rules(evaluator, mesh, rules),
-      loop_config=LoopConfig.from_config(config), meta={"config": json.loads(config.to_json_best_effort())},
-      sharded=sharded)
+                          put=training.put, out_sharding=parallel.replicated(mesh))
+  return RewardTraining(config=config, training=training, model=model, data=data,
+                        batches=training.batches(train_batch, batch_size), evaluator=evaluator,
+                        evaluate=training.under_rules(evaluator))
 
 
-def train_rm(config: Any, workdir: str, *, setup: Optional[RewardTraining] = None,
+def train_rm(config: RMRunConfig | Any, workdir: str, *, setup: Optional[RewardTraining] = None,
              stop_at: Optional[int] = None) -> LoopResult:
   """Trains (or resumes) the RM run in `workdir`. At the end (not on preemption) writes rm_eval.json, rm_eval.md
   and score_vs_length.png there (other eval splits in eval_<split>/). `setup` reuses compiled functions."""
   setup = setup or build_rm(config, workdir)
-  save_run_config(config, workdir)
-  state = setup.init_state()
-  logging.info("reward model (%s): %.2fM params; training %d steps in %s", setup.settings.loss,
+  config = setup.config
+  save_run_config(config_json(config), workdir)
+  state = setup.training.init_state()
+  logging.info("reward model (%s): %.2fM params; training %d steps in %s", config.rm.loss,
                param_count(state.params) / 1e6, config.steps, workdir)
-  parallel.log_memory("rm_train_step", setup.memory)
-  result = train_loop(state, setup.train_step, setup.batches, setup.loop_config, workdir, eval_fn=setup.evaluate,
-                      meta=setup.meta, stop_at=stop_at)
+  parallel.log_memory("rm_train_step", setup.training.memory)
+  result = train_loop(state, setup.training.train_step, setup.batches, config.loop, workdir, eval_fn=setup.evaluate,
+                      meta={"config": config_json(config)}, stop_at=stop_at)
   finished = not result.preempted and int(jax.device_get(result.state.step)) == config.steps
   if finished:
-    with parallel.activation_sharding(setup.sharded.mesh, setup.sharded.rules):
-      setup.evaluator.write_report(result.state, workdir, f"reward model ({setup.settings.loss})",
-                                   write=jax.process_index() == 0)
+    setup.training.under_rules(setup.evaluator.write_report)(result.state, workdir,
+                                                             f"reward model ({config.rm.loss})",
+                                                             write=jax.process_index() == 0)
   return result
 
 
-def run_rm(config: Any, workdir: str) -> int:
-  """`jaxpt rm`: builds, trains, prints one summary line; returns the exit code."""
-  validate_rm_config(config)
+def run_rm(config: RMRunConfig, workdir: str) -> int:
+  """`jaxpt rm`: builds, prints the mesh and memory, trains, prints one summary line; the exit code."""
   setup = build_rm(config, workdir)
-  print(f"jaxpt rm: loss {setup.settings.loss}, {jax.device_count()} devices; compiled train step peak memory per "
-        f"device {setup.memory.get('peak_mib', float('nan')):.1f} MiB", flush=True)
+  print(setup.training.describe(f"rm ({config.rm.loss})"), flush=True)
   return print_summary("rm", train_rm(config, workdir, setup=setup), workdir,
                        ("loss", "accuracy", "eval_accuracy", "eval_pearson_score_length", "eval_spearman_score_length"))

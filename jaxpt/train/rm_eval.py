@@ -9,7 +9,8 @@ len_c, len_r, bias labels a[name] in {0, 1} and optional string groups (e.g. syc
                               Spearman = Pearson of the ranks, ties given their average rank; 0 if either is constant
     bias[name]                accuracy over pairs with a = 1 and with a = 0
     groups[name][value]       accuracy over the pairs in each group (e.g. sycophancy natural vs adversarial)
-`write_report` puts `rm_eval.json`, `rm_eval.md` (tables) and `score_vs_length.png` into a workdir.
+`write_report` puts `rm_eval.json`, `rm_eval.md` (tables) and `score_vs_length.png` (`jaxpt.reports`) into a
+workdir.
 """
 
 from __future__ import annotations
@@ -18,11 +19,7 @@ import json
 import os
 from typing import Mapping, Optional, Sequence
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import numpy as np
 
 REPORT_JSON = "rm_eval.json"
 REPORT_MD = "rm_eval.md"
@@ -128,26 +125,12 @@ def markdown_table(results: dict) -> str:
   return "\n".join(lines) + "\n"
 
 
-def plot_score_vs_length(path: str, chosen_scores, rejected_scores, chosen_lengths, rejected_lengths,
-                         title: str = "") -> str:
-  """Scatter of score against response length, chosen and rejected responses in two colours."""
-  fig, ax = plt.subplots(figsize=(5, 4))
-  ax.scatter(chosen_lengths, chosen_scores, s=8, alpha=0.6, label="chosen")
-  ax.scatter(rejected_lengths, rejected_scores, s=8, alpha=0.6, label="rejected")
-  ax.set_xlabel("response length (tokens)")
-  ax.set_ylabel("reward score")
-  if title:
-    ax.set_title(title)
-  ax.legend()
-  fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
-  return path
-
-
 def write_report(workdir: str, results: dict, chosen_scores, rejected_scores, chosen_lengths, rejected_lengths,
                  title: str = "reward model") -> dict[str, str]:
   """Writes rm_eval.json, rm_eval.md and score_vs_length.png into `workdir`; returns their paths."""
+  # Imported here: importing the train package must not import matplotlib.
+  from jaxpt import reports
+
   os.makedirs(workdir, exist_ok=True)
   paths = {key: os.path.join(workdir, name) for key, name in
            (("json", REPORT_JSON), ("markdown", REPORT_MD), ("plot", REPORT_PNG))}
@@ -155,7 +138,7 @@ def write_report(workdir: str, results: dict, chosen_scores, rejected_scores, ch
     json.dump(results, f, indent=2)
   with open(paths["markdown"], "w") as f:
     f.write(f"# {title}: evaluation\n\n" + markdown_table(results))
-  plot_score_vs_length(paths["plot"], chosen_scores, rejected_scores, chosen_lengths, rejected_lengths,
-                       f"{title}: Pearson {results['pearson_score_length']:.2f}, "
-                       f"Spearman {results['spearman_score_length']:.2f}")
+  reports.plot_score_vs_length(paths["plot"], chosen_scores, rejected_scores, chosen_lengths, rejected_lengths,
+                               f"{title}: Pearson {results['pearson_score_length']:.2f}, "
+                               f"Spearman {results['spearman_score_length']:.2f}")
   return paths

@@ -18,7 +18,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from jaxpt.parallel.memory import compiled_memory
 from jaxpt.parallel.rules import Rules
-from jaxpt.parallel.sharding import (batch_sharding, global_batch, param_shardings, replicated, state_shardings,
+from jaxpt.parallel.sharding import (batch_sharding, param_shardings, replicated, state_shardings,
                                      with_activation_sharding)
 from jaxpt.train.state import TrainState
 
@@ -32,10 +32,6 @@ class ShardedTraining:
   init_state: Callable[[], TrainState]
   train_step: Callable[[TrainState, dict], tuple[TrainState, dict]]  # compiled
   memory: dict  # compiled_memory of train_step, per device (MiB)
-
-  def put_batch(self, local_batch: dict, global_batch_size: int) -> dict:
-    """This process's rows of a batch (numpy `[B / count, ...]`) -> global arrays `[B, ...]`."""
-    return global_batch(local_batch, self.batch_sharding, global_batch_size)
 
 
 def _with_sharding(abstract: Any, sharding: Any) -> Any:

@@ -12,9 +12,9 @@ import optax
 
 @flax.struct.dataclass
 class TrainState:
-  """step: int32 scalar, number of completed optimizer steps; params; opt_state; rng: base PRNG key (uint32[2]);
+  """step: int32 scalar, number of completed loop steps; params; opt_state; rng: base PRNG key (uint32[2]);
   aux: any other pytree a trainer carries across steps and checkpoints (the DIR estimator and its optimizer state,
-  the CLIPO head, the GRPO reference policy); None when unused.
+  the CLIPO head and its optimizer state); None when unused.
 
   Randomness for step t is `fold_in(rng, t)`, so a resumed run draws exactly what an uninterrupted one would.
   """

@@ -1,6 +1,8 @@
-"""Generic train step: gradients (optionally accumulated over micro-batches) -> optax update.
+"""The one train step: gradients (optionally accumulated over micro-batches) -> optax update.
 
-The step is shared by every trainer; only `loss_fn(params, batch, rng) -> (loss, metrics)` differs.
+Every trainer uses it; only the gradient differs: `loss_fn(params, batch, rng) -> (loss, metrics)` (LM, policy
+losses), or a `grad_fn(params, aux, batch, rng) -> (grads, aux, metrics)` that also updates the state's `aux` (the
+reward model's DIR estimator).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import optax
 from jaxpt.train.state import TrainState
 
 LossFn = Callable[[Any, dict, jax.Array], tuple[jax.Array, dict]]
+GradFn = Callable[[Any, Any, dict, jax.Array], tuple[Any, Any, dict]]  # (params, aux, batch, rng) -> grads, aux, m
 TrainStep = Callable[[TrainState, dict], tuple[TrainState, dict]]
 
 
@@ -34,57 +37,79 @@ def split_micro_batches(batch: dict, num_micro: int) -> dict:
   return jax.tree.map(split, batch)
 
 
-def accumulate_gradients(loss_fn: LossFn, params: Any, batch: dict, rng: jax.Array, num_micro: int = 1,
-                         weight_key: str = "num_tokens") -> tuple[Any, dict]:
-  """Gradient of the batch loss, computed over `num_micro` micro-batches with a scan.
+def grad_fn_of(loss_fn: Callable[..., tuple[jax.Array, dict]], reads_aux: bool = False) -> GradFn:
+  """The GradFn of `loss_fn(params, batch, rng) -> (loss, metrics)`, or with `reads_aux` of `loss_fn(params, batch,
+  rng, aux)` (the aux state as a fixed input, e.g. GRPO's CLIPO head); `aux` passes through unchanged."""
+  value_and_grad = jax.value_and_grad(loss_fn, has_aux=True)
+
+  def grad_fn(params: Any, aux: Any, batch: dict, rng: jax.Array) -> tuple[Any, Any, dict]:
+    (_, metrics), grads = value_and_grad(params, batch, rng, *((aux,) if reads_aux else ()))
+    return grads, aux, metrics
+
+  return grad_fn
+
+
+def accumulate(grad_fn: GradFn, params: Any, aux: Any, batch: dict, rng: jax.Array, num_micro: int = 1,
+               weight_key: str = "num_tokens") -> tuple[Any, Any, dict]:
+  """(grads, aux, metrics) of the batch, computed over `num_micro` micro-batches with a scan.
 
   Each micro-batch i has loss L_i over n_i = metrics[weight_key] units (1 if absent). The batch loss is
   L = sum_i n_i L_i / sum_i n_i, so grad L = sum_i n_i grad L_i / sum_i n_i, equal (to fp tolerance) to one
-  gradient over the whole batch. Metrics are n-weighted means, except `weight_key` which is summed.
-  Micro-batch i uses rng fold_in(rng, i).
+  gradient over the whole batch. Metrics are n-weighted means, except `weight_key` which is summed. `aux` is
+  carried from one micro-batch to the next in order (e.g. the DIR estimator's inner updates). Micro-batch i uses
+  rng fold_in(rng, i).
   """
-  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
   if num_micro == 1:
-    (_, metrics), grads = grad_fn(params, batch, rng)
-    return grads, metrics
-
+    return grad_fn(params, aux, batch, rng)
   micro = split_micro_batches(batch, num_micro)
 
   def body(carry, xs):
-    grad_sum, metric_sum, weight_sum = carry
+    grad_sum, aux, metric_sum, weight_sum = carry
     index, micro_batch = xs
-    (_, metrics), grads = grad_fn(params, micro_batch, jax.random.fold_in(rng, index))
+    grads, aux, metrics = grad_fn(params, aux, micro_batch, jax.random.fold_in(rng, index))
     n = jnp.asarray(metrics.get(weight_key, 1.0), jnp.float32)
     grad_sum = jax.tree.map(lambda acc, g: acc + n * g.astype(jnp.float32), grad_sum, grads)
     metric_sum = jax.tree.map(lambda acc, m: acc + n * m, metric_sum, metrics)
-    return (grad_sum, metric_sum, weight_sum + n), None
+    return (grad_sum, aux, metric_sum, weight_sum + n), None
 
-  zeros_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-  metric_shapes = jax.eval_shape(lambda: grad_fn(params, jax.tree.map(lambda x: x[0], micro), rng)[0][1])
-  zeros_metrics = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), metric_shapes)
-  init = (zeros_grads, zeros_metrics, jnp.zeros((), jnp.float32))
-  (grad_sum, metric_sum, total), _ = jax.lax.scan(body, init, (jnp.arange(num_micro), micro))
+  shapes = jax.eval_shape(lambda: grad_fn(params, aux, jax.tree.map(lambda x: x[0], micro), rng))
+  zeros = lambda tree: jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), tree)
+  init = (zeros(shapes[0]), aux, zeros(shapes[2]), jnp.zeros((), jnp.float32))
+  (grad_sum, aux, metric_sum, total), _ = jax.lax.scan(body, init, (jnp.arange(num_micro), micro))
   denom = jnp.where(total > 0, total, 1.0)
   grads = jax.tree.map(lambda g, p: (g / denom).astype(p.dtype), grad_sum, params)
   metrics = {k: v / denom for k, v in metric_sum.items()}
   if weight_key in metrics:
     metrics[weight_key] = total
+  return grads, aux, metrics
+
+
+def accumulate_gradients(loss_fn: LossFn, params: Any, batch: dict, rng: jax.Array, num_micro: int = 1,
+                         weight_key: str = "num_tokens") -> tuple[Any, dict]:
+  """(grads, metrics) of `loss_fn` over the batch in `num_micro` micro-batches (`accumulate` without aux)."""
+  grads, _, metrics = accumulate(grad_fn_of(loss_fn), params, None, batch, rng, num_micro, weight_key)
   return grads, metrics
 
 
-def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, schedule: optax.Schedule,
-                    grad_accum_steps: int = 1, weight_key: str = "num_tokens") -> TrainStep:
+def make_train_step(loss_fn: LossFn | None, optimizer: optax.GradientTransformation, schedule: optax.Schedule,
+                    grad_accum_steps: int = 1, weight_key: str = "num_tokens", *,
+                    grad_fn: GradFn | None = None) -> TrainStep:
   """Returns `train_step(state, batch) -> (state, metrics)` (un-jitted); metrics gain `grad_norm` and `lr`.
 
-  The step's randomness is `fold_in(state.rng, state.step)`, so it depends only on the step number.
+  The gradient comes from `loss_fn(params, batch, rng) -> (loss, metrics)`, or from `grad_fn(params, aux, batch,
+  rng) -> (grads, aux, metrics)` for a step that also updates `state.aux` (give exactly one). The step's
+  randomness is `fold_in(state.rng, state.step)`, so it depends only on the step number.
   """
+  if (loss_fn is None) == (grad_fn is None):
+    raise ValueError("make_train_step: give exactly one of loss_fn and grad_fn")
+  grad_fn = grad_fn or grad_fn_of(loss_fn)
 
   def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
-    grads, metrics = accumulate_gradients(loss_fn, state.params, batch, state.step_rng(), grad_accum_steps,
-                                          weight_key)
+    grads, aux, metrics = accumulate(grad_fn, state.params, state.aux, batch, state.step_rng(), grad_accum_steps,
+                                     weight_key)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = dict(metrics, grad_norm=optax.global_norm(grads), lr=jnp.asarray(schedule(state.step), jnp.float32))
-    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state, aux=aux), metrics
 
   return train_step

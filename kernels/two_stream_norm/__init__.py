@@ -1,6 +1,6 @@
 """Fused two-stream-norm boundaries of SiameseNorm (spec: shared/specs/siamesenorm.md, "Hot path").
 
-`post_pre_boundary(xh_prev, y_prev, z, c, post, pre, inn, eps=..., impl=...)` -> (xh, y, h)
+`post_pre_boundary(xh_prev, y_prev, z, c, post, pre, in_norm, eps=..., impl=...)` -> (xh, y, h)
     p = xh_prev + z/c ; xh = LN_post(p) ; y = y_prev + z ; h = LN_in(xh + LN_pre(y))
 `hybrid_entry(x, y, c1, norm_y, eps=..., impl=...)` -> h = c1 * x + N_y(y)
 `hybrid_entry_update(x_prev, y_prev, z, c, c1, norm_y, eps=..., impl=...)` -> (x, y, h)
@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from kernels.two_stream_norm import entry, post_pre, reference
+from . import entry, post_pre, reference
 
 IMPLS = ("reference", "pallas")
 
@@ -22,11 +22,11 @@ def _check(impl: str) -> None:
     raise ValueError(f"impl={impl!r}: must be one of {', '.join(IMPLS)}")
 
 
-def post_pre_boundary(xh_prev, y_prev, z, c, post, pre, inn, *, eps: float, impl: str = "pallas", **tiling):
+def post_pre_boundary(xh_prev, y_prev, z, c, post, pre, in_norm, *, eps: float, impl: str = "pallas", **tiling):
   _check(impl)
   if impl == "reference":
-    return reference.post_pre_boundary(xh_prev, y_prev, z, c, post, pre, inn, eps)
-  return post_pre.post_pre_boundary(xh_prev, y_prev, z, c, post, pre, inn, eps=eps, **tiling)
+    return reference.post_pre_boundary(xh_prev, y_prev, z, c, post, pre, in_norm, eps)
+  return post_pre.post_pre_boundary(xh_prev, y_prev, z, c, post, pre, in_norm, eps=eps, **tiling)
 
 
 def hybrid_entry(x, y, c1, norm_y, *, eps: float, impl: str = "pallas", **tiling):

@@ -23,8 +23,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from kernels.two_stream_norm import layout
-from kernels.two_stream_norm import rowmath as rm
+from . import layout
+from . import rowmath as rm
 
 C1, W_Y, B_Y, INV_C = range(4)
 M_Y, R_Y = range(2)

@@ -21,8 +21,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from kernels.two_stream_norm import layout
-from kernels.two_stream_norm import rowmath as rm
+from . import layout
+from . import rowmath as rm
 
 # packed parameter rows
 W_POST, B_POST, W_PRE, B_PRE, W_IN, B_IN, INV_C = range(7)
@@ -170,19 +170,19 @@ def _fused_bwd(static: Static, residuals, cotangents):
 _fused.defvjp(_fused_fwd, _fused_bwd)
 
 
-def post_pre_boundary(xh_prev, y_prev, z, c, post, pre, inn, *, eps: float, platform: str | None = None,
+def post_pre_boundary(xh_prev, y_prev, z, c, post, pre, in_norm, *, eps: float, platform: str | None = None,
                       block_rows: int | None = None, chunk_rows: int | None = None):
   """Fused boundary -> (xh, y, h), each shaped and typed like xh_prev (`[..., d]`).
 
-  post/pre/inn: `{"scale": [d]}` (RMSNorm) or `{"scale": [d], "bias": [d]}` (LayerNorm), all the same kind.
+  post/pre/in_norm: `{"scale": [d]}` (RMSNorm) or `{"scale": [d], "bias": [d]}` (LayerNorm), all the same kind.
   z None: block-entry form (p = xh_prev, y = y_prev returned as is). c: a scalar, possibly traced.
   """
   shape, dtype = xh_prev.shape, xh_prev.dtype
   d = shape[-1]
   rows_n = math.prod(shape[:-1])
-  kinds = {"bias" in n for n in (post, pre, inn)}
+  kinds = {"bias" in n for n in (post, pre, in_norm)}
   if len(kinds) != 1:
-    raise ValueError("post, pre and inn must be the same norm kind")
+    raise ValueError("post, pre and in_norm must be the same norm kind")
   kind = rm.LAYERNORM if kinds.pop() else rm.RMSNORM
   arrays = (xh_prev, y_prev) if z is None else (xh_prev, y_prev, z)
   if any(a.shape != shape or a.dtype != dtype for a in arrays):
@@ -190,8 +190,8 @@ def post_pre_boundary(xh_prev, y_prev, z, c, post, pre, inn, *, eps: float, plat
   plan = layout.make_plan(rows_n, d, platform, block_rows, chunk_rows, jnp.dtype(dtype).itemsize)
   bias = lambda n: n.get("bias", 0.0) if kind == rm.LAYERNORM else 0.0
   inv_c = 1.0 if z is None else 1.0 / jnp.asarray(c, jnp.float32)
-  params = layout.pack_params([post["scale"], bias(post), pre["scale"], bias(pre), inn["scale"], bias(inn), inv_c],
-                              plan)
+  params = layout.pack_params(
+      [post["scale"], bias(post), pre["scale"], bias(pre), in_norm["scale"], bias(in_norm), inv_c], plan)
   static = Static(plan, kind, float(eps), z is not None, jnp.dtype(dtype).name)
   rows = [layout.pad_rows(a.reshape(rows_n, d), plan) for a in arrays]
   outs = [layout.unpad_rows(o, plan).reshape(shape) for o in _fused(static, params, *rows)]

@@ -31,7 +31,7 @@ def norm(params, x, eps: float):
   return out.astype(x.dtype)
 
 
-def post_pre_boundary(xh_prev, y_prev, z, c, post, pre, inn, eps: float):
+def post_pre_boundary(xh_prev, y_prev, z, c, post, pre, in_norm, eps: float):
   """-> (xh, y, h), each `[..., d]` in the input dtype."""
   if z is None:
     p, y = xh_prev, y_prev
@@ -39,7 +39,7 @@ def post_pre_boundary(xh_prev, y_prev, z, c, post, pre, inn, eps: float):
     inv_c = (1.0 / jnp.asarray(c, jnp.float32)).astype(xh_prev.dtype)
     p, y = xh_prev + z * inv_c, y_prev + z
   xh = norm(post, p, eps)
-  return xh, y, norm(inn, xh + norm(pre, y, eps), eps)
+  return xh, y, norm(in_norm, xh + norm(pre, y, eps), eps)
 
 
 def hybrid_entry(x, y, c1, norm_y, eps: float):

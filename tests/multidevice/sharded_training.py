@@ -17,19 +17,19 @@ import functools  # noqa: E402
 import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from experiments.configs import base  # noqa: E402
+from experiments.configs import tiny  # noqa: E402
 from jaxpt import parallel  # noqa: E402
+from jaxpt.config import ConfigError, config_dict  # noqa: E402
 from jaxpt.data.packing import make_batch  # noqa: E402
-from jaxpt.models.config import ConfigError, ModelConfig  # noqa: E402
+from jaxpt.models.config import ModelConfig  # noqa: E402
 from jaxpt.models.transformer import TransformerLM  # noqa: E402
 from jaxpt.train.checkpoint import Checkpointer  # noqa: E402
 from jaxpt.train.lm import make_lm_loss_fn  # noqa: E402
-from jaxpt.train.optim import decay_mask, make_optimizer  # noqa: E402
+from jaxpt.train.optim import OptimConfig, decay_mask, make_optimizer  # noqa: E402
 from jaxpt.train.sharded import shard_training, sharded_init, train_state_sharding  # noqa: E402
 from jaxpt.train.state import TrainState  # noqa: E402
 from jaxpt.train.step import make_train_step  # noqa: E402
@@ -61,7 +61,7 @@ class Setup:
     init_rng, self.train_rng = jax.random.split(jax.random.PRNGKey(0))
     self.dummy = jnp.zeros((1, SEQ), jnp.int32)
     self.boxed = jax.eval_shape(self.model.init, init_rng, self.dummy)["params"]
-    optim = ml_collections.ConfigDict(dict(base.optim_config(learning_rate=1e-2, warmup_steps=1)))
+    optim = OptimConfig(learning_rate=1e-2, warmup_steps=1)
     self.optimizer, schedule = make_optimizer(optim, STEPS, mask=decay_mask(self.boxed))
     self.init_rng = init_rng
     self.step_fn = make_train_step(make_lm_loss_fn(self.model, z_loss=1e-4), self.optimizer, schedule,
@@ -112,7 +112,7 @@ def sharded(scheme, preset, accum=1):
   state = training.init_state()
   losses = []
   for t in range(STEPS):
-    state, metrics = training.train_step(state, training.put_batch(batch(t), BATCH))
+    state, metrics = training.train_step(state, parallel.global_batch(batch(t), training.batch_sharding, BATCH))
     losses.append(float(metrics["loss"]))
   return losses, state, training
 
@@ -219,16 +219,17 @@ def test_checkpoint_restores_on_another_mesh_and_one_device(tmp_path):
 
 
 def _run_config(**mesh):
-  config = base.get_base_config()
+  config = tiny.get_config()
   config.data.batch_size = 12
-  config.mesh = base.mesh_config(**mesh)
+  config.mesh = config_dict(parallel.MeshConfig, **mesh)
   return config
 
 
 def test_mesh_not_dividing_devices_fails_naming_fields(tmp_path):
   from jaxpt.train.pretrain import build_pretraining
 
-  with pytest.raises(ConfigError, match=r"config.mesh.data=3 x config.mesh.fsdp=1 x config.mesh.tensor=1: .*3 devices but there are 8"):
+  with pytest.raises(ConfigError, match=r"config.mesh.data=3 x config.mesh.fsdp=1 x config.mesh.tensor=1: "
+                                        r".*3 devices but there are 8"):
     build_pretraining(_run_config(data=3), str(tmp_path))
   with pytest.raises(ConfigError, match=r"config.mesh.tensor=3.*multiply to 3.*8 devices"):
     build_pretraining(_run_config(data=-1, tensor=3), str(tmp_path))
@@ -245,5 +246,6 @@ def test_batch_not_divisible_by_data_parallel_axes_fails_naming_fields(tmp_path)
 def test_uneven_parameter_split_fails_naming_param(tmp_path):
   s = setup("pre")
   mesh = parallel.make_mesh(parallel.MeshConfig(data=1, fsdp=1, tensor=8, rules="tp"))
-  with pytest.raises(ConfigError, match=r"config.mesh.tensor=8 \(config.mesh.rules='tp'\): parameter .*attn.*'(kv_)?heads' has size 4, not divisible by 8"):
+  with pytest.raises(ConfigError, match=r"config.mesh.tensor=8 \(config.mesh.rules='tp'\): parameter .*attn.*"
+                                        r"'(kv_)?heads' has size 4, not divisible by 8"):
     parallel.check_param_divisibility(s.boxed, mesh, parallel.get_rules("tp"), "tp")

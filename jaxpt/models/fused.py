@@ -1,4 +1,4 @@
-"""The one switch from `jaxpt.nn` to the fused two-stream-norm kernels (`kernels/two_stream_norm`).
+"""The one switch from the model blocks to the fused two-stream-norm kernels (`jaxpt.kernels.two_stream_norm`).
 
 `config.kernel == "pallas"`: the siamese blocks compute each sub-layer boundary with one fused row-wise op
 (Pallas kernels; interpret mode on CPU). Anything else: the blocks' unfused reference path (separate norm
@@ -10,7 +10,7 @@ modules). Row arrays are `[batch, seq, d_model]`; norm parameters are `{"scale"[
 
 from __future__ import annotations
 
-from kernels import two_stream_norm
+from jaxpt.kernels import two_stream_norm
 
 
 def use_fused(config) -> bool:
@@ -18,9 +18,9 @@ def use_fused(config) -> bool:
   return config.kernel == "pallas" and config.is_siamese
 
 
-def post_pre_boundary(config, xh_prev, y_prev, z, c, post, pre, inn):
+def post_pre_boundary(config, xh_prev, y_prev, z, c, post, pre, in_norm):
   """-> (xh, y, h); z None is the block-entry form (p = xh_prev, y = y_prev)."""
-  return two_stream_norm.post_pre_boundary(xh_prev, y_prev, z, c, post, pre, inn, eps=config.norm_eps,
+  return two_stream_norm.post_pre_boundary(xh_prev, y_prev, z, c, post, pre, in_norm, eps=config.norm_eps,
                                            impl="pallas")
 
 

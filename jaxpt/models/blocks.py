@@ -18,7 +18,7 @@ Each sub-layer is computed once and its (dropped-out) output is added to both st
 layer's `LayerCache` (decoding), its key/value buffers with the new tokens' K/V written in. Only K/V are cached:
 the streams (both SiameseNorm streams) are per-token state recomputed for each token.
 
-With `config.kernel == "pallas"` the siamese blocks compute each boundary with one fused op (`jaxpt.nn.fused`),
+With `config.kernel == "pallas"` the siamese blocks compute each boundary with one fused op (`jaxpt.models.fused`),
 reading the same norm parameters (`NormParams`, same tree):
 - siamese_post_pre: entry  xh, h = fused(x, y)                  (no update: p = x)
                     middle xh', y', h2 = fused(xh, y, a, c)      (p = xh + a/c, y' = y + a)
@@ -32,11 +32,12 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
+from jaxpt.models import fused
 from jaxpt.models.config import ModelConfig
-from jaxpt.nn import fused
 from jaxpt.nn.attention import Attention, LayerCache
 from jaxpt.nn.mlp import MLP
 from jaxpt.nn.norms import NormParams, make_norm
+from jaxpt.registry import Registry
 
 RESIDUAL_AXES = ("batch", "length", "embed")
 
@@ -181,13 +182,12 @@ class SiameseHybridPreBlock(ResidualBlock):
     return self.constrain((xb + m * (1.0 / c).astype(x.dtype), y + m)), kv
 
 
-BLOCKS = {
-    "pre": PreNormBlock,
-    "post": PostNormBlock,
-    "hybrid": HybridNormBlock,
-    "siamese_post_pre": SiamesePostPreBlock,
-    "siamese_hybrid_pre": SiameseHybridPreBlock,
-}
+BLOCKS: Registry[type[nn.Module]] = Registry("residual scheme")  # ModelConfig.norm_scheme -> block class
+BLOCKS.add("pre", PreNormBlock)
+BLOCKS.add("post", PostNormBlock)
+BLOCKS.add("hybrid", HybridNormBlock)
+BLOCKS.add("siamese_post_pre", SiamesePostPreBlock)
+BLOCKS.add("siamese_hybrid_pre", SiameseHybridPreBlock)
 
 
 class OutputMerge(nn.Module):

@@ -1,0 +1,228 @@
+"""Run configs: `ConfigError` and the one way a config section becomes a validated, frozen dataclass.
+
+A run config is data: an ml_collections ConfigDict (`experiments/configs/*.py`), a dict, or None (all defaults).
+Each section of it is described by a frozen dataclass deriving from `Section`, whose fields are the section's keys
+and whose `check()` (run on construction, so every instance is valid) holds its rules, raising
+ConfigError(field, reason, value) with a RELATIVE field name. `from_section(cls, section, path)` is the one
+conversion:
+
+    values  = section's keys; an unknown key, a wrong type or an absent field without a default -> ConfigError
+    fields  = coerced to the annotation (int -> float; a dataclass-typed field is a nested section, converted
+              recursively at `<path>.<field>`)
+    checks  = `cls(**fields)` runs `check()`; its error is re-raised under `path`
+
+so every error is one line naming the dotted path, the value and the reason:
+
+    config.model.d_model=130: not divisible by model.num_heads=4
+
+`config_dict(cls, **overrides)` goes the other way: every field at its default as a ConfigDict, the form experiment
+config files start from, so defaults are written once, on the dataclass. This module imports nothing from jaxpt:
+every layer may use it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+import numbers
+import os
+import types
+import typing
+from typing import Any, Mapping, TypeVar
+
+import ml_collections
+import numpy as np
+
+__all__ = ["ConfigError", "Section", "at_least", "config_dict", "fail", "from_section", "in_range", "load_config_file",
+           "one_of", "section_values"]
+
+T = TypeVar("T")
+_NO_VALUE = object()
+
+
+class ConfigError(ValueError):
+  """An impossible config value. `where` names the field(s) (`config.model.d_model`, or text naming several),
+  `value` its value (omitted from the message when not given), `reason` what is wrong:
+
+      str(ConfigError("config.model.d_model", "not divisible by model.num_heads=4", 130))
+      == "config.model.d_model=130: not divisible by model.num_heads=4"
+  """
+
+  def __init__(self, where: str, reason: str, value: Any = _NO_VALUE):
+    self.where, self.reason, self.value = where, reason, value
+    named = where if value is _NO_VALUE else f"{where}={value!r}"
+    super().__init__(f"{named}: {reason}")
+
+  def under(self, prefix: str) -> "ConfigError":
+    """The same error with `prefix.` in front of its field path (for an error raised with a relative name)."""
+    return ConfigError(f"{prefix}.{self.where}" if self.where else prefix, self.reason, self.value)
+
+
+class Section:
+  """Base of config-section dataclasses: `check()` runs when an instance is made (also by dataclasses.replace)."""
+
+  def __post_init__(self) -> None:
+    self.check()
+
+  def check(self) -> None:
+    """Raises ConfigError(field, reason, value) for an impossible value; sections override it."""
+
+
+def section_values(section: Any) -> dict[str, Any]:
+  """The keys of a ConfigDict / FrozenConfigDict / mapping / dataclass instance as a plain dict (None: {})."""
+  if section is None:
+    return {}
+  if dataclasses.is_dataclass(section) and not isinstance(section, type):
+    return {f.name: getattr(section, f.name) for f in dataclasses.fields(section)}
+  if isinstance(section, (ml_collections.ConfigDict, ml_collections.FrozenConfigDict, Mapping)):
+    return {key: section[key] for key in section.keys()}
+  raise TypeError(f"a config section must be a ConfigDict, a mapping or a dataclass, got {type(section).__name__}")
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+  return typing.get_type_hints(cls)
+
+
+def _is_section(kind: Any) -> bool:
+  return isinstance(kind, type) and dataclasses.is_dataclass(kind)
+
+
+def _coerce(kind: Any, value: Any, where: str) -> Any:
+  """`value` as the annotated `kind` (int, float, bool, str, `X | None`, a nested section)."""
+  options = typing.get_args(kind) if typing.get_origin(kind) in (typing.Union, types.UnionType) else ()
+  if options:
+    if value is None and type(None) in options:
+      return None
+    (kind,) = [option for option in options if option is not type(None)]
+  if _is_section(kind):
+    return from_section(kind, value, where)
+  if kind is bool:
+    if not isinstance(value, (bool, np.bool_)):
+      raise ConfigError(where, "must be True or False", value)
+    return bool(value)
+  if kind is int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+      raise ConfigError(where, "must be an integer", value)
+    return int(value)
+  if kind is float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+      raise ConfigError(where, "must be a number", value)
+    return float(value)
+  if kind is str:
+    if not isinstance(value, str):
+      raise ConfigError(where, "must be a string", value)
+    return value
+  return value
+
+
+def from_section(cls: type[T], section: Any, path: str) -> T:
+  """`section` (ConfigDict, dict, dataclass instance, or None for all defaults) as the checked dataclass `cls`.
+
+  Raises ConfigError naming `<path>.<field>` for an unknown key, a missing required field, a value of the wrong
+  type, or a value `cls.check` rejects. An instance of `cls` is returned as it is (it was checked when made).
+  """
+  if isinstance(section, cls):
+    return section
+  if section is None and any(_required(f) for f in dataclasses.fields(cls)):
+    raise ConfigError(path, "missing")
+  values = section_values(section)
+  fields = {f.name: f for f in dataclasses.fields(cls)}
+  unknown = sorted(set(values) - set(fields))
+  if unknown:
+    raise ConfigError(f"{path}.{unknown[0]}", f"unknown field (known: {', '.join(sorted(fields))})")
+  hints = _hints(cls)
+  kwargs = {}
+  for name, field in fields.items():
+    if name in values:
+      kwargs[name] = _coerce(hints[name], values[name], f"{path}.{name}")
+    elif _required(field):
+      raise ConfigError(f"{path}.{name}", "missing")
+  try:
+    return cls(**kwargs)
+  except ConfigError as e:
+    raise e.under(path) from None
+
+
+def _required(field: dataclasses.Field) -> bool:
+  return field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+
+
+def config_dict(cls: type, **overrides: Any) -> ml_collections.ConfigDict:
+  """Every field of section dataclass `cls` at its default (nested sections as ConfigDicts), then `overrides`.
+
+  A field without a default must be given. Fields whose default is None get an ml_collections placeholder of
+  their type, so `--config.<field>=value` can still set them from the command line.
+  """
+  values: dict[str, Any] = {}
+  hints = _hints(cls)
+  for field in dataclasses.fields(cls):
+    if field.name in overrides:
+      value = overrides[field.name]
+      values[field.name] = config_dict(hints[field.name], **value) if isinstance(value, dict) and _is_section(
+          hints[field.name]) else value
+      continue
+    if field.default is not dataclasses.MISSING:
+      value = field.default
+    elif field.default_factory is not dataclasses.MISSING:
+      value = field.default_factory()
+    elif _is_section(hints[field.name]):
+      value = None
+    else:
+      raise TypeError(f"config_dict({cls.__name__}): field {field.name!r} has no default; pass it")
+    if _is_section(hints[field.name]):
+      value = config_dict(hints[field.name], **section_values(value))
+    elif value is None:
+      options = [o for o in typing.get_args(hints[field.name]) if o is not type(None)]
+      value = ml_collections.config_dict.placeholder(options[0] if len(options) == 1 else object)
+    values[field.name] = value
+  unknown = sorted(set(overrides) - set(values))
+  if unknown:
+    raise TypeError(f"config_dict({cls.__name__}): unknown field {unknown[0]!r}")
+  return ml_collections.ConfigDict(values)
+
+
+def load_config_file(path: str, *args: Any) -> ml_collections.ConfigDict:
+  """`get_config(*args)` of a config file (as `--config=path` loads it), e.g. to build on a sibling config."""
+  path = os.path.expanduser(path)
+  spec = importlib.util.spec_from_file_location(f"_jaxpt_config_{abs(hash(path))}", path)
+  if spec is None or spec.loader is None:
+    raise FileNotFoundError(f"no config file at {path}")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(*args)
+
+
+# Checks a section's `check()` uses; each raises ConfigError(field, reason, value) with the RELATIVE field name.
+
+
+def at_least(section: Any, field: str, low: float) -> None:
+  """`section.field >= low` (`must be >= low`)."""
+  value = getattr(section, field)
+  if not value >= low:
+    raise ConfigError(field, f"must be >= {low}", value)
+
+
+def in_range(section: Any, field: str, low: float, high: float = float("inf"), *, low_open: bool = False,
+             high_open: bool = False) -> None:
+  """`section.field` in the interval (`must be in [low, high)` etc.; NaN fails)."""
+  value = getattr(section, field)
+  above = value > low if low_open else value >= low
+  below = value < high if high_open else value <= high
+  if not (above and below):
+    left, right = "(" if low_open else "[", ")" if high_open else "]"
+    raise ConfigError(field, f"must be in {left}{float(low)}, {float(high)}{right}", value)
+
+
+def one_of(section: Any, field: str, choices: Any) -> None:
+  """`section.field` is one of `choices` (`must be one of a, b, c`)."""
+  value = getattr(section, field)
+  choices = tuple(choices)
+  if value not in choices:
+    raise ConfigError(field, f"must be one of {', '.join(map(str, choices))}", value)
+
+
+def fail(section: Any, field: str, reason: str) -> ConfigError:
+  """The ConfigError for `section.field` (to raise)."""
+  return ConfigError(field, reason, getattr(section, field))

@@ -1,0 +1,148 @@
+"""The one sharded-training builder every trainer (pretraining, SFT, reward models, GRPO) composes.
+
+    mesh = training_mesh(run, batch_size)        # config.mesh on the devices; before any data work
+    training = build_training(run, mesh, model, init_args, batch_shapes, loss_fn=... | grad_fn=..., ...)
+    training.init_state() -> sharded TrainState (params from run.init_from); training.train_step: the shared step
+    (`jaxpt.train.step`) compiled for the mesh; training.batches(train_batch, batch_size): global batches
+
+Keys: split(PRNGKey(seed)) -> (init, train); init -> (model, aux) when the trainer carries an aux state. Trainers
+differ only in what they pass: model and init arguments, the gradient, batch shapes, an aux state (the DIR
+estimator, the CLIPO head), the params subtree `init_from` fills, and the number of optimizer updates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Iterator
+
+import flax.linen as nn
+import jax
+import numpy as np
+import optax
+from jax.sharding import Mesh
+
+from jaxpt import parallel
+from jaxpt.data import order
+from jaxpt.train.checkpoint import load_run_params
+from jaxpt.train.config import RunConfig
+from jaxpt.train.optim import decay_mask, make_optimizer
+from jaxpt.train.sharded import ShardedTraining, shard_training
+from jaxpt.train.state import TrainState
+from jaxpt.train.step import GradFn, LossFn, make_train_step
+
+HostBatchFn = Callable[[int, int, int], dict]  # (step, process_index, process_count) -> this process's rows
+
+
+def training_mesh(config: RunConfig, batch_size: int, field: str = "config.data.batch_size") -> Mesh:
+  """The device mesh of `config.mesh`, checked against the devices and the global batch (ConfigError naming the
+  fields); trainers call it before any data work."""
+  mesh = parallel.make_mesh(config.mesh)
+  parallel.check_global_batch(batch_size, mesh, field)
+  return mesh
+
+
+def batch_shapes(sample: dict, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
+  """Global shapes `[batch_size, ...]` of the leaves of one host batch `sample` (any leading size)."""
+  return {k: jax.ShapeDtypeStruct((batch_size,) + np.shape(v)[1:], np.asarray(v).dtype) for k, v in sample.items()}
+
+
+@dataclasses.dataclass
+class Training:
+  """A run's model, optimizer and the shared step compiled for its mesh; see the module docstring."""
+
+  config: RunConfig
+  model: nn.Module
+  optimizer: optax.GradientTransformation
+  schedule: optax.Schedule
+  sharded: ShardedTraining  # mesh, rules, shardings, the compiled step and its per-device memory
+  init_from_subtree: str | None
+
+  @property
+  def mesh(self) -> Mesh:
+    return self.sharded.mesh
+
+  @property
+  def train_step(self) -> Callable[[TrainState, dict], tuple[TrainState, dict]]:
+    return self.sharded.train_step
+
+  @property
+  def memory(self) -> dict:
+    """Compiled per-device memory of the train step in MiB (argument, output, temp, alias, peak)."""
+    return self.sharded.memory
+
+  def describe(self, command: str) -> str:
+    """One line for `jaxpt <command>` at start: processes, devices, mesh, rules, compiled step memory."""
+    mesh = " ".join(f"{axis}={size}" for axis, size in self.mesh.shape.items())
+    return (f"jaxpt {command}: process {jax.process_index()} of {jax.process_count()}, {jax.device_count()} "
+            f"devices, mesh {mesh} (rules {self.config.mesh.rules}); compiled train step peak memory per device "
+            f"{self.memory.get('peak_mib', float('nan')):.1f} MiB")
+
+  def init_state(self) -> TrainState:
+    """A fresh (un-donated) initial state, sharded on the mesh; with `init_from`, its params (or the
+    `init_from_subtree` of them) are that run's latest params, and the optimizer state starts fresh."""
+    state = self.sharded.init_state()
+    if not self.config.init_from:
+      return state
+    if self.init_from_subtree is None:
+      return state.replace(params=load_run_params(self.config.init_from, state.params))
+    subtree = load_run_params(self.config.init_from, state.params[self.init_from_subtree])
+    return state.replace(params={**state.params, self.init_from_subtree: subtree})
+
+  def process_rows(self, batch_size: int) -> tuple[int, int]:
+    """(index, count): this process reads rows [index B / count, (index + 1) B / count) of each global batch."""
+    return parallel.process_batch_slice(self.sharded.batch_sharding, batch_size)
+
+  def put(self, batch: dict) -> dict:
+    """A host batch every process holds whole -> global arrays laid out like the training batches."""
+    return parallel.full_batch(batch, self.sharded.batch_sharding)
+
+  def batches(self, train_batch: HostBatchFn, batch_size: int) -> Callable[[int], Iterator[dict]]:
+    """batches(start) -> the global batches of steps start, start + 1, ..., each process reading only its rows."""
+    index, count = self.process_rows(batch_size)
+
+    def batches(start: int) -> Iterator[dict]:
+      local = order.step_batches(train_batch, batch_size, start, index, count)
+      return parallel.global_batches(local, self.sharded.batch_sharding, batch_size)
+
+    return batches
+
+  def under_rules(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` run with the mesh's activation rules on (its jitted functions trace on the first call)."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+      with parallel.activation_sharding(self.sharded.mesh, self.sharded.rules):
+        return fn(*args, **kwargs)
+
+    return run
+
+
+def build_training(config: RunConfig, mesh: Mesh, model: nn.Module, init_args: tuple,
+                   shapes: dict[str, jax.ShapeDtypeStruct], *, loss_fn: LossFn | None = None,
+                   grad_fn: GradFn | None = None, weight_key: str = "num_tokens", total_steps: int | None = None,
+                   init_aux: Callable[[jax.Array], Any] | None = None,
+                   init_from_subtree: str | None = None) -> Training:
+  """Model params, optimizer and aux created sharded on `mesh`, and the shared step compiled for it.
+
+  init_args: dummy inputs of `model.init` after the rng; shapes: the global batch shapes the step is compiled for;
+  loss_fn / grad_fn: the gradient (see `jaxpt.train.step.make_train_step`); total_steps: optimizer updates of the
+  schedule (default config.steps); init_aux(rng) -> the TrainState's aux (default None).
+  """
+  rules = config.mesh.logical_rules
+  init_rng, train_rng = jax.random.split(jax.random.PRNGKey(config.seed))
+  model_rng, aux_rng = jax.random.split(init_rng) if init_aux is not None else (init_rng, None)
+  boxed = jax.eval_shape(model.init, model_rng, *init_args)["params"]
+  parallel.check_param_divisibility(boxed, mesh, rules, config.mesh.rules)
+  steps = config.steps if total_steps is None else total_steps
+  optimizer, schedule = make_optimizer(config.optim, steps, mask=decay_mask(boxed))
+
+  def init_fn() -> TrainState:
+    params = nn.meta.unbox(model.init(model_rng, *init_args)["params"])
+    aux = init_aux(aux_rng) if init_aux is not None else None
+    return TrainState.create(params, optimizer, train_rng, aux=aux)
+
+  step_fn = make_train_step(loss_fn, optimizer, schedule, config.optim.grad_accum_steps, weight_key, grad_fn=grad_fn)
+  # On CPU a checkpoint's host copy may alias device memory, so donate the state only on accelerators.
+  sharded = shard_training(init_fn, step_fn, boxed, optimizer, mesh, rules, shapes,
+                           donate=jax.default_backend() != "cpu")
+  return Training(config=config, model=model, optimizer=optimizer, schedule=schedule, sharded=sharded,
+                  init_from_subtree=init_from_subtree)
