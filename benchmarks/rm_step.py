@@ -53,7 +53,7 @@ def random_pairs(pairs: int, seq: int, vocab_size: int) -> dict:
 def compile_step(loss: str, pairs: int, seq: int, inner_steps: int) -> tuple[dict, Callable[[], jax.Array]]:
   """(facts, run): `run()` does one train step of `loss` on a fixed batch (the state carried between calls)."""
   cfg = ModelConfig(norm_scheme="pre", **MODEL)
-  settings = rm.RMSettings(loss=loss, inner_steps=inner_steps)
+  settings = rm.RMConfig(loss=loss, inner_steps=inner_steps)
   model = RewardModel(cfg, settings.objective.num_scores)
   init = jax.jit(lambda key: nn.meta.unbox(model.init(key, jnp.zeros((1, seq), jnp.int32),
                                                       jnp.zeros((1,), jnp.int32))["params"]))
@@ -97,7 +97,7 @@ def main(argv=None) -> None:
   results = bench(args.pairs, args.seq, args.inner_steps, args.repeats)
   report = {"benchmark": "rm_step",
             "config": dict(MODEL, pairs=args.pairs, seq=args.seq, dtype="float32", dir_inner_steps=args.inner_steps,
-                           estimator_hidden=rm.RMSettings().estimator_hidden, host_allocator_reuse=allocator_reuse),
+                           estimator_hidden=rm.RMConfig().estimator_hidden, host_allocator_reuse=allocator_reuse),
             "device": str(jax.devices()[0]), "jax": jax.__version__, "cpu_count": os.cpu_count(),
             "machine": platform.machine(), **results, "target_dir_over_bt": 1.15}
   json.dump(report, sys.stdout, indent=2)

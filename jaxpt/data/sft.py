@@ -114,7 +114,7 @@ def example_text(problem: Problem) -> tuple[str, str]:
 def task_tokenizer(task: TaskConfig | Any, vocab_size: int, workdir: str,
                    data_dir: str | None = None) -> tokenizer_lib.Tokenizer:
   """SentencePiece (jaxpt.data.tokenizer.load_or_train) trained on the training split's prompt + response texts,
-  cached in `workdir/tokenizer`: any run (SFT, GRPO) with the same training split (TaskSettings.train_identity)
+  cached in `workdir/tokenizer`: any run (SFT, GRPO) with the same training split (TaskConfig.train_identity)
   and vocab_size reuses it; any other task retrains it there (overwriting the file)."""
   task = task_config(task)
 

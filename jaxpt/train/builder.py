@@ -58,10 +58,6 @@ class Training:
   init_from_subtree: str | None
 
   @property
-  def mesh(self) -> Mesh:
-    return self.sharded.mesh
-
-  @property
   def train_step(self) -> Callable[[TrainState, dict], tuple[TrainState, dict]]:
     return self.sharded.train_step
 
@@ -72,7 +68,7 @@ class Training:
 
   def describe(self, command: str) -> str:
     """One line for `jaxpt <command>` at start: processes, devices, mesh, rules, compiled step memory."""
-    mesh = " ".join(f"{axis}={size}" for axis, size in self.mesh.shape.items())
+    mesh = " ".join(f"{axis}={size}" for axis, size in self.sharded.mesh.shape.items())
     return (f"jaxpt {command}: process {jax.process_index()} of {jax.process_count()}, {jax.device_count()} "
             f"devices, mesh {mesh} (rules {self.config.mesh.rules}); compiled train step peak memory per device "
             f"{self.memory.get('peak_mib', float('nan')):.1f} MiB")
@@ -88,17 +84,14 @@ class Training:
     subtree = load_run_params(self.config.init_from, state.params[self.init_from_subtree])
     return state.replace(params={**state.params, self.init_from_subtree: subtree})
 
-  def process_rows(self, batch_size: int) -> tuple[int, int]:
-    """(index, count): this process reads rows [index B / count, (index + 1) B / count) of each global batch."""
-    return parallel.process_batch_slice(self.sharded.batch_sharding, batch_size)
-
   def put(self, batch: dict) -> dict:
     """A host batch every process holds whole -> global arrays laid out like the training batches."""
     return parallel.full_batch(batch, self.sharded.batch_sharding)
 
   def batches(self, train_batch: HostBatchFn, batch_size: int) -> Callable[[int], Iterator[dict]]:
-    """batches(start) -> the global batches of steps start, start + 1, ..., each process reading only its rows."""
-    index, count = self.process_rows(batch_size)
+    """batches(start) -> the global batches of steps start, start + 1, ...; this process reads only its rows
+    [index B / count, (index + 1) B / count) of each."""
+    index, count = parallel.process_batch_slice(self.sharded.batch_sharding, batch_size)
 
     def batches(start: int) -> Iterator[dict]:
       local = order.step_batches(train_batch, batch_size, start, index, count)

@@ -217,15 +217,11 @@ class GRPOTrainer:
   eval_sets: dict  # name -> the prompt batches holding its first `data.eval_prompts` problems (encoded once)
   ref_params: Any = None  # the initial policy, set by `init_state` when the KL term needs it
 
-  @property
-  def settings(self) -> GRPOConfig:
-    return self.config.grpo
-
   def init_state(self) -> TrainState:
     """The initial state (params from `init_from`, or the seeded init); keeps a copy of its params as the
     reference policy when the KL term needs one (rebuilt like this on resume, never checkpointed)."""
     state = self.training.init_state()
-    if self.settings.uses_reference:
+    if self.config.grpo.uses_reference:
       self.ref_params = jax.tree.map(jnp.copy, state.params)
     return state
 
@@ -234,7 +230,7 @@ class GRPOTrainer:
 
   def rollouts(self, params: Any, batch: dict, rng: jax.Array) -> dict:
     """Samples G responses per prompt and scores them: host numpy arrays `[N, ...]` plus texts."""
-    g = self.settings.group_size
+    g = self.config.grpo.group_size
     tokens, mask, group_ids = repeat_prompts(batch["prompt_tokens"], batch["prompt_mask"], g)
     out = self.sample(params, jnp.asarray(tokens), jnp.asarray(mask), rng)
     response, response_mask = np.asarray(out.tokens), np.asarray(out.mask)
@@ -245,7 +241,7 @@ class GRPOTrainer:
             "labels": (scores > 0).astype(np.int32), "hidden": out.hidden, "texts": texts}
 
   def train_step(self, state: TrainState, batch: dict) -> tuple[TrainState, dict]:
-    settings, cfg = self.settings, self.config.clipo
+    settings, cfg = self.config.grpo, self.config.clipo
     step = int(state.step)
     sample_rng, clipo_rng, update_rng = jax.random.split(state.step_rng(), 3)
     ro = self.rollouts(state.params, batch, sample_rng)
@@ -284,7 +280,7 @@ class GRPOTrainer:
                       first_update: int) -> tuple[TrainState, dict]:
     """`epochs` passes over `minibatches` minibatches of whole groups, each one shared-step update; the state
     enters with `step = first_update` (the optimizer's count) and update key `rng`. Metrics: means over updates."""
-    settings = self.settings
+    settings = self.config.grpo
     shapes = experience_shapes(self.config)
     state = state.replace(step=jnp.asarray(first_update, jnp.int32), rng=rng)
     update_metrics = []

@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Iterator
 
-import jax
 import jax.numpy as jnp
 from absl import logging
 
@@ -85,8 +84,6 @@ def run_lm_training(setup: LMTraining, workdir: str, stop_at: int | None = None)
   state = setup.training.init_state()
   logging.info("model: %.2fM params; training %d steps in %s", param_count(state.params) / 1e6, config.steps,
                workdir)
-  logging.info("mesh %s (rules %s); %d process(es)", dict(setup.training.mesh.shape), config.mesh.rules,
-               jax.process_count())
   parallel.log_memory("train_step", setup.training.memory)
   return train_loop(state, setup.training.train_step, setup.batches, config.loop, workdir, eval_fn=setup.evaluate,
                     meta={"config": config_json(config)}, stop_at=stop_at)
