@@ -2,8 +2,9 @@
 
 Each subcommand names a trainer's run-config dataclass and its `run_*(run_config, workdir) -> exit code`; the
 config file is checked once, here, into that dataclass. They share the `--config` (ml_collections config file,
-Flax-examples style) and `--workdir` flags. A config error prints one line naming the field and exits 2, without a
-traceback.
+Flax-examples style) and `--workdir` flags. Exit codes: 0 finished; 2 a config error (one line naming the field, no
+traceback); 3 a non-finite loss, gradient or parameter stopped the run (nothing of it saved); 4 another live run
+holds the workdir's lock; 75 a SIGTERM stopped it after saving a checkpoint (rerun the same command to resume).
 """
 
 from __future__ import annotations
@@ -42,9 +43,12 @@ class Subcommand:
   def __call__(self, config: Any, workdir: str) -> int:
     """Checks `config` once (ConfigError naming the field) and runs the subcommand on the checked run config."""
     from jaxpt.config import from_section
+    from jaxpt.train.lock import workdir_lock
 
     module = importlib.import_module(self.module)
-    return getattr(module, self.run)(from_section(getattr(module, self.config_class), config, "config"), workdir)
+    run_config = from_section(getattr(module, self.config_class), config, "config")
+    with workdir_lock(workdir):  # before any data work in the workdir
+      return getattr(module, self.run)(run_config, workdir)
 
 
 SUBCOMMANDS: dict[str, Subcommand] = {c.name: c for c in (
@@ -84,6 +88,8 @@ def _parse_flags(argv: list[str]) -> list[str]:
 def _run(name: str) -> Callable[[list[str]], int]:
   def run(argv: list[str]) -> int:
     from jaxpt.config import ConfigError
+    from jaxpt.train.lock import WorkdirLocked
+    from jaxpt.train.loop import EXIT_NONFINITE, NonFiniteError
 
     if len(argv) > 1:
       print(f"jaxpt {name}: unexpected arguments {argv[1:]}\n\n{_usage()}", file=sys.stderr)
@@ -101,6 +107,12 @@ def _run(name: str) -> Callable[[list[str]], int]:
     except ConfigError as e:
       print(f"jaxpt {name}: config error: {e}", file=sys.stderr)
       return 2
+    except NonFiniteError as e:
+      print(f"jaxpt {name}: {e}", file=sys.stderr)
+      return EXIT_NONFINITE
+    except WorkdirLocked as e:
+      print(f"jaxpt {name}: {e}", file=sys.stderr)
+      return 4
 
   return run
 

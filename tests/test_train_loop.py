@@ -5,11 +5,13 @@ import json
 import os
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
 
-from jaxpt.train.loop import LoopConfig, train_loop
+from jaxpt.train.checkpoint import Checkpointer
+from jaxpt.train.loop import LoopConfig, NonFiniteError, train_loop
 from jaxpt.train.metrics import MetricWriter, read_metrics
 from jaxpt.train.optim import make_optimizer
 from jaxpt.train.state import TrainState
@@ -113,3 +115,23 @@ def test_restore_params_reads_only_the_params(uninterrupted):
     checkpointer.close()
   for got, want in zip(jax.tree.leaves(params), jax.tree.leaves(result.state.params)):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_nonfinite_step_stops_the_run_before_it_is_saved(setup, tmp_path):
+  """on_nonfinite='stop': a NaN at step 7 raises NonFiniteError naming the step and the quantity; the checkpoint of
+  step 5 (finite) is the newest, and the NaN row is in metrics.jsonl."""
+  init, train_step, _ = setup
+
+  def poisoned(state, batch):
+    state, metrics = train_step(state, batch)
+    if int(state.step) == 7:
+      metrics = dict(metrics, loss=jnp.nan, nonfinite=1.0)
+    return state, metrics
+
+  config = LoopConfig(steps=STEPS, log_every=4, checkpoint_every=5, keep_checkpoints=1, progress=False)
+  with pytest.raises(NonFiniteError, match="step 7: non-finite loss"):
+    train_loop(init(), poisoned, batches_from, config, str(tmp_path))
+  checkpointer = Checkpointer(str(tmp_path))
+  assert checkpointer.latest_step() == 5
+  checkpointer.close()
+  assert [r["step"] for r in read_metrics(str(tmp_path))] == [4, 8] and np.isnan(read_metrics(str(tmp_path))[1]["loss"])

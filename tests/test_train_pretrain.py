@@ -6,6 +6,7 @@ Shares one `build_pretraining` (data, compiled step) across the module; test_cli
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -105,6 +106,22 @@ def _cli(workdir, **extra):
   return [sys.executable, "-m", "jaxpt.cli", "pretrain", "--config", TINY, *overrides, "--workdir", workdir]
 
 
+def test_a_diverging_run_exits_non_zero_and_keeps_only_finite_checkpoints(micro_setup, tmp_path):
+  """learning_rate 1e3: the loss turns NaN; exit code 3 with one line naming the step and quantity, and the newest
+  kept checkpoint is older than that step and finite (on_nonfinite='stop', the default)."""
+  workdir = str(tmp_path)
+  done = subprocess.run(_cli(workdir, **{"optim.learning_rate": 1e3, "checkpoint_every": 2, "log_every": 1}),
+                        capture_output=True, text=True, cwd=ROOT, timeout=300)
+  assert done.returncode == 3, done.stderr[-3000:]
+  found = re.search(r"jaxpt pretrain: step (\d+): non-finite (loss|grad_norm|params)", done.stderr)
+  assert found and "Traceback" not in done.stderr, done.stderr[-3000:]
+  saved = sorted(int(name) for name in os.listdir(os.path.join(workdir, "checkpoints")) if name.isdigit())
+  assert saved and saved[-1] < int(found.group(1)), (saved, found.group(0))
+  state = final_params(workdir, micro_setup[1])
+  assert int(state.step) == saved[-1]
+  assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves(state.params))
+
+
 def test_sigterm_checkpoints_and_restart_finishes_like_uninterrupted(micro_setup, micro_run, tmp_path):
   config, setup = micro_setup
   workdir = str(tmp_path)
@@ -117,7 +134,7 @@ def test_sigterm_checkpoints_and_restart_finishes_like_uninterrupted(micro_setup
     time.sleep(0.01)
   proc.send_signal(signal.SIGTERM)
   out, err = proc.communicate(timeout=120)
-  assert proc.returncode == 0, err[-3000:]
+  assert proc.returncode == 75, err[-3000:]  # EXIT_PREEMPTED: a scheduler sees the run did not finish
   assert "SIGTERM" in out, out
   reached = read_metrics(workdir)[-1]["step"]
   assert 1 <= reached < config.steps

@@ -101,3 +101,27 @@ def test_adamw_decays_only_masked_params_and_clips():
                                    params)
     mu = optax.tree_utils.tree_get(new_state, "mu")  # (1 - b1) * the (clipped) gradient
     np.testing.assert_allclose(optax.global_norm(mu), 0.1 * want_norm, rtol=1e-5)
+
+
+def test_nonfinite_step_is_flagged_and_skipped_when_asked():
+  """A batch whose loss is NaN sets `nonfinite`; with skip_nonfinite the params and optimizer state stay put."""
+  def loss_fn(p, b, r):
+    loss, metrics = _det_loss(p, b)
+    loss = loss * jnp.where(b["poison"], jnp.nan, 1.0)  # NaN loss and NaN gradients
+    return loss, dict(metrics, loss=loss)
+
+  opt = optax.adam(1e-2)
+  good, bad = dict(batch_for_step(0), poison=False), dict(batch_for_step(0), poison=True)
+  for skip in (False, True):
+    step = jax.jit(make_train_step(loss_fn, opt, lambda s: 1e-2, skip_nonfinite=skip))
+    state = TrainState.create(tiny_params(), opt, jax.random.PRNGKey(0))
+    state, metrics = step(state, good)
+    assert float(metrics["nonfinite"]) == 0.0
+    after, metrics = step(state, bad)
+    assert float(metrics["nonfinite"]) == 1.0 and int(after.step) == 2
+    leaves = jax.tree.leaves((after.params, after.opt_state))
+    if skip:
+      for got, want in zip(leaves, jax.tree.leaves((state.params, state.opt_state))):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    else:
+      assert not all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(after.params))

@@ -133,7 +133,8 @@ def build_training(config: RunConfig, mesh: Mesh, model: nn.Module, init_args: t
     aux = init_aux(aux_rng) if init_aux is not None else None
     return TrainState.create(params, optimizer, train_rng, aux=aux)
 
-  step_fn = make_train_step(loss_fn, optimizer, schedule, config.optim.grad_accum_steps, weight_key, grad_fn=grad_fn)
+  step_fn = make_train_step(loss_fn, optimizer, schedule, config.optim.grad_accum_steps, weight_key, grad_fn=grad_fn,
+                            skip_nonfinite=config.on_nonfinite == "skip")
   # On CPU a checkpoint's host copy may alias device memory, so donate the state only on accelerators.
   sharded = shard_training(init_fn, step_fn, boxed, optimizer, mesh, rules, shapes,
                            donate=jax.default_backend() != "cpu")

@@ -20,11 +20,15 @@ from jax.experimental import multihost_utils
 from absl import logging
 from tqdm import tqdm
 
-from jaxpt.config import Section, at_least
+from jaxpt.config import Section, at_least, one_of
 from jaxpt.train.checkpoint import Checkpointer
+from jaxpt.train.lock import workdir_lock
 from jaxpt.train.metrics import MetricWriter, NullMetricWriter
 from jaxpt.train.state import TrainState
 
+NONFINITE_ACTIONS = ("stop", "skip")
+EXIT_PREEMPTED = 75  # sysexits' EX_TEMPFAIL: stopped by SIGTERM after saving; rerunning the command resumes
+EXIT_NONFINITE = 3  # stopped at a non-finite step (NonFiniteError); nothing of it was saved
 TrainStep = Callable[[TrainState, Any], tuple[TrainState, dict]]
 BatchesFn = Callable[[int], Iterator[Any]]
 EvalFn = Callable[[TrainState], dict]
@@ -33,8 +37,10 @@ EvalFn = Callable[[TrainState], dict]
 @dataclasses.dataclass(frozen=True)
 class LoopConfig(Section):
   """steps: total loop steps. `*_every = 0` means only at the end of the run (and, for checkpoints, on
-  SIGTERM). Checkpoints keep the newest `keep_checkpoints`. A run config (`jaxpt.train.config.RunConfig`) holds
-  these fields at its top level."""
+  SIGTERM). Checkpoints keep the newest `keep_checkpoints`. on_nonfinite: `stop` raises NonFiniteError at the
+  first step whose `nonfinite` metric is set (before any checkpoint of it is written); `skip` leaves such updates
+  out (the train step keeps the old state) and the loop goes on. A run config (`jaxpt.train.config.RunConfig`)
+  holds these fields at its top level."""
 
   steps: int = 1000
   log_every: int = 10
@@ -43,11 +49,31 @@ class LoopConfig(Section):
   keep_checkpoints: int = 3
   async_checkpoints: bool = True
   progress: bool = True
+  on_nonfinite: str = "stop"  # a NaN/inf loss, gradient or parameter: stop (raise NonFiniteError) | skip the update
 
   def check(self) -> None:
     for field, low in (("steps", 0), ("log_every", 1), ("eval_every", 0), ("checkpoint_every", 0),
                        ("keep_checkpoints", 1)):
       at_least(self, field, low)
+    one_of(self, "on_nonfinite", NONFINITE_ACTIONS)
+
+
+class NonFiniteError(RuntimeError):
+  """A step's loss, gradient norm or parameters were NaN/inf (on_nonfinite='stop'); no checkpoint holds it."""
+
+  def __init__(self, step: int, quantity: str):
+    self.step, self.quantity = step, quantity
+    super().__init__(f"step {step}: non-finite {quantity}; stopped before saving it (the newest checkpoint is "
+                     "older). Lower optim.learning_rate, or set on_nonfinite='skip' to leave such updates out")
+
+
+def _first_nonfinite(metrics: Sequence[dict], first_step: int) -> NonFiniteError | None:
+  """The error for the first of `metrics` (steps first_step, first_step + 1, ...) flagged `nonfinite`, or None."""
+  for index, row in enumerate(jax.device_get(list(metrics))):
+    if float(row.get("nonfinite", 0.0)) > 0:
+      quantity = next((k for k in ("loss", "grad_norm") if k in row and not np.isfinite(row[k])), "params")
+      return NonFiniteError(first_step + index, quantity)
+  return None
 
 
 @dataclasses.dataclass
@@ -111,11 +137,11 @@ def save_run_config(config: dict, workdir: str) -> None:
 
 def print_summary(command: str, result: "LoopResult", workdir: str, keys: Sequence[str]) -> int:
   """One line for `jaxpt <command>`: where a SIGTERM stopped the run, or the last logged values of `keys` (those
-  present); returns the exit code 0."""
+  present); returns the exit code: 0 when finished, EXIT_PREEMPTED when a SIGTERM stopped it (rerun to resume)."""
   step = int(jax.device_get(result.state.step))
   if result.preempted:
     print(f"jaxpt {command}: SIGTERM at step {step}; checkpoint saved in {workdir}, rerun to resume.")
-    return 0
+    return EXIT_PREEMPTED
   summary = ", ".join(f"{k}={result.last_row[k]:.4g}" for k in keys if k in result.last_row)
   print(f"jaxpt {command}: finished step {step} in {workdir}" + (f": {summary}" if summary else ""))
   return 0
@@ -139,57 +165,71 @@ def train_loop(state: TrainState, train_step: TrainStep, batches: BatchesFn, con
   stop_at: stop (and checkpoint) after this step, as if preempted there; for staged runs and tests.
   Writes metrics.jsonl rows {step, loss, ..., lr, grad_norm, tokens_per_sec, eval_*}, TensorBoard, loss.png.
   """
-  checkpointer = Checkpointer(workdir, keep=config.keep_checkpoints, async_save=config.async_checkpoints)
-  restored = checkpointer.restore_latest(state)
-  if restored is not None:
-    state = restored
-  start = int(jax.device_get(state.step))
-  end = config.steps if stop_at is None else min(config.steps, stop_at)
-  if start:
-    logging.warning("resuming from the checkpoint at step %d", start)
-  lead = jax.process_index() == 0  # in a multi-process run only process 0 writes metrics and shows progress
-  writer = MetricWriter(workdir, start_step=start) if lead else NullMetricWriter()
-  preemption = _Preemption()
-  last_row: dict = {}
-  pending: list[dict] = []
-  step = start
-  bar = tqdm(total=config.steps, initial=start, disable=not (config.progress and lead), dynamic_ncols=True,
-             desc="train")
-  try:
-    with preemption.installed():
-      iterator = batches(start)
-      tick = time.perf_counter()
-      while step < end and not preemption.requested:
-        state, metrics = train_step(state, next(iterator))
-        pending.append(metrics)
-        step += 1
-        preemption.poll(step)
-        bar.update(1)
-        is_last = step == config.steps
-        do_eval = eval_fn is not None and (_is_due(step, config.eval_every) or is_last)
-        if do_eval or is_last or step == end or _is_due(step, config.log_every):
-          row = _mean_metrics(pending)
-          elapsed = time.perf_counter() - tick
-          row["steps_per_sec"] = len(pending) / elapsed
-          if "num_tokens" in row:
-            row["tokens_per_sec"] = row.pop("num_tokens") / elapsed
-          pending = []
-          if do_eval:
-            row.update({k: float(v) for k, v in jax.device_get(eval_fn(state)).items()})
-          writer.write(step, row)
-          last_row = dict(row, step=step)
-          if "loss" in row:
-            bar.set_postfix(loss=f"{row['loss']:.4f}")
-          tick = time.perf_counter()
-        if _is_due(step, config.checkpoint_every):
+  with workdir_lock(workdir):  # one writer per workdir
+    checkpointer = Checkpointer(workdir, keep=config.keep_checkpoints, async_save=config.async_checkpoints)
+    restored = checkpointer.restore_latest(state)
+    if restored is not None:
+      state = restored
+    start = int(jax.device_get(state.step))
+    end = config.steps if stop_at is None else min(config.steps, stop_at)
+    if start:
+      logging.warning("resuming from the checkpoint at step %d", start)
+    lead = jax.process_index() == 0  # in a multi-process run only process 0 writes metrics and shows progress
+    writer = MetricWriter(workdir, start_step=start) if lead else NullMetricWriter()
+    preemption = _Preemption()
+    last_row: dict = {}
+    pending: list[dict] = []
+    unchecked: list[dict] = []  # metrics of the steps since the last non-finite check (on_nonfinite='stop')
+    step = start
+
+    def check_finite() -> None:
+      if config.on_nonfinite == "stop" and unchecked:
+        error = _first_nonfinite(unchecked, step - len(unchecked) + 1)
+        unchecked.clear()
+        if error is not None:
+          raise error
+
+    bar = tqdm(total=config.steps, initial=start, disable=not (config.progress and lead), dynamic_ncols=True,
+               desc="train")
+    try:
+      with preemption.installed():
+        iterator = batches(start)
+        tick = time.perf_counter()
+        while step < end and not preemption.requested:
+          state, metrics = train_step(state, next(iterator))
+          pending.append(metrics)
+          unchecked.append(metrics)
+          step += 1
+          preemption.poll(step)
+          bar.update(1)
+          is_last = step == config.steps
+          do_eval = eval_fn is not None and (_is_due(step, config.eval_every) or is_last)
+          if do_eval or is_last or step == end or _is_due(step, config.log_every):
+            row = _mean_metrics(pending)
+            elapsed = time.perf_counter() - tick
+            row["steps_per_sec"] = len(pending) / elapsed
+            if "num_tokens" in row:
+              row["tokens_per_sec"] = row.pop("num_tokens") / elapsed
+            pending = []
+            if do_eval:
+              row.update({k: float(v) for k, v in jax.device_get(eval_fn(state)).items()})
+            writer.write(step, row)
+            check_finite()  # after the row is written, so a non-finite step shows in metrics.jsonl
+            last_row = dict(row, step=step)
+            if "loss" in row:
+              bar.set_postfix(loss=f"{row['loss']:.4f}")
+            tick = time.perf_counter()
+          if _is_due(step, config.checkpoint_every):
+            check_finite()
+            checkpointer.save(state, meta)
+        if preemption.requested:
+          logging.warning("SIGTERM: saving a checkpoint at step %d and stopping", step)
+        if step > start or checkpointer.latest_step() is None:
+          check_finite()
           checkpointer.save(state, meta)
-      if preemption.requested:
-        logging.warning("SIGTERM: saving a checkpoint at step %d and stopping", step)
-      if step > start or checkpointer.latest_step() is None:
-        checkpointer.save(state, meta)
-  finally:
-    bar.close()
-    checkpointer.close()
-    writer.plot()
-    writer.close()
-  return LoopResult(state=state, preempted=preemption.requested, last_row=last_row)
+    finally:
+      bar.close()
+      checkpointer.close()
+      writer.plot()
+      writer.close()
+    return LoopResult(state=state, preempted=preemption.requested, last_row=last_row)

@@ -91,13 +91,20 @@ def accumulate_gradients(loss_fn: LossFn, params: Any, batch: dict, rng: jax.Arr
   return grads, metrics
 
 
+def all_finite(tree: Any) -> jax.Array:
+  """bool scalar: every element of every leaf of `tree` is finite."""
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+
+
 def make_train_step(loss_fn: LossFn | None, optimizer: optax.GradientTransformation, schedule: optax.Schedule,
-                    grad_accum_steps: int = 1, weight_key: str = "num_tokens", *,
-                    grad_fn: GradFn | None = None) -> TrainStep:
-  """Returns `train_step(state, batch) -> (state, metrics)` (un-jitted); metrics gain `grad_norm` and `lr`.
+                    grad_accum_steps: int = 1, weight_key: str = "num_tokens", *, grad_fn: GradFn | None = None,
+                    skip_nonfinite: bool = False) -> TrainStep:
+  """Returns `train_step(state, batch) -> (state, metrics)` (un-jitted); metrics gain `grad_norm`, `lr` and
+  `nonfinite` (1.0 when the loss, the gradient norm or an updated parameter is NaN or inf, else 0.0).
 
   The gradient comes from `loss_fn(params, batch, rng) -> (loss, metrics)`, or from `grad_fn(params, aux, batch,
-  rng) -> (grads, aux, metrics)` for a step that also updates `state.aux` (give exactly one). The step's
+  rng) -> (grads, aux, metrics)` for a step that also updates `state.aux` (give exactly one). With `skip_nonfinite`
+  a non-finite step keeps the old params, optimizer state and aux (the step count still advances). The step's
   randomness is `fold_in(state.rng, state.step)`, so it depends only on the step number.
   """
   if (loss_fn is None) == (grad_fn is None):
@@ -109,7 +116,14 @@ def make_train_step(loss_fn: LossFn | None, optimizer: optax.GradientTransformat
                                      weight_key)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = dict(metrics, grad_norm=optax.global_norm(grads), lr=jnp.asarray(schedule(state.step), jnp.float32))
+    grad_norm = optax.global_norm(grads)
+    finite = jnp.isfinite(grad_norm) & all_finite(params) & jnp.isfinite(metrics.get("loss", 0.0))
+    new = (params, opt_state, aux)
+    if skip_nonfinite:
+      new = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, (state.params, state.opt_state, state.aux))
+    metrics = dict(metrics, grad_norm=grad_norm, lr=jnp.asarray(schedule(state.step), jnp.float32),
+                   nonfinite=1.0 - finite.astype(jnp.float32))
+    params, opt_state, aux = new
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state, aux=aux), metrics
 
   return train_step
