@@ -2,9 +2,10 @@
 
 Each subcommand names a trainer's run-config dataclass and its `run_*(run_config, workdir) -> exit code`; the
 config file is checked once, here, into that dataclass. They share the `--config` (ml_collections config file,
-Flax-examples style) and `--workdir` flags. Exit codes: 0 finished; 2 a config error (one line naming the field, no
-traceback); 3 a non-finite loss, gradient or parameter stopped the run (nothing of it saved); 4 another live run
-holds the workdir's lock; 75 a SIGTERM stopped it after saving a checkpoint (rerun the same command to resume).
+Flax-examples style) and `--workdir` flags. Exit codes: 0 finished; 2 a config or data error (one line naming the
+field, or the file and line; no traceback); 3 a non-finite loss, gradient or parameter stopped the run (nothing of
+it saved); 4 another live run holds the workdir's lock; 75 a SIGTERM stopped it after saving a checkpoint (rerun the
+same command to resume).
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 def _run(name: str) -> Callable[[list[str]], int]:
   def run(argv: list[str]) -> int:
-    from jaxpt.config import ConfigError
+    from jaxpt.config import ConfigError, DataError
     from jaxpt.train.lock import WorkdirLocked
     from jaxpt.train.loop import EXIT_NONFINITE, NonFiniteError
 
@@ -106,6 +107,9 @@ def _run(name: str) -> Callable[[list[str]], int]:
       return SUBCOMMANDS[name](_CONFIG.value, _WORKDIR.value)
     except ConfigError as e:
       print(f"jaxpt {name}: config error: {e}", file=sys.stderr)
+      return 2
+    except DataError as e:
+      print(f"jaxpt {name}: data error: {e}", file=sys.stderr)
       return 2
     except NonFiniteError as e:
       print(f"jaxpt {name}: {e}", file=sys.stderr)

@@ -34,8 +34,8 @@ from typing import Any, Mapping, TypeVar
 import ml_collections
 import numpy as np
 
-__all__ = ["ConfigError", "Section", "at_least", "config_dict", "fail", "from_section", "in_range", "load_config_file",
-           "one_of", "section_values"]
+__all__ = ["ConfigError", "DataError", "Section", "at_least", "config_dict", "fail", "from_section", "in_range",
+           "load_config_file", "one_of", "section_values"]
 
 T = TypeVar("T")
 _NO_VALUE = object()
@@ -57,6 +57,10 @@ class ConfigError(ValueError):
   def under(self, prefix: str) -> "ConfigError":
     """The same error with `prefix.` in front of its field path (for an error raised with a relative name)."""
     return ConfigError(f"{prefix}.{self.where}" if self.where else prefix, self.reason, self.value)
+
+
+class DataError(ValueError):
+  """Bad input data: the message names the file and line, e.g. `train.jsonl:3: not valid JSON`."""
 
 
 class Section:

@@ -85,3 +85,14 @@ def test_cli_usage_lists_subcommands(argv, code, capsys):
   assert exit_info.value.code == code
   captured = capsys.readouterr()
   assert "pretrain" in captured.out + captured.err
+
+
+def test_cli_reports_a_bad_data_line_in_one_line(tmp_path):
+  """A malformed preference file: exit 2, `data error: <file>:<line>: ...`, no traceback, no `config.` glued on."""
+  bad = tmp_path / "prefs.jsonl"
+  bad.write_text('{"prompt": "p", "chosen": "a", "rejected": "b"}\n{"prompt": "p", "chosen": 3}\n')
+  result = subprocess.run([sys.executable, "-m", "jaxpt.cli", "rm", "--config",
+                           os.path.join(ROOT, "experiments", "configs", "rm_tiny.py"), f"--config.data.source={bad}",
+                           "--workdir", str(tmp_path / "run")], capture_output=True, text=True, cwd=ROOT, timeout=300)
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert f"jaxpt rm: data error: {bad}:2: " in result.stderr and "Traceback" not in result.stderr, result.stderr

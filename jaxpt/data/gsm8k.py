@@ -18,6 +18,7 @@ from typing import Iterator
 import tensorflow_datasets as tfds
 from etils import epath
 
+from jaxpt.config import DataError
 from jaxpt.data import tfds_text
 from jaxpt.data.arithmetic import Problem
 from jaxpt.data.math_prompts import parse_gsm8k_answer
@@ -40,18 +41,18 @@ def read_jsonl(path: str) -> list[dict[str, str]]:
       try:
         row = json.loads(line)
       except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+        raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
       if not isinstance(row, dict):
-        raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+        raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
       for key in ("question", "answer"):
         if not isinstance(row.get(key), str):
-          raise ValueError(f"{path}:{lineno}: field {key!r} is missing or not a string")
+          raise DataError(f"{path}:{lineno}: field {key!r} is missing or not a string")
       try:
         final = parse_gsm8k_answer(row["answer"])
       except ValueError as e:
-        raise ValueError(f"{path}:{lineno}: {e}") from None
+        raise DataError(f"{path}:{lineno}: {e}") from None
       if not final:
-        raise ValueError(f"{path}:{lineno}: nothing after '####' in the answer")
+        raise DataError(f"{path}:{lineno}: nothing after '####' in the answer")
       examples.append({"question": row["question"], "answer": row["answer"], "final": final})
   return examples
 

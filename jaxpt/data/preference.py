@@ -25,7 +25,7 @@ import tensorflow_datasets as tfds
 from absl import logging
 from etils import epath
 
-from jaxpt.config import ConfigError
+from jaxpt.config import ConfigError, DataError
 from jaxpt.data import corpus
 from jaxpt.data.tfds_text import as_text, prepare_quietly, read_examples
 
@@ -81,17 +81,17 @@ def _numbered_lines(path: str) -> Iterator[tuple[int, str]]:
       try:
         yield number, raw.decode("utf-8")
       except UnicodeDecodeError as e:
-        raise ValueError(f"{path}:{number}: not UTF-8: {e}") from e
+        raise DataError(f"{path}:{number}: not UTF-8: {e}") from e
 
 
 def _string_field(row: dict, name: str, where: str, required: bool) -> str | None:
   if name not in row:
     if required:
-      raise ValueError(f"{where}: missing field {name!r} (fields: {sorted(row)})")
+      raise DataError(f"{where}: missing field {name!r} (fields: {sorted(row)})")
     return None
   value = row[name]
   if not isinstance(value, str):
-    raise ValueError(f"{where}: field {name!r} must be a string, got {type(value).__name__}")
+    raise DataError(f"{where}: field {name!r} must be a string, got {type(value).__name__}")
   return value
 
 
@@ -100,9 +100,9 @@ def _parse_line(line: str, where: str) -> tuple[str, str, str]:
   try:
     row = json.loads(line)
   except json.JSONDecodeError as e:
-    raise ValueError(f"{where}: invalid JSON: {e}") from e
+    raise DataError(f"{where}: invalid JSON: {e}") from e
   if not isinstance(row, dict):
-    raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
   chosen = _string_field(row, "chosen", where, required=True)
   rejected = _string_field(row, "rejected", where, required=True)
   prompt = _string_field(row, "prompt", where, required=False)
@@ -113,7 +113,7 @@ def _parse_line(line: str, where: str) -> tuple[str, str, str]:
   try:
     return split_hh_dialogue(chosen, rejected)
   except ValueError as e:
-    raise ValueError(f"{where}: {e}") from e
+    raise DataError(f"{where}: {e}") from e
 
 
 def _warn_skipped(path: str, kind: str, lines: list[int]) -> None:
@@ -125,7 +125,7 @@ def _warn_skipped(path: str, kind: str, lines: list[int]) -> None:
 def read_preference_jsonl(path: str) -> tuple[list[PreferencePair], ReadReport]:
   """The pairs of a .jsonl or .jsonl.gz file in file order, and what was skipped; meta = {"source", "line"}."""
   if not os.path.isfile(path):
-    raise ValueError(f"{path}: no such preference file")
+    raise DataError(f"{path}: no such preference file")
   pairs, report = [], ReadReport()
   source = os.path.basename(path)
   for number, line in _numbered_lines(path):
