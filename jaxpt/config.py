@@ -162,24 +162,24 @@ def config_dict(cls: type, **overrides: Any) -> ml_collections.ConfigDict:
   values: dict[str, Any] = {}
   hints = _hints(cls)
   for field in dataclasses.fields(cls):
+    kind = hints[field.name]
     if field.name in overrides:
       value = overrides[field.name]
-      values[field.name] = config_dict(hints[field.name], **value) if isinstance(value, dict) and _is_section(
-          hints[field.name]) else value
-      continue
-    if field.default is not dataclasses.MISSING:
+    elif field.default is not dataclasses.MISSING:
       value = field.default
     elif field.default_factory is not dataclasses.MISSING:
       value = field.default_factory()
-    elif _is_section(hints[field.name]):
+    elif _is_section(kind):
       value = None
     else:
       raise TypeError(f"config_dict({cls.__name__}): field {field.name!r} has no default; pass it")
-    if _is_section(hints[field.name]):
-      value = config_dict(hints[field.name], **section_values(value))
-    elif value is None:
-      options = [o for o in typing.get_args(hints[field.name]) if o is not type(None)]
+    if _is_section(kind):
+      value = config_dict(kind, **section_values(value))
+    elif value is None:  # a typed placeholder keeps `--config.<field>=value` possible
+      options = [o for o in typing.get_args(kind) if o is not type(None)]
       value = ml_collections.config_dict.placeholder(options[0] if len(options) == 1 else object)
+    else:
+      value = _coerce(kind, value, f"{cls.__name__}.{field.name}")  # e.g. 0 for a float field stays a float
     values[field.name] = value
   unknown = sorted(set(overrides) - set(values))
   if unknown:

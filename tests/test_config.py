@@ -105,3 +105,13 @@ def test_registry_names_its_kind_and_rejects_a_second_owner():
     things.add("a", lambda: 2)
   with pytest.raises(KeyError, match=r"unknown widget 'b' \(known: a\)"):
     things.get("b")
+
+
+def test_config_dict_keeps_overrides_overridable_from_the_command_line():
+  """None overrides become typed placeholders and scalar overrides take the field's type, so `--config.x=...` works
+  on them (an int given for a float field would otherwise refuse `--config.x=0.1`)."""
+  config = config_dict(Outer, inner=dict(size=None, rate=0))
+  assert isinstance(config.inner.rate, float)
+  config.inner.rate = 0.25
+  config.inner.size = 7
+  assert from_section(Outer, config, "config").inner == Inner(rate=0.25, size=7)

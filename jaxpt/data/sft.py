@@ -99,7 +99,10 @@ def task_problems(task: TaskConfig | Any, split: str, data_dir: str | None = Non
   task = task_config(task)
   if task.name == "arithmetic":
     size = task.train_size if split == "train" else task.test_size
-    return arithmetic.generate(task.arithmetic, size, task.seed, split)
+    try:
+      return arithmetic.generate(task.arithmetic, size, task.seed, split)
+    except ValueError as e:  # the knobs cannot supply that many distinct problems
+      raise ConfigError(f"config.task.{split}_size", str(e), size) from None
   data_dir = data_dir or task.tfds_data_dir or os.path.expanduser("~/tensorflow_datasets")
   problems = gsm8k.load_gsm8k(task.path, data_dir, split)
   size = task.train_size if split == "train" else task.test_size

@@ -339,8 +339,9 @@ def build_grpo(config: GRPORunConfig | Any, workdir: str) -> GRPOTrainer:
   temperature = config.sampling.temperature
   loss_fn = make_policy_loss(model, config.grpo, config.clipo, temperature)
   weight_key = "num_tokens" if config.grpo.agg == "token-mean" else "num_rows"
-  init_aux = (lambda rng: {"clipo": clipo.init_head_state(config.clipo, config.model.d_model, rng)}) \
-      if config.clipo.enabled else None
+  def init_aux(rng: jax.Array) -> dict | None:  # always given: the policy's init key is the same with or without CLIPO
+    return {"clipo": clipo.init_head_state(config.clipo, config.model.d_model, rng)} if config.clipo.enabled else None
+
   training = build_training(config, mesh, model, (jnp.zeros((1, config.data.max_prompt_len), jnp.int32),),
                             experience_shapes(config), grad_fn=grad_fn_of(loss_fn, reads_aux=True),
                             weight_key=weight_key, total_steps=max(1, config.steps * config.updates_per_step),
