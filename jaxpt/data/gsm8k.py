@@ -30,7 +30,7 @@ _CALCULATOR = re.compile(r"<<[^<>]*>>")
 def read_jsonl(path: str) -> list[dict[str, str]]:
   """The examples of one GSM8K jsonl file: [{question, answer, final}], in file order.
 
-  Raises ValueError(`path:line: ...`) for a line that is not a JSON object with string `question` and `answer`
+  Raises DataError(`path:line: ...`) for a line that is not a JSON object with string `question` and `answer`
   fields, or whose answer has no `#### N`. Blank lines are skipped.
   """
   examples = []

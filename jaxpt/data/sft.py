@@ -180,7 +180,7 @@ class SFTData(LMData):
   def create_for_task(cls, task: TaskConfig | Any, data_config: LMDataConfig | Any,
                       tokenizer: tokenizer_lib.Tokenizer, seed: int, workdir: str,
                       data_dir: str | None = None) -> "SFTData":
-    """Encodes the task's train and test problems with `tokenizer`; ValueError naming the field on bad config."""
+    """Encodes the task's train and test problems with `tokenizer`; ConfigError naming the field on bad config."""
     config = from_section(LMDataConfig, data_config, "config.data")
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
       raise ValueError(f"seed must be a non-negative int, got {seed!r}")
