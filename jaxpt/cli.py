@@ -1,22 +1,34 @@
-"""`jaxpt <subcommand> --config <file.py> [--config.field=value ...] --workdir DIR`.
+"""`jaxpt <subcommand> --config <file.py> [--config.field=value ...] --workdir DIR`, `jaxpt eval --workdir DIR`.
 
-Each subcommand names a trainer's run-config dataclass and its `run_*(run_config, workdir) -> exit code`; the
-config file is checked once, here, into that dataclass. They share the `--config` (ml_collections config file,
-Flax-examples style) and `--workdir` flags. Exit codes: 0 finished; 2 a config or data error (one line naming the
-field, or the file and line; no traceback); 3 a non-finite loss, gradient or parameter stopped the run (nothing of
-it saved); 4 another live run holds the workdir's lock; 75 a SIGTERM stopped it after saving a checkpoint (rerun the
-same command to resume).
+Each training subcommand names a trainer's run-config dataclass and its `run_*(run_config, workdir) -> exit code`;
+the config file is checked once, here, into that dataclass. They share the `--config` (ml_collections config file,
+Flax-examples style) and `--workdir` flags; `jaxpt <subcommand> --help` (or `jaxpt help <subcommand>`) lists the
+run config's fields with their types, defaults and meanings (`jaxpt.config.describe_fields`). `jaxpt eval --workdir
+DIR [--step N]` evaluates a checkpoint of an existing run (`jaxpt.train.evaluate`).
+
+Exit codes: 0 finished; 2 a config or data error (one line naming the field, or the file and line; no traceback);
+3 a non-finite loss, gradient or parameter stopped the run (nothing of it saved); 4 another live run holds the
+workdir's lock; 5 a checkpoint or filesystem error (one line: the cause and the path; e.g. a full disk, a read-only
+workdir, no checkpoint that restores); 75 a SIGTERM stopped it after saving a checkpoint (rerun the same command to
+resume).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
+import os
+import re
+import shutil
 import sys
+import textwrap
 from typing import Any, Callable
 
 from absl import app, flags, logging
 from ml_collections import config_flags
+
+EXIT_IO = 5  # a checkpoint or filesystem error (CheckpointError, OSError)
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file (experiments/configs/*.py).",
                                           lock_config=True)
@@ -29,6 +41,7 @@ _DISTRIBUTED = flags.DEFINE_enum(
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-process runs).")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes (multi-process runs).")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index in [0, num_processes).")
+_STEP = flags.DEFINE_integer("step", None, "jaxpt eval: the checkpoint step to evaluate (default: the latest).")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,15 +54,37 @@ class Subcommand:
   config_class: str
   run: str
 
+  @property
+  def config_type(self) -> type:
+    return getattr(importlib.import_module(self.module), self.config_class)
+
   def __call__(self, config: Any, workdir: str) -> int:
     """Checks `config` once (ConfigError naming the field) and runs the subcommand on the checked run config."""
+    from jaxpt import progress
     from jaxpt.config import from_section
     from jaxpt.train.lock import workdir_lock
 
-    module = importlib.import_module(self.module)
-    run_config = from_section(getattr(module, self.config_class), config, "config")
+    run_config = from_section(self.config_type, config, "config")
+    progress.enable(self.name if run_config.progress else None)  # start-up lines on stderr
     with workdir_lock(workdir):  # before any data work in the workdir
-      return getattr(module, self.run)(run_config, workdir)
+      return getattr(importlib.import_module(self.module), self.run)(run_config, workdir)
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkdirSubcommand:
+  """`jaxpt <name> --workdir DIR [--step N]`: `<module>.<run>(workdir, step) -> exit code` on an existing run; no
+  --config (the run's recorded config.json is read) and no workdir lock (the run may still be training)."""
+
+  name: str
+  help: str
+  module: str
+  run: str
+
+  def __call__(self, workdir: str, step: int | None) -> int:
+    from jaxpt import progress
+
+    progress.enable(self.name)
+    return getattr(importlib.import_module(self.module), self.run)(workdir, step)
 
 
 SUBCOMMANDS: dict[str, Subcommand] = {c.name: c for c in (
@@ -62,49 +97,133 @@ SUBCOMMANDS: dict[str, Subcommand] = {c.name: c for c in (
     Subcommand("rm", "Train a reward model (Bradley-Terry, DIR, ODIN) and write its evaluation report.",
                "jaxpt.train.rm", "RMRunConfig", "run_rm"),
 )}
+WORKDIR_SUBCOMMANDS: dict[str, WorkdirSubcommand] = {c.name: c for c in (
+    WorkdirSubcommand("eval", "Evaluate a run's latest (or --step N) checkpoint, without training (one JSON line).",
+                      "jaxpt.train.evaluate", "run_eval"),
+)}
+COMMANDS: dict[str, Subcommand | WorkdirSubcommand] = {**SUBCOMMANDS, **WORKDIR_SUBCOMMANDS}
+_TRAIN_USAGE = ("--config <file.py> [--config.<field>=value ...] --workdir DIR\n"
+                "         [--distributed=auto|on|off --coordinator_address=HOST:PORT --num_processes=N --process_id=I]")
 
 
 def _usage() -> str:
-  lines = ["usage: jaxpt <subcommand> --config <file.py> [--config.field=value ...] --workdir DIR",
-           "         [--distributed=auto|on|off --coordinator_address=HOST:PORT --num_processes=N --process_id=I]",
+  lines = [f"usage: jaxpt <subcommand> {_TRAIN_USAGE}",
+           "       jaxpt eval --workdir DIR [--step N]",
+           "       jaxpt <subcommand> --help    (or jaxpt help <subcommand>: its config fields, defaults, meanings)",
            "",
            "subcommands:"]
-  lines += [f"  {c.name:<10} {c.help}" for c in SUBCOMMANDS.values()]
+  lines += [f"  {c.name:<10} {c.help}" for c in COMMANDS.values()]
   return "\n".join(lines)
 
 
-def _parse_flags(argv: list[str]) -> list[str]:
+def _fields_table(config_type: type, width: int) -> list[str]:
+  """One row per field of run config `config_type` (nested sections' fields after them): dotted path, type,
+  default (or `required`), meaning, the meaning wrapped to `width` columns."""
+  from jaxpt.config import describe_fields
+
+  rows = describe_fields(config_type)
+  cells = [(r.path, "section" if r.section else r.type, "required" if r.default is None else r.default, r.help)
+           for r in rows]
+  widths = [max(len(c[i]) for c in cells + [("FIELD", "TYPE", "DEFAULT", "")]) for i in range(3)]
+  widths[2] = min(widths[2], 18)
+  indent = 2 + sum(w + 2 for w in widths)
+  lines = []
+  for path, kind, default, meaning in [("FIELD", "TYPE", "DEFAULT", "MEANING")] + cells:
+    head = f"  {path:<{widths[0]}}  {kind:<{widths[1]}}  {default:<{widths[2]}}  "
+    if len(head) > indent:  # a long default: the meaning starts on the next line
+      lines.append(head.rstrip())
+      head = " " * indent
+    wrapped = textwrap.wrap(meaning, max(30, width - indent)) or [""]
+    lines.append((head + wrapped[0]).rstrip())
+    lines += [" " * indent + part for part in wrapped[1:]]
+  return lines
+
+
+def _subcommand_help(name: str) -> str:
+  """`jaxpt <name> --help`: usage, what it does, and (training subcommands) every config field."""
+  command = COMMANDS[name]
+  if isinstance(command, WorkdirSubcommand):
+    return "\n".join([
+        f"usage: jaxpt {name} --workdir DIR [--step N]", "", command.help,
+        "Rebuilds the run from its recorded config.json with its trainer's own build function and evaluator; the",
+        "result ({step, run, eval metrics}) is one JSON line on stdout and DIR/eval/step_<N>.json.", "",
+        "  --workdir DIR  the workdir of a jaxpt pretrain, sft, rm or grpo run (its config.json says which)",
+        "  --step N       the checkpoint step to evaluate (default: the latest)"])
+  width = min(max(shutil.get_terminal_size((120, 24)).columns, 80), 160)
+  return "\n".join([
+      f"usage: jaxpt {name} {_TRAIN_USAGE}", "", command.help, "",
+      f"config fields ({command.module}.{command.config_class}; the config file sets them, --config.<field>=value "
+      "overrides one):", *_fields_table(command.config_type, width)])
+
+
+def _unknown_override(name: str, argv: list[str], error: BaseException) -> str:
+  """`no config field 'modle' (did you mean 'model'?)`: the first `--config.<path>` override in `argv` that names
+  no field of the subcommand's run config, with the closest field at that level."""
+  from jaxpt.config import describe_fields
+
+  command = SUBCOMMANDS.get(name)
+  known = {row.path for row in describe_fields(command.config_type)} if command else set()
+  for arg in argv[1:]:
+    match = re.match(r"--?(?:no)?config\.([^=]+)", arg)
+    if not match or match[1] in known:
+      continue
+    parts = match[1].split(".")
+    depth = next(i for i in range(len(parts)) if ".".join(parts[:i + 1]) not in known)
+    unknown, parent = ".".join(parts[:depth + 1]), ".".join(parts[:depth])
+    siblings = [k for k in known if k.count(".") == depth and k.startswith(f"{parent}." if parent else "")]
+    close = difflib.get_close_matches(unknown, siblings, n=1)
+    return f"no config field {unknown!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+  lines = str(error.args[0] if error.args else error).splitlines() or [""]  # the config file lacks a field
+  return f"no config field {lines[0].strip(chr(39) + chr(34) + chr(92))!r} in the config file"
+
+
+def _parse_flags(name: str, argv: list[str]) -> list[str]:
   """absl flag parsing, with an unknown `--config.<field>` override reported in one line (exit 2)."""
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:
-    print(f"jaxpt: {e}\n\n{_usage()}", file=sys.stderr)
+    print(f"jaxpt {name}: {e}\n\n{_usage()}", file=sys.stderr)
   except (AttributeError, KeyError) as e:
-    field = str(e).strip("\"'")
-    print(f"jaxpt: config error: no config field {field!r} for an override "
-          f"({' '.join(a for a in argv[1:] if a.startswith('--config.'))})", file=sys.stderr)
+    print(f"jaxpt {name}: config error: {_unknown_override(name, argv, e)}", file=sys.stderr)
   sys.exit(2)
 
 
 def _run(name: str) -> Callable[[list[str]], int]:
   def run(argv: list[str]) -> int:
+    quiet = not flags.FLAGS["verbosity"].present
+    if quiet:  # before the imports below: orbax logs INFO lines when jaxpt.train.checkpoint is first imported
+      logging.set_verbosity(logging.WARNING)  # orbax/tfds INFO lines drown the progress bar; -v 0 brings them back
     from jaxpt.config import ConfigError, DataError
+    from jaxpt.train.checkpoint import CheckpointError
     from jaxpt.train.lock import WorkdirLocked
     from jaxpt.train.loop import EXIT_NONFINITE, NonFiniteError
 
+    command = COMMANDS[name]
     if len(argv) > 1:
       print(f"jaxpt {name}: unexpected arguments {argv[1:]}\n\n{_usage()}", file=sys.stderr)
       return 2
-    if _CONFIG.value is None or not _WORKDIR.value:
+    if isinstance(command, WorkdirSubcommand):
+      if _CONFIG.value is not None or not _WORKDIR.value:
+        print(f"jaxpt {name}: takes --workdir (the run's recorded config.json is read), no --config\n\n{_usage()}",
+              file=sys.stderr)
+        return 2
+    elif _CONFIG.value is None or not _WORKDIR.value:
       print(f"jaxpt {name}: --config and --workdir are required\n\n{_usage()}", file=sys.stderr)
       return 2
-    if not flags.FLAGS["verbosity"].present:
-      logging.set_verbosity(logging.WARNING)  # orbax/tfds INFO lines drown the progress bar; -v 0 brings them back
+    elif _STEP.present:
+      print(f"jaxpt {name}: --step is a flag of jaxpt eval\n\n{_usage()}", file=sys.stderr)
+      return 2
+    if quiet:
+      from jaxpt.train.checkpoint import quiet_orbax_noise
+
+      quiet_orbax_noise()  # a failed save is one CheckpointError line, not hundreds of orbax / asyncio lines
     from jaxpt.parallel.distributed import initialize
 
     initialize(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)  # before any jax work
     try:
-      return SUBCOMMANDS[name](_CONFIG.value, _WORKDIR.value)
+      if isinstance(command, WorkdirSubcommand):
+        return command(_WORKDIR.value, _STEP.value)
+      return command(_CONFIG.value, _WORKDIR.value)
     except ConfigError as e:
       print(f"jaxpt {name}: config error: {e}", file=sys.stderr)
       return 2
@@ -117,6 +236,11 @@ def _run(name: str) -> Callable[[list[str]], int]:
     except WorkdirLocked as e:
       print(f"jaxpt {name}: {e}", file=sys.stderr)
       return 4
+    except (CheckpointError, OSError) as e:  # a full disk, a read-only workdir or one that is a file, ...
+      kind = "checkpoint" if isinstance(e, CheckpointError) else "filesystem"
+      print(f"jaxpt {name}: {kind} error: {e}", file=sys.stderr, flush=True)
+      sys.stdout.flush()
+      os._exit(EXIT_IO)  # not sys.exit: a failed async save's writer threads print pages of noise at shutdown
 
   return run
 
@@ -126,14 +250,18 @@ def main(argv: list[str] | None = None) -> None:
 
   reuse_freed_host_memory()  # before JAX allocates: XLA:CPU step buffers are reused, not page-faulted anew
   argv = list(sys.argv if argv is None else argv)
-  if len(argv) < 2 or argv[1] in ("-h", "--help", "help"):
+  if len(argv) < 2 or argv[1] in ("-h", "--help") or argv[1:] == ["help"]:
     print(_usage())
     sys.exit(0 if len(argv) >= 2 else 2)
-  name = argv[1]
-  if name not in SUBCOMMANDS:
+  asks_help = argv[1] == "help" or any(a in ("-h", "--help") for a in argv[2:])
+  name = argv[2] if argv[1] == "help" else argv[1]
+  if name not in COMMANDS:
     print(f"jaxpt: unknown subcommand {name!r}\n\n{_usage()}", file=sys.stderr)
     sys.exit(2)
-  app.run(_run(name), argv=[f"{argv[0]} {name}"] + argv[2:], flags_parser=_parse_flags)
+  if asks_help:
+    print(_subcommand_help(name))
+    sys.exit(0)
+  app.run(_run(name), argv=[f"{argv[0]} {name}"] + argv[2:], flags_parser=lambda args: _parse_flags(name, args))
 
 
 if __name__ == "__main__":

@@ -16,8 +16,13 @@ so every error is one line naming the dotted path, the value and the reason:
     config.model.d_model=130: not divisible by model.num_heads=4
 
 `config_dict(cls, **overrides)` goes the other way: every field at its default as a ConfigDict, the form experiment
-config files start from, so defaults are written once, on the dataclass. This module imports nothing from jaxpt:
-every layer may use it.
+config files start from, so defaults are written once, on the dataclass.
+
+A field's meaning is written once, in its section's docstring, as a Google-style `Attributes:` block (`name: text`,
+continuation lines indented deeper; a subclass documents the fields it adds). `field_help(cls)` reads it and
+`describe_fields(cls)` lists every field of a run config, nested sections included (dotted path, type, default,
+meaning): `jaxpt <subcommand> --help` prints that list, and a test fails for a field without a meaning.
+This module imports nothing from jaxpt: every layer may use it.
 """
 
 from __future__ import annotations
@@ -25,8 +30,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.util
+import inspect
 import numbers
 import os
+import re
 import types
 import typing
 from typing import Any, Mapping, TypeVar
@@ -34,8 +41,8 @@ from typing import Any, Mapping, TypeVar
 import ml_collections
 import numpy as np
 
-__all__ = ["ConfigError", "DataError", "Section", "at_least", "config_dict", "fail", "from_section", "in_range",
-           "load_config_file", "one_of", "section_values"]
+__all__ = ["ConfigError", "DataError", "FieldDoc", "Section", "at_least", "config_dict", "describe_fields", "fail",
+           "field_help", "from_section", "in_range", "load_config_file", "one_of", "section_values"]
 
 T = TypeVar("T")
 _NO_VALUE = object()
@@ -196,6 +203,86 @@ def load_config_file(path: str, *args: Any) -> ml_collections.ConfigDict:
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module.get_config(*args)
+
+
+def _attributes(doc: str) -> dict[str, str]:
+  """{name: text} of the `Attributes:` block of docstring `doc`: entries `name: text` (or `name (type): text`),
+  continuation lines indented deeper (joined with spaces); a blank or dedented line ends the block."""
+  lines = inspect.cleandoc(doc).splitlines()
+  start = next((i for i, line in enumerate(lines) if line.strip() == "Attributes:"), None)
+  if start is None:
+    return {}
+  entries: dict[str, str] = {}
+  head = len(lines[start]) - len(lines[start].lstrip())
+  entry_indent, name = None, None
+  for line in lines[start + 1:]:
+    indent = len(line) - len(line.lstrip())
+    if not line.strip() or indent <= head:
+      break
+    match = re.fullmatch(r"(\w+)(?: \([^)]*\))?: *(.*)", line.strip())
+    if entry_indent is None:
+      entry_indent = indent
+    if indent == entry_indent and match:
+      name = match[1]
+      entries[name] = match[2]
+    elif name is not None and indent > entry_indent:
+      entries[name] = f"{entries[name]} {line.strip()}".strip()
+    else:
+      break
+  return entries
+
+
+def field_help(cls: type) -> dict[str, str]:
+  """{field: its meaning} for every field of section dataclass `cls`, from the `Attributes:` blocks of its
+  docstring and its bases' ('' for a field none of them documents)."""
+  docs: dict[str, str] = {}
+  for klass in reversed(cls.__mro__):
+    docs.update(_attributes(klass.__dict__.get("__doc__") or ""))
+  return {f.name: docs.get(f.name, "") for f in dataclasses.fields(cls)}
+
+
+@dataclasses.dataclass(frozen=True)
+class FieldDoc:
+  """One field of a run config: dotted path, type, default (its repr; '' for a section, None when required),
+  meaning; `section`: the field is a nested section (its own fields follow it)."""
+
+  path: str
+  type: str
+  default: str | None
+  help: str
+  section: bool
+
+
+def _type_name(kind: Any) -> str:
+  if typing.get_origin(kind) in (typing.Union, types.UnionType):
+    return " | ".join(_type_name(option) for option in typing.get_args(kind))
+  if kind is type(None):
+    return "None"
+  return getattr(kind, "__name__", str(kind).replace("typing.", ""))
+
+
+def describe_fields(cls: type, prefix: str = "", defaults: Any = None) -> list[FieldDoc]:
+  """Every field of section dataclass `cls`, nested sections' fields after their section (depth-first, in field
+  order). A nested field's default is its value in the section's default (`defaults`, an instance of `cls`)."""
+  hints, meanings = _hints(cls), field_help(cls)
+  rows = []
+  for field in dataclasses.fields(cls):
+    kind = hints[field.name]
+    if defaults is not None:
+      value = getattr(defaults, field.name)
+    elif field.default is not dataclasses.MISSING:
+      value = field.default
+    elif field.default_factory is not dataclasses.MISSING:
+      value = field.default_factory()
+    else:
+      value = _NO_VALUE
+    path = f"{prefix}{field.name}"
+    section = _is_section(kind)
+    shown = None if value is _NO_VALUE else "" if section else repr(value)
+    rows.append(FieldDoc(path, _type_name(kind), shown, meanings[field.name], section))
+    if section:
+      rows += describe_fields(kind, f"{path}.", None if value is _NO_VALUE else value)
+  return rows
 
 
 # Checks a section's `check()` uses; each raises ConfigError(field, reason, value) with the RELATIVE field name.

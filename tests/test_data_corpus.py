@@ -41,6 +41,25 @@ def test_folder_reads_text_files_recursively_sorted_and_skips_binary(tmp_path):
   assert corpus.path_documents(str(tmp_path)) == ["alpha ü", "zeta\n\nstill one document"]
 
 
+def test_skipped_binary_files_are_counted_and_named_in_one_warning(tmp_path, caplog):
+  """Binary / non-UTF-8 files of a data folder are skipped with one warning line (they were skipped silently)."""
+  (tmp_path / "text.txt").write_text("kept")
+  for i in range(7):
+    (tmp_path / f"blob{i}.bin").write_bytes(b"\x00\x01" if i % 2 else b"caf\xe9")
+  with caplog.at_level("WARNING"):
+    assert corpus.path_documents(str(tmp_path)) == ["kept"]
+  warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+  assert warnings == [f"{tmp_path}: skipped 7 files that are not UTF-8 text (binary or another encoding): "
+                      "blob0.bin, blob1.bin, blob2.bin, blob3.bin, blob4.bin, ..."]
+  caplog.clear()
+  with caplog.at_level("WARNING"):
+    corpus.path_documents(str(tmp_path / "text.txt"))
+    (tmp_path / "only").mkdir()
+    (tmp_path / "only" / "a.txt").write_text("a")
+    corpus.path_documents(str(tmp_path / "only"))
+  assert not caplog.records  # nothing skipped, nothing said
+
+
 def test_single_file_splits_on_blank_lines(tmp_path):
   path = tmp_path / "t.txt"
   path.write_text("\nFirst:\nline two\n\n\nSecond para\n  \t\nThird\n")

@@ -3,14 +3,16 @@
 import glob
 import json
 import os
+import re
 
 import pytest
 
+from jaxpt.config import DataError
 from jaxpt.data import gsm8k
 
 GSM8K = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data", "gsm8k")
 GSM8K = os.path.normpath(GSM8K) if os.path.isdir(GSM8K) else "/work/shared/data/gsm8k"
-pytestmark = pytest.mark.skipif(not os.path.isdir(GSM8K), reason="needs ../shared/data/gsm8k")
+needs_data = pytest.mark.skipif(not os.path.isdir(GSM8K), reason="needs ../shared/data/gsm8k")  # the error tests don't
 
 
 @pytest.fixture(scope="module")
@@ -19,6 +21,7 @@ def splits(tmp_path_factory):
   return {split: gsm8k.load_gsm8k(GSM8K, data_dir, split) for split in gsm8k.SPLITS}, data_dir
 
 
+@needs_data
 def test_row_counts_and_file_order(splits):
   problems, _ = splits
   assert len(problems["train"]) == 7473 and len(problems["test"]) == 1319
@@ -30,6 +33,7 @@ def test_row_counts_and_file_order(splits):
     assert problems["test"][i].meta["index"] == i
 
 
+@needs_data
 def test_real_answers_parsed(splits):
   train, test = splits[0]["train"], splits[0]["test"]
   assert train[0].question.startswith("Natalia sold clips") and train[0].answer == "72"
@@ -43,6 +47,7 @@ def test_real_answers_parsed(splits):
   assert all("<<" not in p.solution and "####" not in p.solution for p in train[:200])
 
 
+@needs_data
 def test_prepared_once_and_reused(splits):
   _, data_dir = splits
   builder = gsm8k.JaxptGsm8k(source_path=GSM8K, data_dir=data_dir)
@@ -70,6 +75,18 @@ def test_malformed_line_names_path_and_line(tmp_path, bad, message):
   good = '{"question": "What is 1 + 1?", "answer": "1 + 1 = 2\\n#### 2"}'
   path = _write(str(tmp_path / "src"), [good, "", bad])
   with pytest.raises(ValueError, match=rf"{path}:3: .*{message}"):
+    gsm8k.load_gsm8k(str(tmp_path / "src"), str(tmp_path / "tfds"), "train")
+  assert not glob.glob(str(tmp_path / "tfds" / "**" / "dataset_info.json"), recursive=True)  # nothing prepared
+
+
+def test_bad_byte_names_path_and_line(tmp_path):
+  """A non-UTF-8 byte is a DataError at its file:line (it was a bare UnicodeDecodeError with neither)."""
+  good = b'{"question": "What is 1 + 1?", "answer": "1 + 1 = 2\\n#### 2"}\n'
+  path = _write(str(tmp_path / "src"), [])
+  with open(path, "wb") as f:
+    f.write(good + b"\n" + b'{"question": "caf\xe9?", "answer": "#### 1"}\n' + good)
+  want = rf"^{re.escape(path)}:3: not valid UTF-8 \(byte 0xe9 at offset 17 of the line\)$"
+  with pytest.raises(DataError, match=want):
     gsm8k.load_gsm8k(str(tmp_path / "src"), str(tmp_path / "tfds"), "train")
   assert not glob.glob(str(tmp_path / "tfds" / "**" / "dataset_info.json"), recursive=True)  # nothing prepared
 

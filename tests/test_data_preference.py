@@ -4,11 +4,12 @@ import dataclasses
 import gzip
 import json
 import os
+import re
 
 import numpy as np
 import pytest
 
-from jaxpt.config import from_section
+from jaxpt.config import DataError, from_section
 from jaxpt.data import preference, preference_batches, synthetic_preferences
 from jaxpt.data.preference import PreferencePair
 
@@ -131,6 +132,26 @@ def test_folder_with_train_and_test_files(tmp_path):
   (folder / "test2.jsonl").write_text("")
   with pytest.raises(ValueError, match="data.source: folder .* exactly one test"):
     preference.split_files(str(folder))
+
+
+@pytest.mark.parametrize("rows, why", [
+    ([], r"the file is empty"),
+    (["", "  "], r"the file is empty"),
+    ([{"prompt": "p", "chosen": " ", "rejected": "b"}, {"prompt": "p", "chosen": "x", "rejected": "x"}],
+     r"all 2 rows skipped: 1 with an empty response, 1 with identical responses"),
+])
+def test_file_without_pairs_is_named_not_test_fraction(tmp_path, rows, why):
+  """An empty preference file says so, naming the file (it was blamed on config.data.test_fraction)."""
+  path = _write_jsonl(tmp_path / "empty.jsonl", rows)
+  config = preference_batches.PreferenceDataConfig(source=path, batch_size=2)
+  with pytest.raises(DataError, match=rf"^{re.escape(path)}: holds no preference pairs \({why}\)$"):
+    preference_batches.PreferenceData.create(config, VOCAB, str(tmp_path / "work"), seed=0)
+  folder = tmp_path / "src"
+  folder.mkdir()
+  _write_jsonl(folder / "train.jsonl", [{"prompt": "q", "chosen": "g", "rejected": "b"}])
+  os.replace(path, folder / "test.jsonl")
+  with pytest.raises(DataError, match=rf"test.jsonl: holds no preference pairs \({why}\)$"):
+    preference.read_splits(str(folder), 0.1)
 
 
 # --- batches -----------------------------------------------------------------------------------------------------

@@ -5,6 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from jaxpt.losses import club
 from tests.finite_differences import finite_diff
@@ -179,3 +181,50 @@ def test_bf16_input_runs_in_float32(small):
   assert est.dtype == jnp.float32
   np.testing.assert_allclose(est, numpy_club(params, np.asarray(jnp.asarray(x, jnp.bfloat16), np.float32), a),
                              rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------------------------ properties
+
+_Q3 = club.init_club_estimator(jax.random.PRNGKey(7), 3, n_classes=3, hidden=8)
+_club_vg = jax.jit(jax.value_and_grad(lambda x, a, w: club.club_estimate(_Q3, x, a, w)[0]))
+_club_q_loss = jax.jit(lambda x, a, w: club.club_estimator_loss(_Q3, x, a, w)[0])
+
+
+def _log_q_size(x):
+  """max |logit| of q(. | X) in float64: the float32 rounding of log q is a few ulps of it."""
+  p = {k: np.asarray(v, np.float64) for k, v in _Q3.items()}
+  return float(np.abs(np.maximum(np.asarray(x, np.float64) @ p["w1"] + p["b1"], 0.0) @ p["w2"] + p["b2"]).max())
+
+
+@given(seed=st.integers(0, 2**31 - 1), scale=st.sampled_from([1e-3, 1.0, 30.0, 1e2, 1e4]),
+       a=st.lists(st.integers(0, 2), min_size=6, max_size=6),
+       weights=st.lists(st.sampled_from([0.0, 1.0, 0.5]), min_size=6, max_size=6))
+def test_property_estimate_matches_numpy_with_padding_pairs(seed, scale, a, weights):
+  """I_club and the estimator loss (float32, 3 classes) equal the float64 double sum for |X| up to 1e4 and any
+  zero-weight (padding) pairs: those get exactly zero gradient; all pairs padding: estimate 0, gradient 0."""
+  x = (np.random.default_rng(seed).normal(size=(6, 3)) * scale).astype(np.float32)
+  a, w = np.array(a, np.int32), np.array(weights, np.float32)
+  (est, gx), q_loss = jax.device_get((_club_vg(x, a, w), _club_q_loss(x, a, w)))
+  assert np.all(np.isfinite(gx))
+  np.testing.assert_array_equal(gx[w == 0], 0.0)
+  if w.sum() == 0:
+    assert float(est) == 0.0 and float(q_loss) == 0.0
+    np.testing.assert_array_equal(gx, 0.0)
+    return
+  tol = 1e-5 * (1.0 + _log_q_size(x))
+  np.testing.assert_allclose(est, numpy_club(_Q3, x, a, w), rtol=1e-5, atol=tol)
+  lq = numpy_log_q(_Q3, x)[np.arange(6), a]
+  np.testing.assert_allclose(q_loss, -(w * lq).sum() / w.sum(), rtol=1e-5, atol=tol)
+
+
+@given(seed=st.integers(0, 2**31 - 1), scale=st.sampled_from([1e-3, 1.0, 30.0, 1e2, 1e4]), label=st.integers(0, 2),
+       weights=st.lists(st.sampled_from([0.0, 1.0, 0.5]), min_size=6, max_size=6))
+def test_property_one_label_gives_zero_estimate_and_gradient(seed, scale, label, weights):
+  """Degenerate labels (every a_i equal: A carries no information) give I_club = 0 and d I_club / d X = 0 for any
+  X up to 1e4: the positive and negative terms are the same mean (p_hat is one-hot)."""
+  x = (np.random.default_rng(seed).normal(size=(6, 3)) * scale).astype(np.float32)
+  a, w = np.full(6, label, np.int32), np.array(weights, np.float32)
+  est, gx = jax.device_get(_club_vg(x, a, w))
+  size = 1.0 + _log_q_size(x)
+  assert abs(float(est)) <= 1e-6 * size, (float(est), size)
+  np.testing.assert_allclose(gx, 0.0, atol=1e-6 * size / max(w.sum(), 1.0))

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from jaxpt.losses import club, get_loss, known_losses
@@ -247,7 +247,7 @@ _Q = club.init_club_estimator(jax.random.PRNGKey(0), 3, hidden=8)
 
 
 def _all_grads_finite(tree):
-  return all(bool(jnp.all(jnp.isfinite(leaf))) for leaf in jax.tree_util.tree_leaves(tree))
+  return all(np.all(np.isfinite(leaf)) for leaf in jax.tree_util.tree_leaves(jax.device_get(tree)))
 
 
 _bt_vg = jax.jit(jax.value_and_grad(lambda rc, rr, eps: bradley_terry(rc, rr, 0.5, eps, 1e-3)[0], argnums=(0, 1)))
@@ -262,7 +262,6 @@ _odin_vg = jax.jit(jax.value_and_grad(
     argnums=(0, 1, 2, 3, 6, 7)))
 
 
-@settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), scale=st.sampled_from([1e-3, 1.0, 1e2, 1e4]),
        eps=st.sampled_from([0.0, 0.1]))
 def test_property_extreme_scores_give_finite_losses_and_grads(seed, scale, eps):
@@ -283,7 +282,6 @@ def test_property_extreme_scores_give_finite_losses_and_grads(seed, scale, eps):
 _bt_loss = jax.jit(lambda rc, rr: bradley_terry(rc, rr)[0])
 
 
-@settings(max_examples=40, deadline=None)
 @given(d=st.floats(-1e4, 1e4), delta=st.floats(1e-2, 1e4), base=st.floats(-1e3, 1e3))
 def test_property_bt_decreasing_in_score_difference(d, delta, base):
   low = float(_bt_loss(np.float32([base + d]), np.float32([base])))
@@ -293,11 +291,59 @@ def test_property_bt_decreasing_in_score_difference(d, delta, base):
     assert high < low
 
 
-@settings(max_examples=25, deadline=None)
+_bt_smoothed = jax.jit(lambda rc, rr, eps: bradley_terry(rc, rr, label_smoothing=eps)[0])   # one compile per n
+_dpo_smoothed = jax.jit(lambda pc, pr, rc, rr, eps: dpo(pc, pr, rc, rr, beta=0.3, label_smoothing=eps)[0])
+
+
 @given(value=st.floats(-1e4, 1e4), n=st.integers(1, 8), eps=st.floats(0.0, 0.5))
 def test_property_equal_scores_give_log2(value, n, eps):
   scores = np.full(n, value, np.float32)
-  np.testing.assert_allclose(bradley_terry(scores, scores, label_smoothing=eps)[0], np.log(2.0), rtol=1e-6)
+  np.testing.assert_allclose(_bt_smoothed(scores, scores, eps), np.log(2.0), rtol=1e-6)
   lp = np.full(n, -abs(value), np.float32)
-  np.testing.assert_allclose(dpo(lp, lp, lp * 0.5, lp * 0.5, beta=0.3, label_smoothing=eps)[0], np.log(2.0),
-                             rtol=1e-6)
+  # Compiled, XLA contracts beta * (pi - ref) into fused multiply-adds that round the chosen and rejected sides
+  # differently: z is then a rounding error of beta * |pi| (~1e-6 at 350), not exactly 0 as it is op by op.
+  np.testing.assert_allclose(_dpo_smoothed(lp, lp, lp * 0.5, lp * 0.5, eps), np.log(2.0), rtol=1e-6,
+                             atol=0.3 * np.spacing(np.float32(abs(value))))
+
+
+_bt_weighted_vg = jax.jit(jax.value_and_grad(
+    lambda rc, rr, m, eps, c, w: bradley_terry(rc, rr, m, eps, c, w)[0], argnums=(0, 1)))
+_dpo_weighted_vg = jax.jit(jax.value_and_grad(
+    lambda pc, pr, rc, rr, beta, eps, w: dpo(pc, pr, rc, rr, beta, eps, w)[0], argnums=(0, 1)))
+
+
+@given(seed=st.integers(0, 2**31 - 1), scale=st.sampled_from([1e-3, 1.0, 30.0, 1e2, 1e4]),
+       weights=st.lists(st.sampled_from([0.0, 1.0, 0.5]), min_size=6, max_size=6),
+       eps=st.sampled_from([0.0, 0.1, 0.5]), center=st.sampled_from([0.0, 1e-3]), beta=st.sampled_from([0.1, 1.0]))
+def test_property_bt_and_dpo_match_numpy_with_padding_pairs(seed, scale, weights, eps, center, beta):
+  """BT (margin, smoothing, centering) and DPO values and gradients (float32) equal the float64 statements for
+  scores / log-prob gaps up to 1e4 and any zero-weight (padding) pairs: those get exactly zero gradient, and with
+  every pair padding the loss and gradients are 0. Tolerance: 1e-6 of the operands' size (z = r_c - r_r - m
+  cancels)."""
+  rng = np.random.default_rng(seed)
+  w = np.array(weights, np.float32)
+  rc, rr = (rng.normal(size=6) * scale).astype(np.float32), (rng.normal(size=6) * scale).astype(np.float32)
+  margin = rng.uniform(0, 1, size=6).astype(np.float32)
+  logps = [(-rng.uniform(0, 1, size=6) * scale).astype(np.float32) for _ in range(4)]
+  (bt, (g_rc, g_rr)), (dpo_loss, (g_pc, g_pr)) = jax.device_get(
+      (_bt_weighted_vg(rc, rr, margin, eps, center, w), _dpo_weighted_vg(*logps, beta, eps, w)))
+  for g in (g_rc, g_rr, g_pc, g_pr):
+    np.testing.assert_array_equal(np.asarray(g)[w == 0], 0.0)
+  if w.sum() == 0:
+    assert float(bt) == 0.0 and float(dpo_loss) == 0.0
+    for g in (g_rc, g_rr, g_pc, g_pr):
+      np.testing.assert_array_equal(g, 0.0)
+    return
+  with np.errstate(over="ignore"):   # the statements' sigmoid(-z) = 1 / (1 + exp(1e4)) = 0, correctly
+    want_bt, want_bt_grads = numpy_bt(rc, rr, margin, eps, center, w), numpy_bt_grad(rc, rr, margin, eps, center, w)
+    want_dpo, want_pc, want_pr = numpy_dpo(*logps, beta, eps, w)
+  size = (np.abs(rc) + np.abs(rr) + margin).astype(np.float64)
+  size_bt = 1.0 + size + center * size**2
+  size_dpo = 1.0 + beta * sum(np.abs(v).astype(np.float64) for v in logps)
+  tol = lambda s: 1e-6 * float((w * s).sum() / w.sum())
+  np.testing.assert_allclose(bt, want_bt, rtol=1e-5, atol=tol(size_bt))
+  for got, want in zip((g_rc, g_rr), want_bt_grads):
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=tol(size_bt) / w.sum())
+  np.testing.assert_allclose(dpo_loss, want_dpo, rtol=1e-5, atol=tol(size_dpo))
+  np.testing.assert_allclose(g_pc, want_pc, rtol=1e-4, atol=beta * tol(size_dpo) / w.sum())
+  np.testing.assert_allclose(g_pr, want_pr, rtol=1e-4, atol=beta * tol(size_dpo) / w.sum())

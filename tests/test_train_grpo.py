@@ -137,3 +137,12 @@ def test_config_errors_name_the_field(field, value, message):
   config.update_from_flattened_dict({field: value})
   with pytest.raises(ConfigError, match=re.escape(message)):
     from_section(GRPORunConfig, config, "config")
+
+
+def test_init_from_a_reward_model_run_says_what_the_run_is(tmp_path):
+  """Issue 12 item 8: it failed on the prompt length (the RM's tokenizer) instead."""
+  (tmp_path / "checkpoints").mkdir()
+  (tmp_path / "config.json").write_text('{"rm": {"loss": "bt"}, "model": {}}')
+  with pytest.raises(ConfigError, match=re.escape(f"config.init_from='{tmp_path}': is the workdir of a "
+                                                  "reward-model run (jaxpt rm)")):
+    from_section(GRPORunConfig, grpo_config(init_from=str(tmp_path)), "config")

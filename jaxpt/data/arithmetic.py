@@ -50,10 +50,13 @@ class Problem:
 class ArithmeticConfig(Section):
   """Difficulty knobs.
 
-  num_steps: operations per problem; max_value: start value and +/- operands are drawn from [1, max_value];
-  ops: the operations to draw from (a subset of '+-*'); max_factor: '*' operands are drawn from [2, max_factor];
-  allow_negative: if False, every running total t_k stays >= 0; test_fraction: share of the arithmetic contents
-  (numbers, ops) held out for the 'test' split.
+  Attributes:
+    num_steps: operations per problem.
+    max_value: the start value and +/- operands are drawn from [1, max_value].
+    ops: the operations to draw from (a subset of '+-*').
+    max_factor: '*' operands are drawn from [2, max_factor].
+    allow_negative: if False, every running total t_k stays >= 0.
+    test_fraction: share of the arithmetic contents (numbers, ops) held out for the 'test' split.
   """
 
   num_steps: int = 2

@@ -10,12 +10,18 @@ from jaxpt.config import Section, at_least, fail, in_range
 
 @dataclasses.dataclass(frozen=True)
 class LMDataConfig(Section):
-  """Where the text comes from and how it is batched.
+  """Where the text comes from and how it is batched (the `data` section of LM runs).
 
-  path: a text file or folder ('' = the embedded default corpus, the Python standard library's sources);
-  tfds_name / tfds_text_key / tfds_data_dir: read a prepared TFDS dataset instead (e.g. 'lm1b', feature 'text');
-  seq_len: tokens per packed row; batch_size: global rows per step; eval_batches: held-out batches per eval;
-  eval_fraction: share of the local corpus's documents held out; max_corpus_bytes: cap on the text read.
+  Attributes:
+    seq_len: tokens per packed row.
+    batch_size: global rows per step.
+    path: a text file or folder ('' = the embedded default corpus, the Python standard library's sources).
+    tfds_name: read a prepared TFDS dataset instead of `path` (e.g. 'lm1b'); '' = off.
+    tfds_text_key: the TFDS dataset's text feature (e.g. 'text').
+    tfds_data_dir: where the TFDS dataset is ('' = TFDS's default).
+    eval_batches: held-out batches per eval (0 = no eval).
+    eval_fraction: share of the local corpus's documents held out.
+    max_corpus_bytes: cap on the text read.
   """
 
   seq_len: int

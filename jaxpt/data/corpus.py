@@ -15,11 +15,14 @@ import sys
 import sysconfig
 from typing import Sequence
 
+from absl import logging
+
 from jaxpt.config import ConfigError
 
 # Folder names never read from the standard library (third-party code and test suites).
 _STDLIB_SKIP_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"})
 _PARAGRAPH_BREAK = re.compile(r"\n[ \t\r\f\v]*\n")
+_SHOWN_FILES = 5  # skipped files named in the warning
 
 
 def stdlib_dir() -> str:
@@ -94,15 +97,24 @@ def split_paragraphs(text: str) -> list[str]:
 
 
 def path_documents(path: str) -> list[str]:
-  """Documents of a user path: a folder gives one per text file, a single file one per paragraph."""
+  """Documents of a user path: a folder gives one per text file, a single file one per paragraph.
+
+  Files of a folder that are not UTF-8 text (NUL bytes or invalid UTF-8) are skipped with one warning naming how
+  many and the first few."""
   if not path or not os.path.exists(path):
     raise ConfigError("config.data.path", f"{path!r} does not exist")
   if os.path.isdir(path):
-    docs = []
+    docs, skipped = [], []
     for file in _folder_files(path):
       text = _read_text(file)
-      if text and text.strip():
+      if text is None:
+        skipped.append(os.path.relpath(file, path))
+      elif text.strip():
         docs.append(text)
+    if skipped:
+      shown = ", ".join(skipped[:_SHOWN_FILES]) + (", ..." if len(skipped) > _SHOWN_FILES else "")
+      logging.warning("%s: skipped %d files that are not UTF-8 text (binary or another encoding): %s", path,
+                      len(skipped), shown)
   else:
     text = _read_text(path)
     if text is None:
@@ -119,10 +131,8 @@ def read_documents(path: str, max_bytes: int) -> list[str]:
 
 
 def fingerprint(path: str, max_bytes: int) -> str:
-  """A cheap hex digest that changes when the corpus read by `read_documents(path, max_bytes)` may change.
-
-  Built from file names, sizes and modification times (no content is read).
-  """
+  """A hex digest of the corpus `read_documents(path, max_bytes)` reads: the content (bytes and relative names)
+  of every file under a user path; for the embedded corpus, the standard library's folder and Python version."""
   h = hashlib.sha256()
   if not path:
     h.update(f"stdlib|{stdlib_dir()}|{sys.version}|{max_bytes}".encode())
@@ -131,10 +141,12 @@ def fingerprint(path: str, max_bytes: int) -> str:
     raise ConfigError("config.data.path", f"{path!r} does not exist")
   path = os.path.abspath(path)
   files = _folder_files(path) if os.path.isdir(path) else [path]
-  h.update(f"path|{path}".encode())
+  h.update(b"content")
   for file in files:
-    st = os.stat(file)
-    h.update(f"|{os.path.relpath(file, path)}|{st.st_size}|{st.st_mtime_ns}".encode())
+    h.update(f"|{os.path.relpath(file, path)}|{os.path.getsize(file)}|".encode())
+    with open(file, "rb") as f:
+      while chunk := f.read(1 << 24):
+        h.update(chunk)
   return h.hexdigest()
 
 

@@ -30,12 +30,17 @@ _CALCULATOR = re.compile(r"<<[^<>]*>>")
 def read_jsonl(path: str) -> list[dict[str, str]]:
   """The examples of one GSM8K jsonl file: [{question, answer, final}], in file order.
 
-  Raises DataError(`path:line: ...`) for a line that is not a JSON object with string `question` and `answer`
-  fields, or whose answer has no `#### N`. Blank lines are skipped.
+  Raises DataError(`path:line: ...`) for a line that is not UTF-8 or not a JSON object with string `question` and
+  `answer` fields, or whose answer has no `#### N`. Blank lines are skipped.
   """
   examples = []
-  with open(path, encoding="utf-8") as f:
-    for lineno, line in enumerate(f, start=1):
+  with open(path, "rb") as f:  # bytes, decoded line by line: a bad byte is reported with its line
+    for lineno, raw in enumerate(f, start=1):
+      try:
+        line = raw.decode("utf-8")
+      except UnicodeDecodeError as e:
+        where = f"byte 0x{raw[e.start]:02x} at offset {e.start} of the line"
+        raise DataError(f"{path}:{lineno}: not valid UTF-8 ({where})") from None
       if not line.strip():
         continue
       try:

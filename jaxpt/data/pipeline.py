@@ -40,6 +40,14 @@ def _open_sources(config: LMDataConfig, workdir: str) -> tuple[dict[str, Any], s
   return tfds_text.local_sources(builder), f"local|{builder.builder_config.name}", None
 
 
+def local_corpus_id(config: LMDataConfig) -> str | None:
+  """The `corpus_id` LMData.create gives a local corpus (`data.path` or the embedded one), computed without
+  preparing anything (a digest of the text's content); None for a TFDS dataset by name."""
+  if config.tfds_name:
+    return None
+  return f"local|{tfds_text.local_text_config(config.path, config.max_corpus_bytes, config.eval_fraction).name}"
+
+
 def _pack_texts(texts: list[str], tokenizer: tokenizer_lib.Tokenizer, seq_len: int) -> tuple[np.ndarray, ...]:
   if not texts:
     return np.zeros((0, seq_len), np.int32), np.zeros((0, seq_len), np.int32)
@@ -69,8 +77,9 @@ class LMData:
   """Packed training rows and held-out rows of one corpus, with its tokenizer. Build with `LMData.create`."""
 
   def __init__(self, config: LMDataConfig, tokenizer: tokenizer_lib.Tokenizer, seed: int,
-               arrays: dict[str, np.ndarray], workdir: str):
+               arrays: dict[str, np.ndarray], workdir: str, corpus_id: str = ""):
     self.config = config
+    self.corpus_id = corpus_id  # names the training text's content (a run record's `inputs`)
     self.workdir = workdir
     self.tokenizer = tokenizer
     self.seed = seed
@@ -78,9 +87,11 @@ class LMData:
     self._order = order.StepOrder(seed, arrays["train_tokens"].shape[0], config.batch_size)
 
   @classmethod
-  def create(cls, data_config: LMDataConfig | Any, vocab_size: int, workdir: str, seed: int) -> "LMData":
+  def create(cls, data_config: LMDataConfig | Any, vocab_size: int, workdir: str, seed: int,
+             keep_tokenizer: bool = False) -> "LMData":
     """Prepares (or reuses from `workdir`) the TFDS source, tokenizer and packing of `data_config` (an LMDataConfig,
     or a `data` section, checked here). `vocab_size` is the model's; the tokenizer has at most that many ids.
+    keep_tokenizer: the run resumes, so the workdir's tokenizer is kept as it is (see `tokenizer.load_or_train`).
     Raises ConfigError naming the field.
     """
     config = from_section(LMDataConfig, data_config, "config.data")
@@ -95,12 +106,12 @@ class LMData:
 
     training_texts = functools.cache(lambda: read(tfds_text.TRAIN))  # read only if tokenizer or packing need it
     tokenizer = tokenizer_lib.load_or_train(os.path.join(workdir, "tokenizer"), vocab_size, identity,
-                                            training_texts)
+                                            training_texts, keep_existing=keep_tokenizer)
     key = hashlib.sha256(f"{identity}|{hashlib.sha256(tokenizer.model_proto).hexdigest()}|"
                          f"{config.seq_len}|{PACKING_VERSION}".encode()).hexdigest()[:20]
     arrays = _load_or_pack(os.path.join(workdir, "data", f"packed_{key}"),
                            lambda: (training_texts(), read(tfds_text.VALIDATION)), tokenizer, config.seq_len)
-    data = cls(config, tokenizer, int(seed), arrays, workdir)
+    data = cls(config, tokenizer, int(seed), arrays, workdir, corpus_id=identity)
     if data.num_train_rows == 0:
       raise ConfigError("config.data.tfds_name", "has an empty 'train' split", config.tfds_name)
     needed = config.eval_batches * config.batch_size

@@ -165,14 +165,27 @@ def split_files(path: str) -> dict[str, str] | None:
   return found
 
 
+def _read_some_pairs(path: str) -> list[PreferencePair]:
+  """read_preference_jsonl's pairs; DataError naming `path` when it holds none (empty, or every pair skipped)."""
+  pairs, report = read_preference_jsonl(path)
+  if not pairs:
+    why = ("the file is empty" if not report.rows else f"all {report.rows} rows skipped: {len(report.empty)} with an "
+           f"empty response, {len(report.identical)} with identical responses")
+    raise DataError(f"{path}: holds no preference pairs ({why})")
+  return pairs
+
+
 def read_splits(path: str, test_fraction: float) -> dict[str, list[PreferencePair]]:
-  """{'train', 'test'} -> pairs of a preference file (hash split by `is_test_pair`) or of a train/test folder."""
+  """{'train', 'test'} -> pairs of a preference file (hash split by `is_test_pair`) or of a train/test folder.
+
+  Raises DataError naming the file when a file holds no pairs, ConfigError(test_fraction) when a single file's
+  pairs all land on one side."""
   files = split_files(path)
   if files is not None:
-    return {split: read_preference_jsonl(file)[0] for split, file in files.items()}
+    return {split: _read_some_pairs(file) for split, file in files.items()}
   if not 0.0 < test_fraction < 1.0:
     raise ConfigError("config.data.test_fraction", "must be in (0, 1)", test_fraction)
-  pairs, _ = read_preference_jsonl(path)
+  pairs = _read_some_pairs(path)
   held_out = [is_test_pair(p, test_fraction) for p in pairs]
   train = [p for p, t in zip(pairs, held_out) if not t]
   test = [p for p, t in zip(pairs, held_out) if t]

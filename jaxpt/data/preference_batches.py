@@ -43,13 +43,25 @@ _SIDE_SIGN = {"chosen": 1, "rejected": -1, "none": 0}
 
 @dataclasses.dataclass(frozen=True)
 class PreferenceDataConfig(Section):
-  """The `data` section of reward-model runs.
+  """The `data` section of reward-model runs (see the module docstring).
 
-  source: "synthetic" | a .jsonl[.gz] file or folder; seq_len; batch_size; eval_batches (0 = every test pair,
-  N = the first N batches); test_fraction (held out of a single-file source); length_bias (synthetic train
-  P(chosen longer)); synthetic_train_pairs / synthetic_test_pairs; data_seed (synthetic generation and sycophancy
-  draws); sycophancy_ratio (0 = off) / sycophancy_side_prob / sycophancy_test_side_prob; biases (comma list);
-  max_pairs (0 = all training pairs); tfds_data_dir ('' = WORKDIR/tfds).
+  Attributes:
+    source: "synthetic" (the embedded arithmetic preference task) | a .jsonl[.gz] file or a folder of them.
+    seq_len: tokens per sequence (prompt + response + EOS, truncated from the left).
+    batch_size: global pairs per step.
+    eval_batches: held-out batches per eval: 0 = every test pair, N = the first N batches.
+    test_fraction: share of the pairs held out for 'test' when the source is a single file.
+    length_bias: synthetic training pairs: P(chosen longer).
+    synthetic_train_pairs: synthetic training pairs generated.
+    synthetic_test_pairs: synthetic test pairs generated.
+    data_seed: seed of the synthetic generation and the sycophancy draws.
+    sycophancy_ratio: share of pairs contaminated with a sycophantic prefix (0 = off).
+    sycophancy_side_prob: training pairs: probability the prefix goes on the chosen side.
+    sycophancy_test_side_prob: test pairs: probability the prefix goes on the chosen side (0: always the rejected
+      side, the adversarial case).
+    biases: comma-separated bias labels computed per pair (e.g. length, sycophancy, format).
+    max_pairs: use at most this many training pairs (0 = all).
+    tfds_data_dir: where the preference file's TFDS dataset is built ('' = WORKDIR/tfds).
   """
 
   source: str = SYNTHETIC
@@ -180,6 +192,7 @@ class PreferenceData:
   def __init__(self, config: PreferenceDataConfig, tokenizer: tokenizer_lib.Tokenizer, seed: int,
                pairs: dict[str, list[preference.PreferencePair]], workdir: str):
     self.config = config
+    self.corpus_id = _corpus_id(pairs["train"])  # names the training pairs' content (a run record's `inputs`)
     self.tokenizer = tokenizer
     self.seed = seed
     self.workdir = workdir
@@ -189,12 +202,13 @@ class PreferenceData:
 
   @classmethod
   def create(cls, data_config: Any, vocab_size: int, workdir: str, seed: int,
-             tokenizer: tokenizer_lib.Tokenizer | None = None) -> "PreferenceData":
+             tokenizer: tokenizer_lib.Tokenizer | None = None, keep_tokenizer: bool = False) -> "PreferenceData":
     """Reads and contaminates the pairs of `data_config` (a PreferenceDataConfig, or a `data` section, checked
     here), and tokenizes them.
 
     The tokenizer (at most `vocab_size` ids) is `tokenizer` if given, else trained on the training pairs' texts
-    and cached in WORKDIR/tokenizer. Raises ConfigError naming the `config.data.<field>` at fault.
+    and cached in WORKDIR/tokenizer (kept as it is when `keep_tokenizer`: the run resumes). Raises ConfigError
+    naming the `config.data.<field>` at fault.
     """
     settings = from_section(PreferenceDataConfig, data_config, "config.data")
     if not isinstance(seed, (int, np.integer)) or seed < 0:
@@ -210,7 +224,8 @@ class PreferenceData:
                         f"data.source={settings.source!r}", settings.batch_size)
     if tokenizer is None:
       tokenizer = tokenizer_lib.load_or_train(os.path.join(workdir, "tokenizer"), vocab_size,
-                                              _corpus_id(pairs["train"]), lambda: _pair_texts(pairs["train"]))
+                                              _corpus_id(pairs["train"]), lambda: _pair_texts(pairs["train"]),
+                                              keep_existing=keep_tokenizer)
     if tokenizer.vocab_size > vocab_size:
       raise ConfigError("config.model.vocab_size", f"smaller than the tokenizer's {tokenizer.vocab_size} tokens",
                         vocab_size)

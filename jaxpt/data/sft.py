@@ -39,7 +39,22 @@ _ARITHMETIC = arithmetic.ArithmeticConfig
 
 @dataclasses.dataclass(frozen=True)
 class TaskConfig(Section):
-  """The `task` config section (see the module docstring); the arithmetic knobs default to ArithmeticConfig's."""
+  """The `task` config section (see the module docstring); the arithmetic knobs default to ArithmeticConfig's.
+
+  Attributes:
+    name: 'arithmetic' (the embedded generator, jaxpt.data.arithmetic) | 'gsm8k' (a local jsonl folder).
+    train_size: training problems (gsm8k: at most this many, 0 = all).
+    test_size: held-out problems (gsm8k: at most this many, 0 = all).
+    seed: the generator's seed (arithmetic).
+    path: gsm8k: the folder with train.jsonl / test.jsonl.
+    tfds_data_dir: gsm8k: where its TFDS dataset is built ('' = the caller's choice, else ~/tensorflow_datasets).
+    num_steps: arithmetic: operations per problem.
+    max_value: arithmetic: the start value and +/- operands are drawn from [1, max_value].
+    ops: arithmetic: the operations to draw from (a subset of '+-*').
+    max_factor: arithmetic: '*' operands are drawn from [2, max_factor].
+    allow_negative: arithmetic: if False, every running total stays >= 0.
+    test_fraction: arithmetic: share of the arithmetic contents (numbers, ops) held out for the 'test' split.
+  """
 
   name: str = "arithmetic"
   train_size: int = 20000
@@ -114,18 +129,19 @@ def example_text(problem: Problem) -> tuple[str, str]:
   return format_prompt(problem.question), format_response(problem.solution, problem.answer)
 
 
-def task_tokenizer(task: TaskConfig | Any, vocab_size: int, workdir: str,
-                   data_dir: str | None = None) -> tokenizer_lib.Tokenizer:
+def task_tokenizer(task: TaskConfig | Any, vocab_size: int, workdir: str, data_dir: str | None = None,
+                   keep_existing: bool = False) -> tokenizer_lib.Tokenizer:
   """SentencePiece (jaxpt.data.tokenizer.load_or_train) trained on the training split's prompt + response texts,
   cached in `workdir/tokenizer`: any run (SFT, GRPO) with the same training split (TaskConfig.train_identity)
-  and vocab_size reuses it; any other task retrains it there (overwriting the file)."""
+  and vocab_size reuses it; another task trains another one (kept beside it in the cache). keep_existing: the run
+  resumes, so its tokenizer is kept as it is."""
   task = task_config(task)
 
   def documents() -> list[str]:
     return ["".join(example_text(p)) for p in task_problems(task, "train", data_dir)]
 
   return tokenizer_lib.load_or_train(os.path.join(workdir, "tokenizer"), vocab_size, f"task|{task.train_identity}",
-                                     documents)
+                                     documents, keep_existing=keep_existing)
 
 
 def encode_examples(tokenizer: tokenizer_lib.Tokenizer, problems: Sequence[Problem], seq_len: int,
@@ -188,7 +204,7 @@ class SFTData(LMData):
     test = encode_examples(tokenizer, task_problems(task, "test", data_dir), config.seq_len)
     arrays = {"train_tokens": train[0], "train_segments": train[1], "eval_tokens": test[0],
               "eval_segments": test[1]}
-    data = cls(config, tokenizer, int(seed), arrays, workdir)
+    data = cls(config, tokenizer, int(seed), arrays, workdir, corpus_id=f"task|{task_config(task).train_identity}")
     needed = config.eval_batches * config.batch_size
     if data.num_eval_rows < needed:
       raise ConfigError("config.data.eval_batches", f"needs {needed} held-out problems (data.batch_size="
@@ -204,7 +220,7 @@ class SFTData(LMData):
 
 
 def encode_prompts(tokenizer: tokenizer_lib.Tokenizer, questions: Sequence[str], prompt_len: int,
-                   field: str = "prompt_len") -> tuple[np.ndarray, np.ndarray]:
+                   field: str = "config.decode.prompt_len") -> tuple[np.ndarray, np.ndarray]:
   """Left-padded prompt tokens: (tokens int32 [N, P], mask int32 [N, P]) with each prompt's tokens rightmost,
   mask 1 on them and 0 (token 0) on the padding to their left. A longer prompt raises ConfigError naming `field`."""
   encoded = tokenizer.encode_batch([format_prompt(q) for q in questions])

@@ -1,12 +1,14 @@
 """SentencePiece tokenizer, trained on the training corpus at first use and cached in the workdir.
 
 Ids: pad=0, eos=1, bos=2, unk=3. Byte fallback and identity normalisation make `decode(encode(s)) == s` for any
-string. The model is stored as `<dir>/spm.model` with the settings it was trained with in `<dir>/spm.json`; a
-later run with the same settings reuses it, any other settings retrain it.
+string. A run's tokenizer is `<dir>/spm.model` with the settings it was trained with in `<dir>/spm.json`; every
+tokenizer trained there is also kept under `<dir>/cache/`, named by a digest of its settings (which include a
+digest of the corpus's content), and never overwritten. A resumed run keeps its `spm.model` as it is.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -129,22 +131,32 @@ def _atomic_write(path: str, data: bytes) -> None:
   os.replace(tmp, path)
 
 
-def load_or_train(directory: str, vocab_size: int, corpus_id: str,
-                  documents: Callable[[], Iterable[str]]) -> Tokenizer:
-  """The tokenizer cached in `directory` if it was trained with the same settings, else a newly trained one.
+def load_or_train(directory: str, vocab_size: int, corpus_id: str, documents: Callable[[], Iterable[str]],
+                  keep_existing: bool = False) -> Tokenizer:
+  """The run's tokenizer, `directory/spm.model` (its settings in `spm.json`).
 
-  `corpus_id` identifies the training corpus (e.g. a fingerprint); `documents()` is only called when training.
+  keep_existing: the run resumes from a checkpoint, whose embedding rows are this tokenizer's ids: an existing
+    `spm.model` is used as it is, whatever the settings now say (never retrained or overwritten).
+  Otherwise the tokenizer of these settings (vocab_size, trainer options, `corpus_id`: a digest of the training
+  corpus's content) is taken from the content-addressed cache `directory/cache/<settings digest>.model`, trained
+  into it at first use (never overwritten), and made the run's `spm.model`. `documents()` is only called to train.
   """
   settings = {"vocab_size": vocab_size, "corpus_id": corpus_id, "sentencepiece": spm.__version__,
               **TRAINER_OPTIONS}
   model_file = os.path.join(directory, "spm.model")
   settings_file = os.path.join(directory, "spm.json")
-  if os.path.exists(model_file) and os.path.exists(settings_file):
-    with open(settings_file) as f:
-      if json.load(f) == settings:
-        return Tokenizer.load(model_file)
-  tokenizer = train(documents(), vocab_size)
-  os.makedirs(directory, exist_ok=True)
-  _atomic_write(model_file, tokenizer.model_proto)
-  _atomic_write(settings_file, json.dumps(settings, indent=1, sort_keys=True).encode())
+  if keep_existing and os.path.exists(model_file):
+    return Tokenizer.load(model_file)
+  encoded_settings = json.dumps(settings, indent=1, sort_keys=True).encode()
+  cached = os.path.join(directory, "cache", hashlib.sha256(encoded_settings).hexdigest()[:16])
+  if os.path.exists(f"{cached}.model"):
+    tokenizer = Tokenizer.load(f"{cached}.model")
+  else:
+    tokenizer = train(documents(), vocab_size)
+    os.makedirs(os.path.dirname(cached), exist_ok=True)
+    _atomic_write(f"{cached}.json", encoded_settings)
+    _atomic_write(f"{cached}.model", tokenizer.model_proto)
+  if not (os.path.exists(model_file) and Tokenizer.load(model_file).model_proto == tokenizer.model_proto):
+    _atomic_write(settings_file, encoded_settings)
+    _atomic_write(model_file, tokenizer.model_proto)
   return tokenizer

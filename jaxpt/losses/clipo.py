@@ -169,7 +169,7 @@ def contrastive_reward(per_rollout_loss: jax.Array, labels: jax.Array, coef: flo
   if coef < 0 or floor > 0:
     raise ValueError(f"clipo reward needs coef >= 0 and floor <= 0, got coef={coef}, floor={floor}")
   y = correct(labels).astype(jnp.float32)
-  l = jax.lax.stop_gradient(jnp.asarray(per_rollout_loss, jnp.float32))
+  l = jax.lax.stop_gradient(jnp.maximum(jnp.asarray(per_rollout_loss, jnp.float32), 0.0))  # an L rounded below 0
   return jnp.maximum(-coef * l * y, floor)
 
 

@@ -17,14 +17,36 @@ KERNELS = ("reference", "pallas")
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig(Section):
-  """Decoder-only transformer LM.
+  """Decoder-only transformer LM (the `model` section).
 
-  `norm_scheme` picks the residual scheme (see `jaxpt.models.blocks`). `dtype` is the compute dtype; parameters are
-  always kept in `param_dtype`. `head_dim` defaults to d_model // num_heads. `kernel` picks how the siamese
-  schemes compute their sub-layer boundaries: `reference` (separate norm modules, XLA fuses what it can) or
-  `pallas` (the fused two-stream-norm kernels in `kernels/two_stream_norm`; same parameters). The single-stream
-  schemes have no fused boundary and ignore it. `attention_query_chunk` > 0 computes causal attention that many
-  queries at a time, skipping the key blocks above the diagonal (same result; see `jaxpt.nn.attention`).
+  Attributes:
+    vocab_size: rows of the token embedding; the tokenizer is trained to at most this many tokens.
+    d_model: width of the residual stream.
+    num_layers: transformer blocks.
+    num_heads: attention (query) heads.
+    num_kv_heads: key/value heads (grouped-query attention; must divide num_heads).
+    head_dim: width of a head; None = d_model // num_heads (must be even, for RoPE).
+    mlp_dim: hidden width of the MLP.
+    mlp_type: swiglu | gelu.
+    norm_type: rmsnorm | layernorm.
+    norm_eps: epsilon of every norm.
+    norm_scheme: the residual scheme (see `jaxpt.models.blocks`): pre | post | hybrid | siamese_post_pre |
+      siamese_hybrid_pre.
+    qk_norm: normalise queries and keys in attention (the hybrid schemes always do).
+    v_norm: normalise values in attention (the hybrid schemes always do).
+    tie_embeddings: the output projection is the token embedding, transposed.
+    rope_theta: base wavelength of the rotary position embedding.
+    attention_query_chunk: > 0: causal attention computed that many queries at a time, skipping the key blocks
+      above the diagonal (same result; see `jaxpt.nn.attention`); 0 = all queries at once.
+    max_seq_len: the longest sequence the model takes (data rows, prompt + response).
+    dtype: the compute dtype: float32 | bfloat16.
+    param_dtype: the dtype parameters are always kept in: float32 | bfloat16.
+    remat: recompute each block in the backward pass: none | full | dots (keep the matmul outputs).
+    scan_layers: the blocks run as one scan over stacked layer parameters (faster compile), else unrolled.
+    dropout_rate: dropout probability in training (0 = off).
+    kernel: how the siamese schemes compute their sub-layer boundaries: `reference` (separate norm modules, XLA fuses
+      what it can) or `pallas` (the fused two-stream-norm kernels in `kernels/two_stream_norm`; same parameters).
+      The single-stream schemes have no fused boundary and ignore it.
   """
 
   vocab_size: int = 256

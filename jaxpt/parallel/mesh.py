@@ -21,7 +21,15 @@ from jaxpt.parallel.rules import DATA_AXES, MESH_AXES, RULES, Rules, get_rules, 
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig(Section):
-  """Sizes of the mesh axes (-1 = all devices left over; at most one) and the rules preset name."""
+  """The `mesh` section: sizes of the mesh axes (-1 = all devices left over; at most one axis) and the rules preset.
+
+  Attributes:
+    data: devices on the `data` axis (the batch is split over data x fsdp); -1 = the rest.
+    fsdp: devices on the `fsdp` axis (batch, and with fsdp rules the parameters and optimizer state); -1 = the rest.
+    tensor: devices on the `tensor` axis (heads, MLP hidden and vocab with tp rules); -1 = the rest.
+    rules: the sharding-rules preset (`jaxpt.parallel.rules`): dp | fsdp | tp | fsdp_tp; it must split something
+      over every axis of size > 1.
+  """
 
   data: int = -1
   fsdp: int = 1

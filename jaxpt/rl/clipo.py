@@ -36,20 +36,37 @@ Metrics = dict[str, jax.Array]
 @dataclasses.dataclass(frozen=True)
 class CLIPOConfig(Section):
   """The `clipo` section (all fields optional; absent section = CLIPO off). Frozen, so hashable: a static jit
-  argument."""
+  argument.
+
+  Attributes:
+    enabled: CLIPO on: a contrastive head on the rollouts' hidden states adds r_con to the rewards.
+    head: projection head kind: linear | mlp.
+    out_dim: D, the head's output width.
+    temperature: tau of the contrastive loss.
+    objective: the contrastive loss: infonce | supcon_out | soft_nn.
+    level: which rollouts are positives and negatives: group | batch | cross (`jaxpt.losses.clipo`).
+    distance: similarity of head outputs: cosine | l2.
+    reward_coef: lambda in r_con = max(-lambda * L_i * y_i, reward_floor).
+    reward_floor: the lowest r_con (<= 0).
+    learning_rate: the head's AdamW learning rate.
+    weight_decay: the head's AdamW weight decay.
+    in_loss_coef: weight of the in-loss variant, the contrastive loss added to the policy loss through a fixed head
+      (0 = off).
+    freeze_policy_steps: first training steps in which only the head is trained (the policy is not updated).
+  """
 
   enabled: bool = False
-  head: str = "linear"                # projection head kind: linear | mlp
-  out_dim: int = 512                  # D
+  head: str = "linear"
+  out_dim: int = 512
   temperature: float = clipo_loss.TEMPERATURE
-  objective: str = "infonce"          # infonce | supcon_out | soft_nn
-  level: str = "group"                # group | batch | cross
-  distance: str = "cosine"            # cosine | l2
-  reward_coef: float = clipo_loss.REWARD_COEF    # lambda
+  objective: str = "infonce"
+  level: str = "group"
+  distance: str = "cosine"
+  reward_coef: float = clipo_loss.REWARD_COEF
   reward_floor: float = clipo_loss.REWARD_FLOOR
-  learning_rate: float = 1e-3         # head AdamW
+  learning_rate: float = 1e-3
   weight_decay: float = 0.01
-  in_loss_coef: float = 0.0           # the in-loss variant (0 = off)
+  in_loss_coef: float = 0.0
   freeze_policy_steps: int = 0
 
   def check(self) -> None:

@@ -33,7 +33,18 @@ from jaxpt.models.transformer import TransformerLM, init_cache, unstack_layers
 
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig(Section):
-  """How to sample `max_new_tokens` response tokens (top_k 0 and top_p 1 switch those filters off)."""
+  """How to sample `max_new_tokens` response tokens (top_k 0 and top_p 1 switch those filters off).
+
+  Attributes:
+    max_new_tokens: the longest response, in tokens.
+    temperature: tau, logits / tau before sampling (> 0).
+    top_k: sample among the k most likely tokens (0 = off).
+    top_p: nucleus sampling: among the most likely tokens holding probability top_p (1 = off).
+    greedy: argmax decoding instead of sampling (the GRPO trainer sets it: sampled rollouts, greedy eval).
+    eos_id: a row stops at its first eos_id (None = never; the trainers set the tokenizer's).
+    pad_id: the token after a row's EOS (the trainers set the tokenizer's).
+    return_hidden: also return the final-norm hidden states of the response (the GRPO trainer sets it for CLIPO).
+  """
 
   max_new_tokens: int
   temperature: float = 1.0

@@ -2,16 +2,112 @@
 
 from __future__ import annotations
 
+import json
+import logging as std_logging
 import os
+import sys
+import time
+import zlib
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from absl import logging
+from jax.experimental import multihost_utils
 
 from jaxpt.config import ConfigError
 from jaxpt.train.state import TrainState
 
 CHECKPOINT_DIR = "checkpoints"
+SKIPPED_DIR = "checkpoints_skipped"  # unrestorable checkpoints are moved here, never deleted
+MANIFEST = "manifest.json"
+
+
+class CheckpointError(RuntimeError):
+  """A checkpoint could not be saved or restored; the message is one line with the cause and the path."""
+
+
+def _is_orbax_noise(record: std_logging.LogRecord) -> bool:
+  """orbax's own error logs of a failed async save and asyncio's 'Task exception was never retrieved' for it: the
+  failure reaches the caller as one CheckpointError line instead."""
+  return record.levelno >= std_logging.ERROR and (record.name == "asyncio" or f"{os.sep}orbax{os.sep}" in
+                                                   record.pathname)
+
+
+def quiet_orbax_noise() -> None:
+  """For command-line runs (process-wide; not done on import): drops the hundreds of lines a failed checkpoint
+  save or read prints besides its CheckpointError (orbax's error logs and asyncio's, and the 'Event loop is
+  closed' tracebacks tensorstore's late callbacks raise into closed event loops)."""
+  previous = sys.unraisablehook
+
+  def unraisable(info):
+    if isinstance(info.exc_value, RuntimeError) and "Event loop is closed" in str(info.exc_value):
+      return
+    previous(info)
+
+  sys.unraisablehook = unraisable
+  for handler in std_logging.getLogger().handlers:
+    handler.addFilter(lambda record: not _is_orbax_noise(record))
+
+
+def _cause(error: BaseException) -> str:
+  """The first line of an error's message, with its type (orbax and tensorstore messages run to many lines)."""
+  lines = str(error).strip().splitlines()
+  cause = f"{type(error).__name__}: {lines[0] if lines else ''}"
+  return cause if len(cause) <= 400 else f"{cause[:180]} ... {cause[-200:]}"  # tensorstore puts the OS error last
+
+
+def _path_names(path: tuple) -> tuple[str, ...]:
+  """A pytree path as plain names ('params', 'blocks_0', ..., '0'), the same for a dataclass / NamedTuple and for
+  the dicts / lists orbax saves them as."""
+  return tuple(str(getattr(k, "name", getattr(k, "key", getattr(k, "idx", k)))) for k in path)
+
+
+def _file_crc(path: str) -> int:
+  crc = 0
+  with open(path, "rb") as f:
+    while chunk := f.read(1 << 24):
+      crc = zlib.crc32(chunk, crc)
+  return crc
+
+
+def _step_files(step_dir: str) -> list[str]:
+  """Relative paths of every file of a committed checkpoint step, sorted, without the manifest itself."""
+  files = []
+  for folder, _, names in os.walk(step_dir):
+    files += [os.path.relpath(os.path.join(folder, n), step_dir) for n in names]
+  return sorted(f for f in files if f != MANIFEST)
+
+
+def _write_manifest(step_dir: str) -> None:
+  """`<step_dir>/manifest.json`: {relative path: [size, crc32]} of every file of the committed step."""
+  entries = {f: [os.path.getsize(os.path.join(step_dir, f)), _file_crc(os.path.join(step_dir, f))]
+             for f in _step_files(step_dir)}
+  tmp = os.path.join(step_dir, f"{MANIFEST}.tmp{os.getpid()}")
+  with open(tmp, "w") as f:
+    json.dump(entries, f)
+  os.replace(tmp, os.path.join(step_dir, MANIFEST))
+
+
+def _check_manifest(step_dir: str) -> str | None:
+  """Why the files of `step_dir` differ from its manifest (a missing, truncated or changed file), or None when
+  they match or the step has no manifest (killed between commit and manifest: it is then tried as it is)."""
+  try:
+    with open(os.path.join(step_dir, MANIFEST)) as f:
+      entries = json.load(f)
+  except FileNotFoundError:
+    return None
+  except (OSError, ValueError) as e:
+    return f"unreadable {MANIFEST} ({_cause(e)})"
+  for name, (size, crc) in sorted(entries.items()):
+    path = os.path.join(step_dir, name)
+    if not os.path.exists(path):
+      return f"{name} is missing"
+    if os.path.getsize(path) != size:
+      return f"{name} has {os.path.getsize(path)} bytes, {size} were written"
+    if _file_crc(path) != crc:
+      return f"{name} is corrupted (CRC-32 differs from the one written)"
+  return None
 
 
 class Checkpointer:
@@ -19,12 +115,21 @@ class Checkpointer:
 
   `state` is the TrainState pytree (StandardSave); `meta` is a small JSON dict (e.g. the config). Saves are
   asynchronous: `save` returns once arrays are copied off device; `close()` waits until files are committed.
+  Once a step is committed, process 0 writes `<step>/manifest.json` (size and CRC-32 of every file), so a
+  truncated or corrupted checkpoint is recognised before any of it is read; `restore_latest` falls back to the
+  newest checkpoint that is intact and fits. Save and restore failures raise CheckpointError (one line).
   """
 
   def __init__(self, workdir: str, keep: int = 3, async_save: bool = True):
     self.directory = os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save, create=True)
-    self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
+    try:
+      handlers = {"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}  # not on import:
+      # creating a handler starts JAX's backend, which must wait for jax.distributed.initialize
+      self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
+    except OSError as e:
+      raise CheckpointError(f"cannot open {self.directory}: {_cause(e)}") from None
+    self._unverified: list[int] = []  # saved steps whose manifest is not written yet
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -34,17 +139,45 @@ class Checkpointer:
     step = int(jax.device_get(state.step))
     if step in self._manager.all_steps():
       return False
+    self._finish_pending()  # the previous save must be committed before the next starts anyway
     args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta or {}))
-    return bool(self._manager.save(step, args=args, force=True))
+    try:
+      started = bool(self._manager.save(step, args=args, force=True))
+    except Exception as e:  # orbax raises OSError, ValueError, RuntimeError, ... from its writer threads
+      raise CheckpointError(f"saving the checkpoint at step {step} in {self.directory} failed: {_cause(e)}") from None
+    if started:
+      self._unverified.append(step)
+    return started
 
   def restore_latest(self, template: TrainState) -> TrainState | None:
-    """The latest checkpoint restored into `template`'s structure/dtypes/shardings, or None if there is none."""
-    step = self._manager.latest_step()
-    if step is None:
-      return None
+    """The newest checkpoint that restores into `template`'s structure/dtypes/shardings, or None if there is none.
+
+    A newer checkpoint that is corrupt or truncated (its manifest does not match, or orbax cannot read it) is
+    skipped with a warning naming the step and the cause, and once an older one restores, moved to
+    `workdir/checkpoints_skipped/` (kept for inspection, out of the way of the next save). CheckpointError when
+    checkpoints exist but none restores, or the newest does not fit the config (a parameter's shape differs).
+    """
+    failures: list[tuple[int, str]] = []
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
-    restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
-    return restored.state
+    for step in sorted(self._manager.all_steps(), reverse=True):
+      problem = _check_manifest(self._step_dir(step)) or self._misfit(step, abstract)
+      if problem is None:
+        try:
+          restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
+        except Exception as e:  # orbax / tensorstore raise ValueError, JSONDecodeError, KeyError, ...
+          problem = _cause(e)
+      if problem is not None:
+        logging.warning("checkpoint at step %d in %s does not restore, skipping it: %s", step, self.directory,
+                        problem)
+        failures.append((step, problem))
+        continue
+      if failures:
+        self._set_aside([s for s, _ in failures], step)
+      return restored.state
+    if failures:
+      listed = "; ".join(f"step {s}: {p}" for s, p in failures)
+      raise CheckpointError(f"no checkpoint in {self.directory} restores into this run ({listed})")
+    return None
 
   def restore_params(self, template: Any, step: int | None = None) -> Any:
     """Only the `params` of a saved TrainState (latest step by default), restored into `template`'s structure,
@@ -56,11 +189,69 @@ class Checkpointer:
     abstract = {"params": jax.tree.map(ocp.utils.to_shape_dtype_struct, template)}
     restore_args = ocp.checkpoint_utils.construct_restore_args(abstract)
     args = ocp.args.PyTreeRestore(item=abstract, restore_args=restore_args, partial_restore=True)
-    return self._manager.restore(step, args=ocp.args.Composite(state=args)).state["params"]
+    with ocp.PyTreeCheckpointer() as reader:  # the manager's `state` handler restores whole trees only
+      return reader.restore(os.path.join(self._step_dir(step), "state"), args=args)["params"]
 
   def close(self) -> None:
-    self._manager.wait_until_finished()
-    self._manager.close()
+    """Waits until every save is committed (and its manifest written), then releases the manager."""
+    try:
+      self._finish_pending()
+    finally:
+      self._manager.close()
+
+  def _finish_pending(self) -> None:
+    """Waits for the running save; writes the manifests of the steps saved since the last call (process 0)."""
+    try:
+      self._manager.wait_until_finished()
+    except Exception as e:
+      steps = ", ".join(map(str, self._unverified)) or "?"
+      self._unverified = []
+      raise CheckpointError(f"saving the checkpoint at step {steps} in {self.directory} failed: {_cause(e)}") \
+          from None
+    steps, self._unverified = self._unverified, []
+    if jax.process_index() == 0:
+      for step in steps:
+        if step in self._manager.all_steps():
+          try:
+            _write_manifest(self._step_dir(step))
+          except OSError as e:
+            raise CheckpointError(f"writing the manifest of step {step} in {self.directory} failed: "
+                                  f"{_cause(e)}") from None
+
+  def _step_dir(self, step: int) -> str:
+    return os.path.join(self.directory, str(step))
+
+  def _misfit(self, step: int, abstract: TrainState) -> str | None:
+    """Why `step`'s saved tree cannot be read (a corrupt checkpoint: None lets the caller fall back), or raises
+    CheckpointError when it reads but does not fit `abstract` (the run's config changed a shape: older steps would
+    not fit either)."""
+    try:
+      saved = self._manager.item_metadata(step)["state"]
+    except Exception as e:
+      return _cause(e)
+    saved_leaves = {_path_names(path): leaf for path, leaf in
+                    jax.tree_util.tree_leaves_with_path(getattr(saved, "tree", saved))}
+    for path, want in jax.tree_util.tree_leaves_with_path(abstract):
+      name = "/".join(_path_names(path))
+      got = saved_leaves.get(_path_names(path))
+      if got is None or tuple(got.shape) != tuple(want.shape):
+        saved_as = "is absent" if got is None else f"has shape {tuple(got.shape)}"
+        raise CheckpointError(f"the checkpoint at step {step} in {self.directory} does not fit this run's config: "
+                              f"{name} {saved_as} there, the config gives {tuple(want.shape)}")
+    return None
+
+  def _set_aside(self, steps: list[int], restored: int) -> None:
+    """Moves the unrestorable `steps` to workdir/checkpoints_skipped/ (process 0), so saves reuse their numbers."""
+    if jax.process_index() == 0:
+      aside = os.path.join(os.path.dirname(self.directory), SKIPPED_DIR)
+      os.makedirs(aside, exist_ok=True)
+      for step in steps:
+        target = os.path.join(aside, f"{step}.{time.strftime('%Y%m%d-%H%M%S')}")
+        os.rename(self._step_dir(step), target)
+        logging.warning("restored step %d; moved the unrestorable step %d to %s", restored, step, target)
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices("jaxpt_checkpoints_set_aside")
+    self._manager.reload()
 
 
 def load_run_params(workdir: str, template: Any, field: str = "config.init_from") -> Any:

@@ -8,6 +8,7 @@ cross-section rules (`check`). The CLI or Python API turns a ConfigDict into one
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 
 from jaxpt.config import ConfigError, at_least
@@ -16,27 +17,36 @@ from jaxpt.parallel.mesh import MeshConfig
 from jaxpt.train.loop import LoopConfig
 from jaxpt.train.optim import OptimConfig
 
-__all__ = ["RunConfig", "check_vocab", "config_json"]
+__all__ = ["RunConfig", "check_init_from", "check_vocab", "config_json"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RunConfig(LoopConfig):
-  """The loop's fields (`jaxpt.train.loop.LoopConfig`: steps, log_every, ...), model and optim (required
-  sections), mesh (default: every device on `data`), seed, and init_from: '' = random init, else a jaxpt run's
-  workdir whose latest checkpoint's params start this run."""
+  """What every run config holds: the loop's fields (`jaxpt.train.loop.LoopConfig`: steps, log_every, ...) and these.
+
+  Attributes:
+    model: the transformer (required section).
+    optim: the optimizer and its learning-rate schedule (required section).
+    mesh: the device mesh and sharding rules (default: every device on `data`).
+    seed: seed of the parameter init, the data order and the run's random keys.
+    init_from: '' = random init, else a jaxpt run's workdir whose latest checkpoint's params start this run.
+    allow_changes: comma-separated fields or sections ('steps,optim.learning_rate', 'optim', 'inputs') this launch
+      may change when it resumes a run recorded with other values (`jaxpt.train.record`); '' = resume only the run
+      as recorded.
+  """
 
   model: ModelConfig
   optim: OptimConfig
   mesh: MeshConfig = MeshConfig()
   seed: int = 0
   init_from: str = ""
+  allow_changes: str = ""
 
   def check(self) -> None:
     super().check()
     at_least(self, "seed", 0)
-    if self.init_from and not os.path.isdir(os.path.join(os.path.expanduser(self.init_from), "checkpoints")):
-      raise ConfigError("init_from", "no checkpoints/ folder there (expected the workdir of a jaxpt run, or '' "
-                        "for random init)", self.init_from)
+    if self.init_from:
+      check_init_from(self.init_from)
 
   @property
   def loop(self) -> LoopConfig:
@@ -51,6 +61,23 @@ class RunConfig(LoopConfig):
     """ConfigError naming `seq_len_field` when it is longer than the model's max_seq_len."""
     if seq_len > self.model.max_seq_len:
       raise ConfigError(seq_len_field, f"longer than config.model.max_seq_len={self.model.max_seq_len}", seq_len)
+
+
+def check_init_from(workdir: str) -> None:
+  """ConfigError naming init_from unless `workdir` is a jaxpt language-model run (pretrain, SFT or GRPO) with a
+  checkpoints/ folder: a reward model's params (backbone + score head) start no policy or backbone."""
+  path = os.path.expanduser(workdir)
+  if not os.path.isdir(os.path.join(path, "checkpoints")):
+    raise ConfigError("init_from", "no checkpoints/ folder there (expected the workdir of a jaxpt run, or '' "
+                      "for random init)", workdir)
+  try:
+    with open(os.path.join(path, "config.json")) as f:
+      recorded = json.load(f)
+  except (OSError, ValueError):
+    return  # no readable record: the restore itself checks the params tree
+  if isinstance(recorded, dict) and "rm" in recorded:
+    raise ConfigError("init_from", "is the workdir of a reward-model run (jaxpt rm); init_from takes a language-model "
+                      "run (jaxpt pretrain, sft or grpo)", workdir)
 
 
 def check_vocab(model: ModelConfig, tokenizer_vocab_size: int) -> None:

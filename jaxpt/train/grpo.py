@@ -37,6 +37,7 @@ from jaxpt.losses import get_loss
 from jaxpt.losses.grpo import (ADVANTAGES, AGG_MODES, KL_KINDS, entropy_from_logits, group_advantages,
                                kl_penalized_rewards)
 from jaxpt.models.transformer import TransformerLM
+from jaxpt.progress import say
 from jaxpt.rl import clipo
 from jaxpt.rl.logprobs import response_logits, response_logprobs, token_logprobs
 from jaxpt.rl.rewards import math_reward
@@ -44,25 +45,43 @@ from jaxpt.rl.rollouts import repeat_prompts, response_texts, verifier_rewards
 from jaxpt.rl.sampler import SamplingConfig, make_sampler
 from jaxpt.train.builder import Training, build_training, training_mesh
 from jaxpt.train.config import RunConfig, check_vocab, config_json
-from jaxpt.train.loop import LoopResult, print_summary, save_run_config, train_loop
+from jaxpt.train.loop import LoopResult, print_summary, train_loop
+from jaxpt.train.record import check_launch, digest, record_launch, resumes, run_inputs
 from jaxpt.train.state import TrainState
 from jaxpt.train.step import grad_fn_of
 
 
 @dataclasses.dataclass(frozen=True)
 class GRPOConfig(Section):
-  """The `grpo` section: rollouts per prompt, advantage estimator, policy loss and its options, update schedule."""
+  """The `grpo` section: rollouts per prompt, advantage estimator, policy loss and its options, update schedule.
+
+  Attributes:
+    group_size: G, rollouts sampled per prompt (one group).
+    advantage: a registered advantage estimator: grpo | drgrpo | rloo | reinforce_pp_baseline.
+    policy_loss: a registered `policy` loss: ppo_clip | gspo.
+    eps_lo: lower clip range: the ratio is clipped below at 1 - eps_lo.
+    eps_hi: upper clip range: the ratio is clipped above at 1 + eps_hi (> eps_lo: DAPO clip-higher).
+    dual_clip_c: dual-clip PPO bound c (> 1) for negative advantages; 0 = off (ppo_clip only).
+    agg: token aggregation of the loss: token-mean | seq-mean-token-sum | seq-mean-token-mean |
+      seq-mean-token-sum-norm.
+    kl_coef: beta, weight of the KL to the reference (initial) policy; 0 = no reference policy.
+    kl_kind: the KL estimator: k1 | k2 | k3.
+    kl_in_reward: the KL goes into the reward instead of the loss.
+    entropy_coef: weight of the entropy bonus (0 = off).
+    epochs: passes of policy updates over each step's rollouts.
+    minibatches: policy updates per pass, each on whole groups (must divide data.prompts_per_step).
+  """
 
   group_size: int = 8
-  advantage: str = "grpo"          # a registered advantage estimator: grpo | drgrpo | rloo | reinforce_pp_baseline
-  policy_loss: str = "ppo_clip"    # a registered `policy` loss: ppo_clip | gspo
+  advantage: str = "grpo"
+  policy_loss: str = "ppo_clip"
   eps_lo: float = 0.2
   eps_hi: float = 0.2
-  dual_clip_c: float = 3.0         # 0 = off (ppo_clip only)
+  dual_clip_c: float = 3.0
   agg: str = "token-mean"
-  kl_coef: float = 0.0             # beta; 0 = no reference policy
+  kl_coef: float = 0.0
   kl_kind: str = "k3"
-  kl_in_reward: bool = False       # the KL goes into the reward instead of the loss
+  kl_in_reward: bool = False
   entropy_coef: float = 0.0
   epochs: int = 1
   minibatches: int = 1
@@ -96,8 +115,13 @@ class GRPOConfig(Section):
 
 @dataclasses.dataclass(frozen=True)
 class PromptDataConfig(Section):
-  """The `data` section of GRPO runs: prompts per step (B), their padded length (P), held-out problems per eval set
-  (0 = no eval)."""
+  """The `data` section of GRPO runs.
+
+  Attributes:
+    prompts_per_step: B, prompts per training step (each sampled group_size times).
+    max_prompt_len: P, tokens prompts are left-padded to.
+    eval_prompts: held-out problems per eval set, each decoded greedily (0 = no eval).
+  """
 
   prompts_per_step: int = 8
   max_prompt_len: int = 64
@@ -111,8 +135,16 @@ class PromptDataConfig(Section):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class GRPORunConfig(RunConfig):
-  """A GRPO run: `RunConfig` plus `task`, `data` (prompts), `sampling` (rollouts), `grpo` and `clipo`. `optim`
-  steps once per minibatch update (steps x epochs x minibatches in all); grad_accum_steps splits each minibatch."""
+  """A GRPO run: `RunConfig` plus these sections. `optim` steps once per minibatch update (steps x epochs x
+  minibatches in all); grad_accum_steps splits each minibatch.
+
+  Attributes:
+    task: the math task whose problems are the prompts and whose answers the verifier checks.
+    data: prompts per step, their padded length, eval problems.
+    sampling: how rollouts are sampled.
+    grpo: group size, advantage, policy loss and the update schedule.
+    clipo: the CLIPO contrastive head and reward (off by default).
+  """
 
   task: TaskConfig = TaskConfig()
   data: PromptDataConfig = PromptDataConfig()
@@ -317,7 +349,8 @@ def _tokenizer(config: GRPORunConfig, workdir: str) -> Tokenizer:
   """The `init_from` run's tokenizer as it is (never retrained: the policy's embedding rows are its ids), else
   the task's tokenizer trained in (or loaded from) `workdir`."""
   if not config.init_from:
-    return task_tokenizer(config.task, config.model.vocab_size, workdir, os.path.join(workdir, "tfds"))
+    return task_tokenizer(config.task, config.model.vocab_size, workdir, os.path.join(workdir, "tfds"),
+                          keep_existing=resumes(workdir))
   path = os.path.join(config.init_from, "tokenizer", "spm.model")
   if not os.path.exists(path):
     raise ConfigError("config.init_from", "no tokenizer/spm.model there", config.init_from)
@@ -330,6 +363,8 @@ def build_grpo(config: GRPORunConfig | Any, workdir: str) -> GRPOTrainer:
   config = from_section(GRPORunConfig, config, "config")
   mesh = training_mesh(config, config.minibatch_rows, "config.data.prompts_per_step x config.grpo.group_size / "
                        "config.grpo.minibatches")
+  check_launch(workdir, config, {"corpus": digest(f"task|{config.task.train_identity}")})
+  say(f"preparing the task's prompts and tokenizer in {workdir} ...")
   tokenizer = _tokenizer(config, workdir)
   check_vocab(config.model, tokenizer.vocab_size)
   prompts = PromptData.create(config.task, tokenizer, batch_size=config.data.prompts_per_step,
@@ -342,6 +377,7 @@ def build_grpo(config: GRPORunConfig | Any, workdir: str) -> GRPOTrainer:
   def init_aux(rng: jax.Array) -> dict | None:  # always given: the policy's init key is the same with or without CLIPO
     return {"clipo": clipo.init_head_state(config.clipo, config.model.d_model, rng)} if config.clipo.enabled else None
 
+  say("compiling the policy update ...")
   training = build_training(config, mesh, model, (jnp.zeros((1, config.data.max_prompt_len), jnp.int32),),
                             experience_shapes(config), grad_fn=grad_fn_of(loss_fn, reads_aux=True),
                             weight_key=weight_key, total_steps=max(1, config.steps * config.updates_per_step),
@@ -363,7 +399,7 @@ def train_grpo(config: GRPORunConfig | Any, workdir: str, *, trainer: GRPOTraine
   """Trains (or resumes) the GRPO run in `workdir`; `trainer` reuses compiled functions across runs."""
   trainer = trainer or build_grpo(config, workdir)
   config = trainer.config
-  save_run_config(config_json(config), workdir)
+  record_launch(workdir, config, run_inputs(f"task|{config.task.train_identity}", trainer.tokenizer))
   logging.info("GRPO: %d prompts x %d rollouts per step, %d steps in %s", config.data.prompts_per_step,
                config.grpo.group_size, config.steps, workdir)
   return train_loop(trainer.init_state(), trainer.train_step, trainer.batches, config.loop, workdir,

@@ -19,7 +19,12 @@ from jaxpt.train.step import LossFn
 
 @dataclasses.dataclass(frozen=True)
 class LMLossConfig(Section):
-  """The `loss` section of LM runs: a registered `lm` loss (`jaxpt.losses`) and its z-loss weight."""
+  """The `loss` section of LM runs.
+
+  Attributes:
+    name: a registered `lm` loss (`jaxpt.losses`), e.g. lm_cross_entropy.
+    z_loss: weight of the z-loss on the log of the softmax normaliser (0 = off).
+  """
 
   name: str = "lm_cross_entropy"
   z_loss: float = 1e-4

@@ -67,6 +67,8 @@ def workdir_lock(workdir: str) -> Iterator[None]:
   if jax.process_index() != 0:
     yield
     return
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise NotADirectoryError(f"the workdir {workdir} is a file, not a folder")
   os.makedirs(workdir, exist_ok=True)
   path = os.path.abspath(os.path.join(workdir, LOCK_FILE))
   if not _HELD.get(path):

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
-import os
 import signal
+import sys
 import threading
 import time
 from typing import Any, Callable, Iterator, Sequence
@@ -36,11 +35,22 @@ EvalFn = Callable[[TrainState], dict]
 
 @dataclasses.dataclass(frozen=True)
 class LoopConfig(Section):
-  """steps: total loop steps. `*_every = 0` means only at the end of the run (and, for checkpoints, on
-  SIGTERM). Checkpoints keep the newest `keep_checkpoints`. on_nonfinite: `stop` raises NonFiniteError at the
-  first step whose `nonfinite` metric is set (before any checkpoint of it is written); `skip` leaves such updates
-  out (the train step keeps the old state) and the loop goes on. A run config (`jaxpt.train.config.RunConfig`)
-  holds these fields at its top level."""
+  """The loop's settings; a run config (`jaxpt.train.config.RunConfig`) holds these fields at its top level.
+
+  Attributes:
+    steps: total loop steps of the run.
+    log_every: steps between metrics rows (metrics.jsonl, TensorBoard, progress); also a row at every eval and at
+      the end.
+    eval_every: steps between evaluations; 0 = only at the end of the run.
+    checkpoint_every: steps between checkpoints; 0 = only at the end of the run (and on SIGTERM).
+    keep_checkpoints: how many of the newest checkpoints are kept.
+    async_checkpoints: write checkpoints in the background while training goes on.
+    progress: progress on stderr: on a terminal a tqdm bar; otherwise (a log file) no carriage-return redraws but
+      one plain line per metrics row (step, loss, steps/s): about steps / log_every lines in a log.
+    on_nonfinite: a NaN/inf loss, gradient or parameter: `stop` raises NonFiniteError at the first step whose
+      `nonfinite` metric is set (before any checkpoint of it is written); `skip` leaves such updates out (the
+      train step keeps the old state) and the loop goes on.
+  """
 
   steps: int = 1000
   log_every: int = 10
@@ -49,7 +59,7 @@ class LoopConfig(Section):
   keep_checkpoints: int = 3
   async_checkpoints: bool = True
   progress: bool = True
-  on_nonfinite: str = "stop"  # a NaN/inf loss, gradient or parameter: stop (raise NonFiniteError) | skip the update
+  on_nonfinite: str = "stop"
 
   def check(self) -> None:
     for field, low in (("steps", 0), ("log_every", 1), ("eval_every", 0), ("checkpoint_every", 0),
@@ -127,14 +137,6 @@ def _mean_metrics(pending: list[dict]) -> dict:
   return row
 
 
-def save_run_config(config: dict, workdir: str) -> None:
-  """Creates `workdir` and writes the run's config (a JSON-able dict) there as `config.json` (process 0 only)."""
-  os.makedirs(workdir, exist_ok=True)
-  if jax.process_index() == 0:
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-      json.dump(config, f, indent=2)
-
-
 def print_summary(command: str, result: "LoopResult", workdir: str, keys: Sequence[str]) -> int:
   """One line for `jaxpt <command>`: where a SIGTERM stopped the run, or the last logged values of `keys` (those
   present); returns the exit code: 0 when finished, EXIT_PREEMPTED when a SIGTERM stopped it (rerun to resume)."""
@@ -189,8 +191,9 @@ def train_loop(state: TrainState, train_step: TrainStep, batches: BatchesFn, con
         if error is not None:
           raise error
 
-    bar = tqdm(total=config.steps, initial=start, disable=not (config.progress and lead), dynamic_ncols=True,
-               desc="train")
+    show = config.progress and lead
+    redraw = show and sys.stderr.isatty()  # not a terminal (a log file): one plain line per metrics row instead
+    bar = tqdm(total=config.steps, initial=start, disable=not redraw, dynamic_ncols=True, desc="train")
     try:
       with preemption.installed():
         iterator = batches(start)
@@ -218,6 +221,10 @@ def train_loop(state: TrainState, train_step: TrainStep, batches: BatchesFn, con
             last_row = dict(row, step=step)
             if "loss" in row:
               bar.set_postfix(loss=f"{row['loss']:.4f}")
+            if show and not redraw:
+              loss = f" loss={row['loss']:.4f}" if "loss" in row else ""
+              print(f"train: step {step}/{config.steps}{loss} {row['steps_per_sec']:.3g} steps/s", file=sys.stderr,
+                    flush=True)
             tick = time.perf_counter()
           if _is_due(step, config.checkpoint_every):
             check_finite()

@@ -15,9 +15,19 @@ from jaxpt.config import Section, at_least, in_range
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig(Section):
-  """The `optim` section: AdamW (b1, b2, eps, weight_decay) at a learning rate warmed up linearly over
-  `warmup_steps`, then cosine-decayed to learning_rate * end_lr_fraction; global-norm clipping at grad_clip
-  (0 = off); gradients accumulated over grad_accum_steps micro-batches."""
+  """The `optim` section: AdamW at a learning rate warmed up linearly, then cosine-decayed.
+
+  Attributes:
+    learning_rate: peak learning rate, reached after warmup_steps.
+    warmup_steps: steps of the linear warmup from 0.
+    end_lr_fraction: the cosine decay ends at learning_rate * end_lr_fraction.
+    b1: AdamW's first-moment decay.
+    b2: AdamW's second-moment decay.
+    eps: AdamW's epsilon.
+    weight_decay: AdamW's decoupled weight decay (not on 1-D params: norms, biases).
+    grad_clip: global-norm gradient clipping threshold (0 = off).
+    grad_accum_steps: micro-batches each step's batch is split into, gradients accumulated over them.
+  """
 
   learning_rate: float = 3e-3
   warmup_steps: int = 50

@@ -14,18 +14,25 @@ from absl import logging
 from jaxpt import parallel
 from jaxpt.config import from_section
 from jaxpt.data.config import LMDataConfig
-from jaxpt.data.pipeline import LMData
+from jaxpt.data.pipeline import LMData, local_corpus_id
 from jaxpt.models.transformer import TransformerLM, param_count
+from jaxpt.progress import say
 from jaxpt.train.builder import Training, batch_shapes, build_training, training_mesh
 from jaxpt.train.config import RunConfig, check_vocab, config_json
 from jaxpt.train.lm import LMLossConfig, make_lm_evaluator, make_lm_loss_fn
-from jaxpt.train.loop import LoopResult, print_summary, save_run_config, train_loop
+from jaxpt.train.loop import LoopResult, print_summary, train_loop
+from jaxpt.train.record import check_launch, digest, record_launch, resumes, run_inputs
 from jaxpt.train.state import TrainState
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PretrainRunConfig(RunConfig):
-  """A pretraining run: `RunConfig` plus `data` (LMDataConfig) and `loss` (an `lm` loss)."""
+  """A pretraining run: `RunConfig` plus these sections.
+
+  Attributes:
+    data: the training text and its batching (required section).
+    loss: the `lm` loss and its options.
+  """
 
   data: LMDataConfig
   loss: LMLossConfig = LMLossConfig()
@@ -55,6 +62,7 @@ def build_lm_training(config: PretrainRunConfig, mesh, data: LMData,
   check_vocab(config.model, data.tokenizer.vocab_size)
   model = TransformerLM(config.model)
   batch_size = config.data.batch_size
+  say("compiling the train step ...")
   training = build_training(
       config, mesh, model, (jnp.zeros((1, config.data.seq_len), jnp.int32),),
       batch_shapes(data.train_batch(0), batch_size),
@@ -71,16 +79,20 @@ def build_pretraining(config: PretrainRunConfig | Any, workdir: str) -> LMTraini
   builds data, model, optimizer and the compiled step. The mesh comes from `config.mesh`."""
   config = from_section(PretrainRunConfig, config, "config")
   mesh = training_mesh(config, config.data.batch_size)  # before any data work
-  data = LMData.create(config.data, vocab_size=config.model.vocab_size, workdir=workdir, seed=config.seed)
+  say(f"preparing data in {workdir} ...")
+  corpus_id = local_corpus_id(config.data)
+  check_launch(workdir, config, None if corpus_id is None else {"corpus": digest(corpus_id)})
+  data = LMData.create(config.data, vocab_size=config.model.vocab_size, workdir=workdir, seed=config.seed,
+                       keep_tokenizer=resumes(workdir))
   model = TransformerLM(config.model)
   return build_lm_training(config, mesh, data,
                            lambda eval_batches: make_lm_evaluator(model, eval_batches, config.loss.name))
 
 
 def run_lm_training(setup: LMTraining, workdir: str, stop_at: int | None = None) -> LoopResult:
-  """Trains (or resumes) the LM run `setup` in `workdir` (config.json, metrics, checkpoints)."""
+  """Trains (or resumes) the LM run `setup` in `workdir` (run record, metrics, checkpoints)."""
   config = setup.config
-  save_run_config(config_json(config), workdir)
+  record_launch(workdir, config, run_inputs(setup.data.corpus_id, setup.data.tokenizer))
   state = setup.training.init_state()
   logging.info("model: %.2fM params; training %d steps in %s", param_count(state.params) / 1e6, config.steps,
                workdir)

@@ -30,11 +30,13 @@ from jaxpt.losses import club as club_lib
 from jaxpt.losses import get_loss
 from jaxpt.models.reward import RewardModel
 from jaxpt.models.transformer import param_count
+from jaxpt.progress import say
 from jaxpt.registry import Registry
 from jaxpt.train import rm_eval
 from jaxpt.train.builder import Training, batch_shapes, build_training, training_mesh
 from jaxpt.train.config import RunConfig, check_vocab, config_json
-from jaxpt.train.loop import LoopResult, print_summary, save_run_config, train_loop
+from jaxpt.train.loop import LoopResult, print_summary, train_loop
+from jaxpt.train.record import check_launch, record_launch, resumes, run_inputs
 from jaxpt.train.state import TrainState
 from jaxpt.train.step import make_train_step
 
@@ -96,10 +98,21 @@ RM_OBJECTIVES.add("odin", RMObjective(_odin, num_scores=2))
 class RMConfig(Section):
   """The `rm` section: the loss and its options.
 
-  loss: bt | dir | odin. margin, label_smoothing, center_coef: Bradley-Terry options (all losses).
-  DIR: mi_weight (lambda), bias (the data's bias label a used by CLUB), club_mode (difference | concat),
-  inner_steps (K), estimator_lr / estimator_weight_decay (its AdamW), estimator_hidden, bias_classes.
-  ODIN: odin_corr_coef, odin_ortho_coef.
+  Attributes:
+    loss: bt (Bradley-Terry) | dir (BT + CLUB mutual-information penalty) | odin (quality and length heads).
+    margin: Bradley-Terry option (all losses): m in z = r_chosen - r_rejected - m.
+    label_smoothing: Bradley-Terry option (all losses): eps in [0, 0.5] of the smoothed logistic loss.
+    center_coef: Bradley-Terry option (all losses): weight of reward centering, c * mean (r_chosen + r_rejected)^2.
+    mi_weight: DIR: lambda, the weight of the CLUB mutual-information term.
+    bias: DIR: the data's bias label a used by CLUB (one of data.biases).
+    club_mode: DIR: the estimator's input from the pair's hidden states: difference | concat.
+    inner_steps: DIR: K, the estimator's AdamW steps per batch.
+    estimator_lr: DIR: learning rate of the estimator's AdamW.
+    estimator_weight_decay: DIR: weight decay of the estimator's AdamW.
+    estimator_hidden: DIR: hidden width of the estimator.
+    bias_classes: DIR: classes of the bias label a.
+    odin_corr_coef: ODIN: weight of the length-correlation term |rho(r_Q, len)| - rho(r_L, len).
+    odin_ortho_coef: ODIN: weight of the head-orthogonality term |W_Q^T W_L|.
   """
 
   loss: str = "bt"
@@ -138,7 +151,12 @@ class RMConfig(Section):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RMRunConfig(RunConfig):
-  """A reward-model run: `RunConfig` plus `data` (preference pairs) and `rm`; `init_from` fills the backbone."""
+  """A reward-model run: `RunConfig` plus these sections; `init_from` fills the backbone.
+
+  Attributes:
+    data: the preference pairs and their batching.
+    rm: the reward-model loss and its options.
+  """
 
   data: PreferenceDataConfig = PreferenceDataConfig()
   rm: RMConfig = RMConfig()
@@ -345,8 +363,10 @@ def build_rm(config: RMRunConfig | Any, workdir: str) -> RewardTraining:
   settings = config.rm
   batch_size = config.data.batch_size
   mesh = training_mesh(config, batch_size)  # before any data work
+  check_launch(workdir, config)
+  say(f"preparing preference data in {workdir} ...")
   data = preference_batches.PreferenceData.create(config.data, vocab_size=config.model.vocab_size, workdir=workdir,
-                                                  seed=config.seed)
+                                                  seed=config.seed, keep_tokenizer=resumes(workdir))
   check_vocab(config.model, data.tokenizer.vocab_size)
   model = RewardModel(config.model, settings.objective.num_scores)
   init_args = (jnp.zeros((1, config.data.seq_len), jnp.int32), jnp.zeros((1,), jnp.int32))
@@ -354,6 +374,7 @@ def build_rm(config: RMRunConfig | Any, workdir: str) -> RewardTraining:
   def train_batch(step: int, index: int, count: int) -> dict:
     return flatten_batch(data.train_batch(step, index, count))
 
+  say("compiling the train step ...")
   training = build_training(
       config, mesh, model, init_args, batch_shapes(train_batch(0, 0, 1), batch_size),
       grad_fn=make_rm_grad_fn(model, settings), weight_key="num_pairs",
@@ -373,7 +394,7 @@ def train_rm(config: RMRunConfig | Any, workdir: str, *, setup: Optional[RewardT
   and score_vs_length.png there (other eval splits in eval_<split>/). `setup` reuses compiled functions."""
   setup = setup or build_rm(config, workdir)
   config = setup.config
-  save_run_config(config_json(config), workdir)
+  record_launch(workdir, config, run_inputs(setup.data.corpus_id, setup.data.tokenizer))
   state = setup.training.init_state()
   logging.info("reward model (%s): %.2fM params; training %d steps in %s", config.rm.loss,
                param_count(state.params) / 1e6, config.steps, workdir)

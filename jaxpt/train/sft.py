@@ -29,20 +29,29 @@ from jaxpt.data import sft as sft_data
 from jaxpt.data.tokenizer import Tokenizer
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM
+from jaxpt.progress import say
 from jaxpt.rl.rewards import math_reward
 from jaxpt.rl.sampler import SampleOutput, SamplingConfig, make_sampler
 from jaxpt.train.builder import training_mesh
 from jaxpt.train.lm import make_lm_evaluator
 from jaxpt.train.loop import LoopResult, print_summary
 from jaxpt.train.pretrain import LMTraining, PretrainRunConfig, build_lm_training, run_lm_training
+from jaxpt.train.record import check_launch, digest, resumes
 from jaxpt.train.state import TrainState
 
 
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig(Section):
-  """The `decode` section (eval decoding): prompts left-padded to prompt_len tokens, responses of at most
-  max_new_tokens, accuracy over the first eval_problems held-out problems in batches of batch_size, one sampled
-  response each at `temperature` (0 = greedy only)."""
+  """The `decode` section: how the eval decodes held-out problems for eval_answer_accuracy (greedy) and
+  eval_sample_accuracy (one sampled response each).
+
+  Attributes:
+    prompt_len: tokens prompts are left-padded to.
+    max_new_tokens: longest response, in tokens.
+    eval_problems: how many held-out problems (the first ones) the accuracies are over; a multiple of batch_size.
+    batch_size: problems decoded per batch.
+    temperature: of the one sampled response per problem (eval_sample_accuracy); 0 = greedy only.
+  """
 
   prompt_len: int = 64
   max_new_tokens: int = 40
@@ -62,7 +71,12 @@ class DecodeConfig(Section):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SFTRunConfig(PretrainRunConfig):
-  """An SFT run: a pretraining run config plus `task` (data.path is unused) and `decode`."""
+  """An SFT run: a pretraining run config plus these sections.
+
+  Attributes:
+    task: the math task fine-tuned on and evaluated (data.path is unused).
+    decode: eval decoding: prompt and response lengths, problems, temperature.
+  """
 
   task: sft_data.TaskConfig = sft_data.TaskConfig()
   decode: DecodeConfig = DecodeConfig()
@@ -119,8 +133,11 @@ def build_sft(config: SFTRunConfig | Any, workdir: str) -> LMTraining:
   (jaxpt.train.pretrain.build_lm_training: model, optimizer, compiled step, init from `config.init_from`)."""
   config = from_section(SFTRunConfig, config, "config")
   mesh = training_mesh(config, config.data.batch_size)  # before any data work
+  check_launch(workdir, config, {"corpus": digest(f"task|{config.task.train_identity}")})
   data_dir = os.path.join(workdir, "tfds")
-  tokenizer = sft_data.task_tokenizer(config.task, config.model.vocab_size, workdir, data_dir)
+  say(f"preparing the task's data and tokenizer in {workdir} ...")
+  tokenizer = sft_data.task_tokenizer(config.task, config.model.vocab_size, workdir, data_dir,
+                                      keep_existing=resumes(workdir))
   data = sft_data.SFTData.create_for_task(config.task, config.data, tokenizer, config.seed, workdir, data_dir)
   problems = sft_data.task_problems(config.task, "test", data_dir)[:config.decode.eval_problems]
   prompt_batches = sft_data.prompt_batches(tokenizer, problems, config.decode.batch_size, config.decode.prompt_len)

@@ -1,0 +1,177 @@
+"""The run record of a workdir: which config and inputs its checkpoints were trained with, checked at every launch.
+
+    workdir/config.json           the config the checkpoints continue from (rewritten only once a launch is accepted)
+    workdir/config_history.jsonl  one row per launch (time, host, step resumed from, the changes accepted, the
+                                  config and its inputs' digests); appended, never rewritten
+
+A launch into a workdir that holds a checkpoint resumes that run, so it must describe the same run. Fields that
+only say how the run is watched or laid out (`FREE_FIELDS`: log/eval/checkpoint cadence, progress, on_nonfinite,
+the mesh) may change freely. Any other difference (model, optim, data, loss, steps, seed, ... and the `inputs`:
+digests of the training corpus and of the tokenizer) fails before any work with one line listing the fields,
+unless the launch names them in the run config's `allow_changes` ('steps,optim.learning_rate', or whole sections:
+'optim', 'inputs'); the history records what was accepted. A workdir without a checkpoint starts afresh: any
+config is accepted (and recorded).
+
+    check_launch(workdir, config)                  # early, before data work (config fields only)
+    record_launch(workdir, config, inputs)         # once the inputs are known: check again, then record
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import os
+import socket
+from typing import Any, Mapping
+
+import jax
+
+from jaxpt.config import ConfigError
+
+CONFIG_FILE = "config.json"
+HISTORY_FILE = "config_history.jsonl"
+INPUTS = ("corpus", "tokenizer")  # what a record's `inputs` may hold (digests)
+FREE_FIELDS = ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints", "async_checkpoints", "progress",
+               "on_nonfinite", "mesh", "allow_changes")
+
+
+class RunMismatch(ConfigError):
+  """A launch would resume a run whose recorded config or inputs differ, and `allow_changes` does not name them."""
+
+
+def digest(text: str | bytes) -> str:
+  """A short content digest (16 hex digits of SHA-256) for the `inputs` of a record."""
+  return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()[:16]
+
+
+def run_inputs(corpus_id: str, tokenizer: Any) -> dict[str, str]:
+  """A run's `inputs`: digests of its training corpus's identity (content-based) and of its tokenizer model."""
+  return {"corpus": digest(corpus_id), "tokenizer": digest(tokenizer.model_proto)}
+
+
+def resumes(workdir: str) -> bool:
+  """Whether a launch into `workdir` resumes a run (it holds a committed checkpoint)."""
+  return bool(checkpoint_steps(workdir))
+
+
+def checkpoint_steps(workdir: str) -> list[int]:
+  """The steps of the committed checkpoints in `workdir/checkpoints` (no orbax involved), ascending."""
+  try:
+    names = os.listdir(os.path.join(workdir, "checkpoints"))
+  except (FileNotFoundError, NotADirectoryError):
+    return []
+  return sorted(int(n) for n in names if n.isdigit())
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+  flat = {}
+  for key, value in tree.items():
+    if isinstance(value, Mapping):
+      flat.update(_flatten(value, f"{prefix}{key}."))
+    else:
+      flat[f"{prefix}{key}"] = value
+  return flat
+
+
+def _as_json(config: Any) -> dict:
+  """A run-config dataclass (or an already JSON-able dict) as the JSON dict config.json holds."""
+  config = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
+  return json.loads(json.dumps(config))  # tuples -> lists, as they read back from the file
+
+
+def _covered(field: str, names: tuple[str, ...]) -> bool:
+  """Whether `field` ('optim.learning_rate') is one of `names` or inside a section named there ('optim')."""
+  return any(field == name or field.startswith(f"{name}.") for name in names)
+
+
+def _recorded(workdir: str) -> dict | None:
+  """The last accepted launch: the last history row, else (a workdir from before histories) config.json."""
+  history = os.path.join(workdir, HISTORY_FILE)
+  if os.path.exists(history):
+    with open(history) as f:
+      rows = [line for line in f if line.strip()]
+    for line in reversed(rows):
+      try:
+        return json.loads(line)
+      except ValueError:  # a row cut by a kill mid-write: the one before it holds
+        continue
+  config_file = os.path.join(workdir, CONFIG_FILE)
+  if os.path.exists(config_file):
+    with open(config_file) as f:
+      return {"config": json.load(f), "inputs": {}}
+  return None
+
+
+def _changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, list]:
+  """{dotted field: [recorded, now]} for the fields both sides have and that differ."""
+  return {k: [before[k], after[k]] for k in sorted(before.keys() & after.keys()) if before[k] != after[k]}
+
+
+def _allowed_names(config: Any) -> tuple[str, ...]:
+  return tuple(name.strip() for name in str(getattr(config, "allow_changes", "") or "").split(",") if name.strip())
+
+
+def check_launch(workdir: str, config: Any, inputs: Mapping[str, str] | None = None) -> dict[str, list]:
+  """The changes this launch makes to the run recorded in `workdir` ({field: [recorded, now]}; {} when the
+  workdir holds no checkpoint, i.e. the run starts afresh). `inputs` may hold only the digests known so far (an
+  early check); only those are compared. Raises RunMismatch (one line listing the fields)
+  when a checkpoint exists and a field outside FREE_FIELDS differs without being named in
+  `config.allow_changes`, and ConfigError when `allow_changes` names a field that does not exist."""
+  current = _flatten({"config": _as_json(config), "inputs": dict(inputs or {})})
+  allowed = _allowed_names(config)
+  known = [k.split(".", 1)[1] for k in current if k.startswith("config.")] + [f"inputs.{n}" for n in INPUTS]
+  for name in allowed:
+    if not any(_covered(field, (name,)) for field in known):
+      raise ConfigError("config.allow_changes", f"names {name!r}, which is neither a config field or section nor "
+                        f"one of {', '.join(f'inputs.{n}' for n in INPUTS)}", ",".join(allowed))
+  recorded = _recorded(workdir)
+  if not checkpoint_steps(workdir) or recorded is None:
+    return {}
+  before = _flatten({"config": recorded.get("config", {}), "inputs": recorded.get("inputs", {})})
+  changes = {k.split(".", 1)[1] if k.startswith("config.") else k: v for k, v in _changes(before, current).items()}
+  changes = {k: v for k, v in changes.items() if not _covered(k, FREE_FIELDS)}
+  refused = {k: v for k, v in changes.items() if not _covered(k, allowed)}
+  if refused:
+    listed = ", ".join(f"{k} ({_short(v[0])} -> {_short(v[1])})" for k, v in refused.items())
+    raise RunMismatch(
+        "config.allow_changes", f"{workdir} holds a checkpoint of a run with other settings: {listed}. Resume it "
+        f"unchanged, pass --config.allow_changes={','.join(refused)} to continue it with the new values "
+        "(recorded in config_history.jsonl), or use another --workdir")
+  return changes
+
+
+def _ends_with_newline(path: str) -> bool:
+  with open(path, "rb") as f:
+    f.seek(-1, os.SEEK_END)
+    return f.read(1) == b"\n"
+
+
+def _short(value: Any) -> str:
+  text = json.dumps(value)
+  return text if len(text) <= 40 else f"{text[:37]}..."
+
+
+def record_launch(workdir: str, config: Any, inputs: Mapping[str, str]) -> dict[str, list]:
+  """`check_launch` with the inputs known, then (process 0) appends the launch to config_history.jsonl and writes
+  config.json; returns the accepted changes. Call it after the data is prepared and before training."""
+  changes = check_launch(workdir, config, inputs)
+  if jax.process_index() != 0:
+    return changes
+  steps = checkpoint_steps(workdir)
+  row = {"time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+         "host": socket.gethostname(), "pid": os.getpid(), "resumed_from_step": steps[-1] if steps else None,
+         "changes": changes, "config": _as_json(config), "inputs": dict(inputs)}
+  os.makedirs(workdir, exist_ok=True)
+  history = os.path.join(workdir, HISTORY_FILE)
+  cut = os.path.exists(history) and os.path.getsize(history) and not _ends_with_newline(history)
+  with open(history, "a") as f:
+    f.write(("\n" if cut else "") + json.dumps(row) + "\n")  # after a row cut by a kill, start a new line
+    f.flush()
+    os.fsync(f.fileno())
+  tmp = os.path.join(workdir, f"{CONFIG_FILE}.tmp{os.getpid()}")
+  with open(tmp, "w") as f:
+    json.dump(row["config"], f, indent=2)
+  os.replace(tmp, os.path.join(workdir, CONFIG_FILE))
+  return changes

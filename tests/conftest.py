@@ -1,0 +1,17 @@
+"""Shared test set-up: the hypothesis settings profiles.
+
+  ci        (loaded by default: CI and a plain `pytest`): 1000 examples per property, derandomized (the examples
+            are a function of the test alone, so a failure reproduces on every run and machine), no deadline (the
+            first example of a jitted property compiles), no example database (nothing read or written).
+  thorough  10000 fresh random examples per property, failures kept in .hypothesis/ and replayed first:
+            `python3 -m pytest -q --hypothesis-profile=thorough tests/test_losses_grpo.py`.
+A property that states its own max_examples (the data, tokenizer and reward tests) keeps it; the loss properties
+(tests/test_losses_*.py) take theirs from the profile, so each runs >= 1000 examples in CI.
+"""
+
+from hypothesis import settings
+
+settings.register_profile("ci", max_examples=1000, derandomize=True, deadline=None, database=None, print_blob=True)
+settings.register_profile("thorough", parent=settings.get_profile("default"), max_examples=10_000, deadline=None,
+                          print_blob=True)
+settings.load_profile("ci")  # `--hypothesis-profile=NAME` (hypothesis' pytest plugin) loads NAME after this
