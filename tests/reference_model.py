@@ -23,13 +23,29 @@ def norm(p, x, eps):
   return x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps) * p["scale"]
 
 
-def rope(x, positions, theta):
-  """x: [B, S, H, D]; pair (i, i + D/2) rotated by angle pos * theta^(-2i/D)."""
+def rope_frequency(i, dim, cfg):
+  """theta^(-2i/D), or with Llama-3 scaling: kept above wavelength L / high, divided by the factor below L / low,
+  linearly blended in L / wavelength between (L = rope_original_max_len)."""
+  freq = cfg.rope_theta ** (-2.0 * i / dim)
+  if cfg.rope_scaling == "none":
+    return freq
+  context, low, high = cfg.rope_original_max_len, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
+  wavelength = 2 * np.pi / freq
+  if wavelength < context / high:
+    return freq
+  if wavelength > context / low:
+    return freq / cfg.rope_scaling_factor
+  s = (context / wavelength - low) / (high - low)
+  return (1 - s) * freq / cfg.rope_scaling_factor + s * freq
+
+
+def rope(x, positions, cfg):
+  """x: [B, S, H, D]; pair (i, i + D/2) rotated by angle pos * f_i (`rope_frequency`)."""
   out = np.empty_like(x)
   dim = x.shape[-1]
   half = dim // 2
   for i in range(half):
-    angle = positions * theta ** (-2.0 * i / dim)
+    angle = positions * rope_frequency(i, dim, cfg)
     cos, sin = np.cos(angle)[..., None], np.sin(angle)[..., None]
     a, b = x[..., i], x[..., i + half]
     out[..., i] = a * cos - b * sin
@@ -38,14 +54,14 @@ def rope(x, positions, theta):
 
 
 def attention(p, h, positions, segment_ids, cfg, qkv_norm):
-  q = np.einsum("bsd,dhk->bshk", h, p["query"]["kernel"])
-  k = np.einsum("bsd,dhk->bshk", h, p["key"]["kernel"])
-  v = np.einsum("bsd,dhk->bshk", h, p["value"]["kernel"])
+  q = np.einsum("bsd,dhk->bshk", h, p["query"]["kernel"]) + p["query"].get("bias", 0.0)
+  k = np.einsum("bsd,dhk->bshk", h, p["key"]["kernel"]) + p["key"].get("bias", 0.0)
+  v = np.einsum("bsd,dhk->bshk", h, p["value"]["kernel"]) + p["value"].get("bias", 0.0)
   if cfg.qk_norm or qkv_norm:
     q, k = norm(p["query_norm"], q, cfg.norm_eps), norm(p["key_norm"], k, cfg.norm_eps)
   if cfg.v_norm or qkv_norm:
     v = norm(p["value_norm"], v, cfg.norm_eps)
-  q, k = rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta)
+  q, k = rope(q, positions, cfg), rope(k, positions, cfg)
   batch, seq, heads, dim = q.shape
   group = heads // k.shape[2]
   out = np.zeros_like(q)
@@ -58,7 +74,7 @@ def attention(p, h, positions, segment_ids, cfg, qkv_norm):
         weights = np.exp(scores - scores.max())
         weights /= weights.sum()
         out[b, i, hd] = sum(w * v[b, j, kv] for w, j in zip(weights, allowed))
-  return np.einsum("bshk,hkd->bsd", out, p["out"]["kernel"])
+  return np.einsum("bshk,hkd->bsd", out, p["out"]["kernel"]) + p["out"].get("bias", 0.0)
 
 
 def gelu_tanh(x):

@@ -16,6 +16,11 @@ from tests import reference_model
 SCHEMES = reference_model.SCHEMES
 TINY = ModelConfig(vocab_size=50, d_model=16, num_layers=3, num_heads=4, num_kv_heads=2, mlp_dim=24,
                    scan_layers=False, max_seq_len=64)
+# What Hugging Face checkpoints bring (jaxpt.models.hf): q/k/v and output biases, Llama-3 RoPE scaling (at
+# head_dim 8 the bands L/4 = 16 and L/1 = 64 put one frequency in each branch), head_dim != d_model / heads.
+HF_OPTIONS = dict(qkv_bias=True, attn_out_bias=True, rope_scaling="llama3", rope_scaling_factor=4.0,
+                  rope_low_freq_factor=1.0, rope_high_freq_factor=4.0, rope_original_max_len=64, head_dim=8,
+                  qk_norm=True, tie_embeddings=False)
 
 
 def randomise_norms(params, seed=1):
@@ -36,11 +41,13 @@ def tokens_for(cfg, batch=2, seq=7, seed=0):
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
-@pytest.mark.parametrize("variant", ["rms_swiglu_tied", "ln_gelu_untied_qknorm"])
+@pytest.mark.parametrize("variant", ["rms_swiglu_tied", "ln_gelu_untied_qknorm", "hf_options"])
 def test_forward_matches_plain_equations(scheme, variant):
   cfg = dataclasses.replace(TINY, norm_scheme=scheme)
   if variant == "ln_gelu_untied_qknorm":
     cfg = dataclasses.replace(cfg, norm_type="layernorm", mlp_type="gelu", tie_embeddings=False, qk_norm=True)
+  if variant == "hf_options":
+    cfg = dataclasses.replace(cfg, **HF_OPTIONS)
   params = randomise_norms(init_params(cfg, jax.random.PRNGKey(0)))
   tokens = tokens_for(cfg)
   logits, hidden = TransformerLM(cfg).apply({"params": params}, tokens, return_hidden=True)
@@ -85,11 +92,28 @@ def lm_loss(cfg, tokens):
   return loss
 
 
-@pytest.mark.parametrize("scheme", SCHEMES)
+def test_hf_options_add_their_parameters_and_change_the_outputs():
+  """Biases exist ([heads, head_dim] for q/k/v, [d_model] for out) only when asked for; the Llama-3 scaling
+  changes the logits (so the plain-equations test above would see it missing)."""
+  cfg = dataclasses.replace(TINY, **HF_OPTIONS)
+  params = randomise_norms(init_params(cfg, jax.random.PRNGKey(0)))
+  attn = params["decoder"]["layers_0"]["attn"]
+  assert attn["query"]["bias"].shape == (4, 8) and attn["key"]["bias"].shape == (2, 8)
+  assert attn["value"]["bias"].shape == (2, 8) and attn["out"]["bias"].shape == (16,)
+  assert "bias" not in init_params(TINY, jax.random.PRNGKey(0))["decoder"]["layers_0"]["attn"]["query"]
+  tokens = tokens_for(cfg)
+  scaled = TransformerLM(cfg).apply({"params": params}, tokens)
+  plain = TransformerLM(dataclasses.replace(cfg, rope_scaling="none")).apply({"params": params}, tokens)
+  assert np.max(np.abs(scaled - plain)) > 1e-3
+
+
+@pytest.mark.parametrize("scheme", SCHEMES + ("pre_hf_options",))
 def test_gradients_match_finite_differences(scheme):
   """For every parameter leaf, <grad, u> equals the central difference along a random unit direction u
   (Richardson-extrapolated over steps h and h/2, so the O(h^2) error cancels in float32)."""
-  cfg = dataclasses.replace(TINY, norm_scheme=scheme, num_layers=2, scan_layers=True, remat="full")
+  options = HF_OPTIONS if scheme == "pre_hf_options" else {}
+  cfg = dataclasses.replace(TINY, norm_scheme=scheme.removesuffix("_hf_options"), num_layers=2, scan_layers=True,
+                            remat="full", **options)
   params = randomise_norms(init_params(cfg, jax.random.PRNGKey(0)))
   loss = jax.jit(lm_loss(cfg, tokens_for(cfg, seq=6)))
   grads = jax.grad(loss)(params)
@@ -220,12 +244,19 @@ def test_dropout_is_active_only_when_not_deterministic():
     ("num_layers", 0, "model.num_layers=0: must be a positive integer"),
     ("remat", "some", "model.remat='some'"),
     ("attention_query_chunk", -1, "model.attention_query_chunk=-1: must be a non-negative integer"),
+    ("rope_scaling", "yarn", "model.rope_scaling='yarn': must be one of"),
 ])
 def test_impossible_model_configs_name_the_field(field, value, message):
   values = dataclasses.asdict(TINY)
   values[field] = value
   with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
     from_section(ModelConfig, values, "model")
+
+
+def test_llama3_rope_scaling_bands_must_be_ordered():
+  with pytest.raises(ConfigError, match=r"model.rope_high_freq_factor=1.0: must exceed model.rope_low_freq_factor=2.0"):
+    from_section(ModelConfig, dict(rope_scaling="llama3", rope_low_freq_factor=2.0, rope_high_freq_factor=1.0),
+                 "model")
 
 
 def test_unknown_model_field_is_named():

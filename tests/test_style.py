@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FOLDERS = ("jaxpt", "kernels", "tests", "benchmarks", "experiments")
+FOLDERS = ("jaxpt", "kernels", "tests", "benchmarks", "experiments", "tools")
 
 
 def test_ruff_check_passes():

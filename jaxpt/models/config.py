@@ -6,6 +6,7 @@ import dataclasses
 
 from jaxpt.config import Section, fail, one_of
 from jaxpt.nn.norms import NORMS
+from jaxpt.nn.rope import Llama3Scaling
 
 NORM_SCHEMES = ("pre", "post", "hybrid", "siamese_post_pre", "siamese_hybrid_pre")
 SIAMESE_SCHEMES = ("siamese_post_pre", "siamese_hybrid_pre")
@@ -13,6 +14,7 @@ MLP_TYPES = ("swiglu", "gelu")
 DTYPES = ("float32", "bfloat16")
 REMAT_POLICIES = ("none", "full", "dots")
 KERNELS = ("reference", "pallas")
+ROPE_SCALINGS = ("none", "llama3")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +38,14 @@ class ModelConfig(Section):
     v_norm: normalise values in attention (the hybrid schemes always do).
     tie_embeddings: the output projection is the token embedding, transposed.
     rope_theta: base wavelength of the rotary position embedding.
+    qkv_bias: add a bias [heads, head_dim] to the query/key/value projections (Qwen2).
+    attn_out_bias: add a bias [d_model] to the attention output projection.
+    rope_scaling: `none` (RoPE frequencies base^(-2i/D)) or `llama3` (Llama-3.1 frequency scaling, equations in
+      `jaxpt.nn.rope`, with the four fields below).
+    rope_scaling_factor: llama3: low frequencies are divided by it.
+    rope_low_freq_factor: llama3: wavelengths above rope_original_max_len / it are scaled fully.
+    rope_high_freq_factor: llama3: wavelengths below rope_original_max_len / it are kept.
+    rope_original_max_len: llama3: the pre-training context length the bands are measured in.
     attention_query_chunk: > 0: causal attention computed that many queries at a time, skipping the key blocks
       above the diagonal (same result; see `jaxpt.nn.attention`); 0 = all queries at once.
     max_seq_len: the longest sequence the model takes (data rows, prompt + response).
@@ -62,8 +72,15 @@ class ModelConfig(Section):
   norm_scheme: str = "pre"
   qk_norm: bool = False
   v_norm: bool = False
+  qkv_bias: bool = False
+  attn_out_bias: bool = False
   tie_embeddings: bool = True
   rope_theta: float = 10000.0
+  rope_scaling: str = "none"
+  rope_scaling_factor: float = 8.0
+  rope_low_freq_factor: float = 1.0
+  rope_high_freq_factor: float = 4.0
+  rope_original_max_len: int = 8192
   attention_query_chunk: int = 64
   max_seq_len: int = 2048
   dtype: str = "float32"
@@ -78,6 +95,14 @@ class ModelConfig(Section):
     return self.head_dim if self.head_dim is not None else self.d_model // self.num_heads
 
   @property
+  def rope_scaling_params(self) -> Llama3Scaling | None:
+    """What `jaxpt.nn.rope.apply_rope` takes: None without scaling."""
+    if self.rope_scaling == "none":
+      return None
+    return Llama3Scaling(self.rope_scaling_factor, self.rope_low_freq_factor, self.rope_high_freq_factor,
+                         self.rope_original_max_len)
+
+  @property
   def is_siamese(self) -> bool:
     return self.norm_scheme in SIAMESE_SCHEMES
 
@@ -87,7 +112,7 @@ class ModelConfig(Section):
       if getattr(self, field) <= 0:
         raise fail(self, field, "must be a positive integer")
     choices = {"norm_scheme": NORM_SCHEMES, "norm_type": NORMS, "mlp_type": MLP_TYPES, "dtype": DTYPES,
-               "param_dtype": DTYPES, "remat": REMAT_POLICIES, "kernel": KERNELS}
+               "param_dtype": DTYPES, "remat": REMAT_POLICIES, "kernel": KERNELS, "rope_scaling": ROPE_SCALINGS}
     for field, allowed in choices.items():
       one_of(self, field, allowed)
     if self.head_dim is None and self.d_model % self.num_heads:
@@ -106,3 +131,9 @@ class ModelConfig(Section):
       raise fail(self, "attention_query_chunk", "must be a non-negative integer (0: all queries at once)")
     if not self.rope_theta > 0:
       raise fail(self, "rope_theta", "must be positive")
+    if self.rope_scaling == "llama3":
+      for field in ("rope_scaling_factor", "rope_low_freq_factor", "rope_original_max_len"):
+        if not getattr(self, field) > 0:
+          raise fail(self, field, "must be positive")
+      if not self.rope_high_freq_factor > self.rope_low_freq_factor:
+        raise fail(self, "rope_high_freq_factor", f"must exceed model.rope_low_freq_factor={self.rope_low_freq_factor}")

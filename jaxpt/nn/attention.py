@@ -1,10 +1,11 @@
 """Multi-head causal self-attention with grouped KV heads, RoPE and optional per-head Q/K/V RMSNorm.
 
     q, k, v = x W_q, x W_k, x W_v                 q: [B, S, H, D]   k, v: [B, S, H_kv, D]
+    (optional) q, k, v += b_q, b_k, b_v           `qkv_bias` (Qwen2)
     (optional) q, k, v <- RMSNorm_head(q, k, v)   per head, over D (before RoPE)
-    q, k <- RoPE(q, k; positions)
+    q, k <- RoPE(q, k; positions)                 optionally Llama-3-scaled (`jaxpt.nn.rope`)
     A = softmax(q k^T / sqrt(D) + mask) v         query head h reads KV head h // (H / H_kv)
-    out = A W_o                                   [B, S, d_model]
+    out = A W_o (+ b_o with `out_bias`)           [B, S, d_model]
 
 The mask is causal (by index) and, when `segment_ids` are given, block-diagonal over packed documents.
 
@@ -26,7 +27,7 @@ from jax import lax
 
 from jaxpt.nn.dense import Dense
 from jaxpt.nn.norms import RMSNorm
-from jaxpt.nn.rope import apply_rope
+from jaxpt.nn.rope import Llama3Scaling, apply_rope
 
 
 def attention_mask(seq_len: int, segment_ids=None):
@@ -139,6 +140,9 @@ class Attention(nn.Module):
   query_chunk: int = 0
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
+  qkv_bias: bool = False
+  out_bias: bool = False
+  rope_scaling: Llama3Scaling | None = None
 
   @nn.compact
   def __call__(self, x, positions, segment_ids=None, cache: LayerCache | None = None):
@@ -150,7 +154,8 @@ class Attention(nn.Module):
     d_model = x.shape[-1]
 
     def projection(heads, axes, name):
-      return Dense((heads, self.head_dim), axes, dtype=self.dtype, param_dtype=self.param_dtype, name=name)(x)
+      return Dense((heads, self.head_dim), axes, dtype=self.dtype, param_dtype=self.param_dtype,
+                   use_bias=self.qkv_bias, name=name)(x)
 
     def head_norm(t, name):
       return RMSNorm(eps=self.norm_eps, dtype=self.dtype, param_dtype=self.param_dtype, axis_name="kv",
@@ -163,8 +168,8 @@ class Attention(nn.Module):
       q, k = head_norm(q, "query_norm"), head_norm(k, "key_norm")
     if self.v_norm:
       v = head_norm(v, "value_norm")
-    q = apply_rope(q, positions, self.rope_theta)
-    k = apply_rope(k, positions, self.rope_theta)
+    q = apply_rope(q, positions, self.rope_theta, self.rope_scaling)
+    k = apply_rope(k, positions, self.rope_theta, self.rope_scaling)
     q = nn.with_logical_constraint(q, ("batch", "length", "heads", "kv"))
     k = nn.with_logical_constraint(k, ("batch", "length", "kv_heads", "kv"))
     v = nn.with_logical_constraint(v, ("batch", "length", "kv_heads", "kv"))
@@ -180,5 +185,5 @@ class Attention(nn.Module):
       mask = cache.mask(x.shape[1], segment_ids)
       out = grouped_attention(q, k, v, mask)
     out = Dense((d_model,), ("heads", "kv", "embed"), num_in_axes=2, dtype=self.dtype,
-                param_dtype=self.param_dtype, name="out")(out)
+                param_dtype=self.param_dtype, use_bias=self.out_bias, name="out")(out)
     return out if cache is None else (out, (k, v))

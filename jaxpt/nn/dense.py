@@ -54,7 +54,8 @@ def dense_init(logical_axes: Sequence[str], num_in_axes: int = 1):
 
 
 class Dense(nn.Module):
-  """y = x W without bias: `[..., *in_shape] -> [..., *out_shape]`, kernel `[*in_shape, *out_shape]`.
+  """y = x W (+ b with `use_bias`): `[..., *in_shape] -> [..., *out_shape]`, kernel `[*in_shape, *out_shape]`,
+  bias `[*out_shape]` (init 0).
 
   `logical_axes` names every kernel axis (in axes first); `num_in_axes` trailing axes of x are contracted.
   """
@@ -64,6 +65,7 @@ class Dense(nn.Module):
   num_in_axes: int = 1
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
+  use_bias: bool = False
 
   @nn.compact
   def __call__(self, x):
@@ -74,4 +76,10 @@ class Dense(nn.Module):
     lead = x.shape[:x.ndim - self.num_in_axes]
     fan_in, fan_out = math.prod(in_shape), math.prod(out_shape)
     y = matmul(x.reshape(-1, fan_in).astype(self.dtype), kernel.reshape(fan_in, fan_out).astype(self.dtype))
-    return y.reshape(lead + out_shape)
+    y = y.reshape(lead + out_shape)
+    if self.use_bias:
+      bias_axes = tuple(self.logical_axes[self.num_in_axes:])
+      bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, bias_axes), out_shape,
+                        self.param_dtype)
+      y = y + bias.astype(self.dtype)
+    return y

@@ -67,17 +67,20 @@ def make_schedule(optim_config: OptimConfig, total_steps: int) -> optax.Schedule
 def decay_mask(params: Any, scan_axis: str = "layers") -> Any:
   """True where a param gets weight decay: matrices and embeddings; False for norms, biases, scalars.
 
-  A param decays iff it has >= 2 dims besides the scanned-layer axis. Boxed params (`nn.Partitioned`, as
-  `model.init` returns them) say which axis is `scan_axis` by logical name, so a scanned norm scale
-  [layers, d] is not decayed; plain arrays count all dims. Returns a pytree of bools shaped like unboxed params.
+  A param decays iff it has >= 2 dims besides the scanned-layer axis and is not named `bias` (a q/k/v bias
+  is [heads, head_dim]). Boxed params (`nn.Partitioned`, as `model.init` returns them) say which axis is
+  `scan_axis` by logical name, so a scanned norm scale [layers, d] is not decayed; plain arrays count all dims.
+  Returns a pytree of bools shaped like unboxed params.
   """
 
-  def leaf_mask(p):
+  def leaf_mask(path, p):
+    if path and getattr(path[-1], "key", None) == "bias":
+      return False
     if isinstance(p, nn.Partitioned):
       return sum(name != scan_axis for name in p.names) >= 2
     return jnp.ndim(p) >= 2
 
-  return jax.tree.map(leaf_mask, params, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+  return jax.tree_util.tree_map_with_path(leaf_mask, params, is_leaf=lambda x: isinstance(x, nn.Partitioned))
 
 
 def make_optimizer(optim_config: OptimConfig, total_steps: int,

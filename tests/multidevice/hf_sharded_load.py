@@ -1,0 +1,61 @@
+"""Hugging Face import on 8 simulated CPU devices (run by tests/test_models_hf.py in its own process).
+
+Not collected by the main suite (the name does not match test_*.py): XLA must see 8 host devices before the
+backend starts, which this module arranges at import. Run directly with
+  python -m pytest tests/multidevice/hf_sharded_load.py
+"""
+
+import os
+
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + (
+    " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
+    " --xla_llvm_disable_expensive_passes=true")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+from jaxpt import parallel  # noqa: E402
+from jaxpt.models import hf  # noqa: E402
+from jaxpt.models.transformer import TransformerLM  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ASSETS = os.path.join(ROOT, "tests", "assets", "hf")
+
+
+@pytest.fixture(scope="module")
+def mesh():
+  assert jax.device_count() == 8
+  return parallel.make_mesh(parallel.MeshConfig(data=2, fsdp=2, tensor=2, rules="fsdp_tp"))
+
+
+def test_fsdp_tp_load_is_sharded_and_gives_the_single_device_logits(mesh):
+  path = os.path.join(ASSETS, "llama")
+  config = hf.read_config(path)
+  sharded = hf.load_params(path, config, mesh=mesh)
+  single = hf.load_params(path, config)
+  layers = sharded["decoder"]["layers"]
+  expected = {  # leaf -> spec under fsdp_tp: embed over fsdp, heads / kv_heads / mlp / vocab over tensor
+      "embedding": (sharded["embedding"], P("tensor", "fsdp")),
+      "query": (layers["attn"]["query"]["kernel"], P(None, "fsdp", "tensor", None)),
+      "key": (layers["attn"]["key"]["kernel"], P(None, "fsdp", "tensor", None)),
+      "out": (layers["attn"]["out"]["kernel"], P(None, "tensor", None, "fsdp")),
+      "wo": (layers["mlp"]["wo"]["kernel"], P(None, "tensor", "fsdp")),
+  }
+  for name, (leaf, spec) in expected.items():
+    assert leaf.sharding.spec == spec, (name, leaf.sharding.spec)
+    assert leaf.addressable_shards[0].data.size * 4 == leaf.size, name  # a quarter per device (2 x 2 split)
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), sharded, single)
+  ids = np.load(os.path.join(path, "reference.npz"))["input_ids"]
+  forward = jax.jit(lambda params: TransformerLM(config).apply({"params": params}, ids))
+  np.testing.assert_allclose(forward(sharded), forward(single), rtol=1e-5, atol=1e-5)
+
+
+def test_sharded_index_checkpoint_loads_sharded(mesh):
+  path = os.path.join(ASSETS, "mistral")
+  config = hf.read_config(path)
+  params = hf.load_params(path, config, mesh=mesh)
+  assert params["head"]["kernel"].sharding.spec == P("fsdp", "tensor")
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), params,
+               hf.load_params(path, config))
