@@ -30,10 +30,21 @@ def mesh():
   return parallel.make_mesh(parallel.MeshConfig(data=2, fsdp=2, tensor=2, rules="fsdp_tp"))
 
 
-def test_fsdp_tp_load_is_sharded_and_gives_the_single_device_logits(mesh):
+def test_fsdp_tp_load_is_sharded_and_gives_the_single_device_logits(mesh, monkeypatch):
   path = os.path.join(ASSETS, "llama")
   config = hf.read_config(path)
+  reads = []  # (tensor, elements read, elements in the tensor's layer): no read takes a whole tensor
+
+  def recording_read_slice(tensor, source, shape, index):
+    block = read_slice(tensor, source, shape, index)
+    reads.append((source.name, block.size, int(np.prod(shape))))
+    return block
+
+  read_slice = hf.read_slice
+  monkeypatch.setattr(hf, "read_slice", recording_read_slice)
   sharded = hf.load_params(path, config, mesh=mesh)
+  monkeypatch.undo()
+  assert reads and all(size < whole for _, size, whole in reads), [r for r in reads if r[1] >= r[2]]
   single = hf.load_params(path, config)
   layers = sharded["decoder"]["layers"]
   expected = {  # leaf -> spec under fsdp_tp: embed over fsdp, heads / kv_heads / mlp / vocab over tensor
