@@ -1,4 +1,5 @@
-"""Orbax checkpoints of a `TrainState`: async saves, keep-N, restore-latest."""
+"""Orbax checkpoints of a `TrainState`: async saves, keep-N, per-step manifests, restore of the newest intact step,
+one-line CheckpointErrors."""
 
 from __future__ import annotations
 
