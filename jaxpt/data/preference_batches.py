@@ -190,9 +190,9 @@ class PreferenceData:
   """Tokenized preference splits with their tokenizer; build with `PreferenceData.create`."""
 
   def __init__(self, config: PreferenceDataConfig, tokenizer: tokenizer_lib.Tokenizer, seed: int,
-               pairs: dict[str, list[preference.PreferencePair]], workdir: str):
+               pairs: dict[str, list[preference.PreferencePair]], workdir: str, corpus_id: str | None = None):
     self.config = config
-    self.corpus_id = _corpus_id(pairs["train"])  # names the training pairs' content (a run record's `inputs`)
+    self.corpus_id = corpus_id or _corpus_id(pairs["train"])  # the training pairs' content (run record)
     self.tokenizer = tokenizer
     self.seed = seed
     self.workdir = workdir
@@ -222,14 +222,15 @@ class PreferenceData:
     if len(pairs["train"]) < settings.batch_size:
       raise ConfigError("config.data.batch_size", f"exceeds the {len(pairs['train'])} training pairs of "
                         f"data.source={settings.source!r}", settings.batch_size)
+    corpus_id = _corpus_id(pairs["train"])  # hashed once: the tokenizer's cache key and the run record's input
     if tokenizer is None:
       tokenizer = tokenizer_lib.load_or_train(os.path.join(workdir, "tokenizer"), vocab_size,
-                                              _corpus_id(pairs["train"]), lambda: _pair_texts(pairs["train"]),
+                                              corpus_id, lambda: _pair_texts(pairs["train"]),
                                               keep_existing=keep_tokenizer)
     if tokenizer.vocab_size > vocab_size:
       raise ConfigError("config.model.vocab_size", f"smaller than the tokenizer's {tokenizer.vocab_size} tokens",
                         vocab_size)
-    return cls(settings, tokenizer, int(seed), pairs, workdir)
+    return cls(settings, tokenizer, int(seed), pairs, workdir, corpus_id=corpus_id)
 
   @property
   def eval_splits(self) -> tuple[str, ...]:

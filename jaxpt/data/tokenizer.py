@@ -12,6 +12,7 @@ import hashlib
 import io
 import json
 import os
+import pathlib
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
@@ -156,7 +157,7 @@ def load_or_train(directory: str, vocab_size: int, corpus_id: str, documents: Ca
     os.makedirs(os.path.dirname(cached), exist_ok=True)
     _atomic_write(f"{cached}.json", encoded_settings)
     _atomic_write(f"{cached}.model", tokenizer.model_proto)
-  if not (os.path.exists(model_file) and Tokenizer.load(model_file).model_proto == tokenizer.model_proto):
+  if not (os.path.exists(model_file) and pathlib.Path(model_file).read_bytes() == tokenizer.model_proto):
     _atomic_write(settings_file, encoded_settings)
     _atomic_write(model_file, tokenizer.model_proto)
   return tokenizer
