@@ -108,6 +108,7 @@ def report(workdir: str) -> dict:
                         " | ".join(f"{100 * s[f'eval_accuracy_{n}']:.1f}" for n in SETS) + " |")
   with open(os.path.join(HERE, "results.md"), "w") as f:
     f.write("# GRPO vs GRPO + CLIPO: greedy accuracy (%) on held-out problems and perturbed variants\n\n")
+    f.write(f"Produced by {_provenance(workdir)}.\n\n")
     f.write(f"Mean ± std over seeds {list(SEEDS)} ({config_lib.GRPO_STEPS} GRPO steps from one SFT'd policy of "
             f"{config_lib.SFT_STEPS} steps, `experiments/configs/sft_tiny.py`; first {config_lib.EVAL_PROBLEMS} "
             "problems "
@@ -119,6 +120,37 @@ def report(workdir: str) -> dict:
     json.dump(results, f, indent=1)
   plot(workdir)
   return results
+
+
+def _provenance(workdir: str) -> str:
+  """Which code and devices produced the runs in `workdir`, as recorded when the SFT run started."""
+  path = os.path.join(workdir, "provenance.json")
+  if not os.path.exists(path):
+    return "unrecorded code (the workdir predates provenance.json)"
+  with open(path) as f:
+    return json.load(f)["provenance"]
+
+
+def _record_provenance(workdir: str) -> None:
+  """Writes WORKDIR/provenance.json once: the commit (`+dirty` if tracked files had changes), JAX and devices."""
+  path = os.path.join(workdir, "provenance.json")
+  if os.path.exists(path):
+    return
+  import subprocess
+
+  import jax
+
+  def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True).stdout.strip()
+
+  commit = git("rev-parse", "--short", "HEAD") or "unknown commit"
+  dirty = "+dirty" if git("status", "--porcelain", "--untracked-files=no") else ""
+  devices = jax.devices()
+  provenance = (f"commit {commit}{dirty}, JAX {jax.__version__} on {len(devices)} {devices[0].platform} "
+                "device(s), one process")
+  os.makedirs(workdir, exist_ok=True)
+  with open(path, "w") as f:
+    json.dump({"provenance": provenance}, f)
 
 
 def plot(workdir: str) -> None:
@@ -171,6 +203,7 @@ def main() -> None:
 
     jax.config.update("jax_compilation_cache_dir", os.path.join(args.workdir, "_jax_cache"))
     logging.set_verbosity(logging.WARNING)
+    _record_provenance(args.workdir)
     print("sft:", train_sft(args.workdir), flush=True)
     for seed in SEEDS:
       for method in METHODS:
