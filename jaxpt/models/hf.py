@@ -26,6 +26,11 @@ does, so q/k rows are taken as stored: no permutation (the one in Meta -> HF Lla
 original interleaved layout into this one; HF checkpoints are already in it). Equations of these models as jaxpt
 computes them: x + Attn(RMSNorm(x)), x + SwiGLU(RMSNorm(x)), logits = RMSNorm(x) W_head, RMSNorm in float32.
 
+jaxpt-native directories (`model_type: "jaxpt"`, written by `jaxpt.models.hf_export` for models transformers has
+no class for: SiameseNorm, Post-Norm, HybridNorm, LayerNorm or GELU models) hold the ModelConfig under
+`jaxpt_model` and one tensor per jaxpt parameter and layer, named by its path (`decoder.layers.{l}.in1.scale`,
+`embedding`), in jaxpt's layout; they load through the same streaming code.
+
 Not supported, each refused naming the config.json field: activations other than silu, MLP biases, sliding-window
 attention in Qwen2/3 (`use_sliding_window`), RoPE types other than default and llama3, partial rotary.
 Mistral's `sliding_window` W is exact for sequences up to W, so it caps `max_seq_len` at W.
@@ -55,6 +60,8 @@ from jaxpt.parallel.rules import get_rules
 from jaxpt.parallel.sharding import param_shardings
 
 CONFIG_FILE = "config.json"
+NATIVE_TYPE = "jaxpt"  # config.json model_type of a jaxpt-native directory
+NATIVE_ARCHITECTURE = "JaxptTransformerLM"
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 FAMILIES = {  # model_type -> (architecture, config.json defaults as transformers' config class has them)
@@ -70,6 +77,11 @@ ARCHITECTURE_FIELDS = ("vocab_size", "d_model", "num_layers", "num_heads", "num_
                        "mlp_type", "norm_type", "norm_eps", "norm_scheme", "qk_norm", "v_norm", "qkv_bias",
                        "attn_out_bias", "tie_embeddings", "rope_theta", "rope_scaling", "rope_scaling_factor",
                        "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_len")
+
+
+# ModelConfig fields that change how a model runs, not what it computes: a load may set them freely.
+RUNTIME_FIELDS = ("max_seq_len", "dtype", "param_dtype", "remat", "scan_layers", "attention_query_chunk",
+                  "dropout_rate", "kernel")
 
 
 def _read_json(path: str) -> dict:
@@ -152,6 +164,18 @@ def config_fields(hf: dict, file: str = CONFIG_FILE) -> dict:
       **_rope(hf, file))
 
 
+def native_fields(hf: dict, file: str = CONFIG_FILE) -> dict:
+  """The ModelConfig fields of a jaxpt-native config.json (its `jaxpt_model` object; unknown keys refused)."""
+  fields = hf.get("jaxpt_model")
+  if not isinstance(fields, dict):
+    raise DataError(f"{file}: model_type={NATIVE_TYPE!r} without a 'jaxpt_model' object")
+  known = {field.name for field in dataclasses.fields(ModelConfig)}
+  for name in fields:
+    if name not in known:
+      raise DataError(f"{file}: jaxpt_model.{name}: not a ModelConfig field (written by a newer jaxpt?)")
+  return {name: value for name, value in fields.items() if name not in ("dtype", "param_dtype")}
+
+
 def checkpoint_dtype(hf: dict) -> str:
   """'bfloat16' for a checkpoint config.json calls bfloat16 (`dtype` / `torch_dtype`), else 'float32'."""
   return "bfloat16" if (hf.get("dtype") or hf.get("torch_dtype")) == "bfloat16" else "float32"
@@ -166,12 +190,13 @@ def read_config(path: str, **overrides: Any) -> ModelConfig:
   """
   hf = read_hf_json(path)
   file = os.path.join(path, CONFIG_FILE)
-  fields = config_fields(hf, file)
+  fields = native_fields(hf, file) if hf.get("model_type") == NATIVE_TYPE else config_fields(hf, file)
   known = {field.name for field in dataclasses.fields(ModelConfig)}
+  architecture = (set(fields) - set(RUNTIME_FIELDS)) if hf.get("model_type") == NATIVE_TYPE else ARCHITECTURE_FIELDS
   for name, value in overrides.items():
     if name not in known:
       raise ConfigError(f"model.{name}", "unknown field")
-    if name in ARCHITECTURE_FIELDS and name in fields and value != fields[name]:
+    if name in architecture and name in fields and value != fields[name]:
       raise ConfigError(f"model.{name}", f"contradicts {file}, which gives {fields[name]!r}", value)
   dtype = checkpoint_dtype(hf)
   values = {"param_dtype": dtype, "dtype": dtype, **fields, **overrides}
@@ -230,6 +255,21 @@ def hf_source(path: tuple[str, ...], ndim: int) -> tuple[Source, bool] | None:
       source = _layer_source(path[2:], f"model.layers.{path[1][len('layers_'):]}.", ndim)
       return None if source is None else (source, False)
   return None
+
+
+def native_source(path: tuple[str, ...], ndim: int) -> tuple[Source, bool]:
+  """Like `hf_source` for a jaxpt-native directory: one tensor per parameter (per layer: `decoder.layers.{l}.…`,
+  whether the model scans its layers or not), stored in jaxpt's layout."""
+  if len(path) > 2 and path[0] == "decoder" and path[1] == "layers":
+    return _copy(".".join(("decoder", "layers", "{layer}") + path[2:]), ndim - 1), True
+  if len(path) > 2 and path[0] == "decoder" and path[1].startswith("layers_"):
+    return _copy(".".join(("decoder", "layers", path[1][len("layers_"):]) + path[2:]), ndim), False
+  return _copy(".".join(path), ndim), False
+
+
+def tensor_source(path: tuple[str, ...], ndim: int, native: bool) -> tuple[Source, bool] | None:
+  """`native_source` for a jaxpt-native directory, else `hf_source`."""
+  return native_source(path, ndim) if native else hf_source(path, ndim)
 
 
 def hf_shape(source: Source, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -332,7 +372,9 @@ def load_params(path: str, config: ModelConfig, mesh: Mesh | None = None, shardi
   device's callback reads only its block of the HF tensor. DataError (naming file and tensor) for missing files,
   a truncated or unreadable safetensors file, a missing tensor, or a shape that contradicts config.json.
   """
-  check_importable(config)
+  native = read_hf_json(path).get("model_type") == NATIVE_TYPE
+  if not native:
+    check_importable(config)
   boxed = jax.eval_shape(lambda: TransformerLM(config).init(jax.random.PRNGKey(0), jnp.zeros((1, 1), jnp.int32)))
   boxed = boxed["params"]
   abstract = nn.meta.unbox(boxed)
@@ -348,7 +390,7 @@ def load_params(path: str, config: ModelConfig, mesh: Mesh | None = None, shardi
     plans = []
     for key_path, leaf in leaves:
       names = tuple(str(getattr(k, "key", k)) for k in key_path)
-      found = hf_source(names, leaf.ndim)
+      found = tensor_source(names, leaf.ndim, native)
       if found is None:
         raise ConfigError("model", f"parameter {'/'.join(names)} has no Hugging Face tensor")
       source, stacked = found

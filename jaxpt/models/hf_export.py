@@ -1,0 +1,210 @@
+"""jaxpt parameters -> a Hugging Face checkpoint directory: the inverse of `jaxpt.models.hf`.
+
+`save_hf(params, config, out_dir)` writes `config.json` + safetensors (sharded with an index above
+`max_shard_bytes`) in one of two formats:
+
+    transformers  `pre` scheme, RMSNorm, SwiGLU, no v-norm: LlamaForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM,
+                  picked by the attention options (`transformers_family`), loadable by `transformers` and by jaxpt;
+    jaxpt         every other model (SiameseNorm, Post-Norm, HybridNorm, LayerNorm / GELU models): a jaxpt-native
+                  HF-style directory (`model_type: "jaxpt"`), which only jaxpt loads (`jaxpt.models.hf.load`).
+
+Each tensor is the inverse of its import mapping (`hf.Source`: jaxpt = W.transpose(hf axes).reshape(jaxpt shape),
+so W = jaxpt.reshape(group sizes).transpose(back)), one layer at a time. Arrays are gathered one parameter at a
+time (`process_allgather` on multi-host meshes; only process 0 writes), so the host holds at most one shard file's
+tensors plus one parameter. The directory is written beside `out_dir` and renamed into place when complete: an
+export killed midway leaves no half-written checkpoint under `out_dir`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from typing import Any, Iterator, Sequence
+
+import flax.linen as nn
+import jax
+import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy for safetensors)
+import numpy as np
+from jax.experimental import multihost_utils
+from safetensors.numpy import save_file
+
+from jaxpt.config import ConfigError
+from jaxpt.models import hf
+from jaxpt.models.config import ModelConfig
+
+MAX_SHARD_BYTES = 4 * 2**30  # 4 GiB per safetensors file, as transformers' save_pretrained writes
+FORMATS = ("auto", "transformers", "jaxpt")
+
+
+def transformers_family(config: ModelConfig) -> tuple[str | None, str, str]:
+  """(model_type, '', '') of the transformers class that computes `config`'s model, or (None, the ModelConfig
+  field that rules every class out, why):
+
+      qk_norm                                 -> qwen3  (attention_bias: q/k/v and o biases together)
+      q/k/v biases without an output bias     -> qwen2
+      otherwise                               -> llama  (attention_bias: q/k/v and o biases together)
+  """
+  for field, value in (("norm_scheme", "pre"), ("norm_type", "rmsnorm"), ("mlp_type", "swiglu"), ("v_norm", False)):
+    if getattr(config, field) != value:
+      return None, field, f"transformers' decoder models have {field}={value!r}"
+  if not config.qk_norm and config.qkv_bias and not config.attn_out_bias:
+    return "qwen2", "", ""
+  if config.qkv_bias != config.attn_out_bias:
+    return None, "attn_out_bias", (f"with qkv_bias={config.qkv_bias}"
+                                   f"{' and qk_norm' if config.qk_norm else ''}: no transformers class has that")
+  return ("qwen3" if config.qk_norm else "llama"), "", ""
+
+
+def transformers_config(config: ModelConfig, model_type: str, special_ids: dict[str, int | None]) -> dict:
+  """The config.json of `config`'s model as transformers' `model_type` class (hub form: rope_theta + rope_scaling),
+  with the tokenizer's `special_ids` (bos/eos/pad_token_id)."""
+  out: dict[str, Any] = dict(
+      architectures=[hf.FAMILIES[model_type][0]], model_type=model_type, vocab_size=config.vocab_size,
+      hidden_size=config.d_model, intermediate_size=config.mlp_dim, num_hidden_layers=config.num_layers,
+      num_attention_heads=config.num_heads, num_key_value_heads=config.num_kv_heads,
+      head_dim=config.resolved_head_dim, hidden_act="silu", max_position_embeddings=config.max_seq_len,
+      rms_norm_eps=config.norm_eps, tie_word_embeddings=config.tie_embeddings, rope_theta=config.rope_theta,
+      rope_scaling=None, dtype=config.param_dtype, **special_ids)
+  if config.rope_scaling == "llama3":
+    out["rope_scaling"] = dict(rope_type="llama3", factor=config.rope_scaling_factor,
+                               low_freq_factor=config.rope_low_freq_factor,
+                               high_freq_factor=config.rope_high_freq_factor,
+                               original_max_position_embeddings=config.rope_original_max_len)
+  if model_type == "qwen2":
+    out.update(use_sliding_window=False, sliding_window=None)
+  else:
+    out.update(attention_bias=config.qkv_bias, mlp_bias=False)
+    if model_type == "qwen3":
+      out.update(use_sliding_window=False, sliding_window=None)
+  return out
+
+
+def native_config(config: ModelConfig, special_ids: dict[str, int | None]) -> dict:
+  """The config.json of a jaxpt-native directory: the whole ModelConfig under `jaxpt_model`."""
+  return dict(architectures=[hf.NATIVE_ARCHITECTURE], model_type=hf.NATIVE_TYPE, dtype=config.param_dtype,
+              jaxpt_model=dataclasses.asdict(config), **special_ids)
+
+
+def to_hf_layout(block: np.ndarray, source: hf.Source) -> np.ndarray:
+  """One layer's jaxpt array -> the HF tensor `source` names (the inverse of `hf.read_slice` on the whole array)."""
+  sizes, start = [], 0
+  for _, count in source.groups:
+    sizes.append(int(np.prod(block.shape[start:start + count], dtype=np.int64)))
+    start += count
+  return np.transpose(block.reshape(sizes), np.argsort([axis for axis, _ in source.groups]))
+
+
+def _host_value(leaf: jax.Array) -> np.ndarray:
+  """The whole of `leaf` on this host (every process must call this: multi-host gathers are collective)."""
+  if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+    return np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
+  return np.asarray(jax.device_get(leaf))
+
+
+def hf_tensors(params: Any, native: bool) -> Iterator[tuple[str, np.ndarray]]:
+  """(HF tensor name, array) for every tensor of the checkpoint, one parameter gathered at a time."""
+  for key_path, leaf in jax.tree_util.tree_flatten_with_path(nn.meta.unbox(params))[0]:
+    names = tuple(str(getattr(k, "key", k)) for k in key_path)
+    found = hf.tensor_source(names, np.ndim(leaf), native)
+    if found is None:
+      raise ConfigError("model", f"parameter {'/'.join(names)} has no Hugging Face tensor")
+    source, stacked = found
+    value = _host_value(leaf)
+    if stacked:
+      for layer in range(value.shape[0]):
+        yield source.name.format(layer=layer), np.ascontiguousarray(to_hf_layout(value[layer], source))
+    else:
+      yield source.name, np.ascontiguousarray(to_hf_layout(value, source))
+
+
+def _shard_names(count: int) -> list[str]:
+  if count == 1:
+    return [hf.WEIGHTS_FILE]
+  return [f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)]
+
+
+def _write_tensors(tensors: Iterator[tuple[str, np.ndarray]], directory: str, max_shard_bytes: int,
+                   write: bool) -> None:
+  """Safetensors files of at most ~max_shard_bytes each (one file: model.safetensors; more: numbered + index)."""
+  shards: list[list[str]] = []
+  buffer: dict[str, np.ndarray] = {}
+  size = total = 0
+
+  def flush():
+    nonlocal buffer, size
+    if buffer:
+      if write:
+        save_file(buffer, os.path.join(directory, f"part-{len(shards)}.safetensors"), metadata={"format": "pt"})
+      shards.append(list(buffer))
+      buffer, size = {}, 0
+
+  for name, array in tensors:
+    if buffer and size + array.nbytes > max_shard_bytes:
+      flush()
+    buffer[name] = array
+    size += array.nbytes
+    total += array.nbytes
+  flush()
+  if not write:
+    return
+  files = _shard_names(len(shards))
+  for i, file in enumerate(files):
+    os.replace(os.path.join(directory, f"part-{i}.safetensors"), os.path.join(directory, file))
+  if len(files) > 1:
+    weight_map = {name: file for file, names in zip(files, shards) for name in names}
+    with open(os.path.join(directory, hf.INDEX_FILE), "w") as f:
+      json.dump({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, f, indent=2)
+
+
+def _check_out_dir(out_dir: str, overwrite: bool) -> None:
+  if os.path.isfile(out_dir):
+    raise FileExistsError(f"{out_dir}: is a file (expected a new or empty directory)")
+  if os.path.isdir(out_dir) and os.listdir(out_dir) and not overwrite:
+    raise FileExistsError(f"{out_dir}: exists and is not empty (choose a new directory, or overwrite=True / "
+                          "--overwrite)")
+
+
+def save_hf(params: Any, config: ModelConfig, out_dir: str, *, format: str = "auto",
+            special_ids: dict[str, int | None] | None = None, extra_files: Sequence[str] = (),
+            max_shard_bytes: int = MAX_SHARD_BYTES, overwrite: bool = False) -> str:
+  """Writes `TransformerLM(config)`'s `params` to `out_dir` as a Hugging Face checkpoint; returns the format used.
+
+  format: `transformers` (ConfigError naming the model field that no transformers class has), `jaxpt` (native),
+  or `auto` (transformers when possible). special_ids: bos/eos/pad_token_id for config.json. extra_files: copied
+  into the directory as they are (tokenizer files). Tensors are written in `config.param_dtype`. FileExistsError
+  when `out_dir` is a file or a non-empty directory (unless overwrite). Multi-host: every process calls it (the
+  gathers are collective), process 0 writes.
+  """
+  if format not in FORMATS:
+    raise ConfigError("format", f"must be one of {', '.join(FORMATS)}", format)
+  family, field, why = transformers_family(config)
+  if format == "transformers" and family is None:
+    raise ConfigError(f"model.{field}", f"no transformers class ({why}); use format='jaxpt'", getattr(config, field))
+  native = format == "jaxpt" or family is None
+  ids = {k: v for k, v in (special_ids or {}).items() if v is not None}
+  hf_json = native_config(config, ids) if native else transformers_config(config, family, ids)
+  write = jax.process_index() == 0
+  out_dir = os.path.abspath(os.path.expanduser(out_dir))
+  partial = f"{out_dir}.partial-{os.getpid()}"
+  if write:
+    _check_out_dir(out_dir, overwrite)
+    shutil.rmtree(partial, ignore_errors=True)
+    os.makedirs(partial)
+  try:
+    _write_tensors(hf_tensors(params, native), partial, max_shard_bytes, write)
+    if write:
+      with open(os.path.join(partial, hf.CONFIG_FILE), "w") as f:
+        json.dump(hf_json, f, indent=2, sort_keys=True)
+      for file in extra_files:
+        shutil.copyfile(file, os.path.join(partial, os.path.basename(file)))
+      if os.path.isdir(out_dir):
+        shutil.rmtree(out_dir)
+      os.replace(partial, out_dir)
+  finally:
+    if write:
+      shutil.rmtree(partial, ignore_errors=True)
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices("jaxpt_save_hf")
+  return "jaxpt" if native else "transformers"
