@@ -1,4 +1,5 @@
-"""Writes the Hugging Face parity fixtures of `tests/test_models_hf.py` (needs torch + transformers; not jaxpt).
+"""Writes the Hugging Face parity fixtures of `tests/test_models_hf.py` and `tests/test_data_hf_tokenizer.py`
+(needs torch + transformers + tokenizers; not jaxpt).
 
 One tiny random model per family under `tests/assets/hf/<family>/`:
     config.json, generation_config.json   as `save_pretrained` writes them (llama: rewritten in the hub's
@@ -12,9 +13,17 @@ untied, sharded), qwen2 (q/k/v biases, tied), qwen3 (q/k RMSNorm, head_dim 32 !=
 Weights are redrawn from a seeded NumPy generator at a scale that makes the greedy choices clear (top-1 vs top-2
 logit gap checked), so a rerun with the same torch/transformers writes the same files byte for byte.
 
-Run in a venv with torch and transformers (kept outside the repository):
-    python3 -m venv /tmp/hfref && /tmp/hfref/bin/pip install torch transformers safetensors
-    /tmp/hfref/bin/python tools/make_hf_fixtures.py [--out tests/assets/hf] [--family llama ...]
+Each family also gets a tokenizer (see make_hf_tokenizers.py), written by `PreTrainedTokenizerFast.save_pretrained`:
+    tokenizer.json, tokenizer_config.json  a tiny BPE (<= 256 ids, the models' vocab_size) trained on a fixed text
+    chat_template.jinja (llama, qwen3)     qwen2 keeps its template in tokenizer_config.json (the hub's Qwen2.5
+                                           form), mistral a list of named templates there
+    tokenizer_reference.json               AutoTokenizer's encodings, rendered chats and decodings of fixed texts
+`--tokenizer-only` writes just these (the model files are left as they are).
+
+Run in a venv with torch and transformers (kept outside the repository; torch 2.13.0 is the local CPU wheel):
+    python3 -m venv /tmp/hfref && /tmp/hfref/bin/pip install torch==2.13.0 transformers safetensors tokenizers jinja2
+    /tmp/hfref/bin/python tools/make_hf_fixtures.py [--out tests/assets/hf] [--family llama ...] [--tokenizer-only]
+The committed files were written with torch 2.13.0, transformers 5.23.0, tokenizers 0.23.3.
 """
 
 from __future__ import annotations
@@ -28,6 +37,8 @@ import zipfile
 import numpy as np
 import torch
 import transformers
+
+from make_hf_tokenizers import make_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BATCH, PROMPT_LEN, NEW_TOKENS = 2, 12, 8
@@ -127,20 +138,31 @@ def make_family(family: str, out: str) -> dict:
   write_npz(os.path.join(directory, "reference.npz"), {
       "input_ids": input_ids.astype(np.int32), "logits": logits.astype(np.float32),
       "greedy": greedy.astype(np.int32)})
-  files = sorted(os.listdir(directory))
+  return {**make_tokenizer(family, directory), **fixture_size(family, directory),
+          "max_abs_logit": float(np.abs(logits).max()), "min_greedy_gap": gap}
+
+
+def fixture_size(family: str, directory: str) -> dict:
+  files = sorted(os.path.relpath(os.path.join(root, name), directory)
+                 for root, _, names in os.walk(directory) for name in names)
   size = sum(os.path.getsize(os.path.join(directory, f)) for f in files)
   assert size < 1 << 20, f"{family}: fixture is {size} bytes"
-  return {"files": files, "bytes": size, "max_abs_logit": float(np.abs(logits).max()), "min_greedy_gap": gap}
+  return {"files": files, "bytes": size}
 
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", default=os.path.join(ROOT, "tests", "assets", "hf"))
   parser.add_argument("--family", action="append", choices=sorted(FAMILIES))
+  parser.add_argument("--tokenizer-only", action="store_true", help="write only the tokenizer files")
   args = parser.parse_args()
   torch.use_deterministic_algorithms(True)
   for family in args.family or sorted(FAMILIES):
-    print(family, json.dumps(make_family(family, args.out)))
+    if args.tokenizer_only:
+      directory = os.path.join(args.out, family)
+      print(family, json.dumps({**make_tokenizer(family, directory), **fixture_size(family, directory)}))
+    else:
+      print(family, json.dumps(make_family(family, args.out)))
 
 
 if __name__ == "__main__":

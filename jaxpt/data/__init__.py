@@ -1,9 +1,11 @@
-"""Data layer: corpora, SentencePiece tokenizer, TFDS text builder/readers, packing and the LM batch pipeline.
+"""Data layer: corpora, SentencePiece and Hugging Face tokenizers, TFDS text builder/readers, packing and the LM
+batch pipeline.
 
 `from jaxpt.data import LMData` imports the pipeline (and tensorflow_datasets) lazily.
 """
 
-_LAZY = {"LMData": "jaxpt.data.pipeline", "Tokenizer": "jaxpt.data.tokenizer"}
+_LAZY = {"LMData": "jaxpt.data.pipeline", "Tokenizer": "jaxpt.data.tokenizer", "load_tokenizer": "jaxpt.data.tokenizer",
+         "HFTokenizer": "jaxpt.data.hf_tokenizer"}
 
 
 def __getattr__(name):

@@ -13,12 +13,15 @@ import io
 import json
 import os
 import pathlib
-from typing import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 import numpy as np
 import sentencepiece as spm
 
-from jaxpt.config import ConfigError
+from jaxpt.config import ConfigError, DataError
+
+if TYPE_CHECKING:
+  from jaxpt.data.hf_tokenizer import HFTokenizer
 
 PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
 _CHUNK_CHARS = 2048  # training "sentences" are line-aligned chunks of documents of at most this many characters
@@ -86,6 +89,27 @@ class Tokenizer:
   def decode(self, ids: Iterable[int]) -> str:
     """Text of `ids`; pad/eos/bos ids decode to nothing."""
     return self._sp.decode([int(i) for i in ids])
+
+
+def load_tokenizer(path: str) -> "Tokenizer | HFTokenizer":
+  """The tokenizer at `path`: a Hugging Face checkpoint directory (tokenizer.json: `HFTokenizer`) or a directory with
+  a SentencePiece spm.model (jaxpt's `Tokenizer`), or either file itself. DataError when there is neither."""
+  from jaxpt.data.hf_tokenizer import TOKENIZER_FILE, HFTokenizer  # imports `tokenizers` only when needed
+
+  if os.path.isdir(path):
+    if os.path.isfile(os.path.join(path, TOKENIZER_FILE)):
+      return HFTokenizer(path)
+    if os.path.isfile(os.path.join(path, "spm.model")):
+      return Tokenizer.load(os.path.join(path, "spm.model"))
+    raise DataError(f"{path}: no tokenizer ({TOKENIZER_FILE} or spm.model)")
+  if not os.path.isfile(path):
+    raise DataError(f"{path}: no such file or directory")
+  if os.path.basename(path) == TOKENIZER_FILE:
+    return HFTokenizer.load(path)
+  try:
+    return Tokenizer.load(path)
+  except RuntimeError as e:  # sentencepiece's parse error
+    raise DataError(f"{path}: not a SentencePiece model ({str(e).splitlines()[0]})") from None
 
 
 def _training_sentences(documents: Iterable[str]) -> Iterator[str]:

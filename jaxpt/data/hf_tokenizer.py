@@ -1,0 +1,394 @@
+"""Hugging Face tokenizers: a checkpoint directory's `tokenizer.json` run by the `tokenizers` library, its chat template
+rendered with jinja2 as `transformers` renders it (neither torch nor transformers is imported).
+
+Files read from the directory:
+    tokenizer.json           the pipeline (normalizer, pre-tokenizer, model, post-processor, decoder, added tokens);
+                             its padding and truncation settings are switched off (transformers does so per call)
+    tokenizer_config.json    special tokens (bos/eos/unk/sep/pad/cls/mask_token: a string or an AddedToken object),
+                             added_tokens_decoder, chat_template (a string, or a list of {name, template}),
+                             split_special_tokens, clean_up_tokenization_spaces
+    special_tokens_map.json  only when tokenizer_config.json has no added_tokens_decoder (as transformers reads it)
+    chat_template.jinja, additional_chat_templates/<name>.jinja   templates written by newer transformers; they take
+                             priority over tokenizer_config.json's chat_template
+    generation_config.json   eos_token_id (an id or a list): `stop_ids`
+Named special tokens missing from tokenizer.json's added tokens are added as special tokens, as transformers adds them.
+
+Parity with transformers 5 (`AutoTokenizer.from_pretrained(dir)`; tests/test_data_hf_tokenizer.py checks it on the
+fixtures of tools/make_hf_fixtures.py): `encode(text, add_special_tokens=True)` is `tokenizer(text).input_ids` (the
+post-processor of tokenizer.json decides what is added: transformers 5 ignores add_bos_token / add_eos_token when
+there is a tokenizer.json), `decode(ids)` is `decode(ids, skip_special_tokens=True)` (clean_up_tokenization_spaces
+applies to non-BPE models only, as in transformers 5), `apply_chat_template(messages, ...)` is
+`apply_chat_template(messages, tokenize=False, ...)` and `encode_chat` its `tokenize=True` ids. Not supported:
+transformers' `continue_final_message`, tools given as Python functions, and its per-model-class rebuilding of the
+pipeline (a tokenizer_class whose transformers class rewrites the pipeline can tokenize differently there).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from datetime import datetime
+from functools import lru_cache
+from typing import Any, Iterable, Mapping, Sequence
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+import jinja2.utils
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import AddedToken, Tokenizer
+
+from jaxpt.config import DataError
+
+TOKENIZER_FILE = "tokenizer.json"
+CONFIG_FILE = "tokenizer_config.json"
+SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+CHAT_TEMPLATE_DIR = "additional_chat_templates"
+GENERATION_CONFIG_FILE = "generation_config.json"
+# transformers' SPECIAL_TOKENS_ATTRIBUTES: the variables a chat template sees (bos_token, eos_token, ...).
+SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+EXTRA_SPECIAL_TOKENS = ("additional_special_tokens", "extra_special_tokens")
+_ADDED_TOKEN_FIELDS = ("content", "single_word", "lstrip", "rstrip", "normalized", "special")
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # transformers' aliases of a message's reasoning
+
+
+def _read_json(path: str, required: bool = True) -> dict:
+  """The JSON object in `path` ({} when it does not exist and is not `required`)."""
+  if not os.path.isfile(path):
+    if required:
+      raise DataError(f"{path}: no such file")
+    return {}
+  try:
+    with open(path, encoding="utf-8") as f:
+      value = json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    where = f", line {e.lineno}" if isinstance(e, json.JSONDecodeError) else ""
+    raise DataError(f"{path}: not valid JSON ({getattr(e, 'msg', e)}{where})") from None
+  if not isinstance(value, dict):
+    raise DataError(f"{path}: expected a JSON object, got {type(value).__name__}")
+  return value
+
+
+def _added_token(value: Any, where: str) -> AddedToken:
+  """A special token from a config: a string or an AddedToken object ({"content": ..., "lstrip": ..., ...})."""
+  if isinstance(value, str):
+    return AddedToken(value, special=True, normalized=False)
+  if isinstance(value, dict) and isinstance(value.get("content"), str):
+    fields = {k: bool(v) for k, v in value.items() if k in _ADDED_TOKEN_FIELDS[1:]}
+    return AddedToken(value["content"], **{**fields, "special": True})
+  raise DataError(f"{where}: expected a string or an AddedToken object with a string content, got {value!r:.80}")
+
+
+class _GenerationTag(jinja2.ext.Extension):
+  """`{% generation %} ... {% endgeneration %}` (transformers' assistant-mask marker): renders its body."""
+  tags = {"generation"}
+
+  def parse(self, parser):
+    lineno = next(parser.stream).lineno
+    body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+    return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+  def _body(self, caller):
+    return caller()
+
+
+class _TemplateDict:
+  """The `dict` global of transformers' templates: dict(...) and dict.fromkeys(...) only."""
+
+  def __call__(self, *args, **kwargs):
+    return dict(*args, **kwargs)
+
+  def fromkeys(self, *args, **kwargs):
+    return dict.fromkeys(*args, **kwargs)
+
+
+class _TemplateNamespace(jinja2.utils.Namespace):
+  """jinja2's namespace() refusing underscore-prefixed attributes, as transformers' is."""
+
+  def __init__(*args, **kwargs):  # jinja2's Namespace signature, so that namespace(self=...) works
+    self, args = args[0], args[1:]
+    attrs = dict(*args, **kwargs)
+    for name in attrs:
+      _TemplateNamespace._check_name(name)
+    jinja2.utils.Namespace.__init__(self, attrs)
+
+  def __setitem__(self, name, value):
+    _TemplateNamespace._check_name(name)
+    jinja2.utils.Namespace.__setitem__(self, name, value)
+
+  @staticmethod
+  def _check_name(name):
+    if isinstance(name, str) and name.startswith("_"):
+      raise jinja2.exceptions.SecurityError(f"chat templates cannot set underscore-prefixed attributes ({name!r})")
+
+
+def _raise_exception(message):
+  raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+  """transformers' tojson: json.dumps without jinja2's HTML escaping, with its options."""
+  return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(format):
+  return datetime.now().strftime(format)
+
+
+@lru_cache(maxsize=32)
+def compile_chat_template(template: str) -> jinja2.Template:
+  """`template` compiled in transformers' environment: sandboxed, trim_blocks, lstrip_blocks, loop controls,
+  {% generation %}, raise_exception, strftime_now, its tojson, dict and namespace."""
+  env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                      extensions=[_GenerationTag, jinja2.ext.loopcontrols])
+  env.filters["tojson"] = _tojson
+  env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now, dict=_TemplateDict(),
+                     namespace=_TemplateNamespace)
+  return env.from_string(template)
+
+
+def _plain(value: Any) -> Any:
+  """`value` rebuilt from plain JSON types (transformers' _plain_template_data): what a template may see."""
+  if value is None or type(value) in (str, int, float, bool):
+    return value
+  for kind in (bool, str, int, float):  # subclasses (enums, NumPy scalars) back to the base type
+    if isinstance(value, kind):
+      return kind(value)
+  if isinstance(value, Mapping):
+    return {_plain(k): _plain(v) for k, v in value.items()}
+  if isinstance(value, list):
+    return [_plain(v) for v in value]
+  if isinstance(value, tuple):
+    return tuple(_plain(v) for v in value)
+  if hasattr(value, "item") and hasattr(value, "dtype") and getattr(value, "ndim", None) == 0:
+    return _plain(value.item())
+  if dataclasses.is_dataclass(value) and not isinstance(value, type):
+    return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+  return f"<{type(value).__name__}>"
+
+
+def _chat_messages(messages: Sequence[Mapping]) -> list[dict]:
+  """Messages as the template sees them: keys whose value is None dropped, reasoning under all its names."""
+  chat = []
+  for message in messages:
+    if not isinstance(message, Mapping):
+      raise TypeError(f"chat messages must be dicts, got {message!r:.80}")
+    message = _plain({k: v for k, v in message.items() if v is not None})
+    reasoning = next((message[k] for k in _REASONING_FIELDS if message.get(k) is not None), None)
+    if reasoning is not None:
+      message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
+    chat.append(message)
+  return chat
+
+
+class HFTokenizer:
+  """Text <-> ids with a Hugging Face checkpoint's tokenizer (the interface of jaxpt.data.tokenizer.Tokenizer).
+
+  Special ids (None when the token is not configured): bos_id, eos_id, unk_id; pad_id is the configured pad token,
+  else eos_id (Llama-3 has no pad token). `stop_ids`: eos_id and generation_config.json's eos_token_id(s).
+  """
+
+  def __init__(self, path: str):
+    self.path = path
+    file = os.path.join(path, TOKENIZER_FILE)
+    if not os.path.isdir(path):
+      raise DataError(f"{path}: not a Hugging Face tokenizer directory (no such directory)")
+    if not os.path.isfile(file):
+      raise DataError(f"{path}: not a Hugging Face tokenizer directory (no {TOKENIZER_FILE})")
+    serialized = _read_json(file)
+    try:
+      self._tok = Tokenizer.from_file(file)
+    except Exception as e:  # tokenizers raises a plain Exception naming the serde error
+      raise DataError(f"{file}: not a tokenizers serialization ({str(e).splitlines()[0]})") from None
+    self._tok.no_padding()
+    self._tok.no_truncation()
+    self._is_bpe = (serialized.get("model") or {}).get("type") == "BPE"
+    config_file = os.path.join(path, CONFIG_FILE)
+    config = _read_json(config_file, required=False)
+    self._config = config
+    self._add_special_tokens(serialized, config, config_file)
+    split = config.get("split_special_tokens", False)
+    self._tok.encode_special_tokens = bool(split)
+    self.clean_up_tokenization_spaces = bool(config.get("clean_up_tokenization_spaces", False)) and (
+        not self._is_bpe or bool(config.get("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output")))
+    self.chat_templates, self._template_sources = self._read_chat_templates(config, config_file)
+    generation = _read_json(os.path.join(path, GENERATION_CONFIG_FILE), required=False).get("eos_token_id")
+    generation = [generation] if isinstance(generation, int) else list(generation or [])
+    self.stop_ids = tuple(dict.fromkeys(i for i in [self.eos_id, *generation] if isinstance(i, int)))
+    self._vocab_size = max(self._tok.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+
+  @classmethod
+  def load(cls, path: str) -> "HFTokenizer":
+    """The tokenizer of checkpoint directory `path` (or of the directory holding tokenizer.json file `path`)."""
+    return cls(os.path.dirname(path) if os.path.basename(path) == TOKENIZER_FILE else path)
+
+  def _add_special_tokens(self, serialized: dict, config: dict, config_file: str) -> None:
+    """self.special_tokens {name: content}; the configured special tokens the pipeline lacks are added to it."""
+    decoder = config.get("added_tokens_decoder")
+    where = {key: f"{config_file}: {key}" for key in config}
+    if decoder is None:  # transformers' legacy path: special_tokens_map.json overrides, tokenizer.json's tokens
+      map_file = os.path.join(self.path, SPECIAL_TOKENS_MAP_FILE)
+      overrides = _read_json(map_file, required=False)
+      config = {**config, **overrides}
+      where.update({key: f"{map_file}: {key}" for key in overrides})
+      known = {t.get("content"): t for t in serialized.get("added_tokens") or [] if isinstance(t, dict)}
+    elif isinstance(decoder, dict):
+      known = {}
+      for index, token in sorted(decoder.items(), key=lambda item: int(item[0]) if item[0].isdigit() else -1):
+        if not (index.isdigit() and isinstance(token, dict) and isinstance(token.get("content"), str)):
+          raise DataError(f"{config_file}: added_tokens_decoder[{index!r}]: expected an id and an AddedToken object")
+        known[token["content"]] = token
+        if self._tok.token_to_id(token["content"]) is None:  # in the config only: transformers adds it
+          fields = {k: bool(v) for k, v in token.items() if k in _ADDED_TOKEN_FIELDS[1:]}
+          self._tok.add_tokens([AddedToken(token["content"], **fields)])
+    else:
+      raise DataError(f"{config_file}: added_tokens_decoder: expected an object, got {type(decoder).__name__}")
+    named: dict[str, AddedToken] = {}
+    for key in SPECIAL_TOKENS:
+      if config.get(key) is not None:
+        named[key] = _added_token(config[key], where[key])
+    extra = []
+    for key in EXTRA_SPECIAL_TOKENS:
+      values = config.get(key) or []
+      values = list(values.values()) if isinstance(values, dict) else values
+      if not isinstance(values, list):
+        raise DataError(f"{where[key]}: expected a list of tokens, got {type(values).__name__}")
+      extra += [_added_token(value, where[key]) for value in values]
+    tokens = []
+    for token in [*named.values(), *extra]:  # tokenizer.json's own properties of a token it already has win
+      own = known.get(token.content)
+      if isinstance(own, dict):
+        token = AddedToken(token.content, **{k: bool(v) for k, v in own.items() if k in _ADDED_TOKEN_FIELDS[1:4]},
+                           normalized=bool(own.get("normalized", False)), special=True)
+      tokens.append(token)
+    if tokens:
+      self._tok.add_special_tokens(tokens)
+    self.special_tokens = {key: token.content for key, token in named.items()}
+
+  def _read_chat_templates(self, config: dict, config_file: str) -> tuple[dict[str, str], dict[str, str]]:
+    """{name: template} and {name: where it was read}; the files written by newer transformers take priority."""
+    templates, sources = {}, {}
+    value = config.get("chat_template")
+    if isinstance(value, str):
+      templates["default"], sources["default"] = value, f"{config_file}: chat_template"
+    elif isinstance(value, list):
+      for i, entry in enumerate(value):
+        if not (isinstance(entry, dict) and isinstance(entry.get("name"), str)
+                and isinstance(entry.get("template"), str)):
+          raise DataError(f"{config_file}: chat_template[{i}]: expected {{\"name\": str, \"template\": str}}")
+        templates[entry["name"]] = entry["template"]
+        sources[entry["name"]] = f"{config_file}: chat_template[{i}] ({entry['name']})"
+    elif value is not None:
+      raise DataError(f"{config_file}: chat_template: expected a string or a list of {{name, template}}, "
+                      f"got {type(value).__name__}")
+    files = {}
+    if os.path.isfile(os.path.join(self.path, CHAT_TEMPLATE_FILE)):
+      files["default"] = os.path.join(self.path, CHAT_TEMPLATE_FILE)
+    directory = os.path.join(self.path, CHAT_TEMPLATE_DIR)
+    if os.path.isdir(directory):
+      for name in sorted(os.listdir(directory)):
+        if name.endswith(".jinja"):
+          files[name.removesuffix(".jinja")] = os.path.join(directory, name)
+    if files:  # as transformers: the template files replace whatever tokenizer_config.json holds
+      templates, sources = {}, {}
+      for name, file in files.items():
+        try:
+          with open(file, encoding="utf-8") as f:
+            templates[name], sources[name] = f.read(), file
+        except UnicodeDecodeError as e:
+          raise DataError(f"{file}: not UTF-8 text ({e.reason})") from None
+    return templates, sources
+
+  @property
+  def vocab_size(self) -> int:
+    """Every id is in [0, vocab_size): the model's vocabulary plus the added tokens."""
+    return self._vocab_size
+
+  def _token_id(self, key: str) -> int | None:
+    token = self.special_tokens.get(key)
+    return None if token is None else self._tok.token_to_id(token)
+
+  @property
+  def bos_id(self) -> int | None:
+    return self._token_id("bos_token")
+
+  @property
+  def eos_id(self) -> int | None:
+    return self._token_id("eos_token")
+
+  @property
+  def unk_id(self) -> int | None:
+    return self._token_id("unk_token")
+
+  @property
+  def pad_id(self) -> int | None:
+    """The configured pad token's id, else eos_id."""
+    pad = self._token_id("pad_token")
+    return self.eos_id if pad is None else pad
+
+  def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+    """Ids of `text`; add_special_tokens: also those tokenizer.json's post-processor adds (e.g. Llama's bos), as
+    transformers' `tokenizer(text)` does by default."""
+    return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+  def encode_batch(self, texts: list[str], num_threads: int = 2, add_special_tokens: bool = False) -> list[list[int]]:
+    """Ids of each text (tokenizers' own thread pool; `num_threads` is accepted for jaxpt's Tokenizer interface)."""
+    del num_threads
+    return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=add_special_tokens)]
+
+  def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
+    """Text of `ids`; special tokens (bos/eos/pad, chat markers) decode to nothing unless not `skip_special_tokens`."""
+    text = self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+    if self.clean_up_tokenization_spaces:
+      for before, after in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+                            (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
+        text = text.replace(before, after)
+    return text
+
+  def chat_template(self, chat_template: str | None = None, tools: list | None = None) -> tuple[str, str]:
+    """(template, where it was read): `chat_template` as a template name or text, else the tool_use template when
+    there are tools and one, else the default (transformers' choice)."""
+    if chat_template is not None:
+      if chat_template in self.chat_templates:
+        return self.chat_templates[chat_template], self._template_sources[chat_template]
+      return chat_template, "chat_template argument"
+    if not self.chat_templates:
+      raise DataError(f"{self.path}: no chat template ({CONFIG_FILE} has no chat_template and there is no "
+                      f"{CHAT_TEMPLATE_FILE})")
+    name = "tool_use" if tools is not None and "tool_use" in self.chat_templates else "default"
+    if name not in self.chat_templates:
+      raise DataError(f"{self._template_sources[next(iter(self.chat_templates))]}: several chat templates and no "
+                      f"'default' (pass chat_template=one of {sorted(self.chat_templates)})")
+    return self.chat_templates[name], self._template_sources[name]
+
+  def apply_chat_template(self, messages: Sequence[Mapping], add_generation_prompt: bool = False,
+                          tools: list[dict] | None = None, documents: list[dict] | None = None,
+                          chat_template: str | None = None, **kwargs) -> str:
+    """The chat `messages` ([{"role", "content", ...}]) as the template renders it: the variables are messages,
+    tools, documents, add_generation_prompt, the special tokens (bos_token, eos_token, ...) and `kwargs` (which win
+    over the special tokens). DataError naming the template's file when it does not compile or raises."""
+    template, source = self.chat_template(chat_template, tools)
+    if not messages:
+      raise ValueError("cannot apply a chat template to an empty conversation")
+    if tools is not None and not all(isinstance(tool, Mapping) for tool in tools):
+      raise TypeError("tools must be JSON schemas (dicts)")
+    if documents is not None and not all(isinstance(doc, Mapping) for doc in documents):
+      raise TypeError("documents must be dicts (with 'title' and 'text' keys)")
+    try:
+      compiled = compile_chat_template(template)
+    except jinja2.TemplateSyntaxError as e:
+      raise DataError(f"{source}: the chat template does not compile ({e.message}, line {e.lineno})") from None
+    variables = {**self.special_tokens, **_plain(kwargs)}
+    try:
+      return compiled.render(messages=_chat_messages(messages), tools=_plain(tools), documents=_plain(documents),
+                             add_generation_prompt=add_generation_prompt, **variables)
+    except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+      message = " ".join(str(e).split()) or type(e).__name__
+      raise DataError(f"{source}: the chat template failed to render ({message})") from None
+
+  def encode_chat(self, messages: Sequence[Mapping], add_generation_prompt: bool = False, **kwargs) -> list[int]:
+    """Ids of the rendered chat (transformers' `apply_chat_template(..., tokenize=True)`: the template writes the
+    special tokens, none are added)."""
+    return self.encode(self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **kwargs))
