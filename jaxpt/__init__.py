@@ -5,6 +5,7 @@
     jaxpt.get_loss("policy", "ppo_clip"), jaxpt.known_losses("lm")    losses, registered by kind
     jaxpt.pretrain, jaxpt.sft, jaxpt.train_rm, jaxpt.train_grpo        trainers: (config, workdir) -> LoopResult
     jaxpt.PretrainRunConfig, ..., jaxpt.from_section, jaxpt.config_dict  run configs
+    jaxpt.load(workdir or "hf:DIR") -> Model: logits, generate, score, save_hf (jaxpt.api)
 
 Every name is imported on first use, so `import jaxpt` is cheap and has no side effects.
 """
@@ -21,6 +22,7 @@ _EXPORTS = {
     "jaxpt.train.sft": ("SFTRunConfig", "sft"),
     "jaxpt.train.rm": ("RMRunConfig", "train_rm"),
     "jaxpt.train.grpo": ("GRPORunConfig", "train_grpo"),
+    "jaxpt.api": ("load", "Model"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 

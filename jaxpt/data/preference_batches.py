@@ -141,7 +141,7 @@ def _corpus_id(pairs: Sequence[preference.PreferencePair]) -> str:
   return "preferences|" + h.hexdigest()
 
 
-def _sequences(prompts: list[list[int]], responses: list[list[int]], seq_len: int, pad_id: int,
+def response_sequences(prompts: list[list[int]], responses: list[list[int]], seq_len: int, pad_id: int,
                eos_id: int) -> tuple[np.ndarray, np.ndarray]:
   """(tokens [N, S] right-padded, last [N]) of prompt + response + EOS, left-truncated to the last S tokens."""
   tokens = np.full((len(prompts), seq_len), pad_id, np.int32)
@@ -161,8 +161,8 @@ def _encode(pairs: Sequence[preference.PreferencePair], tokenizer: tokenizer_lib
   rejected = tokenizer.encode_batch([p.rejected for p in pairs]) if pairs else []
   arrays = {}
   for side, responses in (("chosen", chosen), ("rejected", rejected)):
-    arrays[f"{side}_tokens"], arrays[f"{side}_last"] = _sequences(prompts, responses, seq_len, tokenizer.pad_id,
-                                                                  tokenizer.eos_id)
+    arrays[f"{side}_tokens"], arrays[f"{side}_last"] = response_sequences(
+        prompts, responses, seq_len, tokenizer.pad_id, tokenizer.eos_id)
     arrays[f"{side}_response_len"] = np.array([len(r) for r in responses], np.int32)
   counts = [bias_lib.TokenCounts(len(c), len(r)) for c, r in zip(chosen, rejected)]
   arrays["bias"] = {name: np.array([bias_lib.label(name, p, n) for p, n in zip(pairs, counts)], np.int32)

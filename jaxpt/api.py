@@ -1,0 +1,268 @@
+"""The Python surface for notebooks and scripts: `jaxpt.load(path)` -> `Model`.
+
+    model = jaxpt.load("/tmp/jaxpt-tiny")               # a jaxpt run's workdir: its latest checkpoint (or step=N)
+    model = jaxpt.load("hf:/models/Qwen2.5-0.5B")       # a Hugging Face checkpoint directory (jaxpt.models.hf)
+    model.config, model.params, model.tokenizer          # ModelConfig, the param tree, encode / decode
+    model.logits(ids)                                    # int [batch, seq] -> float32 [batch, seq, vocab]
+    model.generate(["2 + 3 ="], max_new_tokens=8)        # -> list[str], through the KV-cache sampler
+    model.score(prompts, responses)                      # reward models: float32 [n]
+    model.save_hf("/tmp/export")                         # config.json + safetensors (jaxpt.models.hf_export)
+
+With `mesh=` (a `jax.sharding.Mesh`) the params are created in the logical-axis rules' sharding (`rules=`, default
+fsdp_tp) and every call runs on that mesh; without it they live on the first device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from jaxpt.config import ConfigError, from_section
+from jaxpt.data.hf_tokenizer import HFTokenizer
+from jaxpt.data.preference_batches import response_sequences
+from jaxpt.data.tokenizer import load_tokenizer
+from jaxpt.models import hf, hf_export
+from jaxpt.models.config import ModelConfig
+from jaxpt.models.reward import RewardModel
+from jaxpt.models.transformer import TransformerLM
+from jaxpt.parallel.rules import get_rules
+from jaxpt.parallel.sharding import param_shardings
+from jaxpt.rl.sampler import SamplingConfig, make_sampler
+from jaxpt.train.checkpoint import Checkpointer
+from jaxpt.train.evaluate import recorded_config, run_kind
+from jaxpt.train.record import checkpoint_steps
+
+HF_PREFIX = "hf:"
+PROMPT_BUCKET = 16  # prompt lengths are padded up to a multiple of this, so nearby lengths share one compiled sampler
+
+
+@dataclasses.dataclass(eq=False)
+class Model:
+  """A loaded model: `TransformerLM` params (kind 'lm') or `RewardModel` params (kind 'reward'), its tokenizer
+  (jaxpt's sentencepiece `Tokenizer` or an `HFTokenizer`; None when the checkpoint has none) and where it came from.
+  """
+
+  config: ModelConfig
+  params: Any
+  tokenizer: Any
+  kind: str = "lm"
+  num_scores: int = 1
+  source: str = ""
+  tokenizer_files: tuple[str, ...] = ()
+  _samplers: dict = dataclasses.field(default_factory=dict, repr=False)
+
+  # -- language models --------------------------------------------------------------------------------------------
+
+  def logits(self, token_ids) -> jax.Array:
+    """token_ids int [batch, seq] (right-padded rows are fine: causal) -> float32 logits [batch, seq, vocab]."""
+    self._need("lm", "logits")
+    return self._forward(self.params, jnp.asarray(token_ids, jnp.int32))
+
+  @functools.cached_property
+  def _forward(self):
+    model = TransformerLM(self.config)
+    return jax.jit(lambda params, tokens: model.apply({"params": params}, tokens).astype(jnp.float32))
+
+  def generate(self, prompts: Sequence[str], max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
+               top_k: int = 0, seed: int = 0) -> list[str]:
+    """The continuation of each prompt (decoded, special tokens dropped): greedy when temperature is 0, else
+    sampled at `temperature` with the top-k / top-p filters (0 / 1 = off) from `jax.random.PRNGKey(seed)`. A row
+    stops at the tokenizer's EOS. Prompts are left-padded into one batch; prompt + response must fit
+    config.max_seq_len."""
+    self._need("lm", "generate")
+    tokenizer = self._need_tokenizer("generate")
+    rows = [self._prompt_ids(p) for p in prompts]
+    if not rows:
+      return []
+    if min(map(len, rows)) == 0:
+      raise ValueError("generate: an empty prompt (every prompt needs at least one token)")
+    prompt_len = -(-max(map(len, rows)) // PROMPT_BUCKET) * PROMPT_BUCKET
+    if max(map(len, rows)) + max_new_tokens > self.config.max_seq_len:
+      raise ValueError(f"generate: the longest prompt ({max(map(len, rows))} tokens) + max_new_tokens="
+                       f"{max_new_tokens} exceeds config.max_seq_len={self.config.max_seq_len}")
+    prompt_len = min(prompt_len, self.config.max_seq_len - max_new_tokens)
+    pad_id = _pad_id(tokenizer)
+    tokens = np.full((len(rows), prompt_len), pad_id, np.int32)
+    mask = np.zeros((len(rows), prompt_len), np.int32)
+    for i, ids in enumerate(rows):
+      tokens[i, prompt_len - len(ids):], mask[i, prompt_len - len(ids):] = ids, 1
+    sampling = SamplingConfig(max_new_tokens, temperature=temperature if temperature > 0 else 1.0, top_k=top_k,
+                              top_p=top_p, greedy=temperature == 0, eos_id=tokenizer.eos_id, pad_id=pad_id)
+    out = self._sampler(sampling, prompt_len)(self.params, tokens, mask, jax.random.PRNGKey(seed))
+    out_tokens, out_mask = np.asarray(out.tokens), np.asarray(out.mask)
+    return [tokenizer.decode(row[row_mask > 0]) for row, row_mask in zip(out_tokens, out_mask)]
+
+  def _sampler(self, sampling: SamplingConfig, prompt_len: int):
+    """The jitted sampler for these settings (built once per settings and prompt length)."""
+    key = (sampling, prompt_len)
+    if key not in self._samplers:
+      self._samplers[key] = jax.jit(make_sampler(self.config, sampling, prompt_len))
+    return self._samplers[key]
+
+  def _prompt_ids(self, text: str) -> list[int]:
+    """A prompt's ids as the tokenizer's own library would give them (HF tokenizers add their BOS)."""
+    if isinstance(self.tokenizer, HFTokenizer):
+      return list(self.tokenizer.encode(text, add_special_tokens=True))
+    return list(self.tokenizer.encode(text))
+
+  # -- reward models ----------------------------------------------------------------------------------------------
+
+  def score(self, prompts: Sequence[str], responses: Sequence[str]) -> np.ndarray:
+    """Reward of each (prompt, response): the score head on the last token of prompt + response + EOS (as the
+    reward-model trainer builds its pairs), left-truncated to config.max_seq_len: float32 [n] ([n, 2] for ODIN:
+    quality, length)."""
+    self._need("reward", "score")
+    tokenizer = self._need_tokenizer("score")
+    if len(prompts) != len(responses):
+      raise ValueError(f"score: {len(prompts)} prompts but {len(responses)} responses")
+    prompt_ids = [list(tokenizer.encode(p)) for p in prompts]
+    response_ids = [list(tokenizer.encode(r)) for r in responses]
+    if not prompt_ids:
+      return np.zeros((0,) if self.num_scores == 1 else (0, self.num_scores), np.float32)
+    longest = max(len(p) + len(r) + 1 for p, r in zip(prompt_ids, response_ids))
+    seq_len = min(self.config.max_seq_len, -(-longest // PROMPT_BUCKET) * PROMPT_BUCKET)
+    end = tokenizer.eos_id if tokenizer.eos_id is not None else _pad_id(tokenizer)
+    tokens, last = response_sequences(prompt_ids, response_ids, seq_len, _pad_id(tokenizer), end)
+    return np.asarray(self._score(self.params, tokens, last))
+
+  @functools.cached_property
+  def _score(self):
+    model = RewardModel(self.config, num_scores=self.num_scores)
+    return jax.jit(lambda params, tokens, last: model.apply({"params": params}, tokens, last)[0])
+
+  # -- export -----------------------------------------------------------------------------------------------------
+
+  def save_hf(self, out_dir: str, format: str = "auto", overwrite: bool = False) -> str:
+    """Writes the model as a Hugging Face checkpoint directory (jaxpt.models.hf_export.save_hf) with its tokenizer
+    files; returns the format: 'transformers' (pre-scheme models) or 'jaxpt' (native, e.g. SiameseNorm)."""
+    self._need("lm", "save_hf")
+    special = {}
+    if self.tokenizer is not None:
+      special = dict(bos_token_id=self.tokenizer.bos_id, eos_token_id=self.tokenizer.eos_id,
+                     pad_token_id=self.tokenizer.pad_id)
+    return hf_export.save_hf(self.params, self.config, out_dir, format=format, special_ids=special,
+                             extra_files=self.tokenizer_files, overwrite=overwrite)
+
+  # -- checks -----------------------------------------------------------------------------------------------------
+
+  def _need(self, kind: str, what: str) -> None:
+    if self.kind != kind:
+      is_reward = self.kind == "reward"
+      raise ValueError(f"{what}: {self.source} is a {'reward' if is_reward else 'language'} model (use "
+                       f"{'score' if is_reward else 'logits / generate'})")
+
+  def _need_tokenizer(self, what: str):
+    if self.tokenizer is None:
+      raise ValueError(f"{what}: {self.source} has no tokenizer (pass token ids to logits instead)")
+    return self.tokenizer
+
+
+def _pad_id(tokenizer) -> int:
+  """The tokenizer's pad id, or 0 for one without pad and EOS tokens (padding is masked out either way)."""
+  return tokenizer.pad_id if tokenizer.pad_id is not None else 0
+
+
+def _tokenizer_files(directory: str) -> tuple[str, ...]:
+  """The tokenizer files in `directory` that an export copies along."""
+  names = ("spm.model", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+           "generation_config.json")
+  return tuple(os.path.join(directory, n) for n in names if os.path.isfile(os.path.join(directory, n)))
+
+
+def _maybe_tokenizer(directory: str):
+  files = _tokenizer_files(directory)
+  if not any(os.path.basename(f) in ("spm.model", "tokenizer.json") for f in files):
+    return None, ()
+  return load_tokenizer(directory), files
+
+
+def _shardings(abstract: Any, mesh: Mesh | None, rules: str) -> Any:
+  if mesh is None:
+    return None
+  return param_shardings(abstract, mesh, get_rules(rules))
+
+
+def _load_hf(directory: str, mesh: Mesh | None, rules: str, overrides: dict) -> Model:
+  config, params = hf.load(directory, mesh=mesh, rules=rules, **overrides)
+  tokenizer, files = _maybe_tokenizer(directory)
+  return Model(config, params, tokenizer, source=f"{HF_PREFIX}{directory}", tokenizer_files=files)
+
+
+def run_tokenizer_dir(workdir: str, recorded: dict) -> str | None:
+  """The directory holding a run's tokenizer: `workdir/tokenizer`, else (GRPO and DPO runs read their policy's)
+  that of the run it started from (`init_from`, a jaxpt workdir or `hf:DIR`)."""
+  own = os.path.join(workdir, "tokenizer")
+  if _tokenizer_files(own):
+    return own
+  init_from = recorded.get("init_from") or ""
+  if init_from.startswith(HF_PREFIX):
+    return os.path.expanduser(init_from[len(HF_PREFIX):])
+  if init_from and os.path.isdir(os.path.expanduser(init_from)):
+    parent = os.path.expanduser(init_from)
+    return run_tokenizer_dir(parent, recorded_config(parent))
+  return None
+
+
+def _load_run(workdir: str, step: int | None, mesh: Mesh | None, rules: str, overrides: dict) -> Model:
+  recorded = recorded_config(workdir)
+  kind = run_kind(recorded)
+  for name, value in overrides.items():
+    if name not in hf.RUNTIME_FIELDS and recorded["model"].get(name, value) != value:
+      raise ConfigError(f"model.{name}", f"contradicts the run's config.json, which gives "
+                        f"{recorded['model'][name]!r}", value)
+  config = from_section(ModelConfig, {**recorded["model"], **overrides}, "model")
+  if kind == "rm":
+    num_scores = 2 if recorded["rm"].get("loss") == "odin" else 1
+    module, model_kind = RewardModel(config, num_scores=num_scores), "reward"
+    init_args = (jnp.zeros((1, 1), jnp.int32), jnp.zeros((1,), jnp.int32))
+  else:
+    num_scores, module, model_kind = 1, TransformerLM(config), "lm"
+    init_args = (jnp.zeros((1, 1), jnp.int32),)
+  boxed = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), *init_args))["params"]
+  template = nn.meta.unbox(boxed)
+  shardings = _shardings(boxed, mesh, rules)
+  if shardings is not None:
+    template = jax.tree.map(lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s), template,
+                            shardings)
+  steps = checkpoint_steps(workdir)
+  if not steps:
+    raise FileNotFoundError(f"{workdir}: no checkpoint in {os.path.join(workdir, 'checkpoints')}")
+  if step is not None and step not in steps:
+    raise FileNotFoundError(f"{workdir}: no checkpoint at step {step} (checkpoints at steps "
+                            f"{', '.join(map(str, steps))})")
+  checkpointer = Checkpointer(workdir, async_save=False)
+  try:
+    params = checkpointer.restore_params(template, steps[-1] if step is None else step)
+  finally:
+    checkpointer.close()
+  directory = run_tokenizer_dir(workdir, recorded)
+  tokenizer, files = _maybe_tokenizer(directory) if directory else (None, ())
+  return Model(config, params, tokenizer, kind=model_kind, num_scores=num_scores, source=workdir,
+               tokenizer_files=files)
+
+
+def load(path: str, *, step: int | None = None, mesh: Mesh | None = None, rules: str = "fsdp_tp",
+         **model_overrides: Any) -> Model:
+  """A `Model` from `path`: `hf:DIR` (a Hugging Face checkpoint directory, or a jaxpt export), or the workdir of
+  a jaxpt run (pretrain, SFT, GRPO, DPO: a language model; rm: a reward model) at its latest checkpoint or `step`.
+
+  model_overrides: ModelConfig fields that change how the model runs (dtype, param_dtype, max_seq_len, remat,
+  scan_layers, ...); one that contradicts the checkpoint's architecture is a ConfigError naming both values.
+  """
+  if path.startswith(HF_PREFIX):
+    return _load_hf(os.path.expanduser(path[len(HF_PREFIX):]), mesh, rules, model_overrides)
+  workdir = os.path.expanduser(path)
+  if not os.path.isdir(workdir):
+    raise FileNotFoundError(f"{path}: no such directory (a jaxpt workdir, or hf:DIR for a Hugging Face checkpoint)")
+  if not os.path.isdir(os.path.join(workdir, "checkpoints")) and os.path.isfile(os.path.join(workdir, hf.CONFIG_FILE)):
+    if "model_type" in hf.read_hf_json(workdir):
+      raise ConfigError("path", f"is a Hugging Face checkpoint directory: load it as 'hf:{path}'", path)
+  return _load_run(workdir, step, mesh, rules, model_overrides)

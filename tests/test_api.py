@@ -1,0 +1,164 @@
+"""The Python API (`jaxpt.load` -> Model: logits, generate, score, save_hf) against the models' own forward passes.
+
+Each method is checked against an independent statement: `logits` against `TransformerLM.apply` on params restored
+by the Checkpointer, greedy `generate` against a plain argmax loop over full-sequence logits (no KV cache, no
+padding), `score` against `RewardModel.apply` on hand-built prompt + response + EOS rows.
+"""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxpt
+from jaxpt.config import ConfigError
+from jaxpt.data.hf_tokenizer import HFTokenizer
+from jaxpt.data.tokenizer import Tokenizer
+from jaxpt.models.reward import RewardModel
+from jaxpt.models.transformer import TransformerLM
+from jaxpt.train import rm
+from jaxpt.train.pretrain import pretrain
+from tests.test_models_hf import ASSETS
+from tests.test_train_pretrain import micro_config
+from tests.test_train_rm import tiny_config as rm_tiny_config
+
+PROMPTS = ["def main(", "import os\nimport"]
+
+
+@pytest.fixture(scope="module")
+def lm_run(tmp_path_factory):
+  """A 4-step MICRO SiameseNorm pretraining run with checkpoints at steps 2 and 4."""
+  workdir = str(tmp_path_factory.mktemp("api_lm"))
+  pretrain(micro_config(steps=4, log_every=2, eval_every=0, checkpoint_every=2,
+                        **{"model.norm_scheme": "siamese_post_pre"}), workdir)
+  return workdir
+
+
+@pytest.fixture(scope="module")
+def lm(lm_run):
+  return jaxpt.load(lm_run)
+
+
+@pytest.fixture(scope="module")
+def qwen2():
+  return jaxpt.load(f"hf:{os.path.join(ASSETS, 'qwen2')}")
+
+
+def greedy_by_argmax(model, prompt_ids: list[int], steps: int) -> list[int]:
+  """Greedy continuation by recomputing the logits of the whole sequence each step (stops after EOS)."""
+  forward = jax.jit(lambda params, ids: TransformerLM(model.config).apply({"params": params}, ids))
+  ids, out = list(prompt_ids), []
+  for _ in range(steps):
+    token = int(np.argmax(np.asarray(forward(model.params, jnp.asarray([ids])))[0, -1]))
+    out.append(token)
+    if token == model.tokenizer.eos_id:
+      break
+    ids.append(token)
+  return out
+
+
+def test_logits_are_the_models_forward_on_the_restored_params(lm, lm_run):
+  assert lm.kind == "lm" and lm.config.norm_scheme == "siamese_post_pre" and isinstance(lm.tokenizer, Tokenizer)
+  ids = np.array([[5, 9, 17, 3], [40, 2, 2, 8]], np.int32)
+  logits = lm.logits(ids)
+  assert logits.shape == (2, 4, lm.config.vocab_size) and logits.dtype == jnp.float32
+  from jaxpt.train.checkpoint import Checkpointer
+
+  checkpointer = Checkpointer(lm_run, async_save=False)
+  params = checkpointer.restore_params(lm.params)
+  checkpointer.close()
+  want = TransformerLM(lm.config).apply({"params": params}, ids)  # un-jitted: equal up to float reassociation
+  np.testing.assert_allclose(np.asarray(logits), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def test_load_step_reads_that_checkpoint(lm, lm_run):
+  earlier = jaxpt.load(lm_run, step=2)
+  assert not np.array_equal(np.asarray(earlier.params["embedding"]), np.asarray(lm.params["embedding"]))
+  with pytest.raises(FileNotFoundError, match="no checkpoint at step 3 .checkpoints at steps 2, 4."):
+    jaxpt.load(lm_run, step=3)
+
+
+@pytest.mark.parametrize("which", ["lm", "qwen2"])
+def test_greedy_generate_is_the_argmax_loop(which, request):
+  model = request.getfixturevalue(which)
+  texts = model.generate(PROMPTS, max_new_tokens=6)
+  for prompt, text in zip(PROMPTS, texts):
+    expected = greedy_by_argmax(model, model._prompt_ids(prompt), 6)
+    assert text == model.tokenizer.decode(expected), (prompt, expected)
+
+
+def test_hf_checkpoint_brings_its_tokenizer_and_adds_its_special_tokens(qwen2):
+  assert isinstance(qwen2.tokenizer, HFTokenizer) and qwen2.config.qkv_bias
+  assert qwen2._prompt_ids("hi") == qwen2.tokenizer.encode("hi", add_special_tokens=True)
+  llama = jaxpt.load(f"hf:{os.path.join(ASSETS, 'llama')}")
+  assert llama._prompt_ids("hi")[0] == llama.tokenizer.bos_id  # Llama-3's post-processor adds <|begin_of_text|>
+
+
+def test_sampled_generate_is_seeded(lm):
+  one = lm.generate(PROMPTS, max_new_tokens=5, temperature=1.0, top_k=20, top_p=0.9, seed=3)
+  assert one == lm.generate(PROMPTS, max_new_tokens=5, temperature=1.0, top_k=20, top_p=0.9, seed=3)
+  others = [lm.generate(PROMPTS, max_new_tokens=5, temperature=1.0, seed=s) for s in range(4)]
+  assert len({tuple(o) for o in others}) > 1
+
+
+def test_save_hf_then_load_gives_the_same_model(lm, tmp_path):
+  assert lm.save_hf(str(tmp_path / "export")) == "jaxpt"  # SiameseNorm: transformers has no class for it
+  assert "spm.model" in os.listdir(tmp_path / "export")
+  again = jaxpt.load(f"hf:{tmp_path / 'export'}")
+  assert again.config == lm.config
+  ids = np.array([[5, 9, 17, 3]], np.int32)
+  np.testing.assert_array_equal(np.asarray(again.logits(ids)), np.asarray(lm.logits(ids)))
+  assert again.generate(PROMPTS, max_new_tokens=4) == lm.generate(PROMPTS, max_new_tokens=4)
+
+
+def test_hf_model_saves_in_transformers_format_with_its_tokenizer(qwen2, tmp_path):
+  assert qwen2.save_hf(str(tmp_path)) == "transformers"
+  assert {"tokenizer.json", "tokenizer_config.json", "config.json"} <= set(os.listdir(tmp_path))
+  again = jaxpt.load(f"hf:{tmp_path}")
+  assert again.tokenizer.encode("x + y", add_special_tokens=True) == qwen2.tokenizer.encode(
+      "x + y", add_special_tokens=True)
+
+
+@pytest.fixture(scope="module")
+def reward_run(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp("api_rm"))
+  config = rm_tiny_config(**{
+      "steps": 2, "log_every": 1, "eval_every": 0, "checkpoint_every": 2, "progress": False, "model.d_model": 32,
+      "model.num_layers": 1, "model.num_heads": 2, "model.num_kv_heads": 2, "model.mlp_dim": 64,
+      "data.synthetic_train_pairs": 64, "data.synthetic_test_pairs": 16, "data.batch_size": 8})
+  rm.train_rm(config, workdir)
+  return workdir
+
+
+def test_score_is_the_reward_models_forward_on_prompt_response_eos(reward_run):
+  model = jaxpt.load(reward_run)
+  assert model.kind == "reward"
+  prompts, responses = ["Which is better?", "Q"], ["The first one, clearly.", "A much longer answer " * 3]
+  scores = model.score(prompts, responses)
+  assert scores.shape == (2,) and scores.dtype == np.float32
+  tok = model.tokenizer
+  for i, (p, r) in enumerate(zip(prompts, responses)):
+    ids = tok.encode(p) + tok.encode(r) + [tok.eos_id]
+    want = RewardModel(model.config).apply({"params": model.params}, jnp.asarray([ids]),
+                                           jnp.asarray([len(ids) - 1]))[0]
+    np.testing.assert_allclose(scores[i], np.asarray(want)[0], rtol=1e-5, atol=1e-6)
+  with pytest.raises(ValueError, match="is a reward model .use score."):
+    model.logits(np.zeros((1, 2), np.int32))
+  with pytest.raises(ValueError, match="is a reward model"):
+    model.save_hf("/tmp/never")
+
+
+def test_bad_paths_and_calls_fail_in_one_line(lm, lm_run, tmp_path):
+  with pytest.raises(FileNotFoundError, match="no such directory"):
+    jaxpt.load(str(tmp_path / "missing"))
+  with pytest.raises(ConfigError, match="is a Hugging Face checkpoint directory: load it as 'hf:"):
+    jaxpt.load(os.path.join(ASSETS, "llama"))
+  with pytest.raises(ConfigError, match=r"model\.d_model=64: contradicts the run's config.json, which gives 32"):
+    jaxpt.load(lm_run, d_model=64)
+  with pytest.raises(ValueError, match="is a language model .use logits / generate."):
+    lm.score(["a"], ["b"])
+  with pytest.raises(ValueError, match="exceeds config.max_seq_len=32"):
+    lm.generate(["x"], max_new_tokens=40)
+  assert lm.generate([]) == []
