@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import sys
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -25,10 +26,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from jaxpt.config import ConfigError, from_section
+from jaxpt.config import ConfigError, DataError, from_section
 from jaxpt.data.hf_tokenizer import HFTokenizer
 from jaxpt.data.preference_batches import response_sequences
-from jaxpt.data.tokenizer import load_tokenizer
+from jaxpt.data.tokenizer import load_tokenizer, tokenizer_files
 from jaxpt.models import hf, hf_export
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.reward import RewardModel
@@ -40,7 +41,6 @@ from jaxpt.train.checkpoint import Checkpointer
 from jaxpt.train.evaluate import recorded_config, run_kind
 from jaxpt.train.record import checkpoint_steps
 
-HF_PREFIX = "hf:"
 PROMPT_BUCKET = 16  # prompt lengths are padded up to a multiple of this, so nearby lengths share one compiled sampler
 
 
@@ -56,7 +56,7 @@ class Model:
   kind: str = "lm"
   num_scores: int = 1
   source: str = ""
-  tokenizer_files: tuple[str, ...] = ()
+  tokenizer_dir: str | None = None
   _samplers: dict = dataclasses.field(default_factory=dict, repr=False)
 
   # -- language models --------------------------------------------------------------------------------------------
@@ -149,7 +149,8 @@ class Model:
       special = dict(bos_token_id=self.tokenizer.bos_id, eos_token_id=self.tokenizer.eos_id,
                      pad_token_id=self.tokenizer.pad_id)
     return hf_export.save_hf(self.params, self.config, out_dir, format=format, special_ids=special,
-                             extra_files=self.tokenizer_files, overwrite=overwrite)
+                             tokenizer_dir=self.tokenizer_dir if self.tokenizer is not None else None,
+                             overwrite=overwrite)
 
   # -- checks -----------------------------------------------------------------------------------------------------
 
@@ -170,18 +171,14 @@ def _pad_id(tokenizer) -> int:
   return tokenizer.pad_id if tokenizer.pad_id is not None else 0
 
 
-def _tokenizer_files(directory: str) -> tuple[str, ...]:
-  """The tokenizer files in `directory` that an export copies along."""
-  names = ("spm.model", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-           "generation_config.json")
-  return tuple(os.path.join(directory, n) for n in names if os.path.isfile(os.path.join(directory, n)))
-
-
-def _maybe_tokenizer(directory: str):
-  files = _tokenizer_files(directory)
-  if not any(os.path.basename(f) in ("spm.model", "tokenizer.json") for f in files):
-    return None, ()
-  return load_tokenizer(directory), files
+def _maybe_tokenizer(directory: str | None):
+  """The tokenizer in `directory`, or None when there is none."""
+  if directory is None:
+    return None
+  try:
+    return load_tokenizer(directory)
+  except DataError:
+    return None
 
 
 def _shardings(abstract: Any, mesh: Mesh | None, rules: str) -> Any:
@@ -192,19 +189,19 @@ def _shardings(abstract: Any, mesh: Mesh | None, rules: str) -> Any:
 
 def _load_hf(directory: str, mesh: Mesh | None, rules: str, overrides: dict) -> Model:
   config, params = hf.load(directory, mesh=mesh, rules=rules, **overrides)
-  tokenizer, files = _maybe_tokenizer(directory)
-  return Model(config, params, tokenizer, source=f"{HF_PREFIX}{directory}", tokenizer_files=files)
+  return Model(config, params, _maybe_tokenizer(directory), source=f"{hf.HF_PREFIX}{directory}",
+               tokenizer_dir=directory)
 
 
 def run_tokenizer_dir(workdir: str, recorded: dict) -> str | None:
-  """The directory holding a run's tokenizer: `workdir/tokenizer`, else (GRPO and DPO runs read their policy's)
-  that of the run it started from (`init_from`, a jaxpt workdir or `hf:DIR`)."""
+  """The directory holding a run's tokenizer: `workdir/tokenizer` (where every trainer keeps its own, or a copy of
+  its `init_from`'s), else, for runs of older jaxpt versions, that of the run it started from."""
   own = os.path.join(workdir, "tokenizer")
-  if _tokenizer_files(own):
+  if tokenizer_files(own):
     return own
   init_from = recorded.get("init_from") or ""
-  if init_from.startswith(HF_PREFIX):
-    return os.path.expanduser(init_from[len(HF_PREFIX):])
+  if init_from.startswith(hf.HF_PREFIX):
+    return os.path.expanduser(init_from[len(hf.HF_PREFIX):])
   if init_from and os.path.isdir(os.path.expanduser(init_from)):
     parent = os.path.expanduser(init_from)
     return run_tokenizer_dir(parent, recorded_config(parent))
@@ -244,9 +241,8 @@ def _load_run(workdir: str, step: int | None, mesh: Mesh | None, rules: str, ove
   finally:
     checkpointer.close()
   directory = run_tokenizer_dir(workdir, recorded)
-  tokenizer, files = _maybe_tokenizer(directory) if directory else (None, ())
-  return Model(config, params, tokenizer, kind=model_kind, num_scores=num_scores, source=workdir,
-               tokenizer_files=files)
+  return Model(config, params, _maybe_tokenizer(directory), kind=model_kind, num_scores=num_scores, source=workdir,
+               tokenizer_dir=directory)
 
 
 def load(path: str, *, step: int | None = None, mesh: Mesh | None = None, rules: str = "fsdp_tp",
@@ -257,8 +253,8 @@ def load(path: str, *, step: int | None = None, mesh: Mesh | None = None, rules:
   model_overrides: ModelConfig fields that change how the model runs (dtype, param_dtype, max_seq_len, remat,
   scan_layers, ...); one that contradicts the checkpoint's architecture is a ConfigError naming both values.
   """
-  if path.startswith(HF_PREFIX):
-    return _load_hf(os.path.expanduser(path[len(HF_PREFIX):]), mesh, rules, model_overrides)
+  if path.startswith(hf.HF_PREFIX):
+    return _load_hf(os.path.expanduser(path[len(hf.HF_PREFIX):]), mesh, rules, model_overrides)
   workdir = os.path.expanduser(path)
   if not os.path.isdir(workdir):
     raise FileNotFoundError(f"{path}: no such directory (a jaxpt workdir, or hf:DIR for a Hugging Face checkpoint)")
@@ -266,3 +262,23 @@ def load(path: str, *, step: int | None = None, mesh: Mesh | None = None, rules:
     if "model_type" in hf.read_hf_json(workdir):
       raise ConfigError("path", f"is a Hugging Face checkpoint directory: load it as 'hf:{path}'", path)
   return _load_run(workdir, step, mesh, rules, model_overrides)
+
+
+def run_export_hf(workdir: str, step: int | None, out: str, format: str = "auto", overwrite: bool = False) -> int:
+  """`jaxpt export-hf`: loads the run (or `hf:DIR`) at `step` and writes it to `out` (Model.save_hf); one line on
+  stdout naming what was written; exit code 0, or 2 with one line on stderr (no such run or checkpoint, an `out`
+  that exists, a model the format cannot hold)."""
+  from jaxpt.progress import say
+
+  try:
+    say(f"loading {workdir}{'' if step is None else f' at step {step}'} ...")
+    model = load(workdir, step=step)
+    say(f"writing {out} ...")
+    written = model.save_hf(out, format=format, overwrite=overwrite)
+  except (FileNotFoundError, FileExistsError, ValueError) as e:  # ConfigError and DataError are ValueErrors
+    print(f"jaxpt export-hf: {e}", file=sys.stderr)
+    return 2
+  size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out) if f.endswith(".safetensors"))
+  print(f"jaxpt export-hf: wrote {model.source} as a {written}-format checkpoint to {out} ({size / 2**20:.1f} MiB "
+        f"of safetensors{', and its tokenizer' if model.tokenizer is not None else ''})", flush=True)
+  return 0

@@ -1,10 +1,11 @@
-"""`jaxpt <subcommand> --config <file.py> [--config.field=value ...] --workdir DIR`, `jaxpt eval --workdir DIR`.
+"""`jaxpt <subcommand> --config <file.py> [--config.field=value ...] --workdir DIR`; `jaxpt eval|export-hf ...`.
 
 Each training subcommand names a trainer's run-config dataclass and its `run_*(run_config, workdir) -> exit code`;
 the config file is checked once, here, into that dataclass. They share the `--config` (ml_collections config file,
 Flax-examples style) and `--workdir` flags; `jaxpt <subcommand> --help` (or `jaxpt help <subcommand>`) lists the
 run config's fields with their types, defaults and meanings (`jaxpt.config.describe_fields`). `jaxpt eval --workdir
-DIR [--step N]` evaluates a checkpoint of an existing run (`jaxpt.train.evaluate`).
+DIR [--step N]` evaluates a checkpoint of an existing run (`jaxpt.train.evaluate`); `jaxpt export-hf --workdir DIR
+--out OUT` writes one as a Hugging Face checkpoint (`jaxpt.api.run_export_hf`).
 
 Exit codes: 0 finished; 2 a config or data error (one line naming the field, or the file and line; no traceback);
 3 a non-finite loss, gradient or parameter stopped the run (nothing of it saved); 4 another live run holds the
@@ -41,7 +42,13 @@ _DISTRIBUTED = flags.DEFINE_enum(
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-process runs).")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes (multi-process runs).")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index in [0, num_processes).")
-_STEP = flags.DEFINE_integer("step", None, "jaxpt eval: the checkpoint step to evaluate (default: the latest).")
+_STEP = flags.DEFINE_integer("step", None, "jaxpt eval / export-hf: the checkpoint step (default: the latest).")
+_OUT = flags.DEFINE_string("out", None, "jaxpt export-hf: the directory to write (new or empty).")
+_FORMAT = flags.DEFINE_enum("format", "auto", ["auto", "transformers", "jaxpt"],
+                            "jaxpt export-hf: transformers (pre-scheme models), jaxpt (native), auto: the first "
+                            "that fits.")
+WORKDIR_FLAGS = ("step", "out", "format", "overwrite")  # flags of the workdir subcommands only
+_OVERWRITE = flags.DEFINE_bool("overwrite", False, "jaxpt export-hf: replace a non-empty --out directory.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,19 +79,32 @@ class Subcommand:
 
 @dataclasses.dataclass(frozen=True)
 class WorkdirSubcommand:
-  """`jaxpt <name> --workdir DIR [--step N]`: `<module>.<run>(workdir, step) -> exit code` on an existing run; no
-  --config (the run's recorded config.json is read) and no workdir lock (the run may still be training)."""
+  """`jaxpt <name> --workdir DIR [--step N] [<its flags>]`: `<module>.<run>(workdir, step, **flags) -> exit code`
+  on an existing run; no --config (the run's recorded config.json is read) and no workdir lock (the run may still
+  be training). `flags`: the names of its own absl flags (a required one has no default); `details`: --help lines."""
 
   name: str
   help: str
   module: str
   run: str
+  flags: tuple[str, ...] = ()
+  details: tuple[str, ...] = ()
+
+  @property
+  def usage(self) -> str:
+    own = " ".join(f"--{f} {f.upper()}" if flags.FLAGS[f].default is None else f"[--{f}]" for f in self.flags)
+    return f"jaxpt {self.name} --workdir DIR [--step N]" + (f" {own}" if own else "")
+
+  def missing(self) -> list[str]:
+    """Its required flags that were not given."""
+    return [f"--{f}" for f in self.flags if flags.FLAGS[f].default is None and flags.FLAGS[f].value is None]
 
   def __call__(self, workdir: str, step: int | None) -> int:
     from jaxpt import progress
 
     progress.enable(self.name)
-    return getattr(importlib.import_module(self.module), self.run)(workdir, step)
+    own = {f: flags.FLAGS[f].value for f in self.flags}
+    return getattr(importlib.import_module(self.module), self.run)(workdir, step, **own)
 
 
 SUBCOMMANDS: dict[str, Subcommand] = {c.name: c for c in (
@@ -99,7 +119,22 @@ SUBCOMMANDS: dict[str, Subcommand] = {c.name: c for c in (
 )}
 WORKDIR_SUBCOMMANDS: dict[str, WorkdirSubcommand] = {c.name: c for c in (
     WorkdirSubcommand("eval", "Evaluate a run's latest (or --step N) checkpoint, without training (one JSON line).",
-                      "jaxpt.train.evaluate", "run_eval"),
+                      "jaxpt.train.evaluate", "run_eval", details=(
+                          "Rebuilds the run from its recorded config.json with its trainer's own build function and",
+                          "evaluator; the result ({step, run, eval metrics}) is one JSON line on stdout and",
+                          "DIR/eval/step_<N>.json.", "",
+                          "  --workdir DIR  the workdir of a jaxpt pretrain, sft, rm or grpo run",
+                          "  --step N       the checkpoint step to evaluate (default: the latest)")),
+    WorkdirSubcommand("export-hf", "Write a run's checkpoint as a Hugging Face checkpoint (config.json + safetensors).",
+                      "jaxpt.api", "run_export_hf", flags=("out", "format", "overwrite"), details=(
+                          "Pre-Norm RMSNorm SwiGLU models (and every model imported from Hugging Face) are written",
+                          "in transformers' Llama / Qwen2 / Qwen3 format; SiameseNorm, Post-Norm and HybridNorm",
+                          "models, which transformers has no class for, as a jaxpt-native directory that",
+                          "jaxpt.load('hf:OUT') reads back. The run's tokenizer files are copied along.", "",
+                          "  --workdir DIR  the workdir of a jaxpt pretrain, sft, grpo or dpo run (or hf:DIR)",
+                          "  --step N       the checkpoint step to export (default: the latest)",
+                          "  --out OUT      the directory to write (new or empty; --overwrite replaces one)",
+                          "  --format F     auto | transformers | jaxpt (default auto)")),
 )}
 COMMANDS: dict[str, Subcommand | WorkdirSubcommand] = {**SUBCOMMANDS, **WORKDIR_SUBCOMMANDS}
 _TRAIN_USAGE = ("--config <file.py> [--config.<field>=value ...] --workdir DIR\n"
@@ -108,7 +143,7 @@ _TRAIN_USAGE = ("--config <file.py> [--config.<field>=value ...] --workdir DIR\n
 
 def _usage() -> str:
   lines = [f"usage: jaxpt <subcommand> {_TRAIN_USAGE}",
-           "       jaxpt eval --workdir DIR [--step N]",
+           *[f"       {c.usage}" for c in WORKDIR_SUBCOMMANDS.values()],
            "       jaxpt <subcommand> --help    (or jaxpt help <subcommand>: its config fields, defaults, meanings)",
            "",
            "subcommands:"]
@@ -143,12 +178,7 @@ def _subcommand_help(name: str) -> str:
   """`jaxpt <name> --help`: usage, what it does, and (training subcommands) every config field."""
   command = COMMANDS[name]
   if isinstance(command, WorkdirSubcommand):
-    return "\n".join([
-        f"usage: jaxpt {name} --workdir DIR [--step N]", "", command.help,
-        "Rebuilds the run from its recorded config.json with its trainer's own build function and evaluator; the",
-        "result ({step, run, eval metrics}) is one JSON line on stdout and DIR/eval/step_<N>.json.", "",
-        "  --workdir DIR  the workdir of a jaxpt pretrain, sft, rm or grpo run (its config.json says which)",
-        "  --step N       the checkpoint step to evaluate (default: the latest)"])
+    return "\n".join([f"usage: {command.usage}", "", command.help, *command.details])
   width = min(max(shutil.get_terminal_size((120, 24)).columns, 80), 160)
   return "\n".join([
       f"usage: jaxpt {name} {_TRAIN_USAGE}", "", command.help, "",
@@ -202,16 +232,18 @@ def _run(name: str) -> Callable[[list[str]], int]:
     if len(argv) > 1:
       print(f"jaxpt {name}: unexpected arguments {argv[1:]}\n\n{_usage()}", file=sys.stderr)
       return 2
+    own = {"step", *command.flags} if isinstance(command, WorkdirSubcommand) else set()
+    foreign = [f"--{f}" for f in WORKDIR_FLAGS if flags.FLAGS[f].present and f not in own]
     if isinstance(command, WorkdirSubcommand):
-      if _CONFIG.value is not None or not _WORKDIR.value:
-        print(f"jaxpt {name}: takes --workdir (the run's recorded config.json is read), no --config\n\n{_usage()}",
-              file=sys.stderr)
+      if _CONFIG.value is not None or not _WORKDIR.value or command.missing():
+        print(f"jaxpt {name}: takes --workdir (the run's recorded config.json is read), no --config"
+              f"{''.join(f', and {f}' for f in command.missing())}\n\n{_usage()}", file=sys.stderr)
         return 2
     elif _CONFIG.value is None or not _WORKDIR.value:
       print(f"jaxpt {name}: --config and --workdir are required\n\n{_usage()}", file=sys.stderr)
       return 2
-    elif _STEP.present:
-      print(f"jaxpt {name}: --step is a flag of jaxpt eval\n\n{_usage()}", file=sys.stderr)
+    if foreign:
+      print(f"jaxpt {name}: {', '.join(foreign)} is not a flag of jaxpt {name}\n\n{_usage()}", file=sys.stderr)
       return 2
     if quiet:
       from jaxpt.train.checkpoint import quiet_orbax_noise

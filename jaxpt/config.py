@@ -132,13 +132,16 @@ def from_section(cls: type[T], section: Any, path: str) -> T:
   """`section` (ConfigDict, dict, dataclass instance, or None for all defaults) as the checked dataclass `cls`.
 
   Raises ConfigError naming `<path>.<field>` for an unknown key, a missing required field, a value of the wrong
-  type, or a value `cls.check` rejects. An instance of `cls` is returned as it is (it was checked when made).
+  type, or a value `cls.check` rejects. A class with a `prepare_values(values, path) -> values` classmethod sees
+  the raw values first. An instance of `cls` is returned as it is (it was checked when made).
   """
   if isinstance(section, cls):
     return section
   if section is None and any(_required(f) for f in dataclasses.fields(cls)):
     raise ConfigError(path, "missing")
   values = section_values(section)
+  if hasattr(cls, "prepare_values"):  # a section that fills fields from elsewhere (RunConfig: an HF checkpoint)
+    values = cls.prepare_values(values, path)
   fields = {f.name: f for f in dataclasses.fields(cls)}
   unknown = sorted(set(values) - set(fields))
   if unknown:

@@ -6,6 +6,8 @@ padding), `score` against `RewardModel.apply` on hand-built prompt + response + 
 """
 
 import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +15,7 @@ import numpy as np
 import pytest
 
 import jaxpt
+from jaxpt.api import run_export_hf
 from jaxpt.config import ConfigError
 from jaxpt.data.hf_tokenizer import HFTokenizer
 from jaxpt.data.tokenizer import Tokenizer
@@ -20,7 +23,7 @@ from jaxpt.models.reward import RewardModel
 from jaxpt.models.transformer import TransformerLM
 from jaxpt.train import rm
 from jaxpt.train.pretrain import pretrain
-from tests.test_models_hf import ASSETS
+from tests.test_models_hf import ASSETS, ROOT
 from tests.test_train_pretrain import micro_config
 from tests.test_train_rm import tiny_config as rm_tiny_config
 
@@ -162,3 +165,21 @@ def test_bad_paths_and_calls_fail_in_one_line(lm, lm_run, tmp_path):
   with pytest.raises(ValueError, match="exceeds config.max_seq_len=32"):
     lm.generate(["x"], max_new_tokens=40)
   assert lm.generate([]) == []
+
+
+def test_export_hf_command(lm_run, tmp_path, capsys):
+  out = str(tmp_path / "export")
+  result = subprocess.run([sys.executable, "-m", "jaxpt.cli", "export-hf", "--workdir", lm_run, "--out", out,
+                           "--step", "2"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stdout.startswith(f"jaxpt export-hf: wrote {lm_run} as a jaxpt-format checkpoint to {out} ")
+  np.testing.assert_array_equal(np.asarray(jaxpt.load(f"hf:{out}").params["embedding"]),
+                                np.asarray(jaxpt.load(lm_run, step=2).params["embedding"]))
+  assert run_export_hf(lm_run, None, out) == 2
+  assert capsys.readouterr().err == f"jaxpt export-hf: {out}: exists and is not empty (choose a new directory, or " \
+                                    "overwrite=True / --overwrite)\n"
+  assert run_export_hf(lm_run, None, str(tmp_path / "t"), format="transformers") == 2
+  assert capsys.readouterr().err.startswith("jaxpt export-hf: model.norm_scheme='siamese_post_pre': no transformers")
+  missing = subprocess.run([sys.executable, "-m", "jaxpt.cli", "export-hf", "--workdir", lm_run],
+                           capture_output=True, text=True, timeout=300, cwd=ROOT)
+  assert missing.returncode == 2 and "and --out" in missing.stderr.splitlines()[0], missing.stderr

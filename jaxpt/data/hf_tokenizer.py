@@ -47,6 +47,8 @@ SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 CHAT_TEMPLATE_DIR = "additional_chat_templates"
 GENERATION_CONFIG_FILE = "generation_config.json"
+# What a copy of the tokenizer takes along (`jaxpt.data.tokenizer.copy_tokenizer`); additional_chat_templates/ too.
+TOKENIZER_FILES = (TOKENIZER_FILE, CONFIG_FILE, SPECIAL_TOKENS_MAP_FILE, CHAT_TEMPLATE_FILE, GENERATION_CONFIG_FILE)
 # transformers' SPECIAL_TOKENS_ATTRIBUTES: the variables a chat template sees (bos_token, eos_token, ...).
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 EXTRA_SPECIAL_TOKENS = ("additional_special_tokens", "extra_special_tokens")
@@ -218,6 +220,18 @@ class HFTokenizer:
     generation = [generation] if isinstance(generation, int) else list(generation or [])
     self.stop_ids = tuple(dict.fromkeys(i for i in [self.eos_id, *generation] if isinstance(i, int)))
     self._vocab_size = max(self._tok.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+
+  @property
+  def model_proto(self) -> bytes:
+    """The bytes that identify this tokenizer (its files, as `TOKENIZER_FILES` lists them), named like the
+    SentencePiece Tokenizer's serialized model so that run records and data caches treat both alike."""
+    parts = []
+    for name in TOKENIZER_FILES:
+      file = os.path.join(self.path, name)
+      if os.path.isfile(file):
+        with open(file, "rb") as f:
+          parts.append(name.encode() + b"\x00" + f.read())
+    return b"\x00".join(parts)
 
   @classmethod
   def load(cls, path: str) -> "HFTokenizer":

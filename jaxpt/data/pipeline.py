@@ -88,10 +88,11 @@ class LMData:
 
   @classmethod
   def create(cls, data_config: LMDataConfig | Any, vocab_size: int, workdir: str, seed: int,
-             keep_tokenizer: bool = False) -> "LMData":
+             keep_tokenizer: bool = False, tokenizer: Any = None) -> "LMData":
     """Prepares (or reuses from `workdir`) the TFDS source, tokenizer and packing of `data_config` (an LMDataConfig,
     or a `data` section, checked here). `vocab_size` is the model's; the tokenizer has at most that many ids.
     keep_tokenizer: the run resumes, so the workdir's tokenizer is kept as it is (see `tokenizer.load_or_train`).
+    tokenizer: use this one (e.g. the `init_from` run's) instead of training one on the corpus.
     Raises ConfigError naming the field.
     """
     config = from_section(LMDataConfig, data_config, "config.data")
@@ -105,8 +106,9 @@ class LMData:
       return tfds_text.read_texts(sources[split], text_key, max_bytes)
 
     training_texts = functools.cache(lambda: read(tfds_text.TRAIN))  # read only if tokenizer or packing need it
-    tokenizer = tokenizer_lib.load_or_train(os.path.join(workdir, "tokenizer"), vocab_size, identity,
-                                            training_texts, keep_existing=keep_tokenizer)
+    if tokenizer is None:
+      tokenizer = tokenizer_lib.load_or_train(os.path.join(workdir, "tokenizer"), vocab_size, identity,
+                                              training_texts, keep_existing=keep_tokenizer)
     key = hashlib.sha256(f"{identity}|{hashlib.sha256(tokenizer.model_proto).hexdigest()}|"
                          f"{config.seq_len}|{PACKING_VERSION}".encode()).hexdigest()[:20]
     arrays = _load_or_pack(os.path.join(workdir, "data", f"packed_{key}"),

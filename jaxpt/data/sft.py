@@ -7,9 +7,11 @@ The task config (`config.task`, a `TaskConfig`):
     seed            the generator's seed (arithmetic)
     path            gsm8k: folder with train.jsonl / test.jsonl
     tfds_data_dir   gsm8k: where its TFDS dataset is built ('' = the caller's choice, else ~/tensorflow_datasets)
+    prompt_format   'plain' | 'chat' (the tokenizer's chat template; see `prompt_text`)
 
-Text: prompt = math_prompts.format_prompt(question), response = math_prompts.format_response(solution, answer),
-tokenized separately; an SFT example is prompt + response + EOS.
+Text: prompt = math_prompts.format_prompt(question) (plain) or the chat template's rendering of one user turn
+(chat), response = math_prompts.format_response(solution, answer), tokenized separately; an SFT example is
+prompt + response + EOS (for an instruct model's tokenizer, EOS is its end-of-turn token).
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ from jaxpt.data.math_prompts import format_prompt, format_response
 from jaxpt.data.pipeline import LMData
 
 TASKS = ("arithmetic", "gsm8k")
+PROMPT_FORMATS = ("plain", "chat")
+# The user turn of a chat-format prompt: the question, then the instruction Qwen2.5-Math's evaluation uses.
+CHAT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 PROMPT_SEGMENT, RESPONSE_SEGMENT = 1, 2
 PROMPT_LEN_FIELD = "config.data.max_prompt_len"  # the RL run config's prompt length (PromptData)
 _KNOBS = tuple(f.name for f in dataclasses.fields(arithmetic.ArithmeticConfig))
@@ -54,6 +59,9 @@ class TaskConfig(Section):
     max_factor: arithmetic: '*' operands are drawn from [2, max_factor].
     allow_negative: arithmetic: if False, every running total stays >= 0.
     test_fraction: arithmetic: share of the arithmetic contents (numbers, ops) held out for the 'test' split.
+    prompt_format: 'plain' ("Question: ...\nAnswer:\n", jaxpt.data.math_prompts) | 'chat' (one user turn, the
+      question + CHAT_INSTRUCTION, rendered by the tokenizer's chat template with the generation prompt: for
+      instruct models started from `init_from='hf:DIR'`).
   """
 
   name: str = "arithmetic"
@@ -68,6 +76,7 @@ class TaskConfig(Section):
   max_factor: int = _ARITHMETIC.max_factor
   allow_negative: bool = _ARITHMETIC.allow_negative
   test_fraction: float = _ARITHMETIC.test_fraction
+  prompt_format: str = "plain"
 
   @property
   def arithmetic(self) -> arithmetic.ArithmeticConfig | None:
@@ -79,6 +88,7 @@ class TaskConfig(Section):
 
   def check(self) -> None:
     one_of(self, "name", TASKS)
+    one_of(self, "prompt_format", PROMPT_FORMATS)
     for field in ("train_size", "test_size", "seed"):
       at_least(self, field, 0)
     if self.name == "arithmetic":
@@ -124,9 +134,22 @@ def task_problems(task: TaskConfig | Any, split: str, data_dir: str | None = Non
   return problems[:size] if size else problems
 
 
-def example_text(problem: Problem) -> tuple[str, str]:
-  """(prompt, response) text of a problem."""
-  return format_prompt(problem.question), format_response(problem.solution, problem.answer)
+def prompt_text(question: str, tokenizer: Any = None, prompt_format: str = "plain") -> str:
+  """The model's input for `question` in `prompt_format` (see TaskConfig.prompt_format); 'chat' needs a
+  tokenizer with a chat template (ConfigError naming config.task.prompt_format otherwise)."""
+  if prompt_format == "plain":
+    return format_prompt(question)
+  if not hasattr(tokenizer, "apply_chat_template"):
+    raise ConfigError("config.task.prompt_format", "needs a Hugging Face tokenizer with a chat template "
+                      "(config.init_from='hf:DIR')", prompt_format)
+  return tokenizer.apply_chat_template([{"role": "user", "content": f"{question.strip()}\n{CHAT_INSTRUCTION}"}],
+                                       add_generation_prompt=True)
+
+
+def example_text(problem: Problem, tokenizer: Any = None, prompt_format: str = "plain") -> tuple[str, str]:
+  """(prompt, response) text of a problem (see `prompt_text`)."""
+  return (prompt_text(problem.question, tokenizer, prompt_format),
+          format_response(problem.solution, problem.answer))
 
 
 def task_tokenizer(task: TaskConfig | Any, vocab_size: int, workdir: str, data_dir: str | None = None,
@@ -145,13 +168,13 @@ def task_tokenizer(task: TaskConfig | Any, vocab_size: int, workdir: str, data_d
 
 
 def encode_examples(tokenizer: tokenizer_lib.Tokenizer, problems: Sequence[Problem], seq_len: int,
-                    field: str = "config.data.seq_len") -> tuple[np.ndarray, np.ndarray]:
-  """Rows of prompt + response + EOS, right-padded with 0.
+                    field: str = "config.data.seq_len", prompt_format: str = "plain") -> tuple[np.ndarray, np.ndarray]:
+  """Rows of prompt + response + EOS, right-padded with 0 (prompts in `prompt_format`, see `prompt_text`).
 
   Returns (tokens int32 [N, seq_len], segments int32 [N, seq_len]): segments 1 on prompt tokens, 2 on response
   tokens and the EOS, 0 on padding. A longer example raises ConfigError naming `field`.
   """
-  texts = [example_text(p) for p in problems]
+  texts = [example_text(p, tokenizer, prompt_format) for p in problems]
   prompts = tokenizer.encode_batch([t[0] for t in texts])
   responses = tokenizer.encode_batch([t[1] for t in texts])
   tokens = np.zeros((len(problems), seq_len), np.int32)
@@ -200,8 +223,11 @@ class SFTData(LMData):
     config = from_section(LMDataConfig, data_config, "config.data")
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
       raise ValueError(f"seed must be a non-negative int, got {seed!r}")
-    train = encode_examples(tokenizer, task_problems(task, "train", data_dir), config.seq_len)
-    test = encode_examples(tokenizer, task_problems(task, "test", data_dir), config.seq_len)
+    prompt_format = task_config(task).prompt_format
+    train = encode_examples(tokenizer, task_problems(task, "train", data_dir), config.seq_len,
+                            prompt_format=prompt_format)
+    test = encode_examples(tokenizer, task_problems(task, "test", data_dir), config.seq_len,
+                           prompt_format=prompt_format)
     arrays = {"train_tokens": train[0], "train_segments": train[1], "eval_tokens": test[0],
               "eval_segments": test[1]}
     data = cls(config, tokenizer, int(seed), arrays, workdir, corpus_id=f"task|{task_config(task).train_identity}")
@@ -220,10 +246,11 @@ class SFTData(LMData):
 
 
 def encode_prompts(tokenizer: tokenizer_lib.Tokenizer, questions: Sequence[str], prompt_len: int,
-                   field: str = "config.decode.prompt_len") -> tuple[np.ndarray, np.ndarray]:
+                   field: str = "config.decode.prompt_len", prompt_format: str = "plain"
+                   ) -> tuple[np.ndarray, np.ndarray]:
   """Left-padded prompt tokens: (tokens int32 [N, P], mask int32 [N, P]) with each prompt's tokens rightmost,
   mask 1 on them and 0 (token 0) on the padding to their left. A longer prompt raises ConfigError naming `field`."""
-  encoded = tokenizer.encode_batch([format_prompt(q) for q in questions])
+  encoded = tokenizer.encode_batch([prompt_text(q, tokenizer, prompt_format) for q in questions])
   tokens = np.zeros((len(encoded), prompt_len), np.int32)
   mask = np.zeros((len(encoded), prompt_len), np.int32)
   for i, ids in enumerate(encoded):
@@ -241,10 +268,11 @@ def _prompt_batch(tokens: np.ndarray, mask: np.ndarray, problems: Sequence[Probl
 
 
 def prompt_batches(tokenizer: tokenizer_lib.Tokenizer, problems: Sequence[Problem], batch_size: int,
-                   prompt_len: int, field: str = "config.decode.prompt_len") -> list[dict[str, Any]]:
+                   prompt_len: int, field: str = "config.decode.prompt_len", prompt_format: str = "plain"
+                   ) -> list[dict[str, Any]]:
   """`problems` in order as PromptData batches of `batch_size` (the last may be smaller); a prompt longer than
   `prompt_len` tokens raises ConfigError naming `field`."""
-  tokens, mask = encode_prompts(tokenizer, [p.question for p in problems], prompt_len, field)
+  tokens, mask = encode_prompts(tokenizer, [p.question for p in problems], prompt_len, field, prompt_format)
   return [_prompt_batch(tokens[i:i + batch_size], mask[i:i + batch_size], problems[i:i + batch_size])
           for i in range(0, len(problems), batch_size)]
 
@@ -254,14 +282,15 @@ class PromptData:
   the stream of epoch permutations (permutation of epoch e drawn from (seed, e)).
 
   batch(step) / each batch of eval_sets():
-    prompt_tokens int32 [B, P]  format_prompt(question) tokens, LEFT-padded with 0 (real tokens rightmost)
+    prompt_tokens int32 [B, P]  prompt_text(question) tokens, LEFT-padded with 0 (real tokens rightmost)
     prompt_mask   int32 [B, P]  1 on real prompt tokens, 0 on padding
     answers       list[str]     the exact answers (host-side; score with jaxpt.rl.rewards.math_reward(response, answer))
     questions     list[str]     the question texts
   """
 
   def __init__(self, train: Sequence[Problem], eval_problems: dict[str, Sequence[Problem]],
-               tokenizer: tokenizer_lib.Tokenizer, batch_size: int, prompt_len: int, seed: int):
+               tokenizer: tokenizer_lib.Tokenizer, batch_size: int, prompt_len: int, seed: int,
+               prompt_format: str = "plain"):
     if batch_size < 1:
       raise ValueError(f"batch_size={batch_size}: must be >= 1")
     if not train:
@@ -270,9 +299,11 @@ class PromptData:
     self.batch_size = batch_size
     self.prompt_len = prompt_len
     self.seed = seed
+    self.prompt_format = prompt_format
     self.train = list(train)
     self.eval_problems = {k: list(v) for k, v in eval_problems.items()}
-    self._train_tokens = encode_prompts(tokenizer, [p.question for p in self.train], prompt_len, PROMPT_LEN_FIELD)
+    self._train_tokens = encode_prompts(tokenizer, [p.question for p in self.train], prompt_len, PROMPT_LEN_FIELD,
+                                        prompt_format)
     self._order = order.StepOrder(seed, len(self.train), batch_size)
 
   @classmethod
@@ -286,7 +317,7 @@ class PromptData:
       for kind in arithmetic.PERTURBATIONS:
         eval_problems[f"test_{kind}"] = [arithmetic.perturb(p, kind, seed=i) for i, p in enumerate(test)]
     return cls(task_problems(task, "train", data_dir), eval_problems, tokenizer, batch_size, prompt_len,
-               seed)
+               seed, task_config(task).prompt_format)
 
   def batch(self, step: int) -> dict[str, Any]:
     """The prompts of `step` (see class docstring)."""
@@ -297,5 +328,6 @@ class PromptData:
   def eval_sets(self) -> dict[str, list[dict[str, Any]]]:
     """{'test', 'test_rename', 'test_distractor', 'test_numbers'} (gsm8k: 'test' only) -> batches of B problems
     in order (the last batch may be smaller)."""
-    return {name: prompt_batches(self.tokenizer, problems, self.batch_size, self.prompt_len, PROMPT_LEN_FIELD)
+    return {name: prompt_batches(self.tokenizer, problems, self.batch_size, self.prompt_len, PROMPT_LEN_FIELD,
+                                 self.prompt_format)
             for name, problems in self.eval_problems.items()}

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
   from jaxpt.data.hf_tokenizer import HFTokenizer
 
 PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
+MODEL_FILE = "spm.model"  # a run's tokenizer in its `tokenizer/` folder
 _CHUNK_CHARS = 2048  # training "sentences" are line-aligned chunks of documents of at most this many characters
 _MAX_SENTENCES = 4000  # at most this many chunks (~8 MB) are trained on: a few seconds
 
@@ -99,9 +100,9 @@ def load_tokenizer(path: str) -> "Tokenizer | HFTokenizer":
   if os.path.isdir(path):
     if os.path.isfile(os.path.join(path, TOKENIZER_FILE)):
       return HFTokenizer(path)
-    if os.path.isfile(os.path.join(path, "spm.model")):
-      return Tokenizer.load(os.path.join(path, "spm.model"))
-    raise DataError(f"{path}: no tokenizer ({TOKENIZER_FILE} or spm.model)")
+    if os.path.isfile(os.path.join(path, MODEL_FILE)):
+      return Tokenizer.load(os.path.join(path, MODEL_FILE))
+    raise DataError(f"{path}: no tokenizer ({TOKENIZER_FILE} or {MODEL_FILE})")
   if not os.path.isfile(path):
     raise DataError(f"{path}: no such file or directory")
   if os.path.basename(path) == TOKENIZER_FILE:
@@ -110,6 +111,44 @@ def load_tokenizer(path: str) -> "Tokenizer | HFTokenizer":
     return Tokenizer.load(path)
   except RuntimeError as e:  # sentencepiece's parse error
     raise DataError(f"{path}: not a SentencePiece model ({str(e).splitlines()[0]})") from None
+
+
+def tokenizer_files(directory: str) -> list[str]:
+  """The tokenizer files in `directory` (spm.model, or tokenizer.json and its companions), as paths."""
+  from jaxpt.data.hf_tokenizer import CHAT_TEMPLATE_DIR, TOKENIZER_FILES
+
+  names = [MODEL_FILE, *TOKENIZER_FILES]
+  files = [os.path.join(directory, n) for n in names if os.path.isfile(os.path.join(directory, n))]
+  templates = os.path.join(directory, CHAT_TEMPLATE_DIR)
+  if os.path.isdir(templates):
+    files += [os.path.join(templates, n) for n in sorted(os.listdir(templates)) if n.endswith(".jinja")]
+  return files
+
+
+def copy_tokenizer(source: str, directory: str) -> None:
+  """Copies the tokenizer files of directory `source` into `directory` (each written atomically, relative paths
+  kept), so a run keeps its own copy of the tokenizer it started from. DataError when `source` has none."""
+  from jaxpt.data.hf_tokenizer import TOKENIZER_FILES
+
+  files = tokenizer_files(source)
+  if not any(os.path.basename(f) in (MODEL_FILE, TOKENIZER_FILES[0]) for f in files):
+    raise DataError(f"{source}: no tokenizer ({TOKENIZER_FILES[0]} or {MODEL_FILE})")
+  for file in files:
+    target = os.path.join(directory, os.path.relpath(file, source))
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    _atomic_write(target, pathlib.Path(file).read_bytes())
+
+
+def save_tokenizer(tokenizer: "Tokenizer | HFTokenizer", directory: str) -> None:
+  """Writes `tokenizer` into `directory` (spm.model, or a copy of the HF tokenizer's files) unless `directory`
+  already holds a tokenizer."""
+  if tokenizer_files(directory):
+    return
+  if isinstance(tokenizer, Tokenizer):
+    os.makedirs(directory, exist_ok=True)
+    _atomic_write(os.path.join(directory, MODEL_FILE), tokenizer.model_proto)
+  else:
+    copy_tokenizer(tokenizer.path, directory)
 
 
 def _training_sentences(documents: Iterable[str]) -> Iterator[str]:
@@ -168,7 +207,7 @@ def load_or_train(directory: str, vocab_size: int, corpus_id: str, documents: Ca
   """
   settings = {"vocab_size": vocab_size, "corpus_id": corpus_id, "sentencepiece": spm.__version__,
               **TRAINER_OPTIONS}
-  model_file = os.path.join(directory, "spm.model")
+  model_file = os.path.join(directory, MODEL_FILE)
   settings_file = os.path.join(directory, "spm.json")
   if keep_existing and os.path.exists(model_file):
     return Tokenizer.load(model_file)

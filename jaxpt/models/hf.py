@@ -59,6 +59,7 @@ from jaxpt.models.transformer import TransformerLM
 from jaxpt.parallel.rules import get_rules
 from jaxpt.parallel.sharding import param_shardings
 
+HF_PREFIX = "hf:"  # `init_from` / `jaxpt.load` paths that name a Hugging Face checkpoint directory
 CONFIG_FILE = "config.json"
 NATIVE_TYPE = "jaxpt"  # config.json model_type of a jaxpt-native directory
 NATIVE_ARCHITECTURE = "JaxptTransformerLM"
@@ -181,6 +182,25 @@ def checkpoint_dtype(hf: dict) -> str:
   return "bfloat16" if (hf.get("dtype") or hf.get("torch_dtype")) == "bfloat16" else "float32"
 
 
+def checkpoint_fields(path: str) -> tuple[dict, tuple[str, ...]]:
+  """(the ModelConfig fields config.json of checkpoint directory `path` gives, the names among them that fix the
+  architecture: a run may not set those to other values). DataError naming the file and field."""
+  hf = read_hf_json(path)
+  file = os.path.join(path, CONFIG_FILE)
+  if hf.get("model_type") == NATIVE_TYPE:
+    fields = native_fields(hf, file)
+    return fields, tuple(name for name in fields if name not in RUNTIME_FIELDS)
+  return config_fields(hf, file), ARCHITECTURE_FIELDS
+
+
+def contradiction(path: str, name: str, value: Any, fields: dict, architecture: tuple[str, ...]) -> ConfigError | None:
+  """The ConfigError for ModelConfig field `name` set to `value` against checkpoint `path`'s `fields`, or None."""
+  if name in architecture and name in fields and value != fields[name]:
+    return ConfigError(f"model.{name}", f"contradicts {os.path.join(path, CONFIG_FILE)}, which gives "
+                       f"{fields[name]!r}", value)
+  return None
+
+
 def read_config(path: str, **overrides: Any) -> ModelConfig:
   """The `ModelConfig` of the checkpoint directory `path`, with `overrides` (other ModelConfig fields: dtype,
   scan_layers, remat, ...). param_dtype and dtype default to the checkpoint's (bfloat16 or float32).
@@ -188,24 +208,21 @@ def read_config(path: str, **overrides: Any) -> ModelConfig:
   DataError (naming the file and field) for a directory that is not a checkpoint or an unsupported model;
   ConfigError naming both values for an override that contradicts config.json.
   """
-  hf = read_hf_json(path)
-  file = os.path.join(path, CONFIG_FILE)
-  fields = native_fields(hf, file) if hf.get("model_type") == NATIVE_TYPE else config_fields(hf, file)
+  fields, architecture = checkpoint_fields(path)
   known = {field.name for field in dataclasses.fields(ModelConfig)}
-  architecture = (set(fields) - set(RUNTIME_FIELDS)) if hf.get("model_type") == NATIVE_TYPE else ARCHITECTURE_FIELDS
   for name, value in overrides.items():
     if name not in known:
       raise ConfigError(f"model.{name}", "unknown field")
-    if name in architecture and name in fields and value != fields[name]:
-      raise ConfigError(f"model.{name}", f"contradicts {file}, which gives {fields[name]!r}", value)
-  dtype = checkpoint_dtype(hf)
+    if (error := contradiction(path, name, value, fields, architecture)) is not None:
+      raise error
+  dtype = checkpoint_dtype(read_hf_json(path))
   values = {"param_dtype": dtype, "dtype": dtype, **fields, **overrides}
   try:
     return ModelConfig(**values)
   except ConfigError as e:
     if e.where in overrides:
       raise e.under("model") from None
-    raise DataError(f"{file}: {e}") from None
+    raise DataError(f"{os.path.join(path, CONFIG_FILE)}: {e}") from None
 
 
 class Source(NamedTuple):

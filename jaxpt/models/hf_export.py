@@ -21,7 +21,7 @@ import dataclasses
 import json
 import os
 import shutil
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
 import flax.linen as nn
 import jax
@@ -31,6 +31,7 @@ from jax.experimental import multihost_utils
 from safetensors.numpy import save_file
 
 from jaxpt.config import ConfigError
+from jaxpt.data.tokenizer import copy_tokenizer
 from jaxpt.models import hf
 from jaxpt.models.config import ModelConfig
 
@@ -167,15 +168,15 @@ def _check_out_dir(out_dir: str, overwrite: bool) -> None:
 
 
 def save_hf(params: Any, config: ModelConfig, out_dir: str, *, format: str = "auto",
-            special_ids: dict[str, int | None] | None = None, extra_files: Sequence[str] = (),
+            special_ids: dict[str, int | None] | None = None, tokenizer_dir: str | None = None,
             max_shard_bytes: int = MAX_SHARD_BYTES, overwrite: bool = False) -> str:
   """Writes `TransformerLM(config)`'s `params` to `out_dir` as a Hugging Face checkpoint; returns the format used.
 
   format: `transformers` (ConfigError naming the model field that no transformers class has), `jaxpt` (native),
-  or `auto` (transformers when possible). special_ids: bos/eos/pad_token_id for config.json. extra_files: copied
-  into the directory as they are (tokenizer files). Tensors are written in `config.param_dtype`. FileExistsError
-  when `out_dir` is a file or a non-empty directory (unless overwrite). Multi-host: every process calls it (the
-  gathers are collective), process 0 writes.
+  or `auto` (transformers when possible). special_ids: bos/eos/pad_token_id for config.json. tokenizer_dir: its
+  tokenizer files (tokenizer.json and companions, or jaxpt's spm.model) are copied along. Tensors are written in
+  `config.param_dtype`. FileExistsError when `out_dir` is a file or a non-empty directory (unless overwrite).
+  Multi-host: every process calls it (the gathers are collective), process 0 writes.
   """
   if format not in FORMATS:
     raise ConfigError("format", f"must be one of {', '.join(FORMATS)}", format)
@@ -197,8 +198,8 @@ def save_hf(params: Any, config: ModelConfig, out_dir: str, *, format: str = "au
     if write:
       with open(os.path.join(partial, hf.CONFIG_FILE), "w") as f:
         json.dump(hf_json, f, indent=2, sort_keys=True)
-      for file in extra_files:
-        shutil.copyfile(file, os.path.join(partial, os.path.basename(file)))
+      if tokenizer_dir is not None:
+        copy_tokenizer(tokenizer_dir, partial)
       if os.path.isdir(out_dir):
         shutil.rmtree(out_dir)
       os.replace(partial, out_dir)

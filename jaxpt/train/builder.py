@@ -23,8 +23,8 @@ from jax.sharding import Mesh
 
 from jaxpt import parallel
 from jaxpt.data import order
-from jaxpt.train.checkpoint import load_run_params
 from jaxpt.train.config import RunConfig
+from jaxpt.train.init_from import init_params
 from jaxpt.train.optim import decay_mask, make_optimizer
 from jaxpt.train.sharded import ShardedTraining, shard_training
 from jaxpt.train.state import TrainState
@@ -75,13 +75,15 @@ class Training:
 
   def init_state(self) -> TrainState:
     """A fresh (un-donated) initial state, sharded on the mesh; with `init_from`, its params (or the
-    `init_from_subtree` of them) are that run's latest params, and the optimizer state starts fresh."""
+    `init_from_subtree` of them) are that run's latest params or the HF checkpoint's (`jaxpt.train.init_from`),
+    and the optimizer state starts fresh."""
     state = self.sharded.init_state()
-    if not self.config.init_from:
+    init_from, model = self.config.init_from, self.config.model
+    if not init_from:
       return state
     if self.init_from_subtree is None:
-      return state.replace(params=load_run_params(self.config.init_from, state.params))
-    subtree = load_run_params(self.config.init_from, state.params[self.init_from_subtree])
+      return state.replace(params=init_params(init_from, model, state.params))
+    subtree = init_params(init_from, model, state.params[self.init_from_subtree])
     return state.replace(params={**state.params, self.init_from_subtree: subtree})
 
   def put(self, batch: dict) -> dict:

@@ -11,7 +11,8 @@ import dataclasses
 import json
 import os
 
-from jaxpt.config import ConfigError, at_least
+from jaxpt.config import ConfigError, DataError, at_least, section_values
+from jaxpt.models import hf
 from jaxpt.models.config import ModelConfig
 from jaxpt.parallel.mesh import MeshConfig
 from jaxpt.train.loop import LoopConfig
@@ -29,7 +30,10 @@ class RunConfig(LoopConfig):
     optim: the optimizer and its learning-rate schedule (required section).
     mesh: the device mesh and sharding rules (default: every device on `data`).
     seed: seed of the parameter init, the data order and the run's random keys.
-    init_from: '' = random init, else a jaxpt run's workdir whose latest checkpoint's params start this run.
+    init_from: '' = random init; a jaxpt run's workdir whose latest checkpoint's params (and tokenizer) start this
+      run; or 'hf:DIR', a Hugging Face checkpoint directory (jaxpt.models.hf) whose config.json fills the model's
+      architecture fields (those left at their defaults; another value is an error naming both) and whose
+      tokenizer the run uses.
     allow_changes: comma-separated fields or sections ('steps,optim.learning_rate', 'optim', 'inputs') this launch
       may change when it resumes a run recorded with other values (`jaxpt.train.record`); '' = resume only the run
       as recorded.
@@ -41,6 +45,34 @@ class RunConfig(LoopConfig):
   seed: int = 0
   init_from: str = ""
   allow_changes: str = ""
+
+  @classmethod
+  def prepare_values(cls, values: dict, path: str) -> dict:
+    """With `init_from='hf:DIR'`: the model section's architecture fields (and max_seq_len, when left at its
+    default) from DIR's config.json; a field set to another value than both its default and the checkpoint's
+    is a ConfigError naming both values."""
+    init_from = values.get("init_from") or ""
+    if not isinstance(init_from, str) or not init_from.startswith(hf.HF_PREFIX):
+      return values
+    directory = os.path.expanduser(init_from[len(hf.HF_PREFIX):])
+    try:
+      fields, architecture = hf.checkpoint_fields(directory)
+    except DataError as e:
+      raise ConfigError(f"{path}.init_from", str(e), init_from) from None
+    given = section_values(values.get("model"))
+    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+    model = dict(given)
+    for name, value in fields.items():
+      if name in given and given[name] != defaults[name]:
+        error = hf.contradiction(directory, name, given[name], fields, architecture)
+        if error is not None:
+          raise error.under(path)
+        if name == "max_seq_len" and given[name] > value:
+          raise ConfigError(f"{path}.model.max_seq_len", f"longer than the {value} positions of "
+                            f"{os.path.join(directory, hf.CONFIG_FILE)}", given[name])
+      if name in architecture or name not in given or given[name] == defaults[name]:
+        model[name] = value
+    return {**values, "model": model}
 
   def check(self) -> None:
     super().check()
@@ -64,8 +96,15 @@ class RunConfig(LoopConfig):
 
 
 def check_init_from(workdir: str) -> None:
-  """ConfigError naming init_from unless `workdir` is a jaxpt language-model run (pretrain, SFT or GRPO) with a
-  checkpoints/ folder: a reward model's params (backbone + score head) start no policy or backbone."""
+  """ConfigError naming init_from unless `workdir` is 'hf:DIR' with a checkpoint's config.json and weights, or a
+  jaxpt language-model run (pretrain, SFT, GRPO or DPO) with a checkpoints/ folder: a reward model's params
+  (backbone + score head) start no policy or backbone."""
+  if workdir.startswith(hf.HF_PREFIX):
+    try:
+      hf.Checkpoint(os.path.expanduser(workdir[len(hf.HF_PREFIX):]))  # finds the weight files, opens none
+    except DataError as e:
+      raise ConfigError("init_from", str(e), workdir) from None
+    return
   path = os.path.expanduser(workdir)
   if not os.path.isdir(os.path.join(path, "checkpoints")):
     raise ConfigError("init_from", "no checkpoints/ folder there (expected the workdir of a jaxpt run, or '' "

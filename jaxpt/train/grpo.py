@@ -45,6 +45,7 @@ from jaxpt.rl.rollouts import repeat_prompts, response_texts, verifier_rewards
 from jaxpt.rl.sampler import SamplingConfig, make_sampler
 from jaxpt.train.builder import Training, build_training, training_mesh
 from jaxpt.train.config import RunConfig, check_vocab, config_json
+from jaxpt.train.init_from import init_tokenizer
 from jaxpt.train.loop import LoopResult, print_summary, train_loop
 from jaxpt.train.record import check_launch, digest, record_launch, resumes, run_inputs
 from jaxpt.train.state import TrainState
@@ -345,16 +346,14 @@ def _first_problems(prompts: PromptData, count: int) -> dict[str, list[dict]]:
   return {name: batches[:-(-count // size)] for name, batches in prompts.eval_sets().items()} if count else {}
 
 
-def _tokenizer(config: GRPORunConfig, workdir: str) -> Tokenizer:
-  """The `init_from` run's tokenizer as it is (never retrained: the policy's embedding rows are its ids), else
-  the task's tokenizer trained in (or loaded from) `workdir`."""
-  if not config.init_from:
-    return task_tokenizer(config.task, config.model.vocab_size, workdir, os.path.join(workdir, "tfds"),
-                          keep_existing=resumes(workdir))
-  path = os.path.join(config.init_from, "tokenizer", "spm.model")
-  if not os.path.exists(path):
-    raise ConfigError("config.init_from", "no tokenizer/spm.model there", config.init_from)
-  return Tokenizer.load(path)
+def _tokenizer(config: GRPORunConfig, workdir: str):
+  """The `init_from` run's tokenizer as it is (never retrained: the policy's embedding rows are its ids; copied
+  into `workdir/tokenizer`), else the task's tokenizer trained in (or loaded from) `workdir`."""
+  tokenizer = init_tokenizer(config.init_from, workdir, resumes(workdir))
+  if tokenizer is None:
+    tokenizer = task_tokenizer(config.task, config.model.vocab_size, workdir, os.path.join(workdir, "tfds"),
+                               keep_existing=resumes(workdir))
+  return tokenizer
 
 
 def build_grpo(config: GRPORunConfig | Any, workdir: str) -> GRPOTrainer:
@@ -399,7 +398,8 @@ def train_grpo(config: GRPORunConfig | Any, workdir: str, *, trainer: GRPOTraine
   """Trains (or resumes) the GRPO run in `workdir`; `trainer` reuses compiled functions across runs."""
   trainer = trainer or build_grpo(config, workdir)
   config = trainer.config
-  record_launch(workdir, config, run_inputs(f"task|{config.task.train_identity}", trainer.tokenizer))
+  record_launch(workdir, config, run_inputs(f"task|{config.task.train_identity}", trainer.tokenizer),
+                trainer.tokenizer)
   logging.info("GRPO: %d prompts x %d rollouts per step, %d steps in %s", config.data.prompts_per_step,
                config.grpo.group_size, config.steps, workdir)
   return train_loop(trainer.init_state(), trainer.train_step, trainer.batches, config.loop, workdir,

@@ -19,6 +19,7 @@ from jaxpt.models.transformer import TransformerLM, param_count
 from jaxpt.progress import say
 from jaxpt.train.builder import Training, batch_shapes, build_training, training_mesh
 from jaxpt.train.config import RunConfig, check_vocab, config_json
+from jaxpt.train.init_from import init_tokenizer
 from jaxpt.train.lm import LMLossConfig, make_lm_evaluator, make_lm_loss_fn
 from jaxpt.train.loop import LoopResult, print_summary, train_loop
 from jaxpt.train.record import check_launch, digest, record_launch, resumes, run_inputs
@@ -83,7 +84,8 @@ def build_pretraining(config: PretrainRunConfig | Any, workdir: str) -> LMTraini
   corpus_id = local_corpus_id(config.data)
   check_launch(workdir, config, None if corpus_id is None else {"corpus": digest(corpus_id)})
   data = LMData.create(config.data, vocab_size=config.model.vocab_size, workdir=workdir, seed=config.seed,
-                       keep_tokenizer=resumes(workdir))
+                       keep_tokenizer=resumes(workdir),
+                       tokenizer=init_tokenizer(config.init_from, workdir, resumes(workdir)))
   model = TransformerLM(config.model)
   return build_lm_training(config, mesh, data,
                            lambda eval_batches: make_lm_evaluator(model, eval_batches, config.loss.name))
@@ -92,7 +94,7 @@ def build_pretraining(config: PretrainRunConfig | Any, workdir: str) -> LMTraini
 def run_lm_training(setup: LMTraining, workdir: str, stop_at: int | None = None) -> LoopResult:
   """Trains (or resumes) the LM run `setup` in `workdir` (run record, metrics, checkpoints)."""
   config = setup.config
-  record_launch(workdir, config, run_inputs(setup.data.corpus_id, setup.data.tokenizer))
+  record_launch(workdir, config, run_inputs(setup.data.corpus_id, setup.data.tokenizer), setup.data.tokenizer)
   state = setup.training.init_state()
   logging.info("model: %.2fM params; training %d steps in %s", param_count(state.params) / 1e6, config.steps,
                workdir)

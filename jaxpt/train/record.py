@@ -29,6 +29,7 @@ from typing import Any, Mapping
 import jax
 
 from jaxpt.config import ConfigError
+from jaxpt.data.tokenizer import save_tokenizer
 
 CONFIG_FILE = "config.json"
 HISTORY_FILE = "config_history.jsonl"
@@ -153,12 +154,15 @@ def _short(value: Any) -> str:
   return text if len(text) <= 40 else f"{text[:37]}..."
 
 
-def record_launch(workdir: str, config: Any, inputs: Mapping[str, str]) -> dict[str, list]:
-  """`check_launch` with the inputs known, then (process 0) appends the launch to config_history.jsonl and writes
-  config.json; returns the accepted changes. Call it after the data is prepared and before training."""
+def record_launch(workdir: str, config: Any, inputs: Mapping[str, str], tokenizer: Any = None) -> dict[str, list]:
+  """`check_launch` with the inputs known, then (process 0) appends the launch to config_history.jsonl, writes
+  config.json and keeps the run's `tokenizer` in `workdir/tokenizer` if it is not there yet (a run built with
+  another workdir's setup); returns the accepted changes. Call it after the data is prepared, before training."""
   changes = check_launch(workdir, config, inputs)
   if jax.process_index() != 0:
     return changes
+  if tokenizer is not None:
+    save_tokenizer(tokenizer, os.path.join(workdir, "tokenizer"))
   steps = checkpoint_steps(workdir)
   row = {"time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
          "host": socket.gethostname(), "pid": os.getpid(), "resumed_from_step": steps[-1] if steps else None,

@@ -35,6 +35,7 @@ from jaxpt.registry import Registry
 from jaxpt.train import rm_eval
 from jaxpt.train.builder import Training, batch_shapes, build_training, training_mesh
 from jaxpt.train.config import RunConfig, check_vocab, config_json
+from jaxpt.train.init_from import init_tokenizer
 from jaxpt.train.loop import LoopResult, print_summary, train_loop
 from jaxpt.train.record import check_launch, record_launch, resumes, run_inputs
 from jaxpt.train.state import TrainState
@@ -358,15 +359,17 @@ class RewardTraining:
 
 def build_rm(config: RMRunConfig | Any, workdir: str) -> RewardTraining:
   """Checks `config` (ConfigError naming the field), then builds preference data, RewardModel, optimizer, the
-  compiled step and evaluator. `config.init_from` (a jaxpt pretrain/SFT workdir) fills the backbone's params."""
+  compiled step and evaluator. `config.init_from` (a jaxpt pretrain/SFT workdir, or hf:DIR) fills the backbone's
+  params and gives the tokenizer."""
   config = from_section(RMRunConfig, config, "config")
   settings = config.rm
   batch_size = config.data.batch_size
   mesh = training_mesh(config, batch_size)  # before any data work
   check_launch(workdir, config)
   say(f"preparing preference data in {workdir} ...")
-  data = preference_batches.PreferenceData.create(config.data, vocab_size=config.model.vocab_size, workdir=workdir,
-                                                  seed=config.seed, keep_tokenizer=resumes(workdir))
+  data = preference_batches.PreferenceData.create(
+      config.data, vocab_size=config.model.vocab_size, workdir=workdir, seed=config.seed,
+      tokenizer=init_tokenizer(config.init_from, workdir, resumes(workdir)), keep_tokenizer=resumes(workdir))
   check_vocab(config.model, data.tokenizer.vocab_size)
   model = RewardModel(config.model, settings.objective.num_scores)
   init_args = (jnp.zeros((1, config.data.seq_len), jnp.int32), jnp.zeros((1,), jnp.int32))
@@ -394,7 +397,7 @@ def train_rm(config: RMRunConfig | Any, workdir: str, *, setup: Optional[RewardT
   and score_vs_length.png there (other eval splits in eval_<split>/). `setup` reuses compiled functions."""
   setup = setup or build_rm(config, workdir)
   config = setup.config
-  record_launch(workdir, config, run_inputs(setup.data.corpus_id, setup.data.tokenizer))
+  record_launch(workdir, config, run_inputs(setup.data.corpus_id, setup.data.tokenizer), setup.data.tokenizer)
   state = setup.training.init_state()
   logging.info("reward model (%s): %.2fM params; training %d steps in %s", config.rm.loss,
                param_count(state.params) / 1e6, config.steps, workdir)

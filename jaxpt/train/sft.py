@@ -33,6 +33,7 @@ from jaxpt.progress import say
 from jaxpt.rl.rewards import math_reward
 from jaxpt.rl.sampler import SampleOutput, SamplingConfig, make_sampler
 from jaxpt.train.builder import training_mesh
+from jaxpt.train.init_from import init_tokenizer
 from jaxpt.train.lm import make_lm_evaluator
 from jaxpt.train.loop import LoopResult, print_summary
 from jaxpt.train.pretrain import LMTraining, PretrainRunConfig, build_lm_training, run_lm_training
@@ -128,19 +129,23 @@ def make_sft_evaluator(model_config: ModelConfig, eval_batches: Sequence[dict], 
 
 
 def build_sft(config: SFTRunConfig | Any, workdir: str) -> LMTraining:
-  """Checks `config` (ConfigError naming the field), then builds the task's tokenizer (cached in
-  `workdir/tokenizer`), SFT data and evaluator and hands them to the shared LM-training builder
-  (jaxpt.train.pretrain.build_lm_training: model, optimizer, compiled step, init from `config.init_from`)."""
+  """Checks `config` (ConfigError naming the field), then builds the task's tokenizer (`init_from`'s, else one
+  trained on the task and cached in `workdir/tokenizer`), SFT data and evaluator and hands them to the shared
+  LM-training builder (jaxpt.train.pretrain.build_lm_training: model, optimizer, compiled step, init from
+  `config.init_from`)."""
   config = from_section(SFTRunConfig, config, "config")
   mesh = training_mesh(config, config.data.batch_size)  # before any data work
   check_launch(workdir, config, {"corpus": digest(f"task|{config.task.train_identity}")})
   data_dir = os.path.join(workdir, "tfds")
   say(f"preparing the task's data and tokenizer in {workdir} ...")
-  tokenizer = sft_data.task_tokenizer(config.task, config.model.vocab_size, workdir, data_dir,
-                                      keep_existing=resumes(workdir))
+  tokenizer = init_tokenizer(config.init_from, workdir, resumes(workdir))
+  if tokenizer is None:
+    tokenizer = sft_data.task_tokenizer(config.task, config.model.vocab_size, workdir, data_dir,
+                                        keep_existing=resumes(workdir))
   data = sft_data.SFTData.create_for_task(config.task, config.data, tokenizer, config.seed, workdir, data_dir)
   problems = sft_data.task_problems(config.task, "test", data_dir)[:config.decode.eval_problems]
-  prompt_batches = sft_data.prompt_batches(tokenizer, problems, config.decode.batch_size, config.decode.prompt_len)
+  prompt_batches = sft_data.prompt_batches(tokenizer, problems, config.decode.batch_size, config.decode.prompt_len,
+                                           prompt_format=config.task.prompt_format)
   return build_lm_training(config, mesh, data, lambda eval_batches: make_sft_evaluator(
       config.model, eval_batches, prompt_batches, tokenizer, config.decode, config.seed))
 

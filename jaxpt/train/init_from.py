@@ -1,0 +1,66 @@
+"""What a run starts from (`config.init_from`): random init (''), a jaxpt run's workdir, or `hf:DIR`.
+
+    init_params(init_from, model_config, template)  the starting params, in `template`'s structure, dtypes and
+                                                    shardings: a jaxpt run's latest checkpoint (orbax partial
+                                                    restore), or an HF checkpoint streamed block by block into
+                                                    the template's shardings (`jaxpt.models.hf.load_params`)
+    init_tokenizer(init_from, workdir, resuming)    the tokenizer the starting params' embedding rows belong to,
+                                                    copied into `workdir/tokenizer/` at the first launch (a
+                                                    resumed run reads its own copy), or None for random init
+
+The model config of an `hf:` start comes from the checkpoint's config.json (`RunConfig.prepare_values`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+
+from jaxpt.config import ConfigError, DataError
+from jaxpt.data import tokenizer as tokenizer_lib
+from jaxpt.models import hf
+from jaxpt.models.config import ModelConfig
+from jaxpt.train.checkpoint import load_run_params
+
+FIELD = "config.init_from"
+
+
+def hf_directory(init_from: str) -> str | None:
+  """The checkpoint directory of an `hf:DIR` start, else None."""
+  return os.path.expanduser(init_from[len(hf.HF_PREFIX):]) if init_from.startswith(hf.HF_PREFIX) else None
+
+
+def init_params(init_from: str, model_config: ModelConfig, template: Any) -> Any:
+  """The params `init_from` starts the run with, as `template` (a TransformerLM params tree of arrays) has them.
+  ConfigError naming config.init_from for a checkpoint that does not fit."""
+  directory = hf_directory(init_from)
+  if directory is None:
+    return load_run_params(init_from, template, FIELD)
+  shardings = jax.tree.map(lambda leaf: leaf.sharding, template)
+  try:
+    return hf.load_params(directory, model_config, shardings=shardings)
+  except DataError as e:
+    raise ConfigError(FIELD, str(e), init_from) from None
+
+
+def _source_tokenizer_dir(init_from: str) -> str:
+  directory = hf_directory(init_from)
+  return directory if directory is not None else os.path.join(os.path.expanduser(init_from), "tokenizer")
+
+
+def init_tokenizer(init_from: str, workdir: str, resuming: bool):
+  """The tokenizer of the run `init_from` names (jaxpt's sentencepiece `Tokenizer` or an `HFTokenizer`), from
+  `workdir/tokenizer/`, where it is copied at the first launch; None for a random init (the trainer trains its
+  own). A resumed run keeps its copy even if the source changed since. ConfigError naming config.init_from when the
+  source has no tokenizer."""
+  if not init_from:
+    return None
+  own = os.path.join(workdir, "tokenizer")
+  if not (resuming and tokenizer_lib.tokenizer_files(own)):
+    try:
+      tokenizer_lib.copy_tokenizer(_source_tokenizer_dir(init_from), own)
+    except DataError as e:
+      raise ConfigError(FIELD, f"{e} (the run needs the tokenizer its params were trained with)", init_from) from None
+  return tokenizer_lib.load_tokenizer(own)

@@ -1,0 +1,169 @@
+"""Trainers started from a Hugging Face checkpoint (`init_from='hf:DIR'`): the model config and tokenizer come from
+the checkpoint, the params are the checkpoint's, chat-template prompts, and SFT -> export -> import round trips.
+
+The checkpoint is the tiny random Qwen2 fixture of tests/assets/hf (written by transformers), copied with
+max_position_embeddings raised to 512 so that chat-template prompts fit (RoPE has no learned positions).
+"""
+
+import json
+import os
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+import jaxpt
+from jaxpt.config import ConfigError, config_dict, from_section, load_config_file
+from jaxpt.data import sft as sft_data
+from jaxpt.data.tokenizer import load_tokenizer
+from jaxpt.models import hf
+from jaxpt.models.config import ModelConfig
+from jaxpt.train import rm
+from jaxpt.train.grpo import GRPORunConfig, build_grpo, train_grpo
+from jaxpt.train.metrics import read_metrics
+from jaxpt.train.sft import SFTRunConfig, build_sft, sft
+from tests.test_models_hf import ASSETS, ROOT
+from tests.test_train_rm import tiny_config as rm_tiny_config
+
+CONFIGS = os.path.join(ROOT, "experiments", "configs")
+RUNTIME = {"model.dtype": "float32", "model.remat": "none", "model.max_seq_len": 256}
+SFT = {"steps": 6, "log_every": 2, "eval_every": 0, "checkpoint_every": 3, "progress": False,
+       "task.name": "arithmetic", "task.num_steps": 1, "task.max_value": 9, "task.train_size": 64, "task.test_size": 16,
+       "data.seq_len": 192, "data.batch_size": 8, "data.eval_batches": 0, "optim.learning_rate": 3e-3,
+       "optim.warmup_steps": 0, "decode.prompt_len": 160, "decode.max_new_tokens": 32, "decode.eval_problems": 0}
+GRPO = {"steps": 2, "log_every": 1, "eval_every": 0, "checkpoint_every": 0, "progress": False,
+        "task.name": "arithmetic", "task.num_steps": 1, "task.max_value": 9, "task.train_size": 8,
+        "task.test_size": 8, "data.prompts_per_step": 2, "data.max_prompt_len": 200, "data.eval_prompts": 0,
+        "sampling.max_new_tokens": 16, "grpo.group_size": 4, "grpo.minibatches": 1}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+  """The Qwen2 fixture with 512 positions."""
+  path = str(tmp_path_factory.mktemp("qwen2"))
+  shutil.copytree(os.path.join(ASSETS, "qwen2"), path, dirs_exist_ok=True)
+  with open(os.path.join(path, hf.CONFIG_FILE)) as f:
+    config = json.load(f)
+  config["max_position_embeddings"] = 512
+  with open(os.path.join(path, hf.CONFIG_FILE), "w") as f:
+    json.dump(config, f)
+  return path
+
+
+def hf_config(name: str, checkpoint: str, **overrides):
+  """experiments/configs/<name>.py started from `checkpoint`, with `overrides` (flattened keys)."""
+  config = load_config_file(os.path.join(CONFIGS, f"{name}.py"))
+  config.update_from_flattened_dict({"init_from": f"hf:{checkpoint}", **RUNTIME, **overrides})
+  return config
+
+
+def test_the_model_section_comes_from_the_checkpoint(checkpoint):
+  run = from_section(SFTRunConfig, hf_config("sft_hf", checkpoint, **SFT), "config")
+  assert run.model == hf.read_config(checkpoint, **{k.split(".")[1]: v for k, v in RUNTIME.items()})
+  assert run.model.qkv_bias and run.model.tie_embeddings and run.model.d_model == 64
+  grpo = from_section(GRPORunConfig, hf_config("grpo_hf", checkpoint, **GRPO), "config")
+  assert grpo.model == run.model
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("model.d_model", 32, r"^config\.model\.d_model=32: contradicts .*/config\.json, which gives 64$"),
+    ("model.qkv_bias", False, None),  # False is the default: taken from the checkpoint (True), no error
+    ("model.max_seq_len", 1024, r"^config\.model\.max_seq_len=1024: longer than the 512 positions of "),
+    ("init_from", "hf:/nonexistent", r"^config\.init_from='hf:/nonexistent': /nonexistent: not a Hugging Face "
+                                     r"checkpoint directory \(no such directory\)$"),
+])
+def test_a_field_that_contradicts_the_checkpoint_names_both_values(checkpoint, key, value, message):
+  config = hf_config("sft_hf", checkpoint, **SFT, **{key: value})
+  if message is None:
+    assert from_section(SFTRunConfig, config, "config").model.qkv_bias
+    return
+  with pytest.raises(ConfigError, match=message):
+    from_section(SFTRunConfig, config, "config")
+
+
+def test_chat_prompts_are_the_tokenizers_chat_template(checkpoint):
+  tokenizer = load_tokenizer(checkpoint)
+  tokens, mask = sft_data.encode_prompts(tokenizer, ["What is 2 + 3?"], 160, prompt_format="chat")
+  expected = tokenizer.encode_chat([{"role": "user", "content": f"What is 2 + 3?\n{sft_data.CHAT_INSTRUCTION}"}],
+                                   add_generation_prompt=True)
+  assert list(tokens[0][mask[0] > 0]) == expected
+  assert tokenizer.decode(expected, skip_special_tokens=False).endswith("<|im_start|>assistant\n")
+  with pytest.raises(ConfigError, match=r"^config\.task\.prompt_format='chat': needs a Hugging Face tokenizer"):
+    sft_data.prompt_text("q", object(), "chat")  # e.g. jaxpt's sentencepiece tokenizer
+  tokenizer.chat_templates.clear()
+  with pytest.raises(Exception, match="chat template"):
+    sft_data.encode_prompts(tokenizer, ["q"], 160, prompt_format="chat")
+
+
+@pytest.fixture(scope="module")
+def sft_run(checkpoint, tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp("sft_from_hf"))
+  config = hf_config("sft_hf", checkpoint, **SFT)
+  setup = build_sft(config, workdir)
+  return workdir, setup, sft(config, workdir, setup=setup)
+
+
+def test_sft_starts_from_the_checkpoints_params_and_tokenizer(sft_run, checkpoint):
+  workdir, setup, result = sft_run
+  assert os.path.isfile(os.path.join(workdir, "tokenizer", "tokenizer.json"))
+  assert setup.data.tokenizer.model_proto == load_tokenizer(checkpoint).model_proto
+  initial = setup.training.init_state().params
+  _, want = hf.load(checkpoint, max_seq_len=256)
+  jax.tree.map(np.testing.assert_array_equal, initial, want)
+  losses = [r["loss"] for r in read_metrics(workdir) if "loss" in r]
+  assert len(losses) == 3 and all(np.isfinite(losses)) and losses[-1] < losses[0], losses
+
+
+def test_sft_then_export_then_import_gives_identical_params(sft_run, tmp_path):
+  workdir, _, result = sft_run
+  model = jaxpt.load(workdir)
+  assert model.save_hf(str(tmp_path)) == "transformers"
+  assert hf.read_hf_json(str(tmp_path))["model_type"] == "qwen2"
+  _, again = hf.load(str(tmp_path))
+  jax.tree.map(np.testing.assert_array_equal, again, result.state.params)
+  assert load_tokenizer(str(tmp_path)).model_proto == model.tokenizer.model_proto
+
+
+def test_sft_resumes_with_its_own_tokenizer_copy(sft_run, checkpoint, tmp_path):
+  """A resumed run reads workdir/tokenizer even when the source checkpoint's tokenizer has changed since."""
+  workdir, setup, result = sft_run
+  config = hf_config("sft_hf", checkpoint, **SFT)
+  first = sft(config, str(tmp_path), setup=build_sft(config, str(tmp_path)), stop_at=3)
+  assert int(first.state.step) == 3
+  source = os.path.join(checkpoint, "tokenizer_config.json")
+  saved = open(source).read()
+  try:
+    with open(source, "w") as f:
+      f.write(saved.replace('"<|im_end|>"', '"<|endoftext|>"', 1))
+    resumed = sft(config, str(tmp_path), setup=build_sft(config, str(tmp_path)))
+  finally:
+    with open(source, "w") as f:
+      f.write(saved)
+  assert load_tokenizer(os.path.join(str(tmp_path), "tokenizer")).model_proto == setup.data.tokenizer.model_proto
+  jax.tree.map(np.testing.assert_array_equal, resumed.state.params, result.state.params)
+
+
+def test_grpo_from_the_checkpoint_samples_chat_prompts(checkpoint, tmp_path):
+  config = hf_config("grpo_hf", checkpoint, **GRPO)
+  trainer = build_grpo(config, str(tmp_path))
+  _, want = hf.load(checkpoint, max_seq_len=256)
+  jax.tree.map(np.testing.assert_array_equal, trainer.init_state().params, want)
+  result = train_grpo(config, str(tmp_path), trainer=trainer)
+  rows = read_metrics(str(tmp_path))
+  assert int(result.state.step) == 2 and all(np.isfinite(r["loss"]) for r in rows if "loss" in r)
+  prompt = trainer.prompts.batch(0)
+  text = trainer.tokenizer.decode(prompt["prompt_tokens"][0][prompt["prompt_mask"][0] > 0], skip_special_tokens=False)
+  assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
+
+
+def test_reward_model_backbone_from_the_checkpoint(tmp_path):
+  llama = os.path.join(ASSETS, "llama")
+  config = rm_tiny_config(**{"init_from": f"hf:{llama}", "steps": 1, "progress": False, "data.seq_len": 64,
+                             "data.synthetic_train_pairs": 64, "data.synthetic_test_pairs": 16,
+                             "data.batch_size": 8})
+  config.model = config_dict(ModelConfig)  # every architecture field from the checkpoint
+  setup = rm.build_rm(config, str(tmp_path))
+  assert setup.data.tokenizer.bos_id is not None  # Llama-3's HF tokenizer, not a trained sentencepiece
+  _, want = hf.load(llama)
+  jax.tree.map(np.testing.assert_array_equal, setup.training.init_state().params["backbone"], want)
