@@ -96,6 +96,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {c.name: c for c in (
                "jaxpt.train.grpo", "GRPORunConfig", "run_grpo"),
     Subcommand("rm", "Train a reward model (Bradley-Terry, DIR, ODIN) and write its evaluation report.",
                "jaxpt.train.rm", "RMRunConfig", "run_rm"),
+    Subcommand("dpo", "DPO (optionally + DIR) of a language model on preference pairs; implicit-reward eval report.",
+               "jaxpt.train.dpo", "DPORunConfig", "run_dpo"),
 )}
 WORKDIR_SUBCOMMANDS: dict[str, WorkdirSubcommand] = {c.name: c for c in (
     WorkdirSubcommand("eval", "Evaluate a run's latest (or --step N) checkpoint, without training (one JSON line).",
@@ -147,7 +149,7 @@ def _subcommand_help(name: str) -> str:
         f"usage: jaxpt {name} --workdir DIR [--step N]", "", command.help,
         "Rebuilds the run from its recorded config.json with its trainer's own build function and evaluator; the",
         "result ({step, run, eval metrics}) is one JSON line on stdout and DIR/eval/step_<N>.json.", "",
-        "  --workdir DIR  the workdir of a jaxpt pretrain, sft, rm or grpo run (its config.json says which)",
+        "  --workdir DIR  the workdir of a jaxpt pretrain, sft, rm, dpo or grpo run (its config.json says which)",
         "  --step N       the checkpoint step to evaluate (default: the latest)"])
   width = min(max(shutil.get_terminal_size((120, 24)).columns, 80), 160)
   return "\n".join([

@@ -17,7 +17,7 @@ from jaxpt.parallel.mesh import MeshConfig
 from jaxpt.train.loop import LoopConfig
 from jaxpt.train.optim import OptimConfig
 
-__all__ = ["RunConfig", "check_init_from", "check_vocab", "config_json"]
+__all__ = ["RunConfig", "check_init_from", "check_vocab", "config_json", "init_from_tokenizer"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -64,7 +64,7 @@ class RunConfig(LoopConfig):
 
 
 def check_init_from(workdir: str) -> None:
-  """ConfigError naming init_from unless `workdir` is a jaxpt language-model run (pretrain, SFT or GRPO) with a
+  """ConfigError naming init_from unless `workdir` is a jaxpt language-model run (pretrain, SFT, GRPO, DPO) with a
   checkpoints/ folder: a reward model's params (backbone + score head) start no policy or backbone."""
   path = os.path.expanduser(workdir)
   if not os.path.isdir(os.path.join(path, "checkpoints")):
@@ -77,7 +77,18 @@ def check_init_from(workdir: str) -> None:
     return  # no readable record: the restore itself checks the params tree
   if isinstance(recorded, dict) and "rm" in recorded:
     raise ConfigError("init_from", "is the workdir of a reward-model run (jaxpt rm); init_from takes a language-model "
-                      "run (jaxpt pretrain, sft or grpo)", workdir)
+                      "run (jaxpt pretrain, sft, grpo or dpo)", workdir)
+
+
+def init_from_tokenizer(init_from: str):
+  """The tokenizer of the `init_from` run (`<init_from>/tokenizer/spm.model`), as it is: never retrained, since the
+  policy's embedding rows are its ids. ConfigError naming init_from when there is none."""
+  from jaxpt.data.tokenizer import Tokenizer  # here: the config layer does not load sentencepiece
+
+  path = os.path.join(os.path.expanduser(init_from), "tokenizer", "spm.model")
+  if not os.path.exists(path):
+    raise ConfigError("config.init_from", "no tokenizer/spm.model there", init_from)
+  return Tokenizer.load(path)
 
 
 def check_vocab(model: ModelConfig, tokenizer_vocab_size: int) -> None:

@@ -44,7 +44,7 @@ from jaxpt.rl.rewards import math_reward
 from jaxpt.rl.rollouts import repeat_prompts, response_texts, verifier_rewards
 from jaxpt.rl.sampler import SamplingConfig, make_sampler
 from jaxpt.train.builder import Training, build_training, training_mesh
-from jaxpt.train.config import RunConfig, check_vocab, config_json
+from jaxpt.train.config import RunConfig, check_vocab, config_json, init_from_tokenizer
 from jaxpt.train.loop import LoopResult, print_summary, train_loop
 from jaxpt.train.record import check_launch, digest, record_launch, resumes, run_inputs
 from jaxpt.train.state import TrainState
@@ -351,10 +351,7 @@ def _tokenizer(config: GRPORunConfig, workdir: str) -> Tokenizer:
   if not config.init_from:
     return task_tokenizer(config.task, config.model.vocab_size, workdir, os.path.join(workdir, "tfds"),
                           keep_existing=resumes(workdir))
-  path = os.path.join(config.init_from, "tokenizer", "spm.model")
-  if not os.path.exists(path):
-    raise ConfigError("config.init_from", "no tokenizer/spm.model there", config.init_from)
-  return Tokenizer.load(path)
+  return init_from_tokenizer(config.init_from)
 
 
 def build_grpo(config: GRPORunConfig | Any, workdir: str) -> GRPOTrainer:
