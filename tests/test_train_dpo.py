@@ -324,7 +324,9 @@ def test_init_from_a_dpo_run_starts_policy_and_reference(runs, tmp_path):
   source = str(runs["root"] / "whole")
   config = tiny_config(**{**RUN, "steps": 1, "dpo.dir": False, "init_from": source})
   setup = dpo.build_dpo(config, str(tmp_path / "next"))
-  assert setup.data.tokenizer.model_proto == open(os.path.join(source, "tokenizer", "spm.model"), "rb").read()
+  proto = open(os.path.join(source, "tokenizer", "spm.model"), "rb").read()
+  assert setup.data.tokenizer.model_proto == proto
+  assert open(tmp_path / "next" / "tokenizer" / "spm.model", "rb").read() == proto  # a later run's init_from
   state = setup.init_state()
   want = runs["whole"].state.params
   for a, b in zip(jax.tree.leaves((state.params, setup.ref_params)), jax.tree.leaves((want, want))):

@@ -80,15 +80,24 @@ def check_init_from(workdir: str) -> None:
                       "run (jaxpt pretrain, sft, grpo or dpo)", workdir)
 
 
-def init_from_tokenizer(init_from: str):
+def init_from_tokenizer(init_from: str, workdir: str | None = None):
   """The tokenizer of the `init_from` run (`<init_from>/tokenizer/spm.model`), as it is: never retrained, since the
-  policy's embedding rows are its ids. ConfigError naming init_from when there is none."""
+  policy's embedding rows are its ids. With `workdir`, also copied to `<workdir>/tokenizer/spm.model` (so that run
+  can be a later run's init_from). ConfigError naming init_from when there is none."""
   from jaxpt.data.tokenizer import Tokenizer  # here: the config layer does not load sentencepiece
 
   path = os.path.join(os.path.expanduser(init_from), "tokenizer", "spm.model")
   if not os.path.exists(path):
     raise ConfigError("config.init_from", "no tokenizer/spm.model there", init_from)
-  return Tokenizer.load(path)
+  tokenizer = Tokenizer.load(path)
+  if workdir is not None:
+    target = os.path.join(workdir, "tokenizer", "spm.model")
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    tmp = f"{target}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+      f.write(tokenizer.model_proto)
+    os.replace(tmp, target)
+  return tokenizer
 
 
 def check_vocab(model: ModelConfig, tokenizer_vocab_size: int) -> None:

@@ -237,7 +237,7 @@ def build_dpo(config: DPORunConfig | Any, workdir: str) -> DPOTraining:
   mesh = training_mesh(config, batch_size)  # before any data work
   check_launch(workdir, config)
   say(f"preparing preference data in {workdir} ...")
-  tokenizer = init_from_tokenizer(config.init_from) if config.init_from else None
+  tokenizer = init_from_tokenizer(config.init_from, workdir) if config.init_from else None
   data = preference_batches.PreferenceData.create(config.data, vocab_size=config.model.vocab_size, workdir=workdir,
                                                   seed=config.seed, tokenizer=tokenizer,
                                                   keep_tokenizer=resumes(workdir))
