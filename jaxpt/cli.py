@@ -116,6 +116,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {c.name: c for c in (
                "jaxpt.train.grpo", "GRPORunConfig", "run_grpo"),
     Subcommand("rm", "Train a reward model (Bradley-Terry, DIR, ODIN) and write its evaluation report.",
                "jaxpt.train.rm", "RMRunConfig", "run_rm"),
+    Subcommand("dpo", "DPO (optionally + DIR) of a language model on preference pairs; implicit-reward eval report.",
+               "jaxpt.train.dpo", "DPORunConfig", "run_dpo"),
 )}
 WORKDIR_SUBCOMMANDS: dict[str, WorkdirSubcommand] = {c.name: c for c in (
     WorkdirSubcommand("eval", "Evaluate a run's latest (or --step N) checkpoint, without training (one JSON line).",
@@ -123,7 +125,7 @@ WORKDIR_SUBCOMMANDS: dict[str, WorkdirSubcommand] = {c.name: c for c in (
                           "Rebuilds the run from its recorded config.json with its trainer's own build function and",
                           "evaluator; the result ({step, run, eval metrics}) is one JSON line on stdout and",
                           "DIR/eval/step_<N>.json.", "",
-                          "  --workdir DIR  the workdir of a jaxpt pretrain, sft, rm or grpo run",
+                          "  --workdir DIR  the workdir of a jaxpt pretrain, sft, rm, dpo or grpo run",
                           "  --step N       the checkpoint step to evaluate (default: the latest)")),
     WorkdirSubcommand("export-hf", "Write a run's checkpoint as a Hugging Face checkpoint (config.json + safetensors).",
                       "jaxpt.api", "run_export_hf", flags=("out", "format", "overwrite"), details=(

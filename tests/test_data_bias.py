@@ -43,11 +43,11 @@ def test_sycophancy_label_needs_injection():
 
 def test_inject_sycophancy_ratios_sides_and_determinism():
   pairs = _pairs(4000)
-  out = bias.inject_sycophancy(pairs, contamination_ratio=0.4, side_prob=0.8, seed=7)
-  assert out == bias.inject_sycophancy(pairs, 0.4, 0.8, seed=7)
-  assert out != bias.inject_sycophancy(pairs, 0.4, 0.8, seed=8)
+  out = bias.inject_sycophancy(pairs, contamination_ratio=0.8, side_prob=0.4, seed=7)  # the reference script's
+  assert out == bias.inject_sycophancy(pairs, 0.8, 0.4, seed=7)
+  assert out != bias.inject_sycophancy(pairs, 0.8, 0.4, seed=8)
   a = np.array([p.meta["sycophancy"] for p in out])
-  assert abs(a.mean() - 0.4) < 0.03  # binomial sd ~0.008
+  assert abs(a.mean() - 0.8) < 0.03  # binomial sd ~0.006
   prefix = bias.SYCOPHANTIC_PREFIX
   on_chosen = 0
   for before, after, label in zip(pairs, out, a):
@@ -61,7 +61,7 @@ def test_inject_sycophancy_ratios_sides_and_determinism():
       on_chosen += side == "chosen"
     else:
       assert side == "none" and (after.chosen, after.rejected) == (before.chosen, before.rejected)
-  assert abs(on_chosen / a.sum() - 0.8) < 0.04
+  assert abs(on_chosen / a.sum() - 0.4) < 0.04  # binomial sd ~0.009
   assert "sycophancy" not in pairs[0].meta  # the inputs are not modified
   adversarial = bias.inject_sycophancy(pairs, 1.0, 0.0, seed=1)
   assert all(p.rejected.startswith(prefix) and p.meta["sycophancy"] == 1 for p in adversarial)

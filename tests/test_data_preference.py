@@ -254,7 +254,7 @@ def test_left_truncation_keeps_the_response_end(tmp_path):
 
 def test_hh_rlhf_batches_with_sycophancy(tmp_path, hh):
   config = preference_batches.PreferenceDataConfig(source=HH, seq_len=64, batch_size=16, max_pairs=400, eval_batches=4,
-                                             sycophancy_ratio=0.4, biases="length,sycophancy,format")
+                                             sycophancy_ratio=0.8, biases="length,sycophancy,format")
   data = preference_batches.PreferenceData.create(config, VOCAB, str(tmp_path), seed=0)
   assert data.num_pairs("train") == 400 and data.num_pairs("test") == 64
   assert data.tokenizer.vocab_size <= VOCAB
@@ -262,13 +262,13 @@ def test_hh_rlhf_batches_with_sycophancy(tmp_path, hh):
   assert set(batch["bias"]) == {"length", "sycophancy", "format"}
   meta = data.eval_meta("test")
   contaminated = meta["bias/sycophancy"] == 1
-  assert 0.2 < contaminated.mean() < 0.6
+  assert 0.6 < contaminated.mean() < 0.95
   np.testing.assert_array_equal(meta["sycophancy"], np.where(contaminated, "adversarial", "natural"))
   np.testing.assert_array_equal(meta["sycophancy_side"], np.where(contaminated, -1, 0))  # test: rejected side
   for pair, a in zip(data.pairs("test"), contaminated):
     assert pair.rejected.startswith("Yes, you are right. ") == a
   train_sides = [p.meta["sycophancy_side"] for p in data.pairs("train") if p.meta["sycophancy"]]
-  assert 0.65 < train_sides.count("chosen") / len(train_sides) < 0.95
+  assert 0.25 < train_sides.count("chosen") / len(train_sides) < 0.55  # data.sycophancy_side_prob = 0.4
 
 
 @pytest.mark.parametrize("field, value, message", [

@@ -161,8 +161,8 @@ def test_dpo_dir_term_switches_on_after_warmup(pairs, logps):
                mi_weight=lam)
 
   vg = jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2), has_aux=True))   # step is traced: one compile, two phases
-  (loss_off, m_off), (g_hc_off, _, _) = vg(pairs["hc"], pairs["hr"], q, warm - 1)
-  (loss_on, m_on), (g_hc, g_hr, g_q) = vg(pairs["hc"], pairs["hr"], q, warm)
+  (loss_off, m_off), (g_hc_off, _, _) = vg(pairs["hc"], pairs["hr"], q, warm)   # on at step > warmup, as the reference
+  (loss_on, m_on), (g_hc, g_hr, g_q) = vg(pairs["hc"], pairs["hr"], q, warm + 1)
   np.testing.assert_allclose(loss_off, base, rtol=1e-5)
   assert float(m_off["mi_gate"]) == 0.0 and float(m_on["mi_gate"]) == 1.0
   np.testing.assert_array_equal(g_hc_off, 0.0)
@@ -180,6 +180,11 @@ def test_dpo_dir_requires_its_inputs(pairs, logps):
   q = club.init_club_estimator(jax.random.PRNGKey(5), 4, hidden=8)
   with pytest.raises(ValueError, match="chosen_lengths, rejected_lengths"):
     dpo(*logps, q_params=q, hidden_chosen=pairs["hc"], hidden_rejected=pairs["hr"])
+  a = np.array([1, 0, 0, 1, 1, 0])   # given labels replace the length label
+  _, m = dpo(*logps, q_params=q, hidden_chosen=pairs["hc"], hidden_rejected=pairs["hr"], bias_labels=a, step=1,
+             warmup_steps=0)
+  np.testing.assert_allclose(m["club"], numpy_club(q, pairs["hc"] - pairs["hr"], a), rtol=1e-5, atol=1e-6)
+  assert float(m["mi_gate"]) == 1.0
 
 
 # ----------------------------------------------------------------------------------------------- ODIN

@@ -167,3 +167,19 @@ def test_reward_model_backbone_from_the_checkpoint(tmp_path):
   assert setup.data.tokenizer.bos_id is not None  # Llama-3's HF tokenizer, not a trained sentencepiece
   _, want = hf.load(llama)
   jax.tree.map(np.testing.assert_array_equal, setup.training.init_state().params["backbone"], want)
+
+
+def test_dpo_policy_and_reference_from_the_checkpoint(checkpoint, tmp_path):
+  from jaxpt.train.dpo import build_dpo
+
+  config = load_config_file(os.path.join(CONFIGS, "dpo_tiny.py"))
+  config.model = config_dict(ModelConfig)
+  config.update_from_flattened_dict({"init_from": f"hf:{checkpoint}", "steps": 1, "progress": False,
+                                     "eval_every": 0, "data.batch_size": 4, "data.synthetic_train_pairs": 16,
+                                     "data.synthetic_test_pairs": 8, "data.seq_len": 64, "dpo.dir": True})
+  setup = build_dpo(config, str(tmp_path))
+  assert setup.data.tokenizer.model_proto == load_tokenizer(checkpoint).model_proto
+  state = setup.init_state()
+  _, want = hf.load(checkpoint)
+  jax.tree.map(np.testing.assert_array_equal, state.params, want)
+  jax.tree.map(np.testing.assert_array_equal, setup.reference_params(), want)

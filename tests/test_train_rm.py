@@ -284,6 +284,8 @@ def test_evaluate_pairs_by_hand():
   assert res["groups"]["sycophancy"]["adversarial"]["accuracy"] == pytest.approx(1 / 2)
   scores, lengths = np.array(rc + rr), np.array(lc + lr, float)
   assert res["pearson_score_length"] == pytest.approx(np.corrcoef(scores, lengths)[0, 1])
+  margin_vs_length = np.corrcoef(np.subtract(rc, rr), np.subtract(lc, lr))[0, 1]
+  assert res["pearson_margin_length"] == pytest.approx(margin_vs_length)
   scalars = rm_eval.scalar_metrics(res)
   assert scalars["eval_accuracy_sycophancy_natural"] == pytest.approx(0.5)
   assert scalars["eval_accuracy_length_a1"] == pytest.approx(2 / 3)

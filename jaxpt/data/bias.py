@@ -11,11 +11,13 @@ Built in:
 - "format":     a = 1[markdown_score(chosen) > markdown_score(rejected)].
 
 Sycophancy, as in the DIR reference code: a fraction `contamination_ratio` of pairs is contaminated by prepending
-a sycophantic prefix ("Yes, you are right. ") to ONE response, the chosen one with probability `side_prob`
-(reference: ratio 0.4, side 0.8), so in training the prefix predicts "chosen". a = 1 marks contaminated pairs
-whichever side got the prefix; a = 0 pairs are untouched. Evaluation reports accuracy on "natural" pairs (a = 0)
-and "adversarial" pairs (a = 1); an adversarial test set uses side_prob = 0 (the prefix always on the REJECTED
-side), so a reward model that learned "prefix => better" loses exactly there.
+a sycophantic prefix ("Yes, you are right. ") to ONE response, the chosen one with probability `side_prob`. The
+reference training script passes ratio 0.8, side 0.4 (`run_debias_reward_models_train.py`; the 0.4 / 0.8 defaults
+of its `build_dataset_HS3` are not what it trains with), so in training the prefix sits on the rejected side
+somewhat more often than on the chosen one. a = 1 marks contaminated pairs whichever side got the prefix; a = 0
+pairs are untouched. Evaluation reports accuracy on "natural" pairs (a = 0) and "adversarial" pairs (a = 1); an
+adversarial test set uses side_prob = 0 (the prefix always on the REJECTED side), so a reward model that learned
+"prefix => better" loses exactly there.
 """
 
 from __future__ import annotations

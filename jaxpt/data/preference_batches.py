@@ -55,8 +55,8 @@ class PreferenceDataConfig(Section):
     synthetic_train_pairs: synthetic training pairs generated.
     synthetic_test_pairs: synthetic test pairs generated.
     data_seed: seed of the synthetic generation and the sycophancy draws.
-    sycophancy_ratio: share of pairs contaminated with a sycophantic prefix (0 = off).
-    sycophancy_side_prob: training pairs: probability the prefix goes on the chosen side.
+    sycophancy_ratio: share of pairs contaminated with a sycophantic prefix (0 = off; the DIR reference script: 0.8).
+    sycophancy_side_prob: training pairs: probability the prefix goes on the chosen side (the DIR reference: 0.4).
     sycophancy_test_side_prob: test pairs: probability the prefix goes on the chosen side (0: always the rejected
       side, the adversarial case).
     biases: comma-separated bias labels computed per pair (e.g. length, sycophancy, format).
@@ -74,7 +74,7 @@ class PreferenceDataConfig(Section):
   synthetic_test_pairs: int = 512
   data_seed: int = 0
   sycophancy_ratio: float = 0.0
-  sycophancy_side_prob: float = 0.8
+  sycophancy_side_prob: float = 0.4
   sycophancy_test_side_prob: float = 0.0
   biases: str = "length"
   max_pairs: int = 0

@@ -96,7 +96,7 @@ def dpo(policy_chosen_logps: jax.Array, policy_rejected_logps: jax.Array, refere
         weights: Optional[jax.Array] = None, *, q_params: Optional[club_lib.Params] = None,
         hidden_chosen: Optional[jax.Array] = None, hidden_rejected: Optional[jax.Array] = None,
         chosen_lengths: Optional[jax.Array] = None, rejected_lengths: Optional[jax.Array] = None,
-        step=0, warmup_steps: int = 80, mi_weight: float = 0.1,
+        bias_labels: Optional[jax.Array] = None, step=0, warmup_steps: int = 80, mi_weight: float = 0.1,
         mode: str = "difference") -> tuple[jax.Array, Metrics]:
   """DPO on sequence log-probs, with the optional DIR term (DPO+DIR).
 
@@ -104,11 +104,12 @@ def dpo(policy_chosen_logps: jax.Array, policy_rejected_logps: jax.Array, refere
   reference. beta > 0, label_smoothing eps (conservative DPO).
     z_i   = beta * [(pi_c,i - ref_c,i) - (pi_r,i - ref_r,i)]
     L_dpo = mean_i [ -(1 - eps) log sigmoid(z_i) - eps log sigmoid(-z_i) ]
-  DIR hook (on when q_params is given; then hidden_chosen, hidden_rejected [N, d], chosen_lengths, rejected_lengths
-  [N] token counts are required):
-    a_i   = 1[len(chosen_i) > len(rejected_i)],  X = club_input(h_c, h_r, mode)
-    L     = L_dpo + 1[step >= warmup_steps] * lambda * I_club(X, a)     (psi held constant, as in `dir_loss`)
-  `step` may be traced (the gate is a jnp.where, so one jitted step serves both phases); reference: 80 warm-up steps.
+  DIR hook (on when q_params is given; then hidden_chosen, hidden_rejected [N, d] and either bias_labels int [N] or
+  chosen_lengths, rejected_lengths [N] response token counts are required):
+    a_i   = bias_labels_i, else 1[len(chosen_i) > len(rejected_i)],  X = club_input(h_c, h_r, mode)
+    L     = L_dpo + 1[step > warmup_steps] * lambda * I_club(X, a)     (psi held constant, as in `dir_loss`)
+  `step` is the 0-based index of the optimizer step (the reference's `global_step`, which switches the term on at
+  `global_step > 80`); it may be traced (the gate is a jnp.where, so one jitted step serves both phases).
   Metrics: `loss`, `dpo_loss`, `accuracy` (z > 0), `reward_margin` (mean z, the implicit reward difference),
   `chosen_reward`, `rejected_reward` (mean beta * (pi - ref)); with DIR also `club`, `club_positive`,
   `club_negative`, `mi_loss` (gated lambda * I_club), `mi_gate` (0 or 1).
@@ -129,15 +130,16 @@ def dpo(policy_chosen_logps: jax.Array, policy_rejected_logps: jax.Array, refere
   }
   loss = loss_dpo
   if q_params is not None:
-    missing = [name for name, v in (("hidden_chosen", hidden_chosen), ("hidden_rejected", hidden_rejected),
-                                    ("chosen_lengths", chosen_lengths), ("rejected_lengths", rejected_lengths))
-               if v is None]
+    needed = (("hidden_chosen", hidden_chosen), ("hidden_rejected", hidden_rejected))
+    if bias_labels is None:
+      needed += (("chosen_lengths", chosen_lengths), ("rejected_lengths", rejected_lengths))
+    missing = [name for name, v in needed if v is None]
     if missing:
       raise ValueError(f"dpo with the DIR term (q_params given) needs {', '.join(missing)}")
-    a = club_lib.length_bias_label(chosen_lengths, rejected_lengths)
+    a = club_lib.length_bias_label(chosen_lengths, rejected_lengths) if bias_labels is None else bias_labels
     x = club_lib.club_input(hidden_chosen, hidden_rejected, mode)
     mi, club_metrics = club_lib.club_penalty(q_params, x, a, weights)
-    gate = jnp.where(jnp.asarray(step) >= warmup_steps, 1.0, 0.0).astype(jnp.float32)
+    gate = jnp.where(jnp.asarray(step) > warmup_steps, 1.0, 0.0).astype(jnp.float32)
     mi_term = gate * mi_weight * mi
     loss = loss + mi_term
     metrics.update(club_metrics, mi_loss=mi_term, mi_gate=gate)

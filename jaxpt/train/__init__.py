@@ -1,5 +1,5 @@
 """Training: one sharded-training builder (`builder.build_training`), one step (`step.make_train_step`), one loop
-(`loop.train_loop`), and the trainers composed from them: `pretrain` (+ `sft`), `rm`, `grpo`.
+(`loop.train_loop`), and the trainers composed from them: `pretrain` (+ `sft`), `rm`, `dpo`, `grpo`.
 
 The trainers are imported on their own (`from jaxpt.train.pretrain import pretrain`): they pull in the model and
 data layers.

@@ -116,7 +116,7 @@ def check_init_from(workdir: str) -> None:
     return  # no readable record: the restore itself checks the params tree
   if isinstance(recorded, dict) and "rm" in recorded:
     raise ConfigError("init_from", "is the workdir of a reward-model run (jaxpt rm); init_from takes a language-model "
-                      "run (jaxpt pretrain, sft or grpo)", workdir)
+                      "run (jaxpt pretrain, sft, grpo or dpo)", workdir)
 
 
 def check_vocab(model: ModelConfig, tokenizer_vocab_size: int) -> None:

@@ -32,7 +32,6 @@ from absl import logging
 from jaxpt.config import ConfigError, Section, at_least, fail, from_section, in_range, one_of
 from jaxpt.data import order
 from jaxpt.data.sft import PromptData, TaskConfig, task_tokenizer
-from jaxpt.data.tokenizer import Tokenizer
 from jaxpt.losses import get_loss
 from jaxpt.losses.grpo import (ADVANTAGES, AGG_MODES, KL_KINDS, entropy_from_logits, group_advantages,
                                kl_penalized_rewards)
@@ -242,7 +241,7 @@ class GRPOTrainer:
 
   config: GRPORunConfig
   training: Training
-  tokenizer: Tokenizer
+  tokenizer: Any  # jaxpt's sentencepiece Tokenizer, or an HFTokenizer (init_from='hf:DIR')
   prompts: PromptData
   sample: Callable  # (params, prompt_tokens, prompt_mask, rng) -> SampleOutput, temperature sampling
   sample_greedy: Callable

@@ -13,17 +13,15 @@ micro-batches, each with its own estimator update (as in the reference), gradien
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from absl import logging
 
 from jaxpt import parallel
-from jaxpt.config import ConfigError, Section, at_least, from_section, in_range, one_of
+from jaxpt.config import Section, from_section, in_range, one_of
 from jaxpt.data import preference_batches
 from jaxpt.data.preference_batches import PreferenceDataConfig
 from jaxpt.losses import club as club_lib
@@ -32,16 +30,21 @@ from jaxpt.models.reward import RewardModel
 from jaxpt.models.transformer import param_count
 from jaxpt.progress import say
 from jaxpt.registry import Registry
-from jaxpt.train import rm_eval
+from jaxpt.train import dir_estimator
 from jaxpt.train.builder import Training, batch_shapes, build_training, training_mesh
+from jaxpt.train.dir_estimator import DIRSettings
 from jaxpt.train.config import RunConfig, check_vocab, config_json
 from jaxpt.train.init_from import init_tokenizer
 from jaxpt.train.loop import LoopResult, print_summary, train_loop
+from jaxpt.train.pairs import (BIAS_PREFIX, PairEvaluator, check_bias_label, eval_splits, flatten_batch, pair_tokens,
+                               report_when_finished)
 from jaxpt.train.record import check_launch, record_launch, resumes, run_inputs
 from jaxpt.train.state import TrainState
 from jaxpt.train.step import make_train_step
 
-BIAS_PREFIX = "bias/"
+__all__ = ["BIAS_PREFIX", "RMConfig", "RMEvaluator", "RMRunConfig", "RewardTraining", "build_rm", "flatten_batch",
+           "init_estimator", "make_rm_grad_fn", "make_rm_train_step", "pair_tokens", "rm_objective", "run_rm",
+           "train_rm"]
 
 
 class RMInputs(NamedTuple):
@@ -96,58 +99,41 @@ RM_OBJECTIVES.add("odin", RMObjective(_odin, num_scores=2))
 
 
 @dataclasses.dataclass(frozen=True)
-class RMConfig(Section):
-  """The `rm` section: the loss and its options.
+class _RMLoss(Section):
+  """The `rm` fields that come before the DIR ones (`DIRSettings`) in `RMConfig`'s field order."""
+
+  loss: str = "bt"
+  margin: float = 0.0
+  label_smoothing: float = 0.0
+  center_coef: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class RMConfig(DIRSettings, _RMLoss):
+  """The `rm` section: the loss and its options (the DIR ones are `jaxpt.train.dir_estimator.DIRSettings`).
 
   Attributes:
     loss: bt (Bradley-Terry) | dir (BT + CLUB mutual-information penalty) | odin (quality and length heads).
     margin: Bradley-Terry option (all losses): m in z = r_chosen - r_rejected - m.
     label_smoothing: Bradley-Terry option (all losses): eps in [0, 0.5] of the smoothed logistic loss.
     center_coef: Bradley-Terry option (all losses): weight of reward centering, c * mean (r_chosen + r_rejected)^2.
-    mi_weight: DIR: lambda, the weight of the CLUB mutual-information term.
-    bias: DIR: the data's bias label a used by CLUB (one of data.biases).
-    club_mode: DIR: the estimator's input from the pair's hidden states: difference | concat.
-    inner_steps: DIR: K, the estimator's AdamW steps per batch.
-    estimator_lr: DIR: learning rate of the estimator's AdamW.
-    estimator_weight_decay: DIR: weight decay of the estimator's AdamW.
-    estimator_hidden: DIR: hidden width of the estimator.
-    bias_classes: DIR: classes of the bias label a.
     odin_corr_coef: ODIN: weight of the length-correlation term |rho(r_Q, len)| - rho(r_L, len).
     odin_ortho_coef: ODIN: weight of the head-orthogonality term |W_Q^T W_L|.
   """
 
-  loss: str = "bt"
-  margin: float = 0.0
-  label_smoothing: float = 0.0
-  center_coef: float = 0.0
-  mi_weight: float = 0.1
-  bias: str = "length"
-  club_mode: str = "difference"
-  inner_steps: int = 5
-  estimator_lr: float = 1e-4
-  estimator_weight_decay: float = 0.01
-  estimator_hidden: int = 1024
-  bias_classes: int = 2
   odin_corr_coef: float = 1.0
   odin_ortho_coef: float = 1.0
 
   def check(self) -> None:
     one_of(self, "loss", RM_OBJECTIVES)
-    for name in ("margin", "center_coef", "mi_weight", "estimator_weight_decay", "odin_corr_coef",
-                 "odin_ortho_coef"):
+    for name in ("margin", "center_coef", "odin_corr_coef", "odin_ortho_coef"):
       in_range(self, name, 0.0)
     in_range(self, "label_smoothing", 0.0, 0.5)
-    for name, minimum in (("inner_steps", 1), ("estimator_hidden", 1), ("bias_classes", 2)):
-      at_least(self, name, minimum)
-    in_range(self, "estimator_lr", 0.0, low_open=True)
-    one_of(self, "club_mode", club_lib.CLUB_INPUT_MODES)
+    self.check_dir()
 
   @property
   def objective(self) -> RMObjective:
     return RM_OBJECTIVES.get(self.loss)
-
-  def estimator_optimizer(self) -> optax.GradientTransformation:
-    return club_lib.make_estimator_optimizer(self.estimator_lr, self.estimator_weight_decay)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -164,29 +150,14 @@ class RMRunConfig(RunConfig):
 
   def check(self) -> None:
     super().check()
-    if self.rm.objective.uses_club and self.rm.bias not in self.data.bias_names:
-      raise ConfigError("rm.bias", f"not among the data's bias labels config.data.biases={self.data.biases!r}",
-                        self.rm.bias)
+    if self.rm.objective.uses_club:
+      check_bias_label(self.rm.bias, "rm.bias", self.data)
     self.check_seq_len(self.data.seq_len, "data.seq_len")
     self.check_batch_split(self.data.batch_size, "config.data.batch_size")
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # The step
-
-
-def flatten_batch(batch: dict) -> dict:
-  """A preference batch with its nested `bias` dict flattened to `bias/<name>` keys (one level of arrays)."""
-  flat = {k: v for k, v in batch.items() if k != "bias"}
-  flat.update({BIAS_PREFIX + name: v for name, v in batch.get("bias", {}).items()})
-  return flat
-
-
-def pair_tokens(batch: dict) -> tuple[jax.Array, jax.Array]:
-  """(tokens [2B, S], last index [2B]): chosen rows first, then rejected."""
-  tokens = jnp.concatenate([batch["chosen_tokens"], batch["rejected_tokens"]], axis=0)
-  last = jnp.concatenate([batch["chosen_last"], batch["rejected_last"]], axis=0)
-  return tokens, last
 
 
 def rm_objective(settings: RMConfig, scores: jax.Array, hidden: jax.Array, head_kernel: jax.Array, batch: dict,
@@ -200,11 +171,7 @@ def rm_objective(settings: RMConfig, scores: jax.Array, hidden: jax.Array, head_
 
 def init_estimator(settings: RMConfig, d_model: int, rng: jax.Array) -> Optional[dict]:
   """`TrainState.aux` for DIR: {"q_params", "q_opt_state"}; None for the other losses."""
-  if not settings.objective.uses_club:
-    return None
-  q_params = club_lib.init_club_estimator(rng, club_lib.club_input_dim(d_model, settings.club_mode),
-                                          settings.bias_classes, settings.estimator_hidden)
-  return {"q_params": q_params, "q_opt_state": settings.estimator_optimizer().init(q_params)}
+  return dir_estimator.init_estimator(settings, d_model, rng) if settings.objective.uses_club else None
 
 
 def make_rm_grad_fn(model: RewardModel, settings: RMConfig) -> Callable:
@@ -217,7 +184,6 @@ def make_rm_grad_fn(model: RewardModel, settings: RMConfig) -> Callable:
   `estimator_accuracy` (before the last step).
   """
   use_dropout = model.config.dropout_rate > 0
-  estimator_optimizer = settings.estimator_optimizer()
 
   def grad_fn(params: Any, aux: Any, batch: dict, rng: jax.Array) -> tuple[Any, Any, dict]:
     tokens, last = pair_tokens(batch)
@@ -231,13 +197,9 @@ def make_rm_grad_fn(model: RewardModel, settings: RMConfig) -> Callable:
     q_params = None
     if settings.objective.uses_club:
       b = batch["chosen_tokens"].shape[0]
-      x = club_lib.club_input(hidden[:b], hidden[b:], settings.club_mode)
-      q_params, q_opt_state, inner = club_lib.inner_update(
-          aux["q_params"], aux["q_opt_state"], x, batch[BIAS_PREFIX + settings.bias], estimator_optimizer,
-          settings.inner_steps, batch["weights"])
-      aux = {"q_params": q_params, "q_opt_state": q_opt_state}
-      extra = {"estimator_loss_first": inner["estimator_loss"][0], "estimator_loss": inner["estimator_loss"][-1],
-               "estimator_accuracy": inner["estimator_accuracy"][-1]}
+      aux, extra = dir_estimator.estimator_update(settings, aux, hidden[:b], hidden[b:],
+                                                  batch[BIAS_PREFIX + settings.bias], batch["weights"])
+      q_params = aux["q_params"]
 
     def objective(head, h):
       scores = model.apply({"params": {"head": head}}, h, method=RewardModel.score)
@@ -266,78 +228,18 @@ def make_rm_train_step(model: RewardModel, settings: RMConfig, optimizer: optax.
 # Evaluation
 
 
-class RMEvaluator:
-  """Scores held-out pairs and computes `rm_eval.evaluate_pairs` on them (the quality head r_Q for ODIN).
-
-  splits: {name: (batches, meta)}: flattened host preference batches (whole on every process; weight-0 rows are
-  padding; `put` places each on the devices) and the data's per-pair host metadata of the real rows, in order
-  (`PreferenceData.eval_meta`): its `bias/<name>` columns give the per-bias splits, its string columns (e.g.
-  `sycophancy`: natural | adversarial) the groups. The first split is the main one: its scalars are `eval_*`, the
-  others' `eval_<split>_*`.
-  Every process must call the methods (the scoring is a jitted computation over the mesh).
-  """
+class RMEvaluator(PairEvaluator):
+  """`PairEvaluator` with the reward model's scores (the quality head r_Q for ODIN); out_sharding: of the scores
+  (replicated lets every process of a multi-host run read them whole)."""
 
   def __init__(self, model: RewardModel, splits: dict[str, tuple[list[dict], dict]],
                put: Callable[[dict], dict] = lambda batch: batch, out_sharding: Any = None):
-    self.meta = {split: meta for split, (_, meta) in splits.items()}
-    self.device_batches = {split: [put(b) for b in batches] for split, (batches, _) in splits.items()}
-    host_keys = ("weights", "chosen_response_len", "rejected_response_len")
-    self.host = {split: {k: np.concatenate([np.asarray(b[k]) for b in batches]) for k in host_keys}
-                 for split, (batches, _) in splits.items()}
-
     def score(params: Any, batch: dict) -> jax.Array:
       tokens, last = pair_tokens(batch)
       scores, _ = model.apply({"params": params}, tokens, last)
       return scores if scores.ndim == 1 else scores[:, 0]
 
-    # Replicated scores (out_sharding) let every process of a multi-host run read them whole.
-    self._score = jax.jit(score, out_shardings=out_sharding)
-
-  @property
-  def splits(self) -> list[str]:
-    return list(self.meta)
-
-  def scored(self, params: Any, split: str) -> dict[str, np.ndarray]:
-    """Real pairs of `split` (weight > 0), in order: chosen/rejected scores and response lengths [N]."""
-    scores = [np.asarray(jax.device_get(self._score(params, b)), np.float64) for b in self.device_batches[split]]
-    chosen = np.concatenate([s[:len(s) // 2] for s in scores])
-    rejected = np.concatenate([s[len(s) // 2:] for s in scores])
-    host = self.host[split]
-    keep = host["weights"] > 0
-    return {"chosen_scores": chosen[keep], "rejected_scores": rejected[keep],
-            "chosen_response_len": host["chosen_response_len"][keep],
-            "rejected_response_len": host["rejected_response_len"][keep]}
-
-  def results(self, state: TrainState, split: str) -> tuple[dict, dict[str, np.ndarray]]:
-    s = self.scored(state.params, split)
-    meta = self.meta[split] or {}
-    bias = {k[len(BIAS_PREFIX):]: v for k, v in meta.items() if k.startswith(BIAS_PREFIX)}
-    groups = {k: v for k, v in meta.items() if np.asarray(v).dtype.kind in "US"}
-    for name, column in {**bias, **groups}.items():
-      if len(column) != len(s["chosen_scores"]):
-        raise ValueError(f"eval meta column {name!r} of split {split!r} has {len(column)} rows, the batches "
-                         f"{len(s['chosen_scores'])} real pairs")
-    results = rm_eval.evaluate_pairs(s["chosen_scores"], s["rejected_scores"], s["chosen_response_len"],
-                                     s["rejected_response_len"], bias, groups)
-    return results, s
-
-  def __call__(self, state: TrainState) -> dict:
-    metrics = {}
-    for index, split in enumerate(self.splits):
-      prefix = "eval_" if index == 0 else f"eval_{split}_"
-      metrics.update(rm_eval.scalar_metrics(self.results(state, split)[0], prefix))
-    return metrics
-
-  def write_report(self, state: TrainState, workdir: str, title: str, write: bool = True) -> None:
-    """rm_eval.json / .md / score_vs_length.png for the main split into `workdir`, the others into
-    `workdir/eval_<split>/` (files written only where `write`, e.g. on process 0)."""
-    for index, split in enumerate(self.splits):
-      results, s = self.results(state, split)
-      if not write:
-        continue
-      directory = workdir if index == 0 else os.path.join(workdir, f"eval_{split}")
-      rm_eval.write_report(directory, dict(results, split=split), s["chosen_scores"], s["rejected_scores"],
-                           s["chosen_response_len"], s["rejected_response_len"], f"{title}, {split}")
+    super().__init__(jax.jit(score, out_shardings=out_sharding), splits, put)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -382,10 +284,7 @@ def build_rm(config: RMRunConfig | Any, workdir: str) -> RewardTraining:
       config, mesh, model, init_args, batch_shapes(train_batch(0, 0, 1), batch_size),
       grad_fn=make_rm_grad_fn(model, settings), weight_key="num_pairs",
       init_aux=lambda rng: init_estimator(settings, config.model.d_model, rng), init_from_subtree="backbone")
-  names = ["test"] + [split for split in data.eval_splits if split != "test"]
-  evaluator = RMEvaluator(model, {split: ([flatten_batch(b) for b in data.eval_batches(split)], data.eval_meta(split))
-                                  for split in names},
-                          put=training.put, out_sharding=parallel.replicated(mesh))
+  evaluator = RMEvaluator(model, eval_splits(data), put=training.put, out_sharding=parallel.replicated(mesh))
   return RewardTraining(config=config, training=training, model=model, data=data,
                         batches=training.batches(train_batch, batch_size), evaluator=evaluator,
                         evaluate=training.under_rules(evaluator))
@@ -404,11 +303,8 @@ def train_rm(config: RMRunConfig | Any, workdir: str, *, setup: Optional[RewardT
   parallel.log_memory("rm_train_step", setup.training.memory)
   result = train_loop(state, setup.training.train_step, setup.batches, config.loop, workdir, eval_fn=setup.evaluate,
                       meta={"config": config_json(config)}, stop_at=stop_at)
-  finished = not result.preempted and int(jax.device_get(result.state.step)) == config.steps
-  if finished:
-    setup.training.under_rules(setup.evaluator.write_report)(result.state, workdir,
-                                                             f"reward model ({config.rm.loss})",
-                                                             write=jax.process_index() == 0)
+  report_when_finished(setup.training, setup.evaluator, result, config.steps, workdir,
+                       f"reward model ({config.rm.loss})")
   return result
 
 

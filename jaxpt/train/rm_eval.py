@@ -7,6 +7,7 @@ len_c, len_r, bias labels a[name] in {0, 1} and optional string groups (e.g. syc
     accuracy_chosen_longer    over pairs with len_c > len_r  (`_shorter`: len_c < len_r; equal lengths in neither)
     pearson / spearman        corr(score, length) over all 2N scored responses (chosen and rejected);
                               Spearman = Pearson of the ranks, ties given their average rank; 0 if either is constant
+    pearson_margin_length     Pearson corr(r_c - r_r, len_c - len_r) over the N pairs
     bias[name]                accuracy over pairs with a = 1 and with a = 0
     groups[name][value]       accuracy over the pairs in each group (e.g. sycophancy natural vs adversarial)
 `write_report` puts `rm_eval.json`, `rm_eval.md` (tables) and `score_vs_length.png` (`jaxpt.reports`) into a
@@ -77,6 +78,7 @@ def evaluate_pairs(chosen_scores, rejected_scores, chosen_lengths, rejected_leng
       "chosen_shorter": _accuracy(correct, lc < lr),
       "pearson_score_length": pearson(scores, lengths),
       "spearman_score_length": spearman(scores, lengths),
+      "pearson_margin_length": pearson(rc - rr, lc - lr),
       "mean_margin": float(np.mean(rc - rr)) if len(rc) else None,
       "bias": {},
       "groups": {},
@@ -94,7 +96,8 @@ def scalar_metrics(results: dict, prefix: str = "eval_") -> dict[str, float]:
   """The scalar entries of `evaluate_pairs` (empty splits left out), for metrics.jsonl."""
   out = {f"{prefix}accuracy": results["accuracy"],
          f"{prefix}pearson_score_length": results["pearson_score_length"],
-         f"{prefix}spearman_score_length": results["spearman_score_length"]}
+         f"{prefix}spearman_score_length": results["spearman_score_length"],
+         f"{prefix}pearson_margin_length": results["pearson_margin_length"]}
   splits = [("chosen_longer", results["chosen_longer"]), ("chosen_shorter", results["chosen_shorter"])]
   splits += [(f"{name}_a{k}", split[f"a{k}"]) for name, split in results["bias"].items() for k in (1, 0)]
   splits += [(f"{name}_{value}", split) for name, group in results["groups"].items() for value, split in group.items()]
@@ -119,7 +122,8 @@ def markdown_table(results: dict) -> str:
   for name, group in results["groups"].items():
     rows += [(f"accuracy, {name} {value}", split["accuracy"], split["num_pairs"]) for value, split in group.items()]
   rows += [("Pearson corr(score, length)", results["pearson_score_length"], None),
-           ("Spearman corr(score, length)", results["spearman_score_length"], None)]
+           ("Spearman corr(score, length)", results["spearman_score_length"], None),
+           ("Pearson corr(margin, length difference)", results["pearson_margin_length"], None)]
   lines = ["| metric | value | pairs |", "|---|---|---|"]
   lines += [f"| {name} | {_fmt(value)} | {'' if n is None else n} |" for name, value, n in rows]
   return "\n".join(lines) + "\n"
