@@ -9,7 +9,7 @@ temporary directory, then in a fresh process per method (8 simulated CPU devices
 - `whole_file_then_shard`: what a loader without slicing does: `safetensors.numpy.load_file` of every file (the
   whole model on the host), convert to jaxpt's layout, then `jax.device_put` into the same shardings.
 Peak memory = the process's peak RSS (VmHWM) minus its RSS just before the load; `ratio` = that / the checkpoint's
-bytes. On CPU the "devices" live in host memory, so one shard set (every device's block, what this host holds)
+bytes; `load_seconds` the wall time of the load. On CPU the "devices" live in host memory, so one shard set (every device's block, what this host holds)
 is the whole model: a ratio of 1.0 is the floor, 1.5 the issue's bound. Prints one JSON object.
 """
 
@@ -44,6 +44,8 @@ jax.block_until_ready(jax.device_put(np.zeros(1)))  # the runtime is up before t
 with open("/proc/self/clear_refs", "w") as f:
   f.write("5")  # reset VmHWM to the current RSS
 before = rss_kb("VmRSS")
+import time
+start = time.perf_counter()
 if method == "jaxpt_streamed":
   params = hf.load_params(path, config, mesh=mesh, rules="fsdp_tp")
 else:
@@ -74,9 +76,10 @@ else:
     arrays.append(jax.device_put(value, sharding))
   params = jax.tree_util.tree_unflatten(treedef, arrays)
 jax.block_until_ready(params)
+seconds = time.perf_counter() - start
 peak = rss_kb("VmHWM")
 leaf = jax.tree.leaves(params)[0]
-print(json.dumps({"peak_increase_bytes": (peak - before) * 1024,
+print(json.dumps({"peak_increase_bytes": (peak - before) * 1024, "load_seconds": round(seconds, 2),
                   "params_bytes": sum(x.nbytes for x in jax.tree.leaves(params)),
                   "example_sharding": str(leaf.sharding.spec), "devices": len(leaf.sharding.device_set)}))
 """

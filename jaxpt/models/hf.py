@@ -369,7 +369,22 @@ class Checkpoint:
     actual = tuple(tensor.get_shape())
     if actual != shape:
       raise DataError(f"{file}: tensor {name!r} has shape {list(actual)}, {CONFIG_FILE} implies {list(shape)}")
-    return tensor
+    return FileSlice(file, name)
+
+
+class FileSlice(NamedTuple):
+  """Tensor `name` of safetensors `file`; `[index]` reads that block through a mapping opened for the read alone.
+
+  safetensors reads through a memory map, and every page a read touches stays in the process's resident memory
+  while the map is open; one map per read releases them as soon as the block is copied, so a whole load holds the
+  loaded arrays and one block, not also the checkpoint's pages (measured: benchmarks/hf_load_memory.py)."""
+
+  file: str
+  name: str
+
+  def __getitem__(self, index):
+    with safe_open(self.file, framework="numpy") as handle:
+      return np.array(handle.get_slice(self.name)[index])  # a copy, not a view of the map
 
 
 def check_importable(config: ModelConfig) -> None:
