@@ -9,8 +9,9 @@ temporary directory, then in a fresh process per method (8 simulated CPU devices
 - `whole_file_then_shard`: what a loader without slicing does: `safetensors.numpy.load_file` of every file (the
   whole model on the host), convert to jaxpt's layout, then `jax.device_put` into the same shardings.
 Peak memory = the process's peak RSS (VmHWM) minus its RSS just before the load; `ratio` = that / the checkpoint's
-bytes; `load_seconds` the wall time of the load. On CPU the "devices" live in host memory, so one shard set (every device's block, what this host holds)
-is the whole model: a ratio of 1.0 is the floor, 1.5 the issue's bound. Prints one JSON object.
+bytes; `load_seconds` the wall time of the load. On CPU the "devices" live in host memory, so one shard set
+(every device's block, what this host holds) is the whole model: a ratio of 1.0 is the floor, 1.5 the issue's
+bound. Prints one JSON object.
 """
 
 from __future__ import annotations
