@@ -70,3 +70,17 @@ def test_sharded_index_checkpoint_loads_sharded(mesh):
   assert params["head"]["kernel"].sharding.spec == P("fsdp", "tensor")
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), params,
                hf.load_params(path, config))
+
+
+def test_python_api_on_a_mesh_gives_the_single_device_results(mesh):
+  """jaxpt.load(..., mesh=) creates the params in the fsdp_tp sharding; logits and greedy generate equal the
+  single-device model's."""
+  import jaxpt
+
+  path = f"hf:{os.path.join(ASSETS, 'qwen2')}"
+  on_mesh, single = jaxpt.load(path, mesh=mesh), jaxpt.load(path)
+  assert on_mesh.params["embedding"].sharding.spec == P("tensor", "fsdp")
+  ids = np.arange(24, dtype=np.int32).reshape(2, 12) % 200
+  np.testing.assert_allclose(np.asarray(on_mesh.logits(ids)), np.asarray(single.logits(ids)), rtol=1e-5, atol=1e-5)
+  prompts = ["x = 1", "def f():"]
+  assert on_mesh.generate(prompts, max_new_tokens=6) == single.generate(prompts, max_new_tokens=6)
