@@ -55,10 +55,12 @@ def test_builds_and_reads_with_tensorflow_hidden(tmp_path):
   assert result.stdout.split()[-1] == str(len(expected_train))
 
 
-def test_local_builder_builds_array_record_and_rereads_same_split(tmp_path):
+def test_local_builder_builds_array_record_and_rereads_same_split(tmp_path, capfd):
   source = _write_corpus(tmp_path / "corpus")
   data_dir = str(tmp_path / "tfds")
   builder = tfds_text.prepare_local(str(source), 1000, 0.2, data_dir)
+  out, err = capfd.readouterr()
+  assert out == "" and "Downloading and preparing dataset" in err  # stdout is kept for commands' results
   files = os.listdir(builder.data_dir)
   assert any(f.startswith("jaxpt_local_text-train.array_record") for f in files)
   assert any(f.startswith("jaxpt_local_text-validation.array_record") for f in files)

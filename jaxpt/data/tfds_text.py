@@ -7,8 +7,10 @@ tfds 4.9.10 prepares a `GeneratorBasedBuilder` with `file_format='array_record'`
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
+import sys
 from typing import Any, Iterator, Sequence
 
 import tensorflow_datasets as tfds
@@ -80,11 +82,14 @@ class JaxptLocalText(tfds.core.GeneratorBasedBuilder):
 
 def prepare_quietly(builder: tfds.core.DatasetBuilder) -> tfds.core.DatasetBuilder:
   """`builder.download_and_prepare()` from local files only, without tfds's progress bars (a one-off build of a
-  small source; keeps the training bar readable). Built once; later calls reuse the prepared files."""
+  small source; keeps the training bar readable) and with its "Downloading and preparing dataset" lines moved
+  from stdout to stderr (stdout carries a command's result, e.g. `jaxpt eval`'s JSON line). Built once; later
+  calls reuse the prepared files."""
   was_shown = getattr(tfds.core.utils.tqdm_utils, "_active", True)
   tfds.display_progress_bar(False)
   try:
-    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+    with contextlib.redirect_stdout(sys.stderr):
+      builder.download_and_prepare(download_config=tfds.download.DownloadConfig(try_download_gcs=False))
   finally:
     tfds.display_progress_bar(was_shown)
   return builder
