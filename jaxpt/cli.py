@@ -209,12 +209,27 @@ def _unknown_override(name: str, argv: list[str], error: BaseException) -> str:
   return f"no config field {lines[0].strip(chr(39) + chr(34) + chr(92))!r} in the config file"
 
 
+def _config_path(argv: list[str]) -> str:
+  """The --config file named in `argv`."""
+  for i, arg in enumerate(argv):
+    if arg.startswith("--config="):
+      return arg.split("=", 1)[1]
+    if arg == "--config" and i + 1 < len(argv):
+      return argv[i + 1]
+  return "?"
+
+
 def _parse_flags(name: str, argv: list[str]) -> list[str]:
   """absl flag parsing, with an unknown `--config.<field>` override reported in one line (exit 2)."""
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:
-    print(f"jaxpt {name}: {e}\n\n{_usage()}", file=sys.stderr)
+    message = str(e)
+    if "Error whilst parsing config file" in message:  # absl wraps the file's traceback: keep its last line
+      cause = [line for line in message.splitlines() if line.strip()][-1]
+      print(f"jaxpt {name}: config file {_config_path(argv)}: {cause}", file=sys.stderr)
+    else:
+      print(f"jaxpt {name}: {message}\n\n{_usage()}", file=sys.stderr)
   except (AttributeError, KeyError) as e:
     print(f"jaxpt {name}: config error: {_unknown_override(name, argv, e)}", file=sys.stderr)
   sys.exit(2)

@@ -28,6 +28,7 @@ This module imports nothing from jaxpt: every layer may use it.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import importlib.util
 import inspect
@@ -193,7 +194,9 @@ def config_dict(cls: type, **overrides: Any) -> ml_collections.ConfigDict:
     values[field.name] = value
   unknown = sorted(set(overrides) - set(values))
   if unknown:
-    raise TypeError(f"config_dict({cls.__name__}): unknown field {unknown[0]!r}")
+    close = difflib.get_close_matches(unknown[0], list(values), n=1)  # a TypeError: absl re-raises it by type
+    raise TypeError(f"config_dict({cls.__name__}): unknown field {unknown[0]!r}" +
+                    (f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(values)})"))
   return ml_collections.ConfigDict(values)
 
 

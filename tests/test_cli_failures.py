@@ -33,3 +33,15 @@ def test_a_workdir_that_is_a_file_is_one_line(tmp_path):
   done = subprocess.run(_cli(str(workdir)), capture_output=True, text=True, cwd=ROOT, timeout=300)
   assert done.returncode == 5
   assert done.stderr.strip() == f"jaxpt pretrain: filesystem error: the workdir {workdir} is a file, not a folder"
+
+
+def test_a_typo_in_a_config_file_is_one_line_naming_the_file_and_the_closest_field(tmp_path):
+  with open(os.path.join(ROOT, "experiments", "configs", "tiny.py")) as f:
+    text = f.read()
+  config_file = tmp_path / "typo.py"
+  config_file.write_text(text.replace("log_every=", "log_evry=", 1))
+  done = subprocess.run([sys.executable, "-m", "jaxpt.cli", "pretrain", "--config", str(config_file), "--workdir",
+                         str(tmp_path / "run")], capture_output=True, text=True, cwd=ROOT, timeout=300)
+  assert done.returncode == 2
+  assert done.stderr.strip() == (f"jaxpt pretrain: config file {config_file}: TypeError: "
+                                 "config_dict(PretrainRunConfig): unknown field 'log_evry' (did you mean 'log_every'?)")
