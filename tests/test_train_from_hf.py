@@ -8,6 +8,7 @@ max_position_embeddings raised to 512 so that chat-template prompts fit (RoPE ha
 import json
 import os
 import shutil
+import types
 
 import jax
 import numpy as np
@@ -183,3 +184,20 @@ def test_dpo_policy_and_reference_from_the_checkpoint(checkpoint, tmp_path):
   _, want = hf.load(checkpoint)
   jax.tree.map(np.testing.assert_array_equal, state.params, want)
   jax.tree.map(np.testing.assert_array_equal, setup.reference_params(), want)
+
+
+def test_preference_prompts_in_the_chat_template(checkpoint, tmp_path):
+  from jaxpt.data.preference_batches import PreferenceData
+
+  tokenizer = load_tokenizer(checkpoint)
+  section = dict(source="synthetic", seq_len=256, batch_size=4, synthetic_train_pairs=8, synthetic_test_pairs=4,
+                 prompt_format="chat")
+  data = PreferenceData.create(section, vocab_size=256, workdir=str(tmp_path), seed=0, tokenizer=tokenizer)
+  pair, arrays = data._pairs["train"][0], data._arrays["train"]  # row 0 of the encoded split, before batching
+  ids = (tokenizer.encode_chat([{"role": "user", "content": pair.prompt}], add_generation_prompt=True) +
+         tokenizer.encode(pair.chosen) + [tokenizer.eos_id])
+  assert len(ids) <= 256 and list(arrays["chosen_tokens"][0][:len(ids)]) == ids
+  assert arrays["chosen_last"][0] == len(ids) - 1
+  with pytest.raises(ConfigError, match=r"^config\.data\.prompt_format='chat': needs a Hugging Face tokenizer"):
+    PreferenceData.create(section, vocab_size=256, workdir=str(tmp_path / "b"), seed=0,
+                          tokenizer=types.SimpleNamespace(vocab_size=8))  # e.g. jaxpt's sentencepiece tokenizer

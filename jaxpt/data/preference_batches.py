@@ -30,7 +30,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from jaxpt.config import ConfigError, Section, at_least, fail, from_section, in_range
+from jaxpt.config import ConfigError, Section, at_least, fail, from_section, in_range, one_of
 from jaxpt.data import bias as bias_lib
 from jaxpt.data import order
 from jaxpt.data import preference
@@ -62,6 +62,8 @@ class PreferenceDataConfig(Section):
     biases: comma-separated bias labels computed per pair (e.g. length, sycophancy, format).
     max_pairs: use at most this many training pairs (0 = all).
     tfds_data_dir: where the preference file's TFDS dataset is built ('' = WORKDIR/tfds).
+    prompt_format: 'plain' (the prompt text as it is) | 'chat' (the prompt as one user turn in the tokenizer's chat
+      template, with the assistant's turn opened: for instruct models started from init_from='hf:DIR').
   """
 
   source: str = SYNTHETIC
@@ -79,6 +81,7 @@ class PreferenceDataConfig(Section):
   biases: str = "length"
   max_pairs: int = 0
   tfds_data_dir: str = ""
+  prompt_format: str = "plain"
 
   @property
   def bias_names(self) -> tuple[str, ...]:
@@ -87,6 +90,7 @@ class PreferenceDataConfig(Section):
   def check(self) -> None:
     if self.seq_len <= 1:
       raise fail(self, "seq_len", "must be > 1")
+    one_of(self, "prompt_format", tokenizer_lib.PROMPT_FORMATS)
     for name in ("batch_size", "synthetic_train_pairs", "synthetic_test_pairs"):
       at_least(self, name, 1)
     for name in ("eval_batches", "max_pairs", "data_seed"):
@@ -154,9 +158,11 @@ def response_sequences(prompts: list[list[int]], responses: list[list[int]], seq
 
 
 def _encode(pairs: Sequence[preference.PreferencePair], tokenizer: tokenizer_lib.Tokenizer, seq_len: int,
-            bias_names: Sequence[str]) -> dict[str, Any]:
+            bias_names: Sequence[str], prompt_format: str = "plain") -> dict[str, Any]:
   """Per-pair arrays of a split: the batch keys (without weights) for all its pairs, [N, ...]."""
-  prompts = tokenizer.encode_batch([p.prompt for p in pairs]) if pairs else []
+  texts = [p.prompt if prompt_format == "plain" else
+           tokenizer_lib.chat_prompt(tokenizer, p.prompt, "config.data.prompt_format") for p in pairs]
+  prompts = tokenizer.encode_batch(texts) if pairs else []
   chosen = tokenizer.encode_batch([p.chosen for p in pairs]) if pairs else []
   rejected = tokenizer.encode_batch([p.rejected for p in pairs]) if pairs else []
   arrays = {}
@@ -197,7 +203,8 @@ class PreferenceData:
     self.seed = seed
     self.workdir = workdir
     self._pairs = pairs
-    self._arrays = {split: _encode(p, tokenizer, config.seq_len, config.bias_names) for split, p in pairs.items()}
+    self._arrays = {split: _encode(p, tokenizer, config.seq_len, config.bias_names, config.prompt_format)
+                    for split, p in pairs.items()}
     self._order = order.StepOrder(seed, len(pairs["train"]), config.batch_size)
 
   @classmethod

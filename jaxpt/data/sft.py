@@ -33,7 +33,6 @@ from jaxpt.data.math_prompts import format_prompt, format_response
 from jaxpt.data.pipeline import LMData
 
 TASKS = ("arithmetic", "gsm8k")
-PROMPT_FORMATS = ("plain", "chat")
 # The user turn of a chat-format prompt: the question, then the instruction Qwen2.5-Math's evaluation uses.
 CHAT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 PROMPT_SEGMENT, RESPONSE_SEGMENT = 1, 2
@@ -88,7 +87,7 @@ class TaskConfig(Section):
 
   def check(self) -> None:
     one_of(self, "name", TASKS)
-    one_of(self, "prompt_format", PROMPT_FORMATS)
+    one_of(self, "prompt_format", tokenizer_lib.PROMPT_FORMATS)
     for field in ("train_size", "test_size", "seed"):
       at_least(self, field, 0)
     if self.name == "arithmetic":
@@ -139,11 +138,7 @@ def prompt_text(question: str, tokenizer: Any = None, prompt_format: str = "plai
   tokenizer with a chat template (ConfigError naming config.task.prompt_format otherwise)."""
   if prompt_format == "plain":
     return format_prompt(question)
-  if not hasattr(tokenizer, "apply_chat_template"):
-    raise ConfigError("config.task.prompt_format", "needs a Hugging Face tokenizer with a chat template "
-                      "(config.init_from='hf:DIR')", prompt_format)
-  return tokenizer.apply_chat_template([{"role": "user", "content": f"{question.strip()}\n{CHAT_INSTRUCTION}"}],
-                                       add_generation_prompt=True)
+  return tokenizer_lib.chat_prompt(tokenizer, f"{question.strip()}\n{CHAT_INSTRUCTION}", "config.task.prompt_format")
 
 
 def example_text(problem: Problem, tokenizer: Any = None, prompt_format: str = "plain") -> tuple[str, str]:

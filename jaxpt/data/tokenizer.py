@@ -113,6 +113,17 @@ def load_tokenizer(path: str) -> "Tokenizer | HFTokenizer":
     raise DataError(f"{path}: not a SentencePiece model ({str(e).splitlines()[0]})") from None
 
 
+PROMPT_FORMATS = ("plain", "chat")
+
+
+def chat_prompt(tokenizer: "Tokenizer | HFTokenizer", text: str, field: str) -> str:
+  """`text` as one user turn in the tokenizer's chat template, with the generation prompt (the assistant's turn
+  opened). ConfigError naming `field` (the config's prompt_format) for a tokenizer without chat templates."""
+  if not hasattr(tokenizer, "apply_chat_template"):
+    raise ConfigError(field, "needs a Hugging Face tokenizer with a chat template (config.init_from='hf:DIR')", "chat")
+  return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+
+
 def tokenizer_files(directory: str) -> list[str]:
   """The tokenizer files in `directory` (spm.model, or tokenizer.json and its companions), as paths."""
   from jaxpt.data.hf_tokenizer import CHAT_TEMPLATE_DIR, TOKENIZER_FILES
