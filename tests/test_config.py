@@ -87,8 +87,8 @@ def test_every_committed_config_file_converts(path):
   from jaxpt import cli
 
   config = load_config_file(path)
-  name = {"tiny.py": "pretrain", "sft_tiny.py": "sft", "grpo_tiny.py": "grpo", "rm_tiny.py": "rm"}[
-      os.path.basename(path)]
+  name = {"tiny.py": "pretrain", "sft_tiny.py": "sft", "grpo_tiny.py": "grpo", "dapo_tiny.py": "grpo",
+          "rm_tiny.py": "rm", "dpo_tiny.py": "dpo"}[os.path.basename(path)]
   command = cli.SUBCOMMANDS[name]
   import importlib
   run_config = getattr(importlib.import_module(command.module), command.config_class)
