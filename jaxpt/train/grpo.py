@@ -292,7 +292,10 @@ class GRPOTrainer:
   def step_rollouts(self, params: Any, batch: dict, step: int, rng: jax.Array) -> tuple[dict, dict]:
     """The rollouts trained on at `step` (`rollouts` of `batch`, key `rng`), and their DAPO metrics; with
     `dapo.dynamic_sampling`, round r >= 1 samples `prompts.refill_batch(step * (max_rounds - 1) + r - 1)` with
-    key fold_in(rng, r) until the batch holds data.prompts_per_step informative groups (`jaxpt.rl.dapo`)."""
+    key fold_in(rng, r) until the batch holds data.prompts_per_step informative groups (`jaxpt.rl.dapo`).
+    Metrics: truncated_frac, overlong_penalty_mean (the trained batch); with dynamic sampling dapo_rounds,
+    dapo_groups_drawn / _informative / _filled and dapo_step_accuracy (the step's own prompts: comparable across
+    runs, where the loop's `accuracy` is the trained batch's, which dynamic sampling biases)."""
     settings = self.config.dapo
     first = self.rollouts(params, batch, rng)
     ro, metrics = first, {}
