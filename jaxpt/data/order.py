@@ -3,6 +3,8 @@
 Rows are read as one endless stream, epoch after epoch; epoch e visits every row once, in the permutation drawn
 from (seed, e). The global batch of step t is stream positions [t B, (t + 1) B); process p of P reads its
 contiguous B / P of them. So a run resumed at step t reads exactly what an uninterrupted one would.
+A second, independent stream of the same rows (`stream` > 0: epoch e's permutation drawn from (seed, e, stream))
+serves extra draws by position, e.g. DAPO's refill prompts (`jaxpt.data.sft.PromptData.refill_batch`).
 """
 
 from __future__ import annotations
@@ -40,12 +42,15 @@ def step_batches(train_batch: Callable[[int, int, int], Any], batch_size: int, s
 
 
 class StepOrder:
-  """Row indices of each step's batch over `num_rows` rows (see the module doc)."""
+  """Row indices of each step's batch over `num_rows` rows (see the module doc); `stream` 0 is the training
+  order, another `stream` an independent order of the same rows."""
 
-  def __init__(self, seed: int, num_rows: int, batch_size: int):
+  def __init__(self, seed: int, num_rows: int, batch_size: int, stream: int = 0):
     if num_rows <= 0:
       raise ValueError("no training rows")
-    self.seed, self.num_rows, self.batch_size = seed, num_rows, batch_size
+    if stream < 0:
+      raise ValueError(f"stream must be >= 0, got {stream}")
+    self.seed, self.num_rows, self.batch_size, self.stream = seed, num_rows, batch_size, stream
     self._permutations: dict[int, np.ndarray] = {}
 
   def permutation(self, epoch: int) -> np.ndarray:
@@ -53,7 +58,8 @@ class StepOrder:
     if epoch not in self._permutations:
       if len(self._permutations) >= _CACHED_EPOCHS:
         self._permutations.pop(min(self._permutations))
-      self._permutations[epoch] = np.random.default_rng([self.seed, epoch]).permutation(self.num_rows)
+      key = [self.seed, epoch] + ([self.stream] if self.stream else [])
+      self._permutations[epoch] = np.random.default_rng(key).permutation(self.num_rows)
     return self._permutations[epoch]
 
   def rows(self, step: int, process_index: int = 0, process_count: int = 1) -> np.ndarray:

@@ -98,6 +98,10 @@ class TaskConfig(Section):
     elif not all(os.path.isfile(os.path.join(self.path, f"{s}.jsonl")) for s in gsm8k.SPLITS):
       raise fail(self, "path", "must be a folder with train.jsonl and test.jsonl")
 
+  def data_dir(self, workdir: str) -> str:
+    """Where the task's TFDS data is built for a run in `workdir`: tfds_data_dir, else WORKDIR/tfds."""
+    return self.tfds_data_dir or os.path.join(workdir, "tfds")
+
   @property
   def train_identity(self) -> str:
     """A string naming the training split's text exactly (knobs, train_size, seed; gsm8k: a hash of the files),
@@ -274,7 +278,9 @@ def prompt_batches(tokenizer: tokenizer_lib.Tokenizer, problems: Sequence[Proble
 
 class PromptData:
   """Prompt batches for RL: batch(step) is a function of (seed, step): step k takes problems [k B, (k + 1) B) of
-  the stream of epoch permutations (permutation of epoch e drawn from (seed, e)).
+  the stream of epoch permutations (permutation of epoch e drawn from (seed, e)). refill_batch(i) reads batch i of
+  a second, independent stream of the same problems (permutations from (seed, e, 1)): extra prompts drawn by
+  position (DAPO dynamic sampling), so they too are a function of (seed, i) and a resumed run draws the same.
 
   batch(step) / each batch of eval_sets():
     prompt_tokens int32 [B, P]  prompt_text(question) tokens, LEFT-padded with 0 (real tokens rightmost)
@@ -300,6 +306,7 @@ class PromptData:
     self._train_tokens = encode_prompts(tokenizer, [p.question for p in self.train], prompt_len, PROMPT_LEN_FIELD,
                                         prompt_format)
     self._order = order.StepOrder(seed, len(self.train), batch_size)
+    self._refill_order = order.StepOrder(seed, len(self.train), batch_size, stream=1)
 
   @classmethod
   def create(cls, task: TaskConfig | Any, tokenizer: tokenizer_lib.Tokenizer, batch_size: int, prompt_len: int,
@@ -316,7 +323,13 @@ class PromptData:
 
   def batch(self, step: int) -> dict[str, Any]:
     """The prompts of `step` (see class docstring)."""
-    rows = self._order.rows(step)
+    return self._rows_batch(self._order.rows(step))
+
+  def refill_batch(self, index: int) -> dict[str, Any]:
+    """Batch `index` of the refill stream (see class docstring); same layout as `batch`."""
+    return self._rows_batch(self._refill_order.rows(index))
+
+  def _rows_batch(self, rows: np.ndarray) -> dict[str, Any]:
     tokens, mask = self._train_tokens
     return _prompt_batch(tokens[rows], mask[rows], [self.train[i] for i in rows])
 

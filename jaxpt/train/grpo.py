@@ -3,12 +3,15 @@
 One loop step (`GRPOTrainer.train_step`), for a batch of B prompts:
 
     prompts [B, P] --repeat G--> [N = B*G, P] --sampler (KV cache)--> responses [N, T], old log-probs, hidden
-      --decode + verifier--> rewards R [N]   (+ CLIPO: R += r_con from the contrastive head, which then steps)
+      --decode + verifier--> rewards R [N]   (+ DAPO: R += soft overlong punishment; dynamic sampling drops
+                                              all-equal groups and samples more prompts, `jaxpt.rl.dapo`)
+      (+ CLIPO: R += r_con from the contrastive head, which then steps)
       (+ KL in the reward: R -= beta * sum_t kl_t)
       --group advantages--> A [N]
       --`epochs` passes x `minibatches` (whole groups) of policy updates:
         loss = policy_loss(logp, old_logp, A, mask; clip, KL-to-reference term, entropy bonus)
                (+ in_loss_coef * CLIPO contrastive loss on the policy's own hidden states)
+               (DAPO overlong filtering: truncated responses masked out of the loss)
 
 Each policy update is the shared train step (`jaxpt.train.step`), compiled by the shared builder for one minibatch
 of `experience_shapes`; `optim.grad_accum_steps` splits a minibatch into micro-batches. `state.step` counts loop
@@ -21,7 +24,6 @@ fold_in(state.rng, t), so a resumed run draws exactly what an uninterrupted one 
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Callable, Iterator
 
 import jax
@@ -37,7 +39,7 @@ from jaxpt.losses.grpo import (ADVANTAGES, AGG_MODES, KL_KINDS, entropy_from_log
                                kl_penalized_rewards)
 from jaxpt.models.transformer import TransformerLM
 from jaxpt.progress import say
-from jaxpt.rl import clipo
+from jaxpt.rl import clipo, dapo
 from jaxpt.rl.logprobs import response_logits, response_logprobs, token_logprobs
 from jaxpt.rl.rewards import math_reward
 from jaxpt.rl.rollouts import repeat_prompts, response_texts, verifier_rewards
@@ -144,6 +146,7 @@ class GRPORunConfig(RunConfig):
     sampling: how rollouts are sampled.
     grpo: group size, advantage, policy loss and the update schedule.
     clipo: the CLIPO contrastive head and reward (off by default).
+    dapo: DAPO's dynamic sampling, overlong filtering and soft overlong punishment (off by default).
   """
 
   task: TaskConfig = TaskConfig()
@@ -151,6 +154,7 @@ class GRPORunConfig(RunConfig):
   sampling: SamplingConfig = SamplingConfig(max_new_tokens=40)
   grpo: GRPOConfig = GRPOConfig()
   clipo: clipo.CLIPOConfig = clipo.CLIPOConfig()
+  dapo: dapo.DAPOConfig = dapo.DAPOConfig()
 
   def check(self) -> None:
     super().check()
@@ -168,6 +172,12 @@ class GRPORunConfig(RunConfig):
       raise ConfigError("optim.grad_accum_steps", f"leaves {micro_rows} rollouts per micro-batch, not whole groups "
                         f"of config.grpo.group_size={self.grpo.group_size} (the in-loss CLIPO term needs them)",
                         self.optim.grad_accum_steps)
+    if self.dapo.overlong_buffer > new_tokens:
+      raise ConfigError("dapo.overlong_buffer", f"must be <= config.sampling.max_new_tokens={new_tokens}",
+                        self.dapo.overlong_buffer)
+    if self.dapo.overlong_filtering and self.clipo.enabled and self.clipo.in_loss_coef > 0:
+      raise ConfigError("dapo.overlong_filtering", "cannot be combined with config.clipo.in_loss_coef > 0 (the "
+                        "in-loss CLIPO term reads the loss mask it empties)", True)
 
   @property
   def minibatch_rows(self) -> int:
@@ -186,6 +196,7 @@ def _split_groups(num_rows: int, group_size: int, minibatches: int, rng: np.rand
           for part in np.array_split(groups, minibatches)]
 
 
+_FILTER_KEYS = {"score": "scores", "reward": "rewards"}  # dapo.filter_metric -> the rollouts' key
 EXPERIENCE_KEYS = ("prompt_tokens", "prompt_mask", "tokens", "mask", "old_logp", "advantages", "labels",
                    "group_ids")  # + "ref_logp" with a KL term: the minibatch of one policy update
 
@@ -268,19 +279,49 @@ class GRPOTrainer:
     response, response_mask = np.asarray(out.tokens), np.asarray(out.mask)
     texts = response_texts(self.tokenizer.decode, response, response_mask, self.tokenizer.eos_id)
     scores = verifier_rewards(texts, batch["answers"], g, math_reward)
+    lengths, max_len = np.asarray(out.lengths), self.config.sampling.max_new_tokens
+    settings = self.config.dapo
+    rewards = scores + dapo.overlong_penalty(lengths, max_len, settings.overlong_buffer,
+                                             settings.overlong_penalty_factor)
     return {"prompt_tokens": tokens, "prompt_mask": mask, "tokens": response, "mask": response_mask,
-            "old_logp": np.asarray(out.logprobs), "group_ids": group_ids, "scores": scores,
-            "labels": (scores > 0).astype(np.int32), "hidden": out.hidden, "texts": texts}
+            "old_logp": np.asarray(out.logprobs), "group_ids": group_ids, "scores": scores, "rewards": rewards,
+            "labels": (scores > 0).astype(np.int32), "hidden": out.hidden, "texts": texts,
+            "truncated": dapo.truncated(lengths, response[:, -1], max_len, self.tokenizer.eos_id)}
+
+  def step_rollouts(self, params: Any, batch: dict, step: int, rng: jax.Array) -> tuple[dict, dict]:
+    """The rollouts trained on at `step` (`rollouts` of `batch`, key `rng`), and their DAPO metrics; with
+    `dapo.dynamic_sampling`, round r >= 1 samples `prompts.refill_batch(step * (max_rounds - 1) + r - 1)` with
+    key fold_in(rng, r) until the batch holds data.prompts_per_step informative groups (`jaxpt.rl.dapo`).
+    Metrics: truncated_frac, overlong_penalty_mean (the trained batch); with dynamic sampling dapo_rounds,
+    dapo_groups_drawn / _informative / _filled and dapo_step_accuracy (the step's own prompts: comparable across
+    runs, where the loop's `accuracy` is the trained batch's, which dynamic sampling biases)."""
+    settings = self.config.dapo
+    first = self.rollouts(params, batch, rng)
+    ro, metrics = first, {}
+    if settings.dynamic_sampling:
+      def draw(r: int) -> dict:
+        if r == 0:
+          return first
+        extra = self.prompts.refill_batch(step * (settings.max_rounds - 1) + r - 1)
+        return self.rollouts(params, extra, jax.random.fold_in(rng, r))
+
+      ro, metrics = dapo.dynamic_sampling(draw, self.config.data.prompts_per_step, self.config.grpo.group_size,
+                                          settings.max_rounds, settings.at_cap, _FILTER_KEYS[settings.filter_metric])
+      metrics["dapo_step_accuracy"] = float(first["scores"].mean())
+    metrics["truncated_frac"] = float(ro["truncated"].mean())
+    if settings.overlong_buffer:
+      metrics["overlong_penalty_mean"] = float(np.mean(ro["rewards"] - ro["scores"]))
+    return ro, metrics
 
   def train_step(self, state: TrainState, batch: dict) -> tuple[TrainState, dict]:
     settings, cfg = self.config.grpo, self.config.clipo
     step = int(state.step)
     sample_rng, clipo_rng, update_rng = jax.random.split(state.step_rng(), 3)
-    ro = self.rollouts(state.params, batch, sample_rng)
+    ro, dapo_metrics = self.step_rollouts(state.params, batch, step, sample_rng)
     metrics: dict[str, Any] = {"accuracy": float(ro["scores"].mean()),
                                "response_length": float(ro["mask"].sum(-1).mean()),
-                               "num_tokens": float(ro["mask"].sum())}
-    rewards = jnp.asarray(ro["scores"])
+                               "num_tokens": float(ro["mask"].sum()), **dapo_metrics}
+    rewards = jnp.asarray(ro["rewards"])
     aux = state.aux
     if cfg.enabled:
       reps = clipo.rollout_representation(ro["hidden"], jnp.asarray(ro["mask"]))
@@ -298,6 +339,8 @@ class GRPOTrainer:
         rewards = kl_penalized_rewards(rewards, experience["old_logp"], experience["ref_logp"], experience["mask"],
                                        settings.kl_coef, settings.kl_kind)
     experience["advantages"] = np.asarray(group_advantages(rewards, settings.group_size, settings.advantage))
+    if self.config.dapo.overlong_filtering:
+      experience["mask"] = dapo.filter_overlong(experience["mask"], ro["truncated"])
     metrics["reward_mean"] = float(jnp.mean(rewards))
 
     new_state = state.replace(aux=aux)
@@ -350,7 +393,7 @@ def _tokenizer(config: GRPORunConfig, workdir: str):
   into `workdir/tokenizer`), else the task's tokenizer trained in (or loaded from) `workdir`."""
   tokenizer = init_tokenizer(config.init_from, workdir, resumes(workdir))
   if tokenizer is None:
-    tokenizer = task_tokenizer(config.task, config.model.vocab_size, workdir, os.path.join(workdir, "tfds"),
+    tokenizer = task_tokenizer(config.task, config.model.vocab_size, workdir, config.task.data_dir(workdir),
                                keep_existing=resumes(workdir))
   return tokenizer
 
@@ -367,7 +410,7 @@ def build_grpo(config: GRPORunConfig | Any, workdir: str) -> GRPOTrainer:
   check_vocab(config.model, tokenizer.vocab_size)
   prompts = PromptData.create(config.task, tokenizer, batch_size=config.data.prompts_per_step,
                               prompt_len=config.data.max_prompt_len, seed=config.seed,
-                              data_dir=os.path.join(workdir, "tfds"))
+                              data_dir=config.task.data_dir(workdir))
   model = TransformerLM(config.model)
   temperature = config.sampling.temperature
   loss_fn = make_policy_loss(model, config.grpo, config.clipo, temperature)

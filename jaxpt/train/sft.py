@@ -17,7 +17,6 @@ and `init_from` ('' = random init, else a workdir whose latest checkpoint's para
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Callable, Sequence
 
 import jax
@@ -136,7 +135,7 @@ def build_sft(config: SFTRunConfig | Any, workdir: str) -> LMTraining:
   config = from_section(SFTRunConfig, config, "config")
   mesh = training_mesh(config, config.data.batch_size)  # before any data work
   check_launch(workdir, config, {"corpus": digest(f"task|{config.task.train_identity}")})
-  data_dir = config.task.tfds_data_dir or os.path.join(workdir, "tfds")
+  data_dir = config.task.data_dir(workdir)
   say(f"preparing the task's data and tokenizer in {workdir} ...")
   tokenizer = init_tokenizer(config.init_from, workdir, resumes(workdir))
   if tokenizer is None:

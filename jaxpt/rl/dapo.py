@@ -1,0 +1,161 @@
+"""DAPO's rollout-side pieces on the host (Yu et al. 2025, arXiv 2503.14476): dynamic sampling, overlong
+filtering and the soft overlong punishment. Its other two pieces are loss options already: clip-higher
+(`grpo.eps_hi` > `grpo.eps_lo`, DAPO: 0.28 / 0.2) and the token-level loss (`grpo.agg='token-mean'`).
+
+Conventions follow verl's DAPO recipe (github volcengine/verl at 246cac4c, before `recipe/` moved out):
+- soft overlong punishment, `verl/workers/reward_manager/dapo.py:116-122`: with L_max the response cap
+  (`sampling.max_new_tokens`) and L_cache the buffer, a response of |y| tokens (its EOS counted) gets
+      R_length(|y|) = factor * min(((L_max - L_cache) - |y|) / L_cache, 0)
+  added to its reward: 0 up to L_max - L_cache tokens, then linear down to -factor at L_max (the paper's -1 beyond
+  L_max is never reached: the sampler stops at L_max; it is kept here by clamping at -factor).
+- dynamic sampling, `recipe/dapo/dapo_ray_trainer.py:229-288`: a group is kept when the filter metric is not the
+  same for all its rollouts, or it has one rollout (verl: `std > 0 or len == 1`; here max > min, the exact form of
+  "not all equal"); kept groups of successive generation rounds are concatenated and the first `prompts_per_step`
+  are trained on. verl's metric for DAPO is `acc` (the verifier's 0/1, `run_dapo_qwen2.5_32b.sh:26`): here
+  'score'; 'reward' adds the overlong punishment (verl's `seq_reward`).
+- the cap: verl raises an error after `max_num_gen_batches` rounds (`dapo_ray_trainer.py:273-284`; <= 0 means no
+  limit). Here `at_cap='error'` does that, and the default `at_cap='fill'` tops the batch up with the dropped
+  groups, first drawn first: their rewards are all equal, so their group advantages are 0 (grpo, drgrpo, rloo,
+  reinforce_pp_baseline alike) and they add no policy gradient, only KL / entropy terms and loss denominators.
+  A cap is required (a run's extra prompts are read at fixed positions, below).
+- overlong filtering (paper, section 3.4): truncated responses (L_max tokens, no EOS) are masked out of the
+  policy loss; their rewards still enter the group advantages. verl does not implement it (its recipe README:
+  "Where is the Overlong Filtering in the paper?").
+
+Determinism: round 0 of step k samples the step's own prompts (`PromptData.batch(k)`), round r >= 1 samples
+`PromptData.refill_batch(k (max_rounds - 1) + r - 1)` (an independent stream of the training problems, read at
+fixed positions whether or not a step needs them) with key fold_in(step key, r); so the prompts and keys of step
+k are a function of (seed, k) and a resumed run draws exactly what an uninterrupted one would. (verl draws the
+extra batches from its one dataloader, so its data position depends on how many rounds earlier steps took.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax.numpy as jnp
+import numpy as np
+
+from jaxpt.config import Section, at_least, in_range, one_of
+
+FILTER_METRICS = ("score", "reward")
+AT_CAP = ("fill", "error")
+
+
+@dataclasses.dataclass(frozen=True)
+class DAPOConfig(Section):
+  """The `dapo` section: dynamic sampling, overlong filtering and the soft overlong punishment (all off by default).
+
+  Attributes:
+    dynamic_sampling: drop groups whose filter_metric is equal over all their rollouts and sample more prompts until
+      data.prompts_per_step groups are informative (or max_rounds is reached).
+    filter_metric: what must vary within a kept group: 'score' (the verifier's 1/0, verl's `acc`) | 'reward'
+      (score + the overlong punishment, verl's `seq_reward`).
+    max_rounds: generation rounds per step at most, the step's own prompts included (verl's max_num_gen_batches).
+    at_cap: max_rounds rounds left too few informative groups: 'fill' (top up with dropped groups, first drawn
+      first) | 'error' (stop the run, as verl does).
+    overlong_filtering: mask truncated responses (sampling.max_new_tokens tokens, no EOS) out of the policy loss.
+    overlong_buffer: L_cache, the soft overlong punishment's buffer in tokens below sampling.max_new_tokens (0 = off).
+    overlong_penalty_factor: the punishment at sampling.max_new_tokens tokens (1 = DAPO's -1).
+  """
+
+  dynamic_sampling: bool = False
+  filter_metric: str = "score"
+  max_rounds: int = 3
+  at_cap: str = "fill"
+  overlong_filtering: bool = False
+  overlong_buffer: int = 0
+  overlong_penalty_factor: float = 1.0
+
+  def check(self) -> None:
+    one_of(self, "filter_metric", FILTER_METRICS)
+    one_of(self, "at_cap", AT_CAP)
+    at_least(self, "max_rounds", 1)
+    at_least(self, "overlong_buffer", 0)
+    in_range(self, "overlong_penalty_factor", 0.0)
+
+
+def overlong_penalty(lengths: np.ndarray, max_len: int, buffer: int, factor: float = 1.0) -> np.ndarray:
+  """DAPO's soft overlong punishment (module doc): lengths int [N] (EOS counted) -> float32 [N],
+  factor * clip(((max_len - buffer) - |y|) / buffer, -1, 0), computed in float64; all 0 when buffer is 0."""
+  lengths = np.asarray(lengths, np.float64)
+  if buffer <= 0:
+    return np.zeros(lengths.shape, np.float32)
+  if buffer > max_len:
+    raise ValueError(f"overlong buffer {buffer} longer than the response cap {max_len}")
+  exceed = lengths - (max_len - buffer)
+  return (factor * np.clip(-exceed / buffer, -1.0, 0.0)).astype(np.float32)
+
+
+def truncated(lengths: np.ndarray, last_tokens: np.ndarray, max_len: int, eos_id: int | None) -> np.ndarray:
+  """bool [N]: the response has max_len tokens and its last one is not EOS (every full row when eos_id is None).
+
+  lengths int [N] (mask sums, EOS counted), last_tokens int [N] (column max_len - 1 of the responses)."""
+  full = np.asarray(lengths) >= max_len
+  return full if eos_id is None else full & (np.asarray(last_tokens) != eos_id)
+
+
+def filter_overlong(mask: np.ndarray, is_truncated: np.ndarray) -> np.ndarray:
+  """Overlong filtering: mask [N, T] with the rows of truncated responses zeroed (a copy, mask's dtype)."""
+  mask = np.asarray(mask)
+  return np.where(np.asarray(is_truncated, bool)[:, None], np.zeros((), mask.dtype), mask)
+
+
+def informative_groups(values: np.ndarray, group_size: int) -> np.ndarray:
+  """bool [num_groups]: values [N = num_groups * G] (groups contiguous) are not all equal within the group, or
+  G = 1 (verl keeps single-rollout groups)."""
+  v = np.asarray(values).reshape(-1, group_size)
+  return np.ones(len(v), bool) if group_size == 1 else v.max(axis=1) > v.min(axis=1)
+
+
+def _gather(rounds: list[dict], picks: list[tuple[int, int]], group_size: int) -> dict:
+  """The rows of the picked (round, group) groups, in pick order, from per-round rollout dicts of the same keys
+  (numpy arrays and lists gathered on the host, jax arrays on their device; None stays None)."""
+  n = len(next(v for v in rounds[0].values() if v is not None))
+  rows = np.asarray([r * n + g * group_size + i for r, g in picks for i in range(group_size)])
+  out: dict[str, Any] = {}
+  for key, first in rounds[0].items():
+    if first is None:
+      out[key] = None
+    elif isinstance(first, list):
+      flat = [x for ro in rounds for x in ro[key]]
+      out[key] = [flat[i] for i in rows]
+    elif isinstance(first, np.ndarray):
+      out[key] = np.concatenate([ro[key] for ro in rounds])[rows]
+    else:
+      out[key] = jnp.take(jnp.concatenate([ro[key] for ro in rounds]), jnp.asarray(rows), axis=0)
+  return out
+
+
+def dynamic_sampling(draw: Callable[[int], dict], num_groups: int, group_size: int, max_rounds: int,
+                     at_cap: str, metric_key: str) -> tuple[dict, dict]:
+  """DAPO dynamic sampling (module doc). draw(r) -> round r's rollouts: a dict of per-row values (numpy [N, ...],
+  device arrays, lists, or None), N = num_groups * G, groups contiguous, `metric_key` the filter metric [N].
+
+  Rounds r = 0, 1, ... are drawn until they hold num_groups informative groups or max_rounds were drawn; the
+  batch is the first num_groups informative groups in draw order, topped up (at_cap='fill') with the dropped
+  ones in draw order, or RuntimeError (at_cap='error'). Returns (batch, metrics) with `group_ids` renumbered
+  0..num_groups-1 and metrics dapo_rounds (rounds drawn), dapo_groups_drawn, dapo_groups_informative (among
+  those drawn), dapo_groups_filled (dropped groups trained on).
+  """
+  rounds, kept, dropped = [], [], []
+  while len(rounds) < max_rounds and len(kept) < num_groups:
+    r = len(rounds)
+    rounds.append(draw(r))
+    flags = informative_groups(rounds[r][metric_key], group_size)
+    if len(flags) != num_groups:
+      raise ValueError(f"round {r} drew {len(flags)} groups, expected {num_groups}")
+    kept += [(r, g) for g in np.flatnonzero(flags)]
+    dropped += [(r, g) for g in np.flatnonzero(~flags)]
+  informative = len(kept)
+  if informative < num_groups and at_cap == "error":
+    raise RuntimeError(f"dynamic sampling: {len(rounds)} rounds (config.dapo.max_rounds) gave {informative} "
+                       f"informative groups of the {num_groups} needed (config.data.prompts_per_step); raise "
+                       "max_rounds or set config.dapo.at_cap='fill'")
+  picks = (kept + dropped)[:num_groups]
+  batch = _gather(rounds, picks, group_size)
+  batch["group_ids"] = np.repeat(np.arange(num_groups, dtype=np.int32), group_size)
+  metrics = {"dapo_rounds": len(rounds), "dapo_groups_drawn": len(rounds) * num_groups,
+             "dapo_groups_informative": informative, "dapo_groups_filled": max(0, num_groups - informative)}
+  return batch, metrics

@@ -1,0 +1,192 @@
+"""DAPO in the GRPO trainer: dynamic sampling drops all-right / all-wrong groups and refills from the deterministic
+refill stream, the cap, overlong filtering and the overlong punishment on real rollouts, bitwise resume.
+
+The policy is a from-scratch micro model (no SFT: fast); its verifier scores are scripted per prompt so that the
+group kinds are known: answer % 3 == 0 -> all wrong, 1 -> all right, 2 -> mixed (rollout i right iff i is even).
+"""
+
+import dataclasses
+import re
+
+import jax
+import numpy as np
+import pytest
+
+from experiments.configs import dapo_tiny
+from jaxpt.config import ConfigError, from_section
+from jaxpt.rl import dapo
+from jaxpt.train.grpo import GRPORunConfig, build_grpo, train_grpo
+from jaxpt.train.metrics import read_metrics
+
+G, B, T = 4, 4, 8
+OVERRIDES = {
+    "model.vocab_size": 512, "model.d_model": 32, "model.num_layers": 1, "model.num_heads": 2,
+    "model.num_kv_heads": 2, "model.mlp_dim": 64, "model.max_seq_len": 64, "model.norm_scheme": "pre",
+    "task.num_steps": 1, "task.max_value": 9, "task.ops": "+", "task.train_size": 64, "task.test_size": 8,
+    "steps": 4, "log_every": 1, "eval_every": 0, "checkpoint_every": 2, "progress": False,
+    "data.prompts_per_step": B, "data.max_prompt_len": 40, "data.eval_prompts": 0,
+    "sampling.max_new_tokens": T, "grpo.group_size": G, "grpo.minibatches": 2,
+    "optim.learning_rate": 1e-2, "optim.warmup_steps": 0, "dapo.max_rounds": 4, "dapo.overlong_buffer": 4,
+}
+
+
+def dapo_config(**extra):
+  config = dapo_tiny.get_config()
+  config.update_from_flattened_dict({**OVERRIDES, **extra})
+  return config
+
+
+def kind(answer: str) -> str:
+  return ("wrong", "right", "mixed")[int(answer) % 3]
+
+
+def script(trainer, log=None):
+  """trainer.rollouts with scores (and rewards, labels) by `kind`; the overlong punishment kept. Logs each call's
+  answers when `log` is a list."""
+  real = type(trainer).rollouts
+
+  def rollouts(params, batch, rng):
+    ro = real(trainer, params, batch, rng)
+    scores = np.asarray([{"wrong": 0, "right": 1, "mixed": 1 - i % 2}[kind(a)] for a in batch["answers"]
+                         for i in range(G)], np.float32)
+    ro = dict(ro, rewards=ro["rewards"] - ro["scores"] + scores, scores=scores, labels=(scores > 0).astype(np.int32))
+    if log is not None:
+      log.append(dict(ro, answers=list(batch["answers"])))
+    return ro
+
+  trainer.rollouts = rollouts
+  return trainer
+
+
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory):
+  return build_grpo(dapo_config(), str(tmp_path_factory.mktemp("dapo")))
+
+
+def with_dapo(trainer, **fields):
+  """A copy of `trainer` (sharing its compiled functions) with config.dapo fields replaced, scores scripted."""
+  config = dataclasses.replace(trainer.config, dapo=dataclasses.replace(trainer.config.dapo, **fields))
+  return dataclasses.replace(trainer, config=config)
+
+
+def first_step_with_both_dropped_kinds(trainer):
+  for step in range(50):
+    kinds = [kind(a) for a in trainer.prompts.batch(step)["answers"]]
+    if "right" in kinds and "wrong" in kinds and "mixed" in kinds:
+      return step
+  raise AssertionError("no step mixes the kinds")
+
+
+def test_dynamic_sampling_drops_uninformative_groups_and_refills_from_the_refill_stream(trainer):
+  log = []
+  t = script(with_dapo(trainer), log)
+  step = first_step_with_both_dropped_kinds(t)
+  rng = jax.random.PRNGKey(3)
+  ro, metrics = t.step_rollouts(t.training.init_state().params, t.prompts.batch(step), step, rng)
+  rounds = metrics["dapo_rounds"]
+  assert rounds == len(log) >= 2 and metrics["dapo_groups_drawn"] == rounds * B
+  assert log[0]["answers"] == t.prompts.batch(step)["answers"]  # round 0: the step's own prompts
+  for r in range(1, rounds):  # round r: the refill stream at its fixed position
+    assert log[r]["answers"] == t.prompts.refill_batch(step * (4 - 1) + r - 1)["answers"]
+  drawn = [(r, g) for r in range(rounds) for g in range(B)]
+  informative = [(r, g) for r, g in drawn if kind(log[r]["answers"][g]) == "mixed"]
+  assert metrics["dapo_groups_informative"] == len(informative) >= B and metrics["dapo_groups_filled"] == 0
+  assert any(kind(log[0]["answers"][g]) == k for g in range(B) for k in ("right", "wrong"))  # some were dropped
+  want = informative[:B]
+  for key in ("tokens", "old_logp", "mask", "prompt_tokens", "rewards"):
+    np.testing.assert_array_equal(ro[key], np.concatenate([log[r][key][g * G:(g + 1) * G] for r, g in want]))
+  assert len(ro["scores"]) == B * G and ro["texts"] == [x for r, g in want for x in log[r]["texts"][g * G:(g + 1) * G]]
+  np.testing.assert_array_equal(ro["group_ids"], np.repeat(np.arange(B), G))
+  assert metrics["dapo_step_accuracy"] == pytest.approx(float(log[0]["scores"].mean()))
+  # the same call again draws exactly the same (the draws are a function of the step and the key)
+  again, _ = t.step_rollouts(t.training.init_state().params, t.prompts.batch(step), step, rng)
+  np.testing.assert_array_equal(again["tokens"], ro["tokens"])
+
+
+def test_at_the_cap_fill_trains_on_dropped_groups_and_error_stops(trainer):
+  t = script(with_dapo(trainer, max_rounds=1, at_cap="fill"))
+  step = first_step_with_both_dropped_kinds(t)
+  params = t.training.init_state().params
+  state, metrics = t.train_step(t.training.init_state(), t.prompts.batch(step))
+  mixed = sum(kind(a) == "mixed" for a in t.prompts.batch(step)["answers"])
+  assert metrics["dapo_rounds"] == 1 and metrics["dapo_groups_filled"] == B - mixed
+  assert np.isfinite(metrics["loss"]) and int(state.step) == 1
+  t = script(with_dapo(trainer, max_rounds=1, at_cap="error"))
+  with pytest.raises(RuntimeError, match=re.escape(f"gave {mixed} informative groups of the {B} needed")):
+    t.step_rollouts(params, t.prompts.batch(step), step, jax.random.PRNGKey(0))
+
+
+def test_overlong_filtering_masks_exactly_the_truncated_rows_and_the_punishment_follows_the_formula(trainer):
+  """The sampler's output is edited so that the lengths are known: row % 3 == 0 stops with EOS after 3 tokens,
+  row % 3 == 1 ends with EOS exactly at the cap (complete, not truncated), the others run to the cap without EOS."""
+  eos, pad = trainer.tokenizer.eos_id, trainer.tokenizer.pad_id
+  real_sample = trainer.sample
+
+  def sample(params, tokens, mask, rng):
+    out = real_sample(params, tokens, mask, rng)
+    toks, m = np.asarray(out.tokens).copy(), np.ones(out.mask.shape, np.float32)
+    toks[toks == eos] = eos + 1  # no EOS but the ones placed here
+    rows = np.arange(len(toks))
+    toks[rows % 3 == 0, 2], toks[rows % 3 == 0, 3:], m[rows % 3 == 0, 3:] = eos, pad, 0
+    toks[rows % 3 == 1, -1] = eos
+    return out.replace(tokens=jax.numpy.asarray(toks), mask=jax.numpy.asarray(m),
+                       lengths=jax.numpy.asarray(m.sum(1).astype(np.int32)),
+                       logprobs=out.logprobs * m)
+
+  t = script(dataclasses.replace(with_dapo(trainer, dynamic_sampling=False, overlong_filtering=True), sample=sample))
+  captured = {}
+  real_updates = t._policy_updates
+
+  def policy_updates(state, experience, *args):
+    captured.update(experience)
+    return real_updates(state, experience, *args)
+
+  t._policy_updates = policy_updates
+  state, metrics = t.train_step(t.training.init_state(), t.prompts.batch(0))
+  rows = np.arange(B * G)
+  want_truncated = rows % 3 == 2
+  lengths = np.where(rows % 3 == 0, 3, T)
+  np.testing.assert_array_equal(captured["mask"].sum(1) == 0, want_truncated)
+  np.testing.assert_array_equal(captured["mask"][~want_truncated].sum(1), lengths[~want_truncated])
+  assert metrics["truncated_frac"] == pytest.approx(want_truncated.mean())
+  ro = t.rollouts(state.params, t.prompts.batch(0), jax.random.PRNGKey(0))
+  np.testing.assert_array_equal(ro["truncated"], want_truncated)
+  penalty = np.asarray([min(-(n - (T - 4)) / 4, 0.0) for n in lengths])  # L_max 8, L_cache 4: 0 at 3, -1 at 8
+  np.testing.assert_allclose(ro["rewards"] - ro["scores"], penalty, rtol=1e-6)
+  assert metrics["overlong_penalty_mean"] == pytest.approx(penalty.mean())
+
+
+def test_resume_with_dynamic_sampling_reaches_the_same_parameters(trainer, tmp_path):
+  t = script(with_dapo(trainer))
+  uninterrupted = train_grpo(t.config, str(tmp_path / "whole"), trainer=t)
+  first = train_grpo(t.config, str(tmp_path / "resumed"), trainer=t, stop_at=2)
+  assert int(first.state.step) == 2
+  second = train_grpo(t.config, str(tmp_path / "resumed"), trainer=t)  # restores step 2 from the checkpoint
+  assert int(second.state.step) == t.config.steps
+  for got, want in zip(jax.tree.leaves(second.state.params), jax.tree.leaves(uninterrupted.state.params)):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  whole, resumed = read_metrics(str(tmp_path / "whole")), read_metrics(str(tmp_path / "resumed"))
+  assert [r["dapo_rounds"] for r in whole] == [r["dapo_rounds"] for r in resumed]
+  assert max(r["dapo_rounds"] for r in whole) > 1  # refills happened
+  assert [r["pg_loss"] for r in whole] == [r["pg_loss"] for r in resumed]
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("dapo.overlong_buffer", 9, "config.dapo.overlong_buffer=9: must be <= config.sampling.max_new_tokens=8"),
+    ("dapo.max_rounds", 0, "config.dapo.max_rounds=0: must be >= 1"),
+    ("clipo.in_loss_coef", 0.1, "config.dapo.overlong_filtering=True: cannot be combined with "
+                                "config.clipo.in_loss_coef > 0"),
+])
+def test_config_errors_name_the_field(field, value, message):
+  config = dapo_config(**{"dapo.overlong_filtering": True, "clipo.enabled": True})
+  config.update_from_flattened_dict({field: value})
+  with pytest.raises(ConfigError, match=re.escape(message)) as error:
+    from_section(GRPORunConfig, config, "config")
+  assert "\n" not in str(error.value)
+
+
+def test_dapo_tiny_is_grpo_tiny_with_dapo_settings():
+  config = from_section(GRPORunConfig, dapo_tiny.get_config(), "config")
+  assert (config.grpo.eps_lo, config.grpo.eps_hi, config.grpo.agg, config.grpo.kl_coef) == (0.2, 0.28,
+                                                                                             "token-mean", 0.0)
+  assert config.dapo == dapo.DAPOConfig(dynamic_sampling=True, max_rounds=3, overlong_buffer=8)
