@@ -48,8 +48,8 @@ def np_weights(m, mode, t_max=None):
     return m / n_rows
   if mode == "seq-mean-token-mean":
     return m / np.maximum(lengths, 1)[:, None] / n_rows
-  if mode == "seq-mean-token-sum-norm":
-    return m / (t_max or m.shape[-1]) / n_rows
+  if mode == "seq-mean-token-sum-norm":  # every row counts, empty ones too: B T_max
+    return m / (t_max or m.shape[-1]) / m.shape[0]
   raise ValueError(mode)
 
 
@@ -137,18 +137,52 @@ def test_advantage_errors():
 
 def test_aggregation_hand_computed():
   v = np.array([[1.0, 2, 3], [4, 0, 0], [9, 9, 9]], np.float32)
-  m = np.array([[1.0, 1, 0], [1, 0, 0], [0, 0, 0]], np.float32)   # last row all masked: ignored everywhere
-  want = {"token-mean": 7 / 3, "seq-mean-token-sum": 3.5, "seq-mean-token-mean": 2.75,
-          "seq-mean-token-sum-norm": (3 / 3 + 4 / 3) / 2}
+  m = np.array([[1.0, 1, 0], [1, 0, 0], [0, 0, 0]], np.float32)   # last row all masked: ignored, but counted
+  want = {"token-mean": 7 / 3, "seq-mean-token-sum": 3.5, "seq-mean-token-mean": 2.75,  # in B by the -norm mode
+          "seq-mean-token-sum-norm": (3 + 4) / (3 * 3)}
   for mode, w in want.items():
     np.testing.assert_allclose(G.aggregate(v, m, mode), w, rtol=1e-6, err_msg=mode)
-  np.testing.assert_allclose(G.aggregate(v, m, "seq-mean-token-sum-norm", max_tokens=10), 3.5 / 10, rtol=1e-6)
+  np.testing.assert_allclose(G.aggregate(v, m, "seq-mean-token-sum-norm", max_tokens=10), 7 / 30, rtol=1e-6)
   bad = np.where(m > 0, v, np.array([[np.nan], [-np.inf], [np.inf]], np.float32))   # garbage under the mask
   for mode in MODES:
     assert float(G.aggregate(v, np.zeros_like(m), mode)) == 0.0
     np.testing.assert_allclose(G.aggregate(bad, m, mode), want[mode], rtol=1e-6)
   with pytest.raises(ValueError, match="token-mean"):
     G.aggregate(v, m, "sum")
+
+
+def test_sum_norm_denominator_is_a_constant_of_the_batch_shape():
+  """Issue 14 item 5: the weight of every unmasked token is 1 / (B T_max) whatever the number of empty rows (it was
+  1 / (T_max * non-empty rows)), so equal micro-batches average to the whole batch's value."""
+  v = np.arange(1.0, 13.0, dtype=np.float32).reshape(4, 3)
+  grad = jax.jit(jax.grad(lambda x, m: G.aggregate(x, m, "seq-mean-token-sum-norm")))
+  masks = [np.array([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 0, 0]], np.float32),   # no empty row
+           np.array([[1, 1, 0], [0, 0, 0], [1, 1, 1], [0, 0, 0]], np.float32),   # two empty rows
+           np.array([[0, 0, 0], [0, 0, 0], [0, 0, 0], [1, 0, 0]], np.float32)]   # three
+  for m in masks:
+    np.testing.assert_allclose(grad(jnp.asarray(v), m), m / 12.0, rtol=1e-7)
+    np.testing.assert_allclose(G.aggregate(v, m, "seq-mean-token-sum-norm"), (v * m).sum() / 12.0, rtol=1e-6)
+  m = masks[1]
+  halves = [G.aggregate(v[i:i + 2], m[i:i + 2], "seq-mean-token-sum-norm") for i in (0, 2)]   # 1 and 0 empty rows
+  np.testing.assert_allclose(np.mean(halves), G.aggregate(v, m, "seq-mean-token-sum-norm"), rtol=1e-6)
+  np.testing.assert_allclose(G.aggregate(v, m, "seq-mean-token-sum-norm", max_tokens=8), (v * m).sum() / 32.0,
+                             rtol=1e-6)
+
+
+@given(rows=st.integers(1, 6), cols=st.integers(1, 5), empty=st.lists(st.booleans(), min_size=6, max_size=6),
+       seed=st.integers(0, 2**16), log_scale=st.floats(-20, 20))
+def test_property_sum_norm_weights_ignore_empty_rows(rows, cols, empty, seed, log_scale):
+  """Any shape, any set of empty rows (all of them included), values up to 1e20: value and gradient are those of
+  sum(v m) / (B T_max), in float64 to float32 rounding."""
+  rng = np.random.default_rng(seed)
+  v = (rng.normal(size=(rows, cols)) * 10.0 ** log_scale).astype(np.float32)
+  m = (rng.random((rows, cols)) < 0.6).astype(np.float32) * ~np.array(empty[:rows])[:, None]
+  value, g = G.aggregate(v, m, "seq-mean-token-sum-norm"), jax.grad(
+      lambda x: G.aggregate(x, m, "seq-mean-token-sum-norm"))(jnp.asarray(v))
+  want = (v.astype(np.float64) * m).sum() / (rows * cols)
+  scale = (np.abs(v.astype(np.float64)) * m).sum() / (rows * cols)
+  assert abs(float(value) - want) <= 1e-6 * scale + 1e-30
+  np.testing.assert_allclose(g, m / (rows * cols), rtol=1e-7)
 
 
 def test_kl_estimators_hand_computed_and_numpy():

@@ -1,4 +1,8 @@
-"""CLIPO trainer pieces: config validation, rollout representation, projection head, head step, in-loss term."""
+"""CLIPO trainer pieces: config validation, rollout representation, projection head, warm-up, head step, in-loss
+term; the official conventions (github Qwen-Applications/CLIPO @ 13c5fd6; rt:LINE = verl/trainer/ppo/ray_trainer.py)
+re-stated in plain NumPy."""
+
+import re
 
 import flax.linen as nn
 import jax
@@ -7,6 +11,7 @@ import ml_collections
 import numpy as np
 import optax
 import pytest
+import scipy.stats
 
 from jaxpt.config import ConfigError, from_section
 from jaxpt.losses import clipo as clipo_loss
@@ -25,11 +30,17 @@ GROUPS = np.repeat(np.arange(3), 4)
 def test_config_defaults_and_from_section():
   assert from_section(clipo.CLIPOConfig, None, "config.clipo") == clipo.CLIPOConfig()
   assert from_section(clipo.CLIPOConfig, ml_collections.ConfigDict(), "config.clipo") == clipo.CLIPOConfig()
-  section = {"enabled": True, "head": "mlp", "out_dim": 64, "level": "cross", "in_loss_coef": 0.1}
+  section = {"enabled": True, "head": "mlp", "out_dim": 64, "level": "batch_level", "in_loss_coef": 0.1,
+             "objective": "supcon_in", "masked_label": -1, "critic_warmup": 3}
   c = from_section(clipo.CLIPOConfig, ml_collections.ConfigDict(section), "config.clipo")
-  assert (c.enabled, c.head, c.out_dim, c.level, c.in_loss_coef, c.temperature) == (True, "mlp", 64, "cross", 0.1,
-                                                                                      0.05)
-  assert (c.reward_coef, c.reward_floor, c.learning_rate, c.weight_decay) == (0.2, -0.5, 1e-3, 0.01)
+  assert (c.enabled, c.head, c.out_dim, c.level, c.in_loss_coef, c.temperature) == (True, "mlp", 64, "batch_level",
+                                                                                      0.1, 0.05)
+  assert (c.objective, c.masked_label, c.critic_warmup) == ("supcon_in", -1, 3)
+  assert c.loss_kwargs()["masked_label"] == -1
+  d = clipo.CLIPOConfig()   # the official defaults (verl/trainer/config/model/hf_model.yaml:40-73)
+  assert (d.head, d.out_dim, d.objective, d.distance, d.masked_label, d.level) == ("linear", 512, "infonce", "cosine",
+                                                                                   0, "group_level")
+  assert (d.reward_coef, d.reward_floor, d.learning_rate, d.weight_decay) == (0.2, -0.5, 1e-3, 0.01)
   hash(c)  # a static jit argument
 
 
@@ -37,27 +48,69 @@ def test_config_defaults_and_from_section():
     ("enabled", 1), ("head", "conv"), ("out_dim", 0), ("out_dim", 2.5), ("temperature", 0.0),
     ("objective", "triplet"), ("level", "global"), ("distance", "l1"), ("reward_coef", -0.1),
     ("reward_floor", 0.5), ("reward_floor", float("-inf")), ("learning_rate", 0.0), ("weight_decay", -1.0),
-    ("in_loss_coef", -0.5), ("in_loss_coef", "x"), ("freeze_policy_steps", -1), ("freeze_policy_steps", True),
-    ("bogus", 1)])
+    ("in_loss_coef", -0.5), ("in_loss_coef", "x"), ("critic_warmup", -1), ("critic_warmup", True),
+    ("masked_label", 2), ("masked_label", True), ("bogus", 1)])
 def test_config_errors_name_the_field(field, value):
   with pytest.raises(ConfigError, match=rf"^config\.clipo\.{field}"):
     from_section(clipo.CLIPOConfig, ml_collections.ConfigDict({field: value}), "config.clipo")
 
 
+@pytest.mark.parametrize("field,value,message", [
+    ("level", "group", "config.clipo.level='group': renamed to the official names: group -> group_level, "
+     "batch -> cross_level, cross -> batch_level"),
+    ("level", "batch", "config.clipo.level='batch': renamed"),
+    ("level", "cross", "config.clipo.level='cross': renamed"),
+    ("freeze_policy_steps", 1, "config.clipo.freeze_policy_steps=1: renamed: use critic_warmup = "
+     "freeze_policy_steps + 1")])
+def test_renamed_values_say_the_new_names(field, value, message):
+  with pytest.raises(ConfigError, match=re.escape(message)) as e:
+    from_section(clipo.CLIPOConfig, ml_collections.ConfigDict({field: value}), "config.clipo")
+  assert "\n" not in str(e.value)
+
+
+def test_warmup_boundary_is_the_official_critic_warmup():
+  """rt:1516 `if critic_warmup <= global_steps: update_actor`, global_steps = 1 at the first step (rt:1244, 1267);
+  jaxpt's trainer updates at its 0-based step s iff s >= frozen_steps (jaxpt/train/grpo.py)."""
+  for warmup in range(6):
+    c = clipo.CLIPOConfig(critic_warmup=warmup)
+    official = [warmup <= global_step for global_step in range(1, 9)]
+    assert [step >= c.frozen_steps for step in range(8)] == official, warmup
+  assert clipo.CLIPOConfig(critic_warmup=14).frozen_steps == 13   # scripts/train_gsm8k.sh:43
+
+
 # ------------------------------------------------------------------ representation and head
 
-def test_rollout_representation_is_the_masked_mean():
+def np_official_pooling(hidden, mask):
+  """The patched SGLang decode loop (modified/scheduler_output_processor_mixin.py:271-278, the prefill branch :113
+  disabled), in float64: decode step k = 1..L-1 feeds response token k-1, whose hidden state (jaxpt's column k, the
+  state that sampled token k) is added; when the request finishes the sum is divided by len(output_ids) = L. A
+  request that ends at prefill (L = 1) never adds anything (0 here)."""
+  out = np.zeros((hidden.shape[0], hidden.shape[2]))
+  for i in range(hidden.shape[0]):
+    length = int(mask[i].sum())
+    acc = []
+    for k in range(1, length):           # one decode step per token after the first
+      acc = hidden[i, k].astype(np.float64).copy() if len(acc) == 0 else acc + hidden[i, k]
+    if len(acc):
+      out[i] = acc / length
+  return out
+
+
+def test_rollout_representation_is_the_official_pooling():
   rng = np.random.default_rng(0)
-  hidden = rng.normal(size=(4, 6, 5)).astype(np.float32)
-  mask = np.array([[1, 1, 1, 0, 0, 0], [0, 1, 1, 1, 1, 1], [1, 0, 1, 0, 1, 0], [0] * 6], np.float32)
+  hidden = rng.normal(size=(5, 6, 5)).astype(np.float32)
+  mask = np.array([[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0], [0] * 6],
+                  np.float32)
   hidden[mask == 0] = np.nan  # padding may hold anything
-  want = np.stack([hidden[i][mask[i] > 0].mean(0) if mask[i].any() else np.zeros(5) for i in range(4)])
+  want = np_official_pooling(np.nan_to_num(hidden), mask)
+  np.testing.assert_allclose(want[0], (hidden[0, 1] + hidden[0, 2]) / 3, rtol=1e-6)   # 1..L-1 over L
   got = clipo.rollout_representation(jnp.asarray(hidden, jnp.bfloat16).astype(jnp.float32), mask)
   np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
   np.testing.assert_allclose(clipo.rollout_representation(hidden, mask), want, rtol=1e-6, atol=1e-6)
   g = jax.grad(lambda h: clipo.rollout_representation(h, mask).sum())(jnp.asarray(np.nan_to_num(hidden)))
-  np.testing.assert_allclose(g, np.broadcast_to((mask / np.maximum(mask.sum(1, keepdims=True), 1))[..., None],
-                                                g.shape), rtol=1e-6)
+  weights = mask / np.maximum(mask.sum(1, keepdims=True), 1)
+  weights[:, 0] = 0.0   # the last prompt token's state never counts
+  np.testing.assert_allclose(g, np.broadcast_to(weights[..., None], g.shape), rtol=1e-6)
 
 
 @pytest.mark.parametrize("kind", ["linear", "mlp"])
@@ -75,12 +128,27 @@ def test_projection_head_matches_numpy(kind):
   if kind == "linear":
     assert names == {"proj/kernel": ("embed", "clipo_proj")}
     want = xb @ np.asarray(p["proj"]["kernel"])
-  else:
-    assert names == {"fc1/kernel": ("embed", "clipo_hidden"), "fc1_bias": ("clipo_hidden",),
-                     "fc2/kernel": ("clipo_hidden", "clipo_proj"), "fc2_bias": ("clipo_proj",)}
-    h = np.maximum(xb @ np.asarray(p["fc1"]["kernel"]) + np.asarray(p["fc1_bias"]), 0.0)
-    want = h @ np.asarray(p["fc2"]["kernel"]) + np.asarray(p["fc2_bias"])
+  else:  # rt:91-95 with bias=False (the default of rt:80, not overridden at rt:1013-1017): no bias anywhere
+    assert names == {"fc1/kernel": ("embed", "clipo_hidden"), "fc2/kernel": ("clipo_hidden", "clipo_proj")}
+    assert p["fc1"]["kernel"].shape == (D_MODEL, D_MODEL)   # hidden = llm_hidden_size (rt:92)
+    want = np.maximum(xb @ np.asarray(p["fc1"]["kernel"]), 0.0) @ np.asarray(p["fc2"]["kernel"])
   np.testing.assert_allclose(z, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["linear", "mlp"])
+def test_projection_head_init_is_torch_linear_default(kind):
+  """torch.nn.Linear.reset_parameters: kaiming_uniform_(W, a=sqrt(5)) -> U(-b, b), b = gain sqrt(3 / fan_in) with
+  gain = sqrt(2 / (1 + a^2)) = sqrt(1/3), i.e. b = 1/sqrt(fan_in), std b / sqrt(3) (jaxpt's Dense: 1/sqrt(fan_in))."""
+  fan_in, out = 256, 384
+  p = nn.meta.unbox(ProjectionHead(out_dim=out, kind=kind).init(jax.random.PRNGKey(3), jnp.zeros((1, fan_in)))[
+      "params"])
+  for w in jax.tree_util.tree_leaves(p):
+    w = np.asarray(w, np.float64)
+    bound = np.sqrt(2.0 / (1.0 + 5.0)) * np.sqrt(3.0 / w.shape[0])   # gain(a = sqrt(5)) * sqrt(3 / fan_in)
+    assert np.abs(w).max() <= bound and np.abs(w).max() > 0.999 * bound
+    assert abs(w.std() / (bound / np.sqrt(3.0)) - 1.0) < 0.01   # n >= 98304 draws: the std's own error ~ 0.3%
+    assert abs(w.mean()) < 0.01 * bound
+    assert scipy.stats.kstest(w.ravel(), "uniform", args=(-bound, 2 * bound)).pvalue > 1e-3
 
 
 # ------------------------------------------------------------------ head step

@@ -91,13 +91,13 @@ def test_policy_update_goes_through_the_shared_step_with_grad_accumulation(sft_w
 
 def test_clipo_trains_its_head_and_shapes_the_reward(sft_workdir, tmp_path):
   config = grpo_config(sft_workdir, **{"steps": 3, "clipo.enabled": True, "clipo.out_dim": 32,
-                                        "clipo.in_loss_coef": 0.1, "clipo.freeze_policy_steps": 1,
+                                        "clipo.in_loss_coef": 0.1, "clipo.critic_warmup": 2,
                                         "checkpoint_every": 0, "grpo.minibatches": 2,
                                         "grpo.entropy_coef": 1e-3})
   trainer = build_grpo(config, str(tmp_path))
   state = trainer.init_state()
   head_before = state.aux["clipo"].params
-  state, metrics = trainer.train_step(state, trainer.prompts.batch(0))  # frozen step: only the head moves
+  state, metrics = trainer.train_step(state, trainer.prompts.batch(0))  # global step 1 < critic_warmup 2: frozen
   for got, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(trainer.ref_params)):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
   assert "pg_loss" not in metrics and -0.5 <= metrics["clipo_reward_mean"] <= 0.0

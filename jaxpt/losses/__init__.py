@@ -1,6 +1,6 @@
 """Pure loss functions on arrays, registered by kind (lm, preference, policy, contrastive; see `registry`)."""
 
-from jaxpt.losses import clipo  # noqa: F401  (contrastive: clipo_infonce, clipo_supcon_out, clipo_soft_nn)
+from jaxpt.losses import clipo  # noqa: F401  (contrastive: clipo_infonce, _supcon_out, _supcon_in, _soft_nn)
 from jaxpt.losses import grpo  # noqa: F401  (policy: ppo_clip, gspo)
 from jaxpt.losses import lm  # noqa: F401  (lm: lm_cross_entropy)
 from jaxpt.losses import preference  # noqa: F401  (preference: bt, dir, dpo, odin)

@@ -1,31 +1,40 @@
 """CLIPO: contrastive loss over rollout embeddings and the clipped contrastive reward.
 
-Spec: /work/shared/specs/grpo_clipo.md, section CLIPO (arXiv 2603.10101). Pure functions of arrays; this module
-imports no model, train or data code.
+Spec: /work/shared/specs/grpo_clipo.md, section CLIPO (arXiv 2603.10101). Follows the official code,
+github Qwen-Applications/CLIPO @ 13c5fd6, `verl/trainer/ppo/ray_trainer.py` (cited as rt:LINE below): `supcon_loss`
+rt:132-268, the levels in `compute_contrastive_rewards` rt:1647-1658, the reward rt:1667-1669. Pure functions of
+arrays; this module imports no model, train or data code.
 
 Conventions: N rollouts; head outputs z `[N, D]` (any float dtype, computed in float32); `labels` `[N]` are 0/1,
-bool or raw rewards (y_i = 1[label > 0]); `group_ids` `[N]` int (the prompt id; rollouts need not be contiguous).
+bool or raw rewards (y_i = 1[label > 0], the official `correctness_mask`, rt:1431); `group_ids` `[N]` int (the prompt
+id, the official `uid`; rollouts need not be contiguous).
 
-Sets (`contrastive_sets`), for `level`:
-  group (the spec): P(i) = {j != i: g_j = g_i, y_j = y_i}      A(i) = {j != i: g_j = g_i}
-  batch           : P(i) = {j != i: g_j = g_i, y_j = y_i}      A(i) = {j != i}   (other prompts' rollouts are extra
-                    negatives, SimCLR-style in-batch negatives)
-  cross           : P(i) = {j != i: y_j = y_i}                 A(i) = {j != i}   (SupCon over the batch with
-                    correctness as the class: correct rollouts of other prompts are positives too)
-  anchors, at every level: a_i = y_i * 1[|P(i)| > 0] * 1[A(i) holds an incorrect rollout].
-The public CLIPO reference code was not found in the code index, so `batch` / `cross` are our definitions (above).
+Sets (`contrastive_sets`), official names and masks (rt:182-195, with group_mask = 1[g_i = g_j]):
+  group_level (default): P(i) = {j != i: g_j = g_i, y_j = y_i}   A(i) = {j != i: g_j = g_i}
+  batch_level          : P(i) = {j != i: y_j = y_i}              A(i) = {j != i}     (no group_mask, rt:1647-1648)
+  cross_level          : P(i) = {j != i: g_j = g_i, y_j = y_i}   A(i) = {j != i}     (other prompts' rollouts are
+                                                                  extra negatives, rt:1653-1656)
+  anchors (rt:189-192, 247-257; `skip_trivial` on, as by default):
+    a_i = 1[y_i != masked_label] * 1[|P(i)| > 0] * 1[|A(i) \\ P(i)| > 0]      (masked_label -1: no label masked)
+  With the default masked_label = 0 only correct rollouts anchor. A(i) \\ P(i) is every candidate that is not a
+  positive, so at cross_level a correct rollout with a correct sibling anchors even when the batch holds no
+  incorrect rollout at all (its negatives are then other prompts' correct rollouts).
 
-Loss (`contrastive_loss`), temperature tau (0.05):
-  zn_i = z_i / ||z_i||                                            (so the loss is invariant to z -> c z, c > 0)
-  s_ij = zn_i . zn_j  (`cosine`)   or   s_ij = -||zn_i - zn_j||^2  (`l2`)
-  l_ij = s_ij / tau - sg(max_k s_ik / tau)                        (max over the whole row, k = i included)
-  infonce    (spec):  L_i = a_i (-l_{i,p_i} + log(sum_{j in A(i)} exp l_ij + 1e-8)),  p_i ~ Uniform(P(i))
-  supcon_out (Khosla et al. 2020, L_out): L_i = a_i (-(1/|P(i)|) sum_{p in P(i)} l_ip + log(sum_{A(i)} exp l_ij + 1e-8))
-  soft_nn    (Frosst et al. 2019):  L_i = a_i (-log(sum_{p in P(i)} exp l_ip + 1e-8) + log(sum_{A(i)} exp l_ij + 1e-8))
-  loss = sum_i L_i / (sum_i a_i + 1e-8)
+Loss (`contrastive_loss`), temperature tau (0.05), eps = 1e-8 (rt:139):
+  zn_i = z_i / ||z_i||                       (the head normalises, rt:102; so the loss is invariant to z -> c z, c > 0)
+  s_ij = zn_i . zn_j  (`cosine`, rt:169-170)  or  s_ij = 1 - sqrt(max(2 - 2 zn_i . zn_j, eps))  (`l2`, rt:173-174:
+         one minus the Euclidean distance of the unit vectors)
+  l_ij = s_ij / tau - sg(max_k s_ik / tau)   (max over the whole row, k = i included, rt:198-202)
+  lse_i = log(sum_{j in A(i)} exp l_ij + eps),   sp_i = log(sum_{p in P(i)} exp l_ip + eps)
+  infonce    (infonce_loss, rt:233-242):    L_i = a_i (lse_i - l_{i,p_i}),  p_i ~ Uniform(P(i))
+  supcon_out (supcon_loss_out, rt:227-231): L_i = a_i (|P(i)| lse_i - sum_{p in P(i)} l_ip) / (|P(i)| + eps)
+  supcon_in  (supcon_loss_in, rt:221-225):  L_i = a_i (lse_i - sp_i + log(|P(i)| + eps))
+  soft_nn    (soft_nn_loss, rt:215-219):    L_i = a_i (lse_i - sp_i)
+  loss = sum_i L_i / (sum_i a_i + eps)   (rt:266-267; 0 with no anchor, rt:262-264)
 Every L_i >= 0 (P(i) is inside A(i)), and L_i = 0 for non-anchors.
 
-Reward (`contrastive_reward`): r_con_i = max(-coef * L_i * y_i, floor) (coef 0.2, floor -0.5), stop-gradient.
+Reward (`contrastive_reward`, rt:1667-1669): r_con_i = max(-coef * L_i * y_i, floor) (coef 0.2, floor -0.5),
+stop-gradient: 0 for incorrect rollouts even where masked_label lets them anchor.
 """
 
 from __future__ import annotations
@@ -40,9 +49,11 @@ from jaxpt.losses.registry import register_loss
 TEMPERATURE = 0.05
 LOG_EPS = 1e-8       # inside log(sum exp + 1e-8) and the anchor-count denominator
 NORM_EPS = 1e-12     # ||z||^2 floor: an all-zero z row normalises to 0, not nan
-LEVELS = ("group", "batch", "cross")
-OBJECTIVES = ("infonce", "supcon_out", "soft_nn")
-DISTANCES = ("cosine", "l2")
+LEVELS = ("group_level", "batch_level", "cross_level")           # the official names (rt:1647-1658)
+RENAMED_LEVELS = {"group": "group_level", "batch": "cross_level", "cross": "batch_level"}  # jaxpt's names before
+OBJECTIVES = ("infonce", "supcon_out", "supcon_in", "soft_nn")   # official loss_type: <name>_loss, supcon_loss_<x>
+DISTANCES = ("cosine", "l2")                                     # official cosine_distance, l2_distance
+MASKED_LABELS = (-1, 0, 1)                                       # rt:152: -1 none, 0 incorrect, 1 correct
 REWARD_COEF = 0.2
 REWARD_FLOOR = -0.5
 
@@ -57,24 +68,32 @@ def correct(labels: jax.Array) -> jax.Array:
   return jnp.asarray(labels).astype(jnp.float32) > 0
 
 
-def contrastive_sets(labels: jax.Array, group_ids: jax.Array, level: str = "group",
+def _check_level(level: str) -> None:
+  if level in RENAMED_LEVELS:
+    raise ValueError(f"clipo level {level!r} was renamed: use the official names (group -> group_level, "
+                     f"batch -> cross_level, cross -> batch_level)")
+  _check("level", level, LEVELS)
+
+
+def contrastive_sets(labels: jax.Array, group_ids: jax.Array, level: str = "group_level", masked_label: int = 0,
                      ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """Anchors, positives and candidates (see the module doc for each level).
+  """Anchors, positives and candidates (see the module doc for each level and the anchor rule).
 
   labels, group_ids `[N]` -> (anchors float32 `[N]` (a_i in {0, 1}), positives bool `[N, N]` (row i = P(i)),
   candidates bool `[N, N]` (row i = A(i))). The diagonal is always False.
   """
-  _check("level", level, LEVELS)
+  _check_level(level)
+  if isinstance(masked_label, int) and masked_label not in MASKED_LABELS:  # (or a traced int)
+    raise ValueError(f"clipo masked_label must be one of -1, 0, 1, got {masked_label!r}")
   y = correct(labels)
   g = jnp.asarray(group_ids)
-  n = y.shape[0]
-  not_self = ~jnp.eye(n, dtype=bool)
+  not_self = ~jnp.eye(y.shape[0], dtype=bool)
   same_group = (g[:, None] == g[None, :]) & not_self
   same_label = (y[:, None] == y[None, :]) & not_self
-  candidates = same_group if level == "group" else not_self
-  positives = same_label if level == "cross" else same_group & same_label
-  has_incorrect = jnp.any(candidates & ~y[None, :], axis=1)
-  anchors = y & jnp.any(positives, axis=1) & has_incorrect
+  positives = same_label if level == "batch_level" else same_group & same_label
+  candidates = same_group if level == "group_level" else not_self
+  unmasked = (masked_label == -1) | (y != (masked_label == 1))
+  anchors = jnp.any(positives, axis=1) & jnp.any(candidates & ~positives, axis=1) & unmasked
   return anchors.astype(jnp.float32), positives, candidates
 
 
@@ -89,13 +108,17 @@ def normalize(z: jax.Array) -> jax.Array:
 
 
 def similarities(zn: jax.Array, distance: str = "cosine") -> jax.Array:
-  """s `[N, N]` of normalised zn `[N, D]`: zn_i . zn_j (`cosine`) or -||zn_i - zn_j||^2 (`l2`)."""
+  """s `[N, N]` of normalised zn `[N, D]`: zn_i . zn_j (`cosine`) or 1 - sqrt(max(2 - 2 zn_i . zn_j, 1e-8)) (`l2`,
+  rt:173-174: 2 - 2 cos is ||zn_i - zn_j||^2 for unit rows). On the diagonal 2 - 2 cos_ii is taken exactly (0 for a
+  unit row, 2 for a zero row), so s_ii = 1 - 1e-4 is not moved by rounding: it is the row max that every l_ij is
+  shifted by, and the 1e-8 inside log(sum exp l + 1e-8) makes the loss sensitive to that shift."""
   _check("distance", distance, DISTANCES)
   dots = zn @ zn.T
   if distance == "cosine":
     return dots
-  sq = jnp.sum(zn * zn, axis=-1)
-  return -jnp.maximum(sq[:, None] + sq[None, :] - 2.0 * dots, 0.0)
+  self_d2 = 2.0 - 2.0 * jnp.round(jax.lax.stop_gradient(jnp.sum(zn * zn, axis=-1)))
+  d2 = jnp.where(jnp.eye(dots.shape[0], dtype=bool), self_d2[:, None], 2.0 - 2.0 * dots)
+  return 1.0 - jnp.sqrt(jnp.maximum(d2, LOG_EPS))
 
 
 def sample_positives(positives: jax.Array, rng: jax.Array) -> jax.Array:
@@ -115,9 +138,9 @@ def _masked_pair_mean(values: jax.Array, mask: jax.Array) -> jax.Array:
 
 
 def contrastive_loss(z: jax.Array, labels: jax.Array, group_ids: jax.Array, rng: Optional[jax.Array] = None, *,
-                     objective: str = "infonce", level: str = "group", distance: str = "cosine",
-                     temperature: float = TEMPERATURE, positive_index: Optional[jax.Array] = None,
-                     ) -> tuple[jax.Array, dict[str, jax.Array]]:
+                     objective: str = "infonce", level: str = "group_level", distance: str = "cosine",
+                     temperature: float = TEMPERATURE, masked_label: int = 0,
+                     positive_index: Optional[jax.Array] = None) -> tuple[jax.Array, dict[str, jax.Array]]:
   """The CLIPO head loss (module doc): z `[N, D]`, labels / group_ids `[N]` -> (loss, metrics).
 
   `infonce` needs one positive per anchor: `positive_index` int `[N]` (p_i, used where a_i = 1) or else `rng` to
@@ -126,9 +149,9 @@ def contrastive_loss(z: jax.Array, labels: jax.Array, group_ids: jax.Array, rng:
   0 with no such pair).
   """
   _check("objective", objective, OBJECTIVES)
-  if not temperature > 0:
+  if isinstance(temperature, (int, float)) and not temperature > 0:  # (or a traced scalar)
     raise ValueError(f"clipo temperature must be > 0, got {temperature}")
-  anchors, positives, candidates = contrastive_sets(labels, group_ids, level)
+  anchors, positives, candidates = contrastive_sets(labels, group_ids, level, masked_label)
   s = similarities(normalize(z), distance)
   logits = s / temperature
   l = logits - jax.lax.stop_gradient(jnp.max(logits, axis=1, keepdims=True))
@@ -139,13 +162,17 @@ def contrastive_loss(z: jax.Array, labels: jax.Array, group_ids: jax.Array, rng:
         raise ValueError("clipo infonce needs rng (to draw p_i) or positive_index")
       positive_index = sample_positives(positives, rng)
     positive_term = jnp.take_along_axis(l, jnp.asarray(positive_index, jnp.int32)[:, None], axis=1)[:, 0]
-  elif objective == "supcon_out":
-    n_pos = jnp.sum(positives, axis=1)
-    positive_term = jnp.sum(jnp.where(positives, l, 0.0), axis=1) / jnp.maximum(n_pos, 1)
-  else:  # soft_nn
-    positive_term = _log_sum_exp_over(l, positives)
+    per_rollout = log_denominator - positive_term
+  elif objective == "supcon_out":  # rt:230-231: the mean over P(i) divides by |P(i)| + eps
+    n_pos = jnp.sum(positives, axis=1).astype(jnp.float32)
+    per_rollout = (n_pos * log_denominator - jnp.sum(jnp.where(positives, l, 0.0), axis=1)) / (n_pos + LOG_EPS)
+  elif objective == "supcon_in":   # rt:224
+    n_pos = jnp.sum(positives, axis=1).astype(jnp.float32)
+    per_rollout = log_denominator - _log_sum_exp_over(l, positives) + jnp.log(n_pos + LOG_EPS)
+  else:  # soft_nn, rt:218
+    per_rollout = log_denominator - _log_sum_exp_over(l, positives)
   is_anchor = anchors > 0
-  per_rollout = jnp.where(is_anchor, log_denominator - positive_term, 0.0)
+  per_rollout = jnp.where(is_anchor, per_rollout, 0.0)
   num_anchors = jnp.sum(anchors)
   loss = jnp.sum(per_rollout) / (num_anchors + LOG_EPS)
   s_sg = jax.lax.stop_gradient(s)

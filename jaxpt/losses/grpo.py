@@ -152,10 +152,13 @@ def aggregate(values: jax.Array, mask: jax.Array, mode: str = "token-mean",
     token-mean               : sum_{b,t} v m / sum_{b,t} m
     seq-mean-token-sum       : mean_b' sum_t v m
     seq-mean-token-mean      : mean_b' (sum_t v m / sum_t m)
-    seq-mean-token-sum-norm  : mean_b' (sum_t v m / T_max)           (Dr.GRPO; T_max = max_tokens or seq)
-  mean_b' runs over the rows with at least one unmasked token, so all-masked rows contribute nothing (neither
-  to the numerator nor to the count); with no unmasked token at all the result is 0. Masked positions are
-  zeroed with `where`, so inf/nan there cannot leak into the value or the gradient.
+    seq-mean-token-sum-norm  : sum_{b,t} v m / (B T_max)             (Dr.GRPO; T_max = max_tokens or seq)
+  For the first three, mean_b' runs over the rows with at least one unmasked token, so all-masked rows contribute
+  nothing (neither to the numerator nor to the count); with no unmasked token at all the result is 0.
+  seq-mean-token-sum-norm divides by a constant of the batch SHAPE: B = values.shape[0] rows, empty ones included,
+  times T_max, never by anything the mask decides (the spec; verl's `agg_loss` divides by T_max alone,
+  verl/trainer/ppo/core_algos.py:1072-1076 @ b178a3cd5: its rows x T_max version, verl PR 4510, was reverted).
+  Masked positions are zeroed with `where`, so inf/nan there cannot leak into the value or the gradient.
   """
   v = jnp.asarray(values, jnp.float32)
   m = jnp.asarray(mask, jnp.float32)
@@ -163,6 +166,8 @@ def aggregate(values: jax.Array, mask: jax.Array, mode: str = "token-mean",
   if mode == "token-mean":
     n = jnp.sum(m)
     return jnp.sum(vm) / jnp.where(n > 0, n, 1.0)
+  if mode == "seq-mean-token-sum-norm":
+    return jnp.sum(vm) / float(v.shape[0] * (max_tokens if max_tokens is not None else v.shape[-1]))
   row_tokens = jnp.sum(m, axis=-1)
   row_valid = (row_tokens > 0).astype(jnp.float32)
   n_rows = jnp.sum(row_valid)
@@ -171,8 +176,6 @@ def aggregate(values: jax.Array, mask: jax.Array, mode: str = "token-mean",
     per_row = row_sum
   elif mode == "seq-mean-token-mean":
     per_row = row_sum / jnp.where(row_tokens > 0, row_tokens, 1.0)
-  elif mode == "seq-mean-token-sum-norm":
-    per_row = row_sum / float(max_tokens if max_tokens is not None else v.shape[-1])
   else:
     raise ValueError(f"unknown aggregation mode {mode!r} (known: {', '.join(AGG_MODES)})")
   return jnp.sum(per_row * row_valid) / jnp.where(n_rows > 0, n_rows, 1.0)

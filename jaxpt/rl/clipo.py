@@ -1,16 +1,20 @@
 """CLIPO pieces the GRPO trainer calls: config, rollout representation, head state, head step, in-loss term.
 
-Spec: /work/shared/specs/grpo_clipo.md, section CLIPO. One training step with CLIPO on:
-  reps = rollout_representation(hidden, response_mask)                   # [N, d], mean final-norm hidden state
+Spec: /work/shared/specs/grpo_clipo.md, section CLIPO; official code github Qwen-Applications/CLIPO @ 13c5fd6
+(`verl/trainer/ppo/ray_trainer.py` cited as rt:LINE, `modified/scheduler_output_processor_mixin.py` as mx:LINE).
+One training step with CLIPO on:
+  reps = rollout_representation(hidden, response_mask)                   # [N, d], pooled final-norm hidden states
   state, r_con, m = head_step(config, state, reps, rewards, group_ids, rng)  # r_con from the head BEFORE its update
   rewards = rewards + r_con                                              # then the group advantage
 and, with `in_loss_coef > 0`, the policy loss gets `in_loss_coef * in_loss_term(...)[0]` (gradient into the policy's
-hidden states through a fixed head). `freeze_policy_steps` = number of first training steps in which the trainer
-updates only the head (the reference freezes the policy for its first epoch).
+hidden states through a fixed head). The policy is updated at training step s (1-based) only when
+`critic_warmup <= s` (rt:1516, global_steps starting at 1, rt:1267); the head trains every step. The official runs
+set critic_warmup = 14 on GSM8K (scripts/train_gsm8k.sh:43), freezing the policy for its first 13 steps.
 
-Batch keys (all `[N]` or `[N, ...]`, N rollouts): `hidden` `[N, T, d]` final-norm hidden states at the response
-positions (the LM-head input; any float dtype); `mask` `[N, T]` 1 on real response tokens; `labels` `[N]` the verifier
-rewards or 0/1 correctness (y = 1[label > 0]); `group_ids` `[N]` int prompt id of each rollout.
+Batch keys (all `[N]` or `[N, ...]`, N rollouts): `hidden` `[N, T, d]` column t the final-norm hidden state (the
+LM-head input; any float dtype) response token t was sampled from, so column 0 is the last prompt token's; `mask`
+`[N, T]` 1 on real response tokens; `labels` `[N]` the verifier rewards or 0/1 correctness (y = 1[label > 0]);
+`group_ids` `[N]` int prompt id of each rollout.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import optax
 
 from jaxpt.losses import clipo as clipo_loss
 from jaxpt.losses import get_loss
-from jaxpt.config import Section, at_least, fail, in_range, one_of
+from jaxpt.config import ConfigError, Section, at_least, fail, in_range, one_of
 from jaxpt.models.heads import HEAD_KINDS, ProjectionHead
 
 Metrics = dict[str, jax.Array]
@@ -43,16 +47,20 @@ class CLIPOConfig(Section):
     head: projection head kind: linear | mlp.
     out_dim: D, the head's output width.
     temperature: tau of the contrastive loss.
-    objective: the contrastive loss: infonce | supcon_out | soft_nn.
-    level: which rollouts are positives and negatives: group | batch | cross (`jaxpt.losses.clipo`).
-    distance: similarity of head outputs: cosine | l2.
+    objective: the contrastive loss: infonce | supcon_out | supcon_in | soft_nn (official loss_type infonce_loss |
+      supcon_loss_out | supcon_loss_in | soft_nn_loss).
+    level: which rollouts are positives and candidates, official names: group_level | batch_level | cross_level
+      (`jaxpt.losses.clipo`).
+    distance: similarity of head outputs: cosine | l2 (official cosine_distance | l2_distance).
+    masked_label: rollouts with this label never anchor: 0 incorrect (official default), 1 correct, -1 none.
     reward_coef: lambda in r_con = max(-lambda * L_i * y_i, reward_floor).
     reward_floor: the lowest r_con (<= 0).
     learning_rate: the head's AdamW learning rate.
     weight_decay: the head's AdamW weight decay.
     in_loss_coef: weight of the in-loss variant, the contrastive loss added to the policy loss through a fixed head
       (0 = off).
-    freeze_policy_steps: first training steps in which only the head is trained (the policy is not updated).
+    critic_warmup: the official `trainer.critic_warmup`: the policy is first updated at training step
+      critic_warmup (1-based), so max(critic_warmup - 1, 0) first steps train only the head.
   """
 
   enabled: bool = False
@@ -60,22 +68,34 @@ class CLIPOConfig(Section):
   out_dim: int = 512
   temperature: float = clipo_loss.TEMPERATURE
   objective: str = "infonce"
-  level: str = "group"
+  level: str = "group_level"
   distance: str = "cosine"
+  masked_label: int = 0
   reward_coef: float = clipo_loss.REWARD_COEF
   reward_floor: float = clipo_loss.REWARD_FLOOR
   learning_rate: float = 1e-3
   weight_decay: float = 0.01
   in_loss_coef: float = 0.0
-  freeze_policy_steps: int = 0
+  critic_warmup: int = 0
+
+  @classmethod
+  def prepare_values(cls, values: dict[str, Any], path: str) -> dict[str, Any]:
+    if "freeze_policy_steps" in values:
+      raise ConfigError(f"{path}.freeze_policy_steps", "renamed: use critic_warmup = freeze_policy_steps + 1 "
+                        "(the official trainer.critic_warmup: the policy is first updated at step critic_warmup)",
+                        values["freeze_policy_steps"])
+    return values
 
   def check(self) -> None:
+    if self.level in clipo_loss.RENAMED_LEVELS:
+      raise fail(self, "level", "renamed to the official names: group -> group_level, batch -> cross_level, "
+                 "cross -> batch_level")
     choices = {"head": HEAD_KINDS, "objective": clipo_loss.OBJECTIVES, "level": clipo_loss.LEVELS,
-               "distance": clipo_loss.DISTANCES}
+               "distance": clipo_loss.DISTANCES, "masked_label": clipo_loss.MASKED_LABELS}
     for field, allowed in choices.items():
       one_of(self, field, allowed)
     at_least(self, "out_dim", 1)
-    at_least(self, "freeze_policy_steps", 0)
+    at_least(self, "critic_warmup", 0)
     for field in ("temperature", "learning_rate"):
       in_range(self, field, 0.0, low_open=True)
     for field in ("reward_coef", "weight_decay", "in_loss_coef"):
@@ -92,18 +112,30 @@ class CLIPOConfig(Section):
 
   def loss_kwargs(self) -> dict[str, Any]:
     return {"objective": self.objective, "level": self.level, "distance": self.distance,
-            "temperature": self.temperature}
+            "temperature": self.temperature, "masked_label": self.masked_label}
+
+  @property
+  def frozen_steps(self) -> int:
+    """Training steps (counted from 0) before the first policy update: step s is frozen iff s < frozen_steps,
+    i.e. iff critic_warmup > s + 1 (rt:1516 with the 1-based global_steps of rt:1267)."""
+    return max(self.critic_warmup - 1, 0)
 
 
 def rollout_representation(hidden: jax.Array, mask: jax.Array) -> jax.Array:
-  """x_i = sum_t m_it h_it / sum_t m_it: hidden `[N, T, d]`, mask `[N, T]` -> `[N, d]` float32 (0 for an empty row).
+  """x_i = sum_{t >= 1} m_it h_it / L_i, L_i = sum_t m_it: hidden `[N, T, d]`, mask `[N, T]` -> `[N, d]` float32.
 
-  Differentiable (the in-loss variant needs that); `head_step` stops its gradient. Masked positions are zeroed
-  before the sum, so whatever they hold cannot leak in.
+  h_it is the final-norm hidden state response token t was sampled from (the sampler's and `response_logits`'
+  layout), so column 0 is the last prompt token's and is left out, while L_i counts every response token. That is
+  the official pooling: the patched SGLang adds the hidden state of each decode step's input token (response tokens
+  0..L-2, the states that sampled tokens 1..L-1; prefill's, which sampled token 0, is not added, mx:113 is
+  disabled) and divides by len(output_ids) = L (mx:271-278). A row with L_i <= 1 gives 0. Differentiable (the
+  in-loss variant needs that); `head_step` stops its gradient. Masked positions are zeroed before the sum, so
+  whatever they hold cannot leak in.
   """
   m = jnp.asarray(mask, jnp.float32)
-  h = jnp.where(m[..., None] != 0, jnp.asarray(hidden, jnp.float32), 0.0)
   count = jnp.sum(m, axis=1, keepdims=True)
+  m = m.at[:, 0].set(0.0)
+  h = jnp.where(m[..., None] != 0, jnp.asarray(hidden, jnp.float32), 0.0)
   return jnp.sum(h * m[..., None], axis=1) / jnp.where(count > 0, count, 1.0)
 
 

@@ -344,10 +344,10 @@ class GRPOTrainer:
     metrics["reward_mean"] = float(jnp.mean(rewards))
 
     new_state = state.replace(aux=aux)
-    if step >= cfg.freeze_policy_steps:
+    if step >= cfg.frozen_steps:  # the official critic_warmup rule (jaxpt.rl.clipo)
       new_state, update_metrics = self._policy_updates(new_state, experience, update_rng,
                                                        np.random.default_rng([self.config.seed, step]),
-                                                       (step - cfg.freeze_policy_steps) * self.config.updates_per_step)
+                                                       (step - cfg.frozen_steps) * self.config.updates_per_step)
       metrics.update(update_metrics)
     return new_state.replace(step=state.step + 1, rng=state.rng), metrics
 
