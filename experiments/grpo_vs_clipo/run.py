@@ -52,6 +52,7 @@ def train_sft(workdir: str) -> dict:
     return summary
   from jaxpt.train.sft import sft
 
+  provenance = current_provenance()  # the code as the run starts (HEAD may move while it runs)
   start = time.perf_counter()
   sft(config_lib.sft(), directory)
   # The "before" row: the GRPO trainer's own evaluation applied to the SFT'd params (same sets, same decoding).
@@ -59,7 +60,8 @@ def train_sft(workdir: str) -> dict:
 
   trainer = build_grpo(_grpo_config(directory, "grpo", 0), os.path.join(workdir, "_before"))
   accuracy = trainer.evaluate(trainer.init_state())
-  return _write_done(directory, {"method": "sft", "wall_s": time.perf_counter() - start, **accuracy})
+  return _write_done(directory, {"method": "sft", "wall_s": time.perf_counter() - start,
+                                 "provenance": provenance, **accuracy})
 
 
 def _grpo_config(sft_dir: str, method: str, seed: int):
@@ -75,10 +77,12 @@ def train_grpo_run(workdir: str, method: str, seed: int) -> dict:
     return summary
   from jaxpt.train.grpo import train_grpo
 
+  provenance = current_provenance()  # the code as the run starts (HEAD may move while it runs)
   start = time.perf_counter()
   result = train_grpo(_grpo_config(os.path.join(workdir, "sft"), method, seed), directory)
   evals = {k: v for k, v in result.last_row.items() if k.startswith("eval_accuracy")}
-  return _write_done(directory, {"method": method, "seed": seed, "wall_s": time.perf_counter() - start, **evals})
+  return _write_done(directory, {"method": method, "seed": seed, "wall_s": time.perf_counter() - start,
+                                 "provenance": provenance, **evals})
 
 
 def _rows(directory: str) -> list[dict]:
@@ -108,7 +112,7 @@ def report(workdir: str) -> dict:
                         " | ".join(f"{100 * s[f'eval_accuracy_{n}']:.1f}" for n in SETS) + " |")
   with open(os.path.join(HERE, "results.md"), "w") as f:
     f.write("# GRPO vs GRPO + CLIPO: greedy accuracy (%) on held-out problems and perturbed variants\n\n")
-    f.write(f"Produced by {_provenance(workdir)}.\n\n")
+    f.write(_provenance_lines(workdir, sft, runs))
     f.write(f"Mean ± std over seeds {list(SEEDS)} ({config_lib.GRPO_STEPS} GRPO steps from one SFT'd policy of "
             f"{config_lib.SFT_STEPS} steps, `experiments/configs/sft_tiny.py`; first {config_lib.EVAL_PROBLEMS} "
             "problems "
@@ -122,20 +126,20 @@ def report(workdir: str) -> dict:
   return results
 
 
-def _provenance(workdir: str) -> str:
-  """Which code and devices produced the runs in `workdir`, as recorded when the SFT run started."""
+def _provenance(workdir: str, summary: dict) -> str:
+  """Which code and devices produced one run (its done.json), or for runs that predate that field the workdir's
+  provenance.json (written when the first run started)."""
+  if "provenance" in summary:
+    return summary["provenance"]
   path = os.path.join(workdir, "provenance.json")
   if not os.path.exists(path):
-    return "unrecorded code (the workdir predates provenance.json)"
+    return "unrecorded code"
   with open(path) as f:
     return json.load(f)["provenance"]
 
 
-def _record_provenance(workdir: str) -> None:
-  """Writes WORKDIR/provenance.json once: the commit (`+dirty` if tracked files had changes), JAX and devices."""
-  path = os.path.join(workdir, "provenance.json")
-  if os.path.exists(path):
-    return
+def current_provenance() -> str:
+  """The commit (`+dirty` if tracked files had changes), JAX version and devices of this process."""
   import subprocess
 
   import jax
@@ -146,11 +150,19 @@ def _record_provenance(workdir: str) -> None:
   commit = git("rev-parse", "--short", "HEAD") or "unknown commit"
   dirty = "+dirty" if git("status", "--porcelain", "--untracked-files=no") else ""
   devices = jax.devices()
-  provenance = (f"commit {commit}{dirty}, JAX {jax.__version__} on {len(devices)} {devices[0].platform} "
-                "device(s), one process")
-  os.makedirs(workdir, exist_ok=True)
-  with open(path, "w") as f:
-    json.dump({"provenance": provenance}, f)
+  return f"commit {commit}{dirty}, JAX {jax.__version__} on {len(devices)} {devices[0].platform} device(s), one process"
+
+
+def _provenance_lines(workdir: str, sft: dict, runs: dict) -> str:
+  """'Produced by P.' when every row came from the same code, else one line per set of rows."""
+  by_label: dict[str, set] = {LABELS["sft"]: {_provenance(workdir, sft)}}
+  for method, summaries in runs.items():
+    by_label[LABELS[method]] = {_provenance(workdir, s) for s in summaries if s}
+  every = set().union(*by_label.values())
+  if len(every) == 1:
+    return f"Produced by {every.pop()}.\n\n"
+  lines = [f"- {label}: {'; '.join(sorted(provs))}" for label, provs in by_label.items()]
+  return "Produced by:\n" + "\n".join(lines) + "\n\n"
 
 
 def plot(workdir: str) -> None:
@@ -203,7 +215,6 @@ def main() -> None:
 
     jax.config.update("jax_compilation_cache_dir", os.path.join(args.workdir, "_jax_cache"))
     logging.set_verbosity(logging.WARNING)
-    _record_provenance(args.workdir)
     print("sft:", train_sft(args.workdir), flush=True)
     for seed in SEEDS:
       for method in METHODS:
