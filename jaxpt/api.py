@@ -26,10 +26,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from jaxpt.config import ConfigError, DataError, from_section
-from jaxpt.data.hf_tokenizer import HFTokenizer
+from jaxpt.config import ConfigError, from_section
 from jaxpt.data.preference_batches import response_sequences
-from jaxpt.data.tokenizer import load_tokenizer, tokenizer_files
+from jaxpt.data.tokenizer import chat_prompt, encode_prompts_as_trained, load_tokenizer, tokenizer_files
 from jaxpt.models import hf, hf_export
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.reward import RewardModel
@@ -57,6 +56,7 @@ class Model:
   num_scores: int = 1
   source: str = ""
   tokenizer_dir: str | None = None
+  prompt_format: str = "plain"  # how the run it came from formatted prompts: 'plain' | 'chat' (its chat template)
   _samplers: dict = dataclasses.field(default_factory=dict, repr=False)
 
   # -- language models --------------------------------------------------------------------------------------------
@@ -72,14 +72,17 @@ class Model:
     return jax.jit(lambda params, tokens: model.apply({"params": params}, tokens).astype(jnp.float32))
 
   def generate(self, prompts: Sequence[str], max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
-               top_k: int = 0, seed: int = 0) -> list[str]:
+               top_k: int = 0, seed: int = 0, chat: bool | None = None) -> list[str]:
     """The continuation of each prompt (decoded, special tokens dropped): greedy when temperature is 0, else
     sampled at `temperature` with the top-k / top-p filters (0 / 1 = off) from `jax.random.PRNGKey(seed)`. A row
-    stops at the tokenizer's EOS. Prompts are left-padded into one batch; prompt + response must fit
-    config.max_seq_len."""
+    stops at the tokenizer's EOS. chat: each prompt as one user turn of the tokenizer's chat template (default:
+    as the run this model came from formatted its prompts). Prompts are tokenized as the trainers tokenize them
+    (`encode_prompts_as_trained`) and left-padded into one batch; prompt + response must fit config.max_seq_len."""
     self._need("lm", "generate")
+    if temperature < 0:
+      raise ValueError(f"generate: temperature={temperature}: must be >= 0 (0 = greedy)")
     tokenizer = self._need_tokenizer("generate")
-    rows = [self._prompt_ids(p) for p in prompts]
+    rows = self._prompt_ids(prompts, self.prompt_format == "chat" if chat is None else chat)
     if not rows:
       return []
     if min(map(len, rows)) == 0:
@@ -107,23 +110,23 @@ class Model:
       self._samplers[key] = jax.jit(make_sampler(self.config, sampling, prompt_len))
     return self._samplers[key]
 
-  def _prompt_ids(self, text: str) -> list[int]:
-    """A prompt's ids as the tokenizer's own library would give them (HF tokenizers add their BOS)."""
-    if isinstance(self.tokenizer, HFTokenizer):
-      return list(self.tokenizer.encode(text, add_special_tokens=True))
-    return list(self.tokenizer.encode(text))
+  def _prompt_ids(self, texts: Sequence[str], chat: bool) -> list[list[int]]:
+    """Prompt ids as the trainers make them: plain text, or one user turn of the chat template when `chat`."""
+    if chat:
+      texts = [chat_prompt(self.tokenizer, text, "chat") for text in texts]
+    return [list(ids) for ids in encode_prompts_as_trained(self.tokenizer, list(texts), chat)]
 
   # -- reward models ----------------------------------------------------------------------------------------------
 
   def score(self, prompts: Sequence[str], responses: Sequence[str]) -> np.ndarray:
-    """Reward of each (prompt, response): the score head on the last token of prompt + response + EOS (as the
-    reward-model trainer builds its pairs), left-truncated to config.max_seq_len: float32 [n] ([n, 2] for ODIN:
-    quality, length)."""
+    """Reward of each (prompt, response): the score head on the last token of prompt + response + EOS, built as the
+    reward-model trainer builds its pairs (its data.prompt_format included), left-truncated to
+    config.max_seq_len: float32 [n] ([n, 2] for ODIN: quality, length)."""
     self._need("reward", "score")
     tokenizer = self._need_tokenizer("score")
     if len(prompts) != len(responses):
       raise ValueError(f"score: {len(prompts)} prompts but {len(responses)} responses")
-    prompt_ids = [list(tokenizer.encode(p)) for p in prompts]
+    prompt_ids = self._prompt_ids(prompts, self.prompt_format == "chat")
     response_ids = [list(tokenizer.encode(r)) for r in responses]
     if not prompt_ids:
       return np.zeros((0,) if self.num_scores == 1 else (0, self.num_scores), np.float32)
@@ -172,13 +175,10 @@ def _pad_id(tokenizer) -> int:
 
 
 def _maybe_tokenizer(directory: str | None):
-  """The tokenizer in `directory`, or None when there is none."""
-  if directory is None:
+  """The tokenizer in `directory`, or None when it holds no tokenizer files (a broken one raises its DataError)."""
+  if directory is None or not tokenizer_files(directory):
     return None
-  try:
-    return load_tokenizer(directory)
-  except DataError:
-    return None
+  return load_tokenizer(directory)
 
 
 def _shardings(abstract: Any, mesh: Mesh | None, rules: str) -> Any:
@@ -212,7 +212,8 @@ def _load_run(workdir: str, step: int | None, mesh: Mesh | None, rules: str, ove
   recorded = recorded_config(workdir)
   kind = run_kind(recorded)
   for name, value in overrides.items():
-    if name not in hf.RUNTIME_FIELDS and recorded["model"].get(name, value) != value:
+    fixed = name not in hf.RUNTIME_FIELDS or name == "scan_layers"  # scan_layers shapes a checkpoint's tree
+    if fixed and recorded["model"].get(name, value) != value:
       raise ConfigError(f"model.{name}", f"contradicts the run's config.json, which gives "
                         f"{recorded['model'][name]!r}", value)
   config = from_section(ModelConfig, {**recorded["model"], **overrides}, "model")
@@ -241,8 +242,9 @@ def _load_run(workdir: str, step: int | None, mesh: Mesh | None, rules: str, ove
   finally:
     checkpointer.close()
   directory = run_tokenizer_dir(workdir, recorded)
+  prompt_format = (recorded.get("task") or recorded.get("data") or {}).get("prompt_format", "plain")
   return Model(config, params, _maybe_tokenizer(directory), kind=model_kind, num_scores=num_scores, source=workdir,
-               tokenizer_dir=directory)
+               tokenizer_dir=directory, prompt_format=prompt_format)
 
 
 def load(path: str, *, step: int | None = None, mesh: Mesh | None = None, rules: str = "fsdp_tp",
@@ -270,7 +272,10 @@ def run_export_hf(workdir: str, step: int | None, out: str, format: str = "auto"
   that exists, a model the format cannot hold)."""
   from jaxpt.progress import say
 
+  out = os.path.abspath(os.path.expanduser(out))
   try:
+    if step is not None and workdir.startswith(hf.HF_PREFIX):
+      raise ValueError(f"--step={step}: a Hugging Face checkpoint ({workdir}) has no steps")
     say(f"loading {workdir}{'' if step is None else f' at step {step}'} ...")
     model = load(workdir, step=step)
     say(f"writing {out} ...")
@@ -278,6 +283,8 @@ def run_export_hf(workdir: str, step: int | None, out: str, format: str = "auto"
   except (FileNotFoundError, FileExistsError, ValueError) as e:  # ConfigError and DataError are ValueErrors
     print(f"jaxpt export-hf: {e}", file=sys.stderr)
     return 2
+  if jax.process_index() != 0:
+    return 0
   size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out) if f.endswith(".safetensors"))
   print(f"jaxpt export-hf: wrote {model.source} as a {written}-format checkpoint to {out} ({size / 2**20:.1f} MiB "
         f"of safetensors{', and its tokenizer' if model.tokenizer is not None else ''})", flush=True)

@@ -88,15 +88,16 @@ def test_greedy_generate_is_the_argmax_loop(which, request):
   model = request.getfixturevalue(which)
   texts = model.generate(PROMPTS, max_new_tokens=6)
   for prompt, text in zip(PROMPTS, texts):
-    expected = greedy_by_argmax(model, model._prompt_ids(prompt), 6)
+    expected = greedy_by_argmax(model, model._prompt_ids([prompt], chat=False)[0], 6)
     assert text == model.tokenizer.decode(expected), (prompt, expected)
 
 
 def test_hf_checkpoint_brings_its_tokenizer_and_adds_its_special_tokens(qwen2):
   assert isinstance(qwen2.tokenizer, HFTokenizer) and qwen2.config.qkv_bias
-  assert qwen2._prompt_ids("hi") == qwen2.tokenizer.encode("hi", add_special_tokens=True)
+  assert qwen2._prompt_ids(["hi"], chat=False)[0] == qwen2.tokenizer.encode("hi", add_special_tokens=True)
   llama = jaxpt.load(f"hf:{os.path.join(ASSETS, 'llama')}")
-  assert llama._prompt_ids("hi")[0] == llama.tokenizer.bos_id  # Llama-3's post-processor adds <|begin_of_text|>
+  # Llama-3's post-processor adds <|begin_of_text|>
+  assert llama._prompt_ids(["hi"], chat=False)[0][0] == llama.tokenizer.bos_id
 
 
 def test_sampled_generate_is_seeded(lm):
@@ -183,3 +184,32 @@ def test_export_hf_command(lm_run, tmp_path, capsys):
   missing = subprocess.run([sys.executable, "-m", "jaxpt.cli", "export-hf", "--workdir", lm_run],
                            capture_output=True, text=True, timeout=300, cwd=ROOT)
   assert missing.returncode == 2 and "and --out" in missing.stderr.splitlines()[0], missing.stderr
+
+
+def test_prompts_are_tokenized_as_the_trainers_tokenize_them(tmp_path):
+  """Plain prompts get the HF post-processor's BOS (as in training and in transformers); chat renderings write
+  their own, so it is never doubled."""
+  llama = jaxpt.load(f"hf:{os.path.join(ASSETS, 'llama')}")
+  bos = llama.tokenizer.bos_id
+  plain, chat = llama._prompt_ids(["hi"], chat=False)[0], llama._prompt_ids(["hi"], chat=True)[0]
+  assert plain[0] == bos and chat[0] == bos and chat.count(bos) == 1
+  from jaxpt.data import sft as sft_data
+
+  tokens, mask = sft_data.encode_prompts(llama.tokenizer, ["hi"], 16)
+  assert list(tokens[0][mask[0] > 0]) == llama._prompt_ids([sft_data.prompt_text("hi")], chat=False)[0]
+  with pytest.raises(ValueError, match="temperature=-1.0: must be >= 0"):
+    llama.generate(["hi"], temperature=-1.0)
+
+
+def test_a_broken_tokenizer_is_reported_not_dropped(tmp_path):
+  import shutil
+
+  shutil.copytree(os.path.join(ASSETS, "qwen2"), tmp_path / "q")
+  (tmp_path / "q" / "tokenizer_config.json").write_text("{not json")
+  with pytest.raises(Exception, match=r"tokenizer_config\.json: not valid JSON"):
+    jaxpt.load(f"hf:{tmp_path / 'q'}")
+
+
+def test_scan_layers_of_a_run_cannot_be_overridden(lm_run):
+  with pytest.raises(ConfigError, match=r"^model\.scan_layers=False: contradicts the run's config.json"):
+    jaxpt.load(lm_run, scan_layers=False)

@@ -199,3 +199,11 @@ def test_transformers_loads_every_export_to_the_same_logits(tmp_path):
   for name in cases:
     theirs = np.load(tmp_path / name / "transformers_logits.npy")
     assert float(np.abs(theirs - expected[name]).max()) <= tolerance(expected[name]), name
+
+
+def test_never_writes_over_a_jaxpt_run_even_with_overwrite(tmp_path):
+  config, params = random_model()
+  (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+  with pytest.raises(FileExistsError, match="holds a jaxpt run .checkpoints/.; never written over"):
+    hf_export.save_hf(params, config, str(tmp_path / "run"), overwrite=True)
+  assert os.listdir(tmp_path / "run") == ["checkpoints"]

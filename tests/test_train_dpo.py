@@ -235,7 +235,7 @@ def test_config_errors_name_the_field(overrides, message):
 def test_init_from_without_a_tokenizer_names_the_field(tmp_path):
   (tmp_path / "lm" / "checkpoints").mkdir(parents=True)
   with pytest.raises(ConfigError, match=r"config.init_from=.*/lm/tokenizer: no tokenizer \(tokenizer.json or "
-                                        r"spm.model\)"):
+                                        r"spm.model"):
     dpo.build_dpo(tiny_config(init_from=str(tmp_path / "lm")), str(tmp_path / "run"))
 
 

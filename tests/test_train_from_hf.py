@@ -201,3 +201,24 @@ def test_preference_prompts_in_the_chat_template(checkpoint, tmp_path):
   with pytest.raises(ConfigError, match=r"^config\.data\.prompt_format='chat': needs a Hugging Face tokenizer"):
     PreferenceData.create(section, vocab_size=256, workdir=str(tmp_path / "b"), seed=0,
                           tokenizer=types.SimpleNamespace(vocab_size=8))  # e.g. jaxpt's sentencepiece tokenizer
+
+
+def test_a_run_config_built_in_python_is_checked_against_the_checkpoint(checkpoint):
+  from jaxpt.train.dpo import DPORunConfig
+  from jaxpt.train.optim import OptimConfig
+
+  with pytest.raises(ConfigError, match=r"^model\.d_model=128: contradicts .*/config\.json, which gives 64$"):
+    DPORunConfig(init_from=f"hf:{checkpoint}", model=ModelConfig(), optim=OptimConfig())
+  DPORunConfig(init_from=f"hf:{checkpoint}", model=hf.read_config(checkpoint, max_seq_len=256), optim=OptimConfig())
+
+
+def test_a_tokenizer_without_eos_is_refused(tmp_path):
+  from jaxpt.train.init_from import init_tokenizer
+
+  source = tmp_path / "src"
+  shutil.copytree(os.path.join(ASSETS, "qwen2"), source)
+  config = json.loads((source / "tokenizer_config.json").read_text())
+  config["eos_token"] = None
+  (source / "tokenizer_config.json").write_text(json.dumps(config))
+  with pytest.raises(ConfigError, match=r"^config\.init_from='hf:.*': .*the tokenizer has no EOS token"):
+    init_tokenizer(f"hf:{source}", str(tmp_path / "run"), resuming=False)

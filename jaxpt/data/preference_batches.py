@@ -162,7 +162,7 @@ def _encode(pairs: Sequence[preference.PreferencePair], tokenizer: tokenizer_lib
   """Per-pair arrays of a split: the batch keys (without weights) for all its pairs, [N, ...]."""
   texts = [p.prompt if prompt_format == "plain" else
            tokenizer_lib.chat_prompt(tokenizer, p.prompt, "config.data.prompt_format") for p in pairs]
-  prompts = tokenizer.encode_batch(texts) if pairs else []
+  prompts = tokenizer_lib.encode_prompts_as_trained(tokenizer, texts, prompt_format == "chat") if pairs else []
   chosen = tokenizer.encode_batch([p.chosen for p in pairs]) if pairs else []
   rejected = tokenizer.encode_batch([p.rejected for p in pairs]) if pairs else []
   arrays = {}

@@ -174,7 +174,7 @@ def encode_examples(tokenizer: tokenizer_lib.Tokenizer, problems: Sequence[Probl
   tokens and the EOS, 0 on padding. A longer example raises ConfigError naming `field`.
   """
   texts = [example_text(p, tokenizer, prompt_format) for p in problems]
-  prompts = tokenizer.encode_batch([t[0] for t in texts])
+  prompts = tokenizer_lib.encode_prompts_as_trained(tokenizer, [t[0] for t in texts], prompt_format == "chat")
   responses = tokenizer.encode_batch([t[1] for t in texts])
   tokens = np.zeros((len(problems), seq_len), np.int32)
   segments = np.zeros((len(problems), seq_len), np.int32)
@@ -249,7 +249,8 @@ def encode_prompts(tokenizer: tokenizer_lib.Tokenizer, questions: Sequence[str],
                    ) -> tuple[np.ndarray, np.ndarray]:
   """Left-padded prompt tokens: (tokens int32 [N, P], mask int32 [N, P]) with each prompt's tokens rightmost,
   mask 1 on them and 0 (token 0) on the padding to their left. A longer prompt raises ConfigError naming `field`."""
-  encoded = tokenizer.encode_batch([prompt_text(q, tokenizer, prompt_format) for q in questions])
+  encoded = tokenizer_lib.encode_prompts_as_trained(tokenizer, [prompt_text(q, tokenizer, prompt_format)
+                                                                for q in questions], prompt_format == "chat")
   tokens = np.zeros((len(encoded), prompt_len), np.int32)
   mask = np.zeros((len(encoded), prompt_len), np.int32)
   for i, ids in enumerate(encoded):

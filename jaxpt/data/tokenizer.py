@@ -124,6 +124,16 @@ def chat_prompt(tokenizer: "Tokenizer | HFTokenizer", text: str, field: str) -> 
   return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
 
 
+def encode_prompts_as_trained(tokenizer: "Tokenizer | HFTokenizer", texts: list[str], chat: bool) -> list[list[int]]:
+  """Ids of prompt `texts` as the tokenizer's own library gives them, the one rule trainers and generation share:
+  an HF tokenizer adds its post-processor's special tokens (Llama's BOS) to plain text, as `tokenizer(text)` does
+  in transformers, and nothing to chat-template renderings (`chat`), which write their own; jaxpt's sentencepiece
+  tokenizer adds none."""
+  if isinstance(tokenizer, Tokenizer):
+    return tokenizer.encode_batch(texts)
+  return tokenizer.encode_batch(texts, add_special_tokens=not chat)
+
+
 def tokenizer_files(directory: str) -> list[str]:
   """The tokenizer files in `directory` (spm.model, or tokenizer.json and its companions), as paths."""
   from jaxpt.data.hf_tokenizer import CHAT_TEMPLATE_DIR, TOKENIZER_FILES

@@ -21,7 +21,7 @@ import dataclasses
 import json
 import os
 import shutil
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import flax.linen as nn
 import jax
@@ -128,28 +128,37 @@ def _shard_names(count: int) -> list[str]:
 
 def _write_tensors(tensors: Iterator[tuple[str, np.ndarray]], directory: str, max_shard_bytes: int,
                    write: bool) -> None:
-  """Safetensors files of at most ~max_shard_bytes each (one file: model.safetensors; more: numbered + index)."""
+  """Safetensors files of at most ~max_shard_bytes each (one file: model.safetensors; more: numbered + index).
+  Every tensor is drawn from `tensors` on every process (the gathers are collective), also after a failed write,
+  which is raised at the end."""
   shards: list[list[str]] = []
   buffer: dict[str, np.ndarray] = {}
   size = total = 0
+  error = None
 
   def flush():
-    nonlocal buffer, size
-    if buffer:
-      if write:
+    nonlocal buffer, size, error
+    if buffer and error is None:
+      try:
         save_file(buffer, os.path.join(directory, f"part-{len(shards)}.safetensors"), metadata={"format": "pt"})
+      except OSError as e:  # a full disk: keep drawing tensors so the other processes' gathers complete
+        error = e
       shards.append(list(buffer))
-      buffer, size = {}, 0
+    buffer, size = {}, 0
 
   for name, array in tensors:
+    if not write:  # the other processes only take part in the gathers
+      continue
     if buffer and size + array.nbytes > max_shard_bytes:
       flush()
     buffer[name] = array
     size += array.nbytes
     total += array.nbytes
-  flush()
   if not write:
     return
+  flush()
+  if error is not None:
+    raise error
   files = _shard_names(len(shards))
   for i, file in enumerate(files):
     os.replace(os.path.join(directory, f"part-{i}.safetensors"), os.path.join(directory, file))
@@ -162,9 +171,30 @@ def _write_tensors(tensors: Iterator[tuple[str, np.ndarray]], directory: str, ma
 def _check_out_dir(out_dir: str, overwrite: bool) -> None:
   if os.path.isfile(out_dir):
     raise FileExistsError(f"{out_dir}: is a file (expected a new or empty directory)")
+  if os.path.isdir(os.path.join(out_dir, "checkpoints")):
+    raise FileExistsError(f"{out_dir}: holds a jaxpt run (checkpoints/); never written over, --overwrite or not")
   if os.path.isdir(out_dir) and os.listdir(out_dir) and not overwrite:
     raise FileExistsError(f"{out_dir}: exists and is not empty (choose a new directory, or overwrite=True / "
                           "--overwrite)")
+
+
+def _on_process_0(action: Callable[[], None], others: Callable[[], None] = lambda: None) -> None:
+  """Runs `action` on process 0 (`others` on the rest) and raises process 0's error on every process: a
+  multi-host caller must not be left waiting in a collective that process 0 never reaches."""
+  error = None
+  if jax.process_index() == 0:
+    try:
+      action()
+    except Exception as e:  # re-raised below, on every process
+      error = e
+  else:
+    others()
+  if jax.process_count() > 1:
+    failed = multihost_utils.broadcast_one_to_all(np.int32(error is not None))
+    if failed and error is None:
+      raise RuntimeError("save_hf failed on process 0 (its error is in process 0's log)")
+  if error is not None:
+    raise error
 
 
 def save_hf(params: Any, config: ModelConfig, out_dir: str, *, format: str = "auto",
@@ -189,23 +219,28 @@ def save_hf(params: Any, config: ModelConfig, out_dir: str, *, format: str = "au
   write = jax.process_index() == 0
   out_dir = os.path.abspath(os.path.expanduser(out_dir))
   partial = f"{out_dir}.partial-{os.getpid()}"
-  if write:
+
+  def start() -> None:
     _check_out_dir(out_dir, overwrite)
     shutil.rmtree(partial, ignore_errors=True)
     os.makedirs(partial)
+
+  def finish() -> None:
+    with open(os.path.join(partial, hf.CONFIG_FILE), "w") as f:
+      json.dump(hf_json, f, indent=2, sort_keys=True)
+    if tokenizer_dir is not None:
+      copy_tokenizer(tokenizer_dir, partial)
+    if os.path.isdir(out_dir):
+      shutil.rmtree(out_dir)
+    os.replace(partial, out_dir)
+
+  _on_process_0(start)  # before any gather: a refused out_dir stops every process
   try:
-    _write_tensors(hf_tensors(params, native), partial, max_shard_bytes, write)
-    if write:
-      with open(os.path.join(partial, hf.CONFIG_FILE), "w") as f:
-        json.dump(hf_json, f, indent=2, sort_keys=True)
-      if tokenizer_dir is not None:
-        copy_tokenizer(tokenizer_dir, partial)
-      if os.path.isdir(out_dir):
-        shutil.rmtree(out_dir)
-      os.replace(partial, out_dir)
+    tensors = hf_tensors(params, native)
+    _on_process_0(lambda: _write_tensors(tensors, partial, max_shard_bytes, write=True),
+                  others=lambda: _write_tensors(tensors, partial, max_shard_bytes, write=False))
+    _on_process_0(finish)
   finally:
     if write:
       shutil.rmtree(partial, ignore_errors=True)
-  if jax.process_count() > 1:
-    multihost_utils.sync_global_devices("jaxpt_save_hf")
   return "jaxpt" if native else "transformers"

@@ -15,8 +15,10 @@ Conventions follow verl's DAPO recipe (github volcengine/verl at 246cac4c, befor
   'score'; 'reward' adds the overlong punishment (verl's `seq_reward`).
 - the cap: verl raises an error after `max_num_gen_batches` rounds (`dapo_ray_trainer.py:273-284`; <= 0 means no
   limit). Here `at_cap='error'` does that, and the default `at_cap='fill'` tops the batch up with the dropped
-  groups, first drawn first: their rewards are all equal, so their group advantages are 0 (grpo, drgrpo, rloo,
-  reinforce_pp_baseline alike) and they add no policy gradient, only KL / entropy terms and loss denominators.
+  groups, first drawn first: their filter metric is equal across the group, so the part of their advantage that
+  comes from it is 0 (grpo, drgrpo, rloo, reinforce_pp_baseline alike). Terms added to the reward after the
+  filter still reach them: the overlong punishment when the metric is 'score', CLIPO's contrastive reward, and the
+  KL penalty with kl_in_reward; and they count in the KL / entropy terms and the loss denominators.
   A cap is required (a run's extra prompts are read at fixed positions, below).
 - overlong filtering (paper, section 3.4): truncated responses (L_max tokens, no EOS) are masked out of the
   policy loss; their rewards still enter the group advantages. verl does not implement it (its recipe README:

@@ -18,7 +18,7 @@ from jaxpt.parallel.mesh import MeshConfig
 from jaxpt.train.loop import LoopConfig
 from jaxpt.train.optim import OptimConfig
 
-__all__ = ["RunConfig", "check_init_from", "check_vocab", "config_json"]
+__all__ = ["RunConfig", "check_hf_model", "check_init_from", "check_vocab", "config_json"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -48,37 +48,24 @@ class RunConfig(LoopConfig):
 
   @classmethod
   def prepare_values(cls, values: dict, path: str) -> dict:
-    """With `init_from='hf:DIR'`: the model section's architecture fields (and max_seq_len, when left at its
-    default) from DIR's config.json; a field set to another value than both its default and the checkpoint's
-    is a ConfigError naming both values."""
+    """With `init_from='hf:DIR'`: the model section's fields left at their defaults take DIR's config.json values
+    (architecture and max_seq_len); `check` then refuses a set value that contradicts the checkpoint."""
     init_from = values.get("init_from") or ""
     if not isinstance(init_from, str) or not init_from.startswith(hf.HF_PREFIX):
       return values
-    directory = os.path.expanduser(init_from[len(hf.HF_PREFIX):])
-    try:
-      fields, architecture = hf.checkpoint_fields(directory)
-    except DataError as e:
-      raise ConfigError(f"{path}.init_from", str(e), init_from) from None
+    fields, _ = _checkpoint_fields(init_from, f"{path}.init_from")
     given = section_values(values.get("model"))
     defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
-    model = dict(given)
-    for name, value in fields.items():
-      if name in given and given[name] != defaults[name]:
-        error = hf.contradiction(directory, name, given[name], fields, architecture)
-        if error is not None:
-          raise error.under(path)
-        if name == "max_seq_len" and given[name] > value:
-          raise ConfigError(f"{path}.model.max_seq_len", f"longer than the {value} positions of "
-                            f"{os.path.join(directory, hf.CONFIG_FILE)}", given[name])
-      if name in architecture or name not in given or given[name] == defaults[name]:
-        model[name] = value
-    return {**values, "model": model}
+    filled = {name: value for name, value in fields.items() if given.get(name, defaults[name]) == defaults[name]}
+    return {**values, "model": {**given, **filled}}
 
   def check(self) -> None:
     super().check()
     at_least(self, "seed", 0)
     if self.init_from:
       check_init_from(self.init_from)
+    if self.init_from.startswith(hf.HF_PREFIX):
+      check_hf_model(self.init_from, self.model)
 
   @property
   def loop(self) -> LoopConfig:
@@ -117,6 +104,30 @@ def check_init_from(workdir: str) -> None:
   if isinstance(recorded, dict) and "rm" in recorded:
     raise ConfigError("init_from", "is the workdir of a reward-model run (jaxpt rm); init_from takes a language-model "
                       "run (jaxpt pretrain, sft, grpo or dpo)", workdir)
+
+
+def _checkpoint_fields(init_from: str, field: str) -> tuple[dict, tuple[str, ...]]:
+  try:
+    return hf.checkpoint_fields(os.path.expanduser(init_from[len(hf.HF_PREFIX):]))
+  except DataError as e:
+    raise ConfigError(field, str(e), init_from) from None
+
+
+def check_hf_model(init_from: str, model: ModelConfig) -> None:
+  """ConfigError naming both values when `model` contradicts the architecture of checkpoint `init_from`
+  ('hf:DIR'), or wants more positions than a transformers checkpoint has."""
+  directory = os.path.expanduser(init_from[len(hf.HF_PREFIX):])
+  fields, architecture = _checkpoint_fields(init_from, "init_from")
+  expected = {**fields, "head_dim": fields.get("head_dim") or fields["d_model"] // fields["num_heads"]}
+  for name in architecture:
+    value = model.resolved_head_dim if name == "head_dim" else getattr(model, name)
+    if (error := hf.contradiction(directory, name, value, expected, architecture)) is not None:
+      raise error
+  positions = fields.get("max_seq_len")
+  if "max_seq_len" not in architecture and hf.read_hf_json(directory).get("model_type") != hf.NATIVE_TYPE:
+    if positions is not None and model.max_seq_len > positions:
+      raise ConfigError("model.max_seq_len", f"longer than the {positions} positions of "
+                        f"{os.path.join(directory, hf.CONFIG_FILE)}", model.max_seq_len)
 
 
 def check_vocab(model: ModelConfig, tokenizer_vocab_size: int) -> None:

@@ -80,7 +80,7 @@ class DPOConfig(DIRSettings, _DPOLoss):
       index; the official DPO+DIR code: 80).
   """
 
-  mi_weight: float = 1.0  # the official DPO+DIR code's default (debias_factor 1)
+  mi_weight: float = 1.0  # the official DPO+DIR code's default (debias_factor 1; on W GPUs that is 1 / W here)
 
   def check(self) -> None:
     in_range(self, "beta", 0.0, low_open=True)
@@ -91,8 +91,8 @@ class DPOConfig(DIRSettings, _DPOLoss):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DPORunConfig(RunConfig):
-  """A DPO run: `RunConfig` plus these sections; `init_from` ('' = random init, else an LM run's workdir, whose
-  tokenizer the run then uses) is both the starting policy and the frozen reference.
+  """A DPO run: `RunConfig` plus these sections; `init_from` ('' = random init, an LM run's workdir, or 'hf:DIR';
+  the run then uses its tokenizer) is both the starting policy and the frozen reference.
 
   Attributes:
     data: the preference pairs and their batching (as for `jaxpt rm`).

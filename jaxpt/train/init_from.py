@@ -17,6 +17,7 @@ import os
 from typing import Any
 
 import jax
+from jax.experimental import multihost_utils
 
 from jaxpt.config import ConfigError, DataError
 from jaxpt.data import tokenizer as tokenizer_lib
@@ -58,9 +59,16 @@ def init_tokenizer(init_from: str, workdir: str, resuming: bool):
   if not init_from:
     return None
   own = os.path.join(workdir, "tokenizer")
-  if not (resuming and tokenizer_lib.tokenizer_files(own)):
-    try:
-      tokenizer_lib.copy_tokenizer(_source_tokenizer_dir(init_from), own)
-    except DataError as e:
-      raise ConfigError(FIELD, f"{e} (the run needs the tokenizer its params were trained with)", init_from) from None
-  return tokenizer_lib.load_tokenizer(own)
+  source = _source_tokenizer_dir(init_from)
+  if not tokenizer_lib.tokenizer_files(source) and not (resuming and tokenizer_lib.tokenizer_files(own)):
+    raise ConfigError(FIELD, f"{source}: no tokenizer (tokenizer.json or {tokenizer_lib.MODEL_FILE}; the run needs "
+                      "the tokenizer its params were trained with)", init_from)
+  if not (resuming and tokenizer_lib.tokenizer_files(own)) and jax.process_index() == 0:
+    tokenizer_lib.copy_tokenizer(source, own)  # one writer; the others read it after the barrier
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices("jaxpt_init_tokenizer")
+  tokenizer = tokenizer_lib.load_tokenizer(own)
+  if tokenizer.eos_id is None:
+    raise ConfigError(FIELD, f"{source}: the tokenizer has no EOS token (eos_token in tokenizer_config.json), which "
+                      "ends every training example and stops generation", init_from)
+  return tokenizer
