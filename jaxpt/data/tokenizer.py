@@ -129,9 +129,11 @@ def encode_prompts_as_trained(tokenizer: "Tokenizer | HFTokenizer", texts: list[
   an HF tokenizer adds its post-processor's special tokens (Llama's BOS) to plain text, as `tokenizer(text)` does
   in transformers, and nothing to chat-template renderings (`chat`), which write their own; jaxpt's sentencepiece
   tokenizer adds none."""
-  if isinstance(tokenizer, Tokenizer):
-    return tokenizer.encode_batch(texts)
-  return tokenizer.encode_batch(texts, add_special_tokens=not chat)
+  from jaxpt.data.hf_tokenizer import HFTokenizer
+
+  if isinstance(tokenizer, HFTokenizer):
+    return tokenizer.encode_batch(texts, add_special_tokens=not chat)
+  return tokenizer.encode_batch(texts)
 
 
 def tokenizer_files(directory: str) -> list[str]:
