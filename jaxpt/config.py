@@ -32,6 +32,7 @@ import difflib
 import functools
 import importlib.util
 import inspect
+import json
 import numbers
 import os
 import re
@@ -69,6 +70,24 @@ class ConfigError(ValueError):
 
 class DataError(ValueError):
   """Bad input data: the message names the file and line, e.g. `train.jsonl:3: not valid JSON`."""
+
+
+def read_json_object(path: str, required: bool = True) -> dict:
+  """The JSON object in file `path` ({} when it does not exist and is not `required`); DataError naming the file
+  (and line) when it is missing, not valid UTF-8 JSON, or not an object."""
+  if not os.path.isfile(path):
+    if required:
+      raise DataError(f"{path}: no such file")
+    return {}
+  try:
+    with open(path, encoding="utf-8") as f:
+      value = json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    where = f", line {e.lineno}" if isinstance(e, json.JSONDecodeError) else ""
+    raise DataError(f"{path}: not valid JSON ({getattr(e, 'msg', e)}{where})") from None
+  if not isinstance(value, dict):
+    raise DataError(f"{path}: expected a JSON object, got {type(value).__name__}")
+  return value
 
 
 class Section:

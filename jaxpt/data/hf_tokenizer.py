@@ -39,7 +39,7 @@ import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Tokenizer
 
-from jaxpt.config import DataError
+from jaxpt.config import DataError, read_json_object
 
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
@@ -54,23 +54,6 @@ SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token
 EXTRA_SPECIAL_TOKENS = ("additional_special_tokens", "extra_special_tokens")
 _ADDED_TOKEN_FIELDS = ("content", "single_word", "lstrip", "rstrip", "normalized", "special")
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # transformers' aliases of a message's reasoning
-
-
-def _read_json(path: str, required: bool = True) -> dict:
-  """The JSON object in `path` ({} when it does not exist and is not `required`)."""
-  if not os.path.isfile(path):
-    if required:
-      raise DataError(f"{path}: no such file")
-    return {}
-  try:
-    with open(path, encoding="utf-8") as f:
-      value = json.load(f)
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    where = f", line {e.lineno}" if isinstance(e, json.JSONDecodeError) else ""
-    raise DataError(f"{path}: not valid JSON ({getattr(e, 'msg', e)}{where})") from None
-  if not isinstance(value, dict):
-    raise DataError(f"{path}: expected a JSON object, got {type(value).__name__}")
-  return value
 
 
 def _added_token(value: Any, where: str) -> AddedToken:
@@ -199,7 +182,7 @@ class HFTokenizer:
       raise DataError(f"{path}: not a Hugging Face tokenizer directory (no such directory)")
     if not os.path.isfile(file):
       raise DataError(f"{path}: not a Hugging Face tokenizer directory (no {TOKENIZER_FILE})")
-    serialized = _read_json(file)
+    serialized = read_json_object(file)
     try:
       self._tok = Tokenizer.from_file(file)
     except Exception as e:  # tokenizers raises a plain Exception naming the serde error
@@ -208,7 +191,7 @@ class HFTokenizer:
     self._tok.no_truncation()
     self._is_bpe = (serialized.get("model") or {}).get("type") == "BPE"
     config_file = os.path.join(path, CONFIG_FILE)
-    config = _read_json(config_file, required=False)
+    config = read_json_object(config_file, required=False)
     self._config = config
     self._add_special_tokens(serialized, config, config_file)
     split = config.get("split_special_tokens", False)
@@ -216,7 +199,7 @@ class HFTokenizer:
     self.clean_up_tokenization_spaces = bool(config.get("clean_up_tokenization_spaces", False)) and (
         not self._is_bpe or bool(config.get("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output")))
     self.chat_templates, self._template_sources = self._read_chat_templates(config, config_file)
-    generation = _read_json(os.path.join(path, GENERATION_CONFIG_FILE), required=False).get("eos_token_id")
+    generation = read_json_object(os.path.join(path, GENERATION_CONFIG_FILE), required=False).get("eos_token_id")
     generation = [generation] if isinstance(generation, int) else list(generation or [])
     self.stop_ids = tuple(dict.fromkeys(i for i in [self.eos_id, *generation] if isinstance(i, int)))
     self._vocab_size = max(self._tok.get_vocab(with_added_tokens=True).values(), default=-1) + 1
@@ -244,7 +227,7 @@ class HFTokenizer:
     where = {key: f"{config_file}: {key}" for key in config}
     if decoder is None:  # transformers' legacy path: special_tokens_map.json overrides, tokenizer.json's tokens
       map_file = os.path.join(self.path, SPECIAL_TOKENS_MAP_FILE)
-      overrides = _read_json(map_file, required=False)
+      overrides = read_json_object(map_file, required=False)
       config = {**config, **overrides}
       where.update({key: f"{map_file}: {key}" for key in overrides})
       known = {t.get("content"): t for t in serialized.get("added_tokens") or [] if isinstance(t, dict)}

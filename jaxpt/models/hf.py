@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import os
 from typing import Any, NamedTuple
@@ -53,7 +52,7 @@ import numpy as np
 from jax.sharding import Mesh, SingleDeviceSharding
 from safetensors import SafetensorError, safe_open
 
-from jaxpt.config import ConfigError, DataError
+from jaxpt.config import ConfigError, DataError, read_json_object
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM
 from jaxpt.parallel.rules import get_rules
@@ -85,17 +84,6 @@ RUNTIME_FIELDS = ("max_seq_len", "dtype", "param_dtype", "remat", "scan_layers",
                   "dropout_rate", "kernel")
 
 
-def _read_json(path: str) -> dict:
-  try:
-    with open(path) as f:
-      value = json.load(f)
-  except json.JSONDecodeError as e:
-    raise DataError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
-  if not isinstance(value, dict):
-    raise DataError(f"{path}: expected a JSON object, got {type(value).__name__}")
-  return value
-
-
 def read_hf_json(path: str) -> dict:
   """config.json of checkpoint directory `path` (DataError when `path` is not a checkpoint directory)."""
   file = os.path.join(path, CONFIG_FILE)
@@ -103,7 +91,7 @@ def read_hf_json(path: str) -> dict:
     raise DataError(f"{path}: not a Hugging Face checkpoint directory (no such directory)")
   if not os.path.isfile(file):
     raise DataError(f"{path}: not a Hugging Face checkpoint directory (no {CONFIG_FILE})")
-  return _read_json(file)
+  return read_json_object(file)
 
 
 def _rope(hf: dict, file: str) -> dict:
@@ -185,8 +173,10 @@ def checkpoint_dtype(hf: dict) -> str:
 def checkpoint_fields(path: str) -> tuple[dict, tuple[str, ...]]:
   """(the ModelConfig fields config.json of checkpoint directory `path` gives, the names among them that fix the
   architecture: a run may not set those to other values). DataError naming the file and field."""
-  hf = read_hf_json(path)
-  file = os.path.join(path, CONFIG_FILE)
+  return _checkpoint_fields(read_hf_json(path), os.path.join(path, CONFIG_FILE))
+
+
+def _checkpoint_fields(hf: dict, file: str) -> tuple[dict, tuple[str, ...]]:
   if hf.get("model_type") == NATIVE_TYPE:
     fields = native_fields(hf, file)
     return fields, tuple(name for name in fields if name not in RUNTIME_FIELDS)
@@ -208,14 +198,15 @@ def read_config(path: str, **overrides: Any) -> ModelConfig:
   DataError (naming the file and field) for a directory that is not a checkpoint or an unsupported model;
   ConfigError naming both values for an override that contradicts config.json.
   """
-  fields, architecture = checkpoint_fields(path)
+  hf = read_hf_json(path)  # read once: the fields and the dtype
+  fields, architecture = _checkpoint_fields(hf, os.path.join(path, CONFIG_FILE))
   known = {field.name for field in dataclasses.fields(ModelConfig)}
   for name, value in overrides.items():
     if name not in known:
       raise ConfigError(f"model.{name}", "unknown field")
     if (error := contradiction(path, name, value, fields, architecture)) is not None:
       raise error
-  dtype = checkpoint_dtype(read_hf_json(path))
+  dtype = checkpoint_dtype(hf)
   values = {"param_dtype": dtype, "dtype": dtype, **fields, **overrides}
   try:
     return ModelConfig(**values)
@@ -329,7 +320,7 @@ class Checkpoint:
     index_file, single = os.path.join(path, INDEX_FILE), os.path.join(path, WEIGHTS_FILE)
     if os.path.isfile(index_file):
       self.where = index_file
-      weight_map = _read_json(index_file).get("weight_map")
+      weight_map = read_json_object(index_file).get("weight_map")
       if not isinstance(weight_map, dict):
         raise DataError(f"{index_file}: missing field 'weight_map'")
       self.files = {name: os.path.join(path, file) for name, file in weight_map.items()}

@@ -124,7 +124,7 @@ def check_hf_model(init_from: str, model: ModelConfig) -> None:
     if (error := hf.contradiction(directory, name, value, expected, architecture)) is not None:
       raise error
   positions = fields.get("max_seq_len")
-  if "max_seq_len" not in architecture and hf.read_hf_json(directory).get("model_type") != hf.NATIVE_TYPE:
+  if architecture is hf.ARCHITECTURE_FIELDS:  # a transformers checkpoint: its positions bound max_seq_len
     if positions is not None and model.max_seq_len > positions:
       raise ConfigError("model.max_seq_len", f"longer than the {positions} positions of "
                         f"{os.path.join(directory, hf.CONFIG_FILE)}", model.max_seq_len)
