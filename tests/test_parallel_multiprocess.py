@@ -1,10 +1,11 @@
-"""Two local processes under jax.distributed (CPU, gloo collectives) run `jaxpt pretrain` on a 2 x 2 device mesh
-(data over processes, fsdp within) and end where a single-process run does.
+"""Two local processes under jax.distributed (CPU, gloo collectives) run `jaxpt pretrain`, and GRPO, on a 2 x 2
+device mesh (data over processes, fsdp within) and end where a single-process run does.
 
 Each process reads only its half of every global batch; both write one shared (sharded) checkpoint. A SIGTERM to
 one process stops both at the same step (jax's preemption service), with that step checkpointed.
 """
 
+import dataclasses
 import os
 import re
 import shutil
@@ -18,8 +19,11 @@ import jax
 import numpy as np
 
 from jaxpt.train.checkpoint import Checkpointer
+from jaxpt.train.grpo import build_grpo, train_grpo
 from jaxpt.train.metrics import read_metrics
 from jaxpt.train.pretrain import build_pretraining, pretrain
+from tests.micro_grpo import MULTI_PROCESS, even_length
+from tests.micro_grpo import micro_config as micro_grpo_config
 from tests.test_train_pretrain import MICRO, ROOT, TINY, micro_config
 
 RUN = {"steps": 3, "log_every": 1, "eval_every": 3, "checkpoint_every": 0}
@@ -115,3 +119,72 @@ def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path):
   checkpointer = Checkpointer(multi_dir)
   assert checkpointer.latest_step() == steps[0]
   checkpointer.close()
+
+
+GRPO_PROCESS = os.path.join(ROOT, "tests", "multidevice", "grpo_process.py")
+
+
+def _launch_grpo(workdir):
+  port = _free_port()
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  env.pop("XLA_FLAGS", None)
+  return [subprocess.Popen([sys.executable, GRPO_PROCESS, str(i), str(port), workdir], cwd=ROOT, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+
+
+def _finish(procs, timeout=420):
+  outputs = []
+  try:
+    outputs = [p.communicate(timeout=timeout) for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  return outputs
+
+
+def _final_params(workdir, template):
+  checkpointer = Checkpointer(workdir)
+  state = checkpointer.restore_latest(template)  # onto this process's single device
+  checkpointer.close()
+  return jax.tree.map(np.asarray, state)
+
+
+def test_two_processes_run_grpo_like_one_and_a_killed_run_resumes_bitwise(tmp_path):
+  """Issue 14: data=2 over the processes x fsdp=2 within; epochs 2 x minibatches 2; each process samples and
+  verifies its own prompts. A launch SIGKILLed after its first checkpoint and relaunched ends bitwise where the
+  uninterrupted two-process run does (data position, sampling keys, minibatch order)."""
+  single_dir = str(tmp_path / "single")
+  config = micro_grpo_config(**dict(MULTI_PROCESS, **{"mesh.data": 1, "mesh.fsdp": 1}))  # one device
+  trainer = dataclasses.replace(build_grpo(config, single_dir), reward_fn=even_length)
+  want = jax.tree.map(np.asarray, train_grpo(trainer.config, single_dir, trainer=trainer).state)
+
+  multi_dir, killed_dir = str(tmp_path / "multi"), str(tmp_path / "killed")
+  procs = _launch_grpo(multi_dir)
+  killed = _launch_grpo(killed_dir)  # both runs at once: the second is killed after its first checkpoint
+  first = os.path.join(killed_dir, "checkpoints", "1", "manifest.json")
+  deadline = time.time() + 420
+  while not os.path.exists(first):
+    assert time.time() < deadline and all(p.poll() is None for p in killed), "no checkpoint of step 1"
+    time.sleep(0.05)
+  for p in killed:
+    p.send_signal(signal.SIGKILL)
+  _finish(killed)
+  resumed = _launch_grpo(killed_dir)
+  for i, (proc, (out, err)) in enumerate(zip(procs + resumed, _finish(procs) + _finish(resumed))):
+    assert proc.returncode == 0, err[-4000:]
+    assert f"process {i % 2} of 2, 4 devices, mesh data=2 fsdp=2 tensor=1" in out, out
+    assert "finished step 3" in out, out
+
+  rows, single_rows = read_metrics(multi_dir), read_metrics(single_dir)
+  assert [r["step"] for r in rows] == [1, 2, 3] and 0 < single_rows[0]["accuracy"] < 1
+  for key in ("reward_mean", "accuracy", "loss", "pg_loss", "grad_norm", "eval_accuracy_test"):
+    np.testing.assert_allclose([r[key] for r in rows if key in r], [r[key] for r in single_rows if key in r],
+                               rtol=2e-5, atol=1e-6, err_msg=key)
+  got = _final_params(multi_dir, trainer.init_state())
+  for path, g, w in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, err_msg=jax.tree_util.keystr(path[0]))
+  again = _final_params(killed_dir, trainer.init_state())
+  for g, w in zip(jax.tree.leaves(again), jax.tree.leaves(got)):
+    np.testing.assert_array_equal(g, w)
+  assert [r["pg_loss"] for r in read_metrics(killed_dir)][-1] == rows[-1]["pg_loss"]

@@ -1,4 +1,5 @@
-"""Sharded training on 8 simulated CPU devices: runs tests/multidevice/sharded_training.py in a fresh process.
+"""Sharded training on 8 simulated CPU devices: runs tests/multidevice/sharded_training.py (the shared step, state
+layout, checkpoints across meshes) and sharded_grpo.py (GRPO and CLIPO end to end) each in a fresh process.
 
 XLA fixes the number of host devices when its backend starts, so those tests cannot share this process (or the
 suite's): the subprocess sets XLA_FLAGS before importing jax and shares compiled work across its own tests.
@@ -9,23 +10,27 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SUITE = os.path.join("tests", "multidevice", "sharded_training.py")
+SUITES = {"sharded_training.py": 20, "sharded_grpo.py": 7}  # file in tests/multidevice -> tests it must collect
 
 
-def run_suite(env, *args):
+def run_suite(env, suite, *args):
   return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", *args,
-                         SUITE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+                         os.path.join("tests", "multidevice", suite)], cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=900)
 
 
-def test_sharded_training_suite_on_8_devices(tmp_path):
+@pytest.mark.parametrize("suite", list(SUITES))
+def test_suite_on_8_devices(suite, tmp_path):
   env = dict(os.environ, PYTHONPATH=ROOT)
   env.pop("XLA_FLAGS", None)
   env.pop("PYTEST_XDIST_WORKER", None)
-  collected = re.search(r"(\d+) tests? collected", run_suite(env, "--collect-only").stdout)
-  proc = run_suite(env, "--basetemp", str(tmp_path / "basetemp"))
+  collected = re.search(r"(\d+) tests? collected", run_suite(env, suite, "--collect-only").stdout)
+  proc = run_suite(env, suite, "--basetemp", str(tmp_path / "basetemp"))
   summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
   assert proc.returncode == 0, proc.stdout[-8000:] + proc.stderr[-3000:]
   passed = re.search(r"(\d+) passed", summary)
-  assert collected and int(collected.group(1)) >= 20, "the 8-device suite collected too few tests"
+  assert collected and int(collected.group(1)) >= SUITES[suite], f"the 8-device {suite} collected too few tests"
   assert passed and passed.group(1) == collected.group(1) and "skipped" not in summary, summary

@@ -66,7 +66,7 @@ def test_truncated_means_the_cap_reached_without_eos():
 
 def test_overlong_filtering_zeroes_exactly_the_truncated_rows():
   mask = np.array([[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 1]], np.float32)
-  got = dapo.filter_overlong(mask, np.array([False, True, False, True]))
+  got = dapo.filter_overlong(jnp.asarray(mask), np.array([False, True, False, True]))
   np.testing.assert_array_equal(got, [[1, 1, 0], [0, 0, 0], [1, 0, 0], [0, 0, 0]])
   assert got.dtype == np.float32 and mask[1].sum() == 3  # a copy
 
@@ -90,8 +90,7 @@ def scripted_draws(rounds_of_kinds):
     kinds = rounds_of_kinds[r]
     scores = np.concatenate([KINDS[k] for k in kinds]).astype(np.float32)
     origin = np.asarray([(r, g, i) for g in range(len(kinds)) for i in range(G)])
-    return {"scores": scores, "origin": origin, "texts": [f"{a}.{b}.{c}" for a, b, c in origin.tolist()],
-            "hidden": jnp.asarray(origin, jnp.float32), "none": None}
+    return {"scores": scores, "origin": origin, "hidden": jnp.asarray(origin, jnp.float32), "none": None}
 
   return draw, calls
 
@@ -104,7 +103,6 @@ def check_rows_follow_groups(batch):
   for key in ("origin", "hidden"):
     rows = np.asarray(batch[key]).reshape(B, G, 3)
     np.testing.assert_array_equal(rows[:, :, 2], np.tile(np.arange(G), (B, 1)))  # whole groups, in order
-  assert batch["texts"] == [f"{a}.{b}.{c}" for a, b, c in batch["origin"].tolist()]
   np.testing.assert_array_equal(batch["hidden"], batch["origin"])
   assert batch["none"] is None
   np.testing.assert_array_equal(batch["group_ids"], np.repeat(np.arange(B), G))

@@ -322,13 +322,14 @@ class PromptData:
     return cls(task_problems(task, "train", data_dir), eval_problems, tokenizer, batch_size, prompt_len,
                seed, task_config(task).prompt_format)
 
-  def batch(self, step: int) -> dict[str, Any]:
-    """The prompts of `step` (see class docstring)."""
-    return self._rows_batch(self._order.rows(step))
+  def batch(self, step: int, process_index: int = 0, process_count: int = 1) -> dict[str, Any]:
+    """The prompts of `step` (see class docstring); process `process_index` of `process_count` gets its
+    contiguous B / process_count of them (`jaxpt.data.order`)."""
+    return self._rows_batch(self._order.rows(step, process_index, process_count))
 
-  def refill_batch(self, index: int) -> dict[str, Any]:
-    """Batch `index` of the refill stream (see class docstring); same layout as `batch`."""
-    return self._rows_batch(self._refill_order.rows(index))
+  def refill_batch(self, index: int, process_index: int = 0, process_count: int = 1) -> dict[str, Any]:
+    """Batch `index` of the refill stream (see class docstring); same layout and process slices as `batch`."""
+    return self._rows_batch(self._refill_order.rows(index, process_index, process_count))
 
   def _rows_batch(self, rows: np.ndarray) -> dict[str, Any]:
     tokens, mask = self._train_tokens

@@ -101,8 +101,12 @@ class KVCache:
 
   @classmethod
   def create(cls, num_layers: int, batch: int, max_len: int, num_kv_heads: int, head_dim: int, dtype):
-    buffers = lambda: tuple(jnp.zeros((batch, num_kv_heads, max_len, head_dim), dtype) for _ in range(num_layers))
-    return cls(key=buffers(), value=buffers(), segment_ids=jnp.zeros((batch, max_len), jnp.int32))
+    """Empty buffers, laid out (under a mesh's activation rules) batch-split with KV heads over `tensor`."""
+    zeros = lambda: nn.with_logical_constraint(jnp.zeros((batch, num_kv_heads, max_len, head_dim), dtype),
+                                               ("batch", "kv_heads", "length", "kv"))
+    segment_ids = nn.with_logical_constraint(jnp.zeros((batch, max_len), jnp.int32), ("batch", "length"))
+    return cls(key=tuple(zeros() for _ in range(num_layers)), value=tuple(zeros() for _ in range(num_layers)),
+               segment_ids=segment_ids)
 
   @property
   def max_len(self) -> int:

@@ -7,6 +7,7 @@ Parameters are described by their boxed abstract tree (`jax.eval_shape(model.ini
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from typing import Any, Callable, Iterator
 
@@ -14,6 +15,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 import optax
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxpt.config import ConfigError
@@ -100,6 +102,29 @@ def full_batch(batch: dict, sharding: NamedSharding) -> dict:
   return jax.tree.map(put, batch)
 
 
+def process_rows(array: jax.Array) -> np.ndarray:
+  """This process's rows of a global array split along its leading axis, in order, as numpy `[rows here, ...]`
+  (rows held by several local devices, e.g. replicated over `tensor`, taken once): the inverse of
+  `global_batch` for this process."""
+  blocks = {}
+  for shard in array.addressable_shards:
+    blocks.setdefault(shard.index[0].start or 0, shard.data)
+  return np.concatenate([np.asarray(blocks[start]) for start in sorted(blocks)])
+
+
+def all_rows(local: Any, sharding: NamedSharding, global_batch_size: int) -> Any:
+  """Every process's rows (see `process_batch_slice`) of a pytree of host arrays `[B / count, ...]` -> the whole
+  `[B, ...]` on every process (one all-gather; processes that share rows give them once)."""
+  if jax.process_count() == 1:
+    return local
+  index, count = process_batch_slice(sharding, global_batch_size)
+  gathered, indices = multihost_utils.process_allgather((local, np.asarray([index])), tiled=False)
+  order = np.unique(np.asarray(indices)[:, 0], return_index=True)[1]  # first process holding each block
+  if len(order) != count:
+    raise ValueError(f"the processes hold {len(order)} distinct row blocks, expected {count}")
+  return jax.tree.map(lambda x: np.concatenate(list(np.asarray(x)[order])), gathered)
+
+
 def global_batches(local: Iterator[dict], sharding: NamedSharding, global_batch_size: int) -> Iterator[dict]:
   for batch in local:
     yield global_batch(batch, sharding, global_batch_size)
@@ -124,3 +149,25 @@ def with_activation_sharding(fn: Callable, mesh: Mesh, rules: Rules) -> Callable
       return fn(*args, **kwargs)
 
   return wrapped
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshLayout:
+  """Where a program's arrays live on a mesh: the logical rules, the params' shardings (a pytree of
+  NamedSharding) and the batch sharding (leading axis over data x fsdp)."""
+
+  mesh: Mesh
+  rules: Rules
+  params: Any
+  batch: NamedSharding
+
+  @property
+  def replicated(self) -> NamedSharding:
+    return replicated(self.mesh)
+
+  def jit(self, fn: Callable, out_shardings: Any, in_shardings: Any = None, **kwargs: Any) -> Callable:
+    """`fn` jitted with these shardings (in_shardings None: those of the arguments) and traced under the
+    activation rules."""
+    if in_shardings is not None:
+      kwargs["in_shardings"] = in_shardings
+    return jax.jit(with_activation_sharding(fn, self.mesh, self.rules), out_shardings=out_shardings, **kwargs)

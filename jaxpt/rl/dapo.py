@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -98,10 +99,10 @@ def truncated(lengths: np.ndarray, last_tokens: np.ndarray, max_len: int, eos_id
   return full if eos_id is None else full & (np.asarray(last_tokens) != eos_id)
 
 
-def filter_overlong(mask: np.ndarray, is_truncated: np.ndarray) -> np.ndarray:
-  """Overlong filtering: mask [N, T] with the rows of truncated responses zeroed (a copy, mask's dtype)."""
-  mask = np.asarray(mask)
-  return np.where(np.asarray(is_truncated, bool)[:, None], np.zeros((), mask.dtype), mask)
+def filter_overlong(mask: jax.Array, is_truncated: np.ndarray) -> jax.Array:
+  """Overlong filtering: mask [N, T] (a device array, global on a mesh) with the rows of truncated responses
+  zeroed; is_truncated bool [N] on the host. Same dtype and layout as mask."""
+  return jnp.where(np.asarray(is_truncated, bool)[:, None], jnp.zeros((), mask.dtype), mask)
 
 
 def informative_groups(values: np.ndarray, group_size: int) -> np.ndarray:
@@ -111,29 +112,29 @@ def informative_groups(values: np.ndarray, group_size: int) -> np.ndarray:
   return np.ones(len(v), bool) if group_size == 1 else v.max(axis=1) > v.min(axis=1)
 
 
-def _gather(rounds: list[dict], picks: list[tuple[int, int]], group_size: int) -> dict:
-  """The rows of the picked (round, group) groups, in pick order, from per-round rollout dicts of the same keys
-  (numpy arrays and lists gathered on the host, jax arrays on their device; None stays None)."""
+def _take_rows(tree: Any, rows: np.ndarray) -> Any:
+  return jax.tree.map(lambda x: jnp.take(x, jnp.asarray(rows), axis=0), tree)
+
+
+def _gather(rounds: list[dict], picks: list[tuple[int, int]], group_size: int, take: Callable) -> dict:
+  """The rows of the picked (round, group) groups, in pick order, from per-round rollout dicts of the same keys:
+  numpy arrays gathered on the host, device arrays by one `take(tree, rows)` over their concatenation (None stays
+  None)."""
   n = len(next(v for v in rounds[0].values() if v is not None))
   rows = np.asarray([r * n + g * group_size + i for r, g in picks for i in range(group_size)])
-  out: dict[str, Any] = {}
-  for key, first in rounds[0].items():
-    if first is None:
-      out[key] = None
-    elif isinstance(first, list):
-      flat = [x for ro in rounds for x in ro[key]]
-      out[key] = [flat[i] for i in rows]
-    elif isinstance(first, np.ndarray):
-      out[key] = np.concatenate([ro[key] for ro in rounds])[rows]
-    else:
-      out[key] = jnp.take(jnp.concatenate([ro[key] for ro in rounds]), jnp.asarray(rows), axis=0)
-  return out
+  host = {k: np.concatenate([ro[k] for ro in rounds])[rows] for k, v in rounds[0].items()
+          if isinstance(v, np.ndarray)}
+  device = {k: jnp.concatenate([ro[k] for ro in rounds]) for k, v in rounds[0].items()
+            if v is not None and k not in host}
+  return {**{k: None for k, v in rounds[0].items() if v is None}, **host, **take(device, rows)}
 
 
 def dynamic_sampling(draw: Callable[[int], dict], num_groups: int, group_size: int, max_rounds: int,
-                     at_cap: str, metric_key: str) -> tuple[dict, dict]:
-  """DAPO dynamic sampling (module doc). draw(r) -> round r's rollouts: a dict of per-row values (numpy [N, ...],
-  device arrays, lists, or None), N = num_groups * G, groups contiguous, `metric_key` the filter metric [N].
+                     at_cap: str, metric_key: str, take: Callable = _take_rows) -> tuple[dict, dict]:
+  """DAPO dynamic sampling (module doc). draw(r) -> round r's rollouts: a dict of per-row values (host numpy
+  [N, ...], device arrays or None), N = num_groups * G, groups contiguous, `metric_key` the filter metric [N] (on
+  the host, whole). take(tree, rows) gathers rows of device arrays (default jnp.take; the GRPO trainer passes one
+  compiled to keep the rows split over its mesh).
 
   Rounds r = 0, 1, ... are drawn until they hold num_groups informative groups or max_rounds were drawn; the
   batch is the first num_groups informative groups in draw order, topped up (at_cap='fill') with the dropped
@@ -156,7 +157,7 @@ def dynamic_sampling(draw: Callable[[int], dict], num_groups: int, group_size: i
                        f"informative groups of the {num_groups} needed (config.data.prompts_per_step); raise "
                        "max_rounds or set config.dapo.at_cap='fill'")
   picks = (kept + dropped)[:num_groups]
-  batch = _gather(rounds, picks, group_size)
+  batch = _gather(rounds, picks, group_size, take)
   batch["group_ids"] = np.repeat(np.arange(num_groups, dtype=np.int32), group_size)
   metrics = {"dapo_rounds": len(rounds), "dapo_groups_drawn": len(rounds) * num_groups,
              "dapo_groups_informative": informative, "dapo_groups_filled": max(0, num_groups - informative)}

@@ -29,6 +29,7 @@ from jax import lax
 from jaxpt.config import Section, at_least, fail, in_range
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM, init_cache, unstack_layers
+from jaxpt.parallel import MeshLayout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,11 +126,13 @@ def choose_tokens(logits, key, sampling: SamplingConfig):
   return tokens.astype(jnp.int32), logprobs
 
 
-def make_sampler(model_config: ModelConfig, sampling: SamplingConfig, prompt_len: int
-                 ) -> Callable[..., SampleOutput]:
+def make_sampler(model_config: ModelConfig, sampling: SamplingConfig, prompt_len: int,
+                 layout: MeshLayout | None = None) -> Callable[..., SampleOutput]:
   """-> jitted `sample(params, prompt_tokens [B, P], prompt_mask [B, P], rng) -> SampleOutput` for P = prompt_len.
 
-  Every row must hold at least one real prompt token.
+  Every row must hold at least one real prompt token. With a `layout`, it is compiled for that mesh: params laid
+  out as `layout.params`, prompts and every output split by rows as `layout.batch` (each device decodes its rows;
+  the KV cache is split the same way, KV heads over `tensor` under tp rules), traced under the activation rules.
   """
   if prompt_len <= 0:
     raise ValueError(f"prompt_len={prompt_len}: must be positive")
@@ -185,4 +188,9 @@ def make_sampler(model_config: ModelConfig, sampling: SamplingConfig, prompt_len
 
     return lax.while_loop(keep_going, step, (jnp.int32(1), token, cache, outputs, done))[3]
 
-  return jax.jit(sample)
+  if layout is None:
+    return jax.jit(sample)
+  rows = layout.batch
+  outputs = SampleOutput(tokens=rows, logprobs=rows, mask=rows, lengths=rows,
+                         hidden=rows if sampling.return_hidden else None)
+  return layout.jit(sample, outputs, in_shardings=(layout.params, rows, rows, layout.replicated))

@@ -66,6 +66,12 @@ class Training:
     """Compiled per-device memory of the train step in MiB (argument, output, temp, alias, peak)."""
     return self.sharded.memory
 
+  @property
+  def layout(self) -> parallel.MeshLayout:
+    """The mesh, its rules and the params' and batch shardings, for the run's other programs (a sampler, ...)."""
+    return parallel.MeshLayout(self.sharded.mesh, self.sharded.rules, self.sharded.state_sharding.params,
+                               self.sharded.batch_sharding)
+
   def describe(self, command: str) -> str:
     """One line for `jaxpt <command>` at start: processes, devices, mesh, rules, compiled step memory."""
     mesh = " ".join(f"{axis}={size}" for axis, size in self.sharded.mesh.shape.items())

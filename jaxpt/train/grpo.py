@@ -14,7 +14,9 @@ One loop step (`GRPOTrainer.train_step`), for a batch of B prompts:
                (DAPO overlong filtering: truncated responses masked out of the loss)
 
 Each policy update is the shared train step (`jaxpt.train.step`), compiled by the shared builder for one minibatch
-of `experience_shapes`; `optim.grad_accum_steps` splits a minibatch into micro-batches. `state.step` counts loop
+of `experience_shapes`; `optim.grad_accum_steps` splits a minibatch into micro-batches. Everything runs on the
+run's mesh (`config.mesh`): the sampler and the log-probs are compiled for it too, each process samples and
+verifies its own prompts, and the per-rollout host arrays are all-gathered (`GRPOTrainer`). `state.step` counts loop
 steps (the data position); the optimizer's own count runs epochs * minibatches per step.
 The reference policy is the initial policy (the `init_from` run's params, or the seeded init), rebuilt on resume
 rather than checkpointed; the CLIPO head lives in `state.aux["clipo"]`. Randomness of step t comes from
@@ -31,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
+from jaxpt import parallel
 from jaxpt.config import ConfigError, Section, at_least, fail, from_section, in_range, one_of
 from jaxpt.data import order
 from jaxpt.data.sft import PromptData, TaskConfig, task_tokenizer
@@ -42,7 +45,7 @@ from jaxpt.progress import say
 from jaxpt.rl import clipo, dapo
 from jaxpt.rl.logprobs import response_logits, response_logprobs, token_logprobs
 from jaxpt.rl.rewards import math_reward
-from jaxpt.rl.rollouts import repeat_prompts, response_texts, verifier_rewards
+from jaxpt.rl.rollouts import RewardFn, repeat_prompts, response_texts, verifier_rewards
 from jaxpt.rl.sampler import SamplingConfig, make_sampler
 from jaxpt.train.builder import Training, build_training, training_mesh
 from jaxpt.train.config import RunConfig, check_vocab, config_json
@@ -248,17 +251,45 @@ class GRPOTrainer:
 
   `training.train_step` is the shared step compiled for one policy-update minibatch; the loop's state is handed to
   it with `step` set to the optimizer's update count (so `lr` is the schedule's) and `rng` to the step's update key.
+
+  On a mesh (`training.layout`): the sampler, the teacher-forced log-probs and the update are compiled for it, and
+  rollouts live as global device arrays whose rows are split over data x fsdp. Each process reads only its own
+  prompts (`batches`) and decodes and verifies only the rows its devices sampled; the per-rollout numbers the step
+  needs whole (scores, rewards, lengths: [N] each) are then all-gathered, so the group statistics, DAPO's choices
+  and the minibatch order are computed identically on every process.
   """
 
   config: GRPORunConfig
   training: Training
   tokenizer: Any  # jaxpt's sentencepiece Tokenizer, or an HFTokenizer (init_from='hf:DIR')
   prompts: PromptData
-  sample: Callable  # (params, prompt_tokens, prompt_mask, rng) -> SampleOutput, temperature sampling
-  sample_greedy: Callable
-  logprobs: Callable  # jitted response_logprobs(params, prompt_tokens, prompt_mask, tokens, mask)
+  sample: Callable  # (params, prompt_tokens, prompt_mask, rng) -> SampleOutput, temperature sampling, [N, P]
+  sample_greedy: Callable  # the same, greedy, for eval batches of `eval_batch_size` prompts
+  logprobs: Callable  # response_logprobs(params, prompt_tokens, prompt_mask, tokens, mask), compiled on the mesh
+  take_rows: Callable  # (pytree of global [M, ...] arrays, rows int [n]) -> the rows, split like a batch
+  clipo_step: Callable  # (head state, hidden, mask, labels, group_ids, rng) -> (head state, r_con [N], metrics)
+  kl_rewards: Callable  # (rewards [N], old_logp, ref_logp, mask [N, T]) -> kl_penalized_rewards [N]
   eval_sets: dict  # name -> the prompt batches holding its first `data.eval_prompts` problems (encoded once)
+  process_slice: tuple[int, int] = (0, 1)  # this process reads prompt block `index` of `count` of each batch
+  reward_fn: RewardFn = math_reward  # the verifier: (response text, answer) -> score (replace for another task)
+  sampler_memory: dict = dataclasses.field(default_factory=dict)  # compiled per-device memory of `sample` (MiB)
   ref_params: Any = None  # the initial policy, set by `init_state` when the KL term needs it
+
+  @property
+  def rollout_rows(self) -> int:
+    """N = prompts_per_step x group_size: rollouts sampled per generation round."""
+    return self.config.data.prompts_per_step * self.config.grpo.group_size
+
+  @property
+  def eval_batch_size(self) -> int:
+    """Prompts per eval batch: prompts_per_step rounded up to a multiple of the data-parallel devices."""
+    dp = parallel.data_parallel_size(self.training.layout.mesh)
+    return -(-self.config.data.prompts_per_step // dp) * dp
+
+  def describe(self) -> str:
+    """The start-up line of `jaxpt grpo`: processes, mesh, and the compiled update's and sampler's memory."""
+    return (self.training.describe("grpo") + ", rollout sampler "
+            f"{self.sampler_memory.get('peak_mib', float('nan')):.1f} MiB")
 
   def init_state(self) -> TrainState:
     """The initial state (params from `init_from`, or the seeded init); keeps a copy of its params as the
@@ -269,24 +300,39 @@ class GRPOTrainer:
     return state
 
   def batches(self, start: int) -> Iterator[dict]:
-    return order.step_batches(lambda step, *_: self.prompts.batch(step), self.prompts.batch_size, start)
+    """This process's prompts of steps start, start + 1, ... (host arrays, block `process_slice` of each)."""
+    index, count = self.process_slice
+    return order.step_batches(self.prompts.batch, self.prompts.batch_size, start, index, count)
+
+  def verify(self, out: Any, answers: list[str], group_size: int) -> dict[str, np.ndarray]:
+    """Decodes and verifies this process's rows of a sampler output (global [M, T]; `answers` are its prompts'
+    answers, G rows each) -> every process's {scores float32, lengths int32, truncated bool} [M], whole."""
+    tokens, mask = parallel.process_rows(out.tokens), parallel.process_rows(out.mask)
+    lengths = parallel.process_rows(out.lengths)
+    texts = response_texts(self.tokenizer.decode, tokens, mask, self.tokenizer.eos_id)
+    local = {"scores": verifier_rewards(texts, answers, group_size, self.reward_fn), "lengths": lengths,
+             "truncated": dapo.truncated(lengths, tokens[:, -1], self.config.sampling.max_new_tokens,
+                                         self.tokenizer.eos_id)}
+    return parallel.all_rows(local, self.training.layout.batch, out.tokens.shape[0])
 
   def rollouts(self, params: Any, batch: dict, rng: jax.Array) -> dict:
-    """Samples G responses per prompt and scores them: host numpy arrays `[N, ...]` plus texts."""
-    g = self.config.grpo.group_size
-    tokens, mask, group_ids = repeat_prompts(batch["prompt_tokens"], batch["prompt_mask"], g)
-    out = self.sample(params, jnp.asarray(tokens), jnp.asarray(mask), rng)
-    response, response_mask = np.asarray(out.tokens), np.asarray(out.mask)
-    texts = response_texts(self.tokenizer.decode, response, response_mask, self.tokenizer.eos_id)
-    scores = verifier_rewards(texts, batch["answers"], g, math_reward)
-    lengths, max_len = np.asarray(out.lengths), self.config.sampling.max_new_tokens
+    """Samples G responses per prompt of the global batch whose process block is `batch` and scores them.
+
+    Device arrays (global, rows split like a batch): prompt_tokens, prompt_mask [N, P], tokens, mask, old_logp
+    [N, T], hidden [N, T, d] (None without CLIPO). Host arrays, whole on every process: scores, rewards (+ the
+    overlong punishment), labels, truncated, lengths, group_ids [N].
+    """
+    g, n = self.config.grpo.group_size, self.rollout_rows
+    tokens, mask, _ = repeat_prompts(batch["prompt_tokens"], batch["prompt_mask"], g)
+    prompts = parallel.global_batch({"prompt_tokens": tokens, "prompt_mask": mask}, self.training.layout.batch, n)
+    out = self.sample(params, prompts["prompt_tokens"], prompts["prompt_mask"], rng)
+    host = self.verify(out, batch["answers"], g)
     settings = self.config.dapo
-    rewards = scores + dapo.overlong_penalty(lengths, max_len, settings.overlong_buffer,
-                                             settings.overlong_penalty_factor)
-    return {"prompt_tokens": tokens, "prompt_mask": mask, "tokens": response, "mask": response_mask,
-            "old_logp": np.asarray(out.logprobs), "group_ids": group_ids, "scores": scores, "rewards": rewards,
-            "labels": (scores > 0).astype(np.int32), "hidden": out.hidden, "texts": texts,
-            "truncated": dapo.truncated(lengths, response[:, -1], max_len, self.tokenizer.eos_id)}
+    rewards = host["scores"] + dapo.overlong_penalty(host["lengths"], self.config.sampling.max_new_tokens,
+                                                     settings.overlong_buffer, settings.overlong_penalty_factor)
+    return {**prompts, "tokens": out.tokens, "mask": out.mask, "old_logp": out.logprobs, "hidden": out.hidden,
+            **host, "rewards": rewards, "labels": (host["scores"] > 0).astype(np.int32),
+            "group_ids": np.repeat(np.arange(self.config.data.prompts_per_step, dtype=np.int32), g)}
 
   def step_rollouts(self, params: Any, batch: dict, step: int, rng: jax.Array) -> tuple[dict, dict]:
     """The rollouts trained on at `step` (`rollouts` of `batch`, key `rng`), and their DAPO metrics; with
@@ -302,11 +348,12 @@ class GRPOTrainer:
       def draw(r: int) -> dict:
         if r == 0:
           return first
-        extra = self.prompts.refill_batch(step * (settings.max_rounds - 1) + r - 1)
+        extra = self.prompts.refill_batch(step * (settings.max_rounds - 1) + r - 1, *self.process_slice)
         return self.rollouts(params, extra, jax.random.fold_in(rng, r))
 
       ro, metrics = dapo.dynamic_sampling(draw, self.config.data.prompts_per_step, self.config.grpo.group_size,
-                                          settings.max_rounds, settings.at_cap, _FILTER_KEYS[settings.filter_metric])
+                                          settings.max_rounds, settings.at_cap, _FILTER_KEYS[settings.filter_metric],
+                                          take=self.take_rows)
       metrics["dapo_step_accuracy"] = float(first["scores"].mean())
     metrics["truncated_frac"] = float(ro["truncated"].mean())
     if settings.overlong_buffer:
@@ -318,66 +365,73 @@ class GRPOTrainer:
     step = int(state.step)
     sample_rng, clipo_rng, update_rng = jax.random.split(state.step_rng(), 3)
     ro, dapo_metrics = self.step_rollouts(state.params, batch, step, sample_rng)
-    metrics: dict[str, Any] = {"accuracy": float(ro["scores"].mean()),
-                               "response_length": float(ro["mask"].sum(-1).mean()),
-                               "num_tokens": float(ro["mask"].sum()), **dapo_metrics}
-    rewards = jnp.asarray(ro["rewards"])
+    metrics: dict[str, Any] = {"accuracy": float(ro["scores"].mean()), "response_length": float(ro["lengths"].mean()),
+                               "num_tokens": float(ro["lengths"].sum()), **dapo_metrics}
+    rewards = ro["rewards"]
     aux = state.aux
     if cfg.enabled:
-      reps = clipo.rollout_representation(ro["hidden"], jnp.asarray(ro["mask"]))
-      head, contrastive, head_metrics = clipo.head_step(cfg, aux["clipo"], reps, jnp.asarray(ro["labels"]),
-                                                        jnp.asarray(ro["group_ids"]), clipo_rng)
+      head, contrastive, head_metrics = self.clipo_step(aux["clipo"], ro["hidden"], ro["mask"], ro["labels"],
+                                                        ro["group_ids"], clipo_rng)
       aux = dict(aux, clipo=head)
-      rewards = rewards + contrastive
+      rewards = rewards + np.asarray(contrastive)
       metrics.update({f"clipo_{k}": float(v) for k, v in head_metrics.items() if jnp.ndim(v) == 0})
-    experience = {k: np.asarray(ro[k]) for k in ("prompt_tokens", "prompt_mask", "tokens", "mask", "old_logp",
-                                                 "group_ids", "labels")}
+    experience = {k: ro[k] for k in ("prompt_tokens", "prompt_mask", "tokens", "mask", "old_logp")}  # on the mesh
     if settings.uses_reference:
-      experience["ref_logp"] = np.asarray(self.logprobs(self.ref_params, *(
-          jnp.asarray(experience[k]) for k in ("prompt_tokens", "prompt_mask", "tokens", "mask"))))
+      experience["ref_logp"] = self.logprobs(self.ref_params, *(
+          experience[k] for k in ("prompt_tokens", "prompt_mask", "tokens", "mask")))
       if settings.kl_in_reward:
-        rewards = kl_penalized_rewards(rewards, experience["old_logp"], experience["ref_logp"], experience["mask"],
-                                       settings.kl_coef, settings.kl_kind)
-    experience["advantages"] = np.asarray(group_advantages(rewards, settings.group_size, settings.advantage))
+        rewards = np.asarray(self.kl_rewards(rewards, experience["old_logp"], experience["ref_logp"],
+                                             experience["mask"]))
+    host = {"group_ids": ro["group_ids"], "labels": ro["labels"],
+            "advantages": np.asarray(group_advantages(rewards, settings.group_size, settings.advantage))}
     if self.config.dapo.overlong_filtering:
       experience["mask"] = dapo.filter_overlong(experience["mask"], ro["truncated"])
-    metrics["reward_mean"] = float(jnp.mean(rewards))
+    metrics["reward_mean"] = float(np.mean(rewards))
 
     new_state = state.replace(aux=aux)
     if step >= cfg.frozen_steps:  # the official critic_warmup rule (jaxpt.rl.clipo)
-      new_state, update_metrics = self._policy_updates(new_state, experience, update_rng,
+      new_state, update_metrics = self._policy_updates(new_state, experience, host, update_rng,
                                                        np.random.default_rng([self.config.seed, step]),
                                                        (step - cfg.frozen_steps) * self.config.updates_per_step)
       metrics.update(update_metrics)
     return new_state.replace(step=state.step + 1, rng=state.rng), metrics
 
-  def _policy_updates(self, state: TrainState, experience: dict, rng: jax.Array, shuffle: np.random.Generator,
-                      first_update: int) -> tuple[TrainState, dict]:
+  def _policy_updates(self, state: TrainState, experience: dict, host: dict, rng: jax.Array,
+                      shuffle: np.random.Generator, first_update: int) -> tuple[TrainState, dict]:
     """`epochs` passes over `minibatches` minibatches of whole groups, each one shared-step update; the state
-    enters with `step = first_update` (the optimizer's count) and update key `rng`. Metrics: means over updates."""
+    enters with `step = first_update` (the optimizer's count) and update key `rng`. `experience`: the rollouts'
+    global device arrays, `host`: their per-rollout host arrays [N]. Metrics: means over updates."""
     settings = self.config.grpo
     shapes = experience_shapes(self.config)
     state = state.replace(step=jnp.asarray(first_update, jnp.int32), rng=rng)
     update_metrics = []
     for _ in range(settings.epochs):
-      for rows in _split_groups(len(experience["advantages"]), settings.group_size, settings.minibatches, shuffle):
-        minibatch = {k: self.training.put(np.asarray(experience[k][rows], shapes[k].dtype)) for k in shapes}
+      for rows in _split_groups(self.rollout_rows, settings.group_size, settings.minibatches, shuffle):
+        minibatch = dict(self.take_rows(experience, rows),
+                         **self.training.put({k: np.asarray(v[rows], shapes[k].dtype) for k, v in host.items()}))
         state, m = self.training.train_step(state, minibatch)
         update_metrics.append(m)
     means = jax.tree.map(lambda *xs: float(np.mean(xs)), *jax.device_get(update_metrics))
     return state, {k: v for k, v in means.items() if k not in ("num_tokens", "num_rows")}
 
   def evaluate(self, state: TrainState) -> dict:
-    """Greedy accuracy on the first `data.eval_prompts` problems of each held-out set (`eval_accuracy_<name>`)."""
+    """Greedy accuracy on the first `data.eval_prompts` problems of each held-out set (`eval_accuracy_<name>`).
+    Every process holds each eval batch whole (padded to `eval_batch_size` with copies of its last prompt) and
+    verifies the rows its devices decoded."""
+    size = self.eval_batch_size
+    index, count = parallel.process_batch_slice(self.training.layout.batch, size)
+    mine = slice(index * size // count, (index + 1) * size // count)
     results = {}
     for name, batches in self.eval_sets.items():
       scores = []
       for batch in batches:
-        out = self.sample_greedy(state.params, jnp.asarray(batch["prompt_tokens"]),
-                                 jnp.asarray(batch["prompt_mask"]), jax.random.PRNGKey(0))
-        texts = response_texts(self.tokenizer.decode, np.asarray(out.tokens), np.asarray(out.mask),
-                               self.tokenizer.eos_id)
-        scores.extend(verifier_rewards(texts, batch["answers"], 1, math_reward))
+        real = len(batch["answers"])
+        pad = lambda x: np.concatenate([x, np.repeat(x[-1:], size - real, axis=0)])
+        prompts = self.training.put({k: pad(np.asarray(batch[k])) for k in ("prompt_tokens", "prompt_mask")})
+        out = self.sample_greedy(state.params, prompts["prompt_tokens"], prompts["prompt_mask"],
+                                 jax.random.PRNGKey(0))
+        answers = list(batch["answers"]) + [batch["answers"][-1]] * (size - real)
+        scores.extend(self.verify(out, answers[mine], 1)["scores"][:real])
       results[f"eval_accuracy_{name}"] = float(np.mean(scores[:self.config.data.eval_prompts]))
     return results
 
@@ -424,15 +478,39 @@ def build_grpo(config: GRPORunConfig | Any, workdir: str) -> GRPOTrainer:
                             weight_key=weight_key, total_steps=max(1, config.steps * config.updates_per_step),
                             init_aux=init_aux)
 
+  layout = training.layout
+  replicated = layout.replicated
+
   def sampler(greedy: bool) -> Callable:
     sampling = dataclasses.replace(config.sampling, greedy=greedy, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
                                    return_hidden=config.clipo.enabled)
-    return make_sampler(config.model, sampling, config.data.max_prompt_len)
+    return make_sampler(config.model, sampling, config.data.max_prompt_len, layout)
 
-  logprobs = jax.jit(lambda params, *arrays: response_logprobs(model, params, *arrays, temperature=temperature))
-  return GRPOTrainer(config=config, training=training, tokenizer=tokenizer, prompts=prompts,
-                     sample=sampler(False), sample_greedy=sampler(True), logprobs=logprobs,
-                     eval_sets=_first_problems(prompts, config.data.eval_prompts))
+  say("compiling the rollout sampler ...")
+  rows, prompt_shape = config.data.prompts_per_step * config.grpo.group_size, (config.data.max_prompt_len,)
+  params = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                        jax.eval_shape(training.sharded.init_state).params, layout.params)
+  prompts_abstract = jax.ShapeDtypeStruct((rows,) + prompt_shape, jnp.int32, sharding=layout.batch)
+  sample = sampler(False).lower(params, prompts_abstract, prompts_abstract,
+                                jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated)).compile()
+  logprobs = layout.jit(lambda params, *arrays: response_logprobs(model, params, *arrays, temperature=temperature),
+                        layout.batch, in_shardings=(layout.params,) + (layout.batch,) * 4)
+  take_rows = layout.jit(lambda tree, rows: jax.tree.map(lambda x: jnp.take(x, rows, axis=0), tree), layout.batch)
+
+  def clipo_step(head, hidden, mask, labels, group_ids, rng):
+    reps = clipo.rollout_representation(hidden, mask)
+    return clipo.head_step(config.clipo, head, reps, labels, group_ids, rng)
+
+  kl_rewards = lambda *arrays: kl_penalized_rewards(*arrays, config.grpo.kl_coef, config.grpo.kl_kind)
+  index, count = parallel.process_batch_slice(layout.batch, rows)
+  if config.data.prompts_per_step % count:
+    raise ConfigError("data.prompts_per_step", f"must be divisible by the {count} processes that read distinct "
+                      "prompts", config.data.prompts_per_step)
+  return GRPOTrainer(config=config, training=training, tokenizer=tokenizer, prompts=prompts, sample=sample,
+                     sample_greedy=sampler(True), logprobs=logprobs, take_rows=take_rows,
+                     clipo_step=layout.jit(clipo_step, replicated), kl_rewards=layout.jit(kl_rewards, replicated),
+                     eval_sets=_first_problems(prompts, config.data.eval_prompts), process_slice=(index, count),
+                     sampler_memory=parallel.compiled_memory(sample))
 
 
 def train_grpo(config: GRPORunConfig | Any, workdir: str, *, trainer: GRPOTrainer | None = None,
@@ -452,7 +530,7 @@ def train_grpo(config: GRPORunConfig | Any, workdir: str, *, trainer: GRPOTraine
 def run_grpo(config: GRPORunConfig, workdir: str) -> int:
   """`jaxpt grpo`: builds, prints the mesh and memory, trains, prints one summary line; the exit code."""
   trainer = build_grpo(config, workdir)
-  print(trainer.training.describe("grpo"), flush=True)
+  print(trainer.describe(), flush=True)
   result = train_grpo(config, workdir, trainer=trainer)
   return print_summary("grpo", result, workdir, ["reward_mean", "accuracy"] +
                        sorted(k for k in result.last_row if k.startswith("eval_accuracy")))

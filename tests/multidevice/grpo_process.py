@@ -1,0 +1,33 @@
+"""One process of a two-process GRPO run under jax.distributed, 2 host devices each (run by
+tests/test_parallel_multiprocess.py):
+
+    python tests/multidevice/grpo_process.py PROCESS_ID PORT WORKDIR
+
+The run is `tests.micro_grpo`'s with its MULTI_PROCESS settings: a data=2 (over the processes) x fsdp=2 (within
+each) mesh, 3 steps, a checkpoint every step. Prints the trainer's start-up line and `finished step N`.
+"""
+
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + (
+    " --xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0"
+    " --xla_llvm_disable_expensive_passes=true")
+
+import dataclasses  # noqa: E402
+
+from jaxpt import parallel  # noqa: E402
+
+def main(process_id: int, port: int, workdir: str) -> None:
+  parallel.initialize("on", f"localhost:{port}", num_processes=2, process_id=process_id)
+  from jaxpt.train.grpo import build_grpo, train_grpo
+  from tests.micro_grpo import MULTI_PROCESS, even_length, micro_config
+
+  trainer = dataclasses.replace(build_grpo(micro_config(**MULTI_PROCESS), workdir), reward_fn=even_length)
+  print(trainer.describe(), flush=True)
+  result = train_grpo(trainer.config, workdir, trainer=trainer)
+  print(f"finished step {int(result.state.step)}", flush=True)
+
+
+if __name__ == "__main__":
+  main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])

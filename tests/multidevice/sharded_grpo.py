@@ -1,0 +1,71 @@
+"""GRPO (and GRPO + CLIPO) on 8 simulated CPU devices equals the single-device run (run by
+tests/test_parallel_sharded.py in its own process; directly: python -m pytest tests/multidevice/sharded_grpo.py).
+
+The single-device reference is the same trainer on a mesh of the first device; the run is `tests.micro_grpo`'s.
+"""
+
+import os
+
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + (
+    " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
+    " --xla_llvm_disable_expensive_passes=true")
+
+import dataclasses  # noqa: E402
+import functools  # noqa: E402
+import tempfile  # noqa: E402
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from jaxpt import parallel  # noqa: E402
+from jaxpt.train.grpo import build_grpo, train_grpo  # noqa: E402
+from jaxpt.train.metrics import read_metrics  # noqa: E402
+from tests.micro_grpo import B, G, T, even_length, micro_config  # noqa: E402
+
+MESHES = {"dp": dict(data=8), "fsdp": dict(data=1, fsdp=8), "fsdp_tp": dict(data=2, fsdp=2, tensor=2)}
+KEYS = ("reward_mean", "accuracy", "loss", "pg_loss", "ppo_kl", "grad_norm", "eval_accuracy_test")
+
+
+@functools.cache
+def run(variant, preset):
+  """Two GRPO steps: (metrics rows, final state as numpy, the trainer, the final state)."""
+  workdir = tempfile.mkdtemp(prefix=f"{variant}-{preset.replace(' ', '_')}-")
+  if preset == "one device":
+    real = parallel.make_mesh
+    with pytest.MonkeyPatch.context() as patch:
+      patch.setattr(parallel, "make_mesh", lambda mesh_config: real(mesh_config, jax.devices()[:1]))
+      trainer = build_grpo(micro_config(variant == "clipo", **{"mesh.data": 1}), workdir)
+  else:
+    mesh = {f"mesh.{axis}": size for axis, size in dict(MESHES[preset], rules=preset).items()}
+    trainer = build_grpo(micro_config(variant == "clipo", **mesh), workdir)
+  trainer = dataclasses.replace(trainer, reward_fn=even_length)
+  result = train_grpo(trainer.config, workdir, trainer=trainer)
+  return read_metrics(workdir), jax.tree.map(np.asarray, result.state), trainer, result.state
+
+
+@pytest.mark.parametrize("preset", list(MESHES))
+@pytest.mark.parametrize("variant", ["grpo", "clipo"])
+def test_two_steps_on_8_devices_equal_one_device(variant, preset):
+  want_rows, want, _, _ = run(variant, "one device")
+  rows, got, trainer, state = run(variant, preset)
+  assert 0 < want_rows[0]["accuracy"] < 1  # mixed groups: non-zero advantages
+  for key in KEYS + (("clipo_loss", "clipo_reward_mean") if variant == "clipo" else ()):
+    np.testing.assert_allclose([r[key] for r in rows if key in r], [r[key] for r in want_rows if key in r],
+                               rtol=2e-5, atol=1e-6, err_msg=key)
+  # AdamW normalises each gradient entry, so one at rounding level (an embedding row seen once) can step by a
+  # sizeable part of lr (1e-3) in either run: atol 1e-5
+  for path, g, w in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, err_msg=jax.tree_util.keystr(path[0]))
+  # really sharded: the parameters as the rules say, the sampler's rollouts split over data x fsdp
+  kernel = state.params["decoder"]["layers"]["attn"]["query"]["kernel"]  # [layers, embed, heads, kv]
+  split = {"dp": (2, 32, 2, 16), "fsdp": (2, 4, 2, 16), "fsdp_tp": (2, 16, 1, 16)}[preset]
+  assert {s.data.shape for s in kernel.addressable_shards} == {split}
+  assert trainer.sampler_memory["peak_mib"] > 0
+
+
+def test_rollouts_are_split_over_the_data_parallel_devices():
+  _, _, trainer, state = run("grpo", "fsdp_tp")
+  ro = trainer.rollouts(state.params, trainer.prompts.batch(0), jax.random.PRNGKey(0))
+  assert {s.data.shape for s in ro["tokens"].addressable_shards} == {(B * G // 4, T)}  # data 2 x fsdp 2
+  assert ro["scores"].shape == (B * G,) and isinstance(ro["scores"], np.ndarray)
