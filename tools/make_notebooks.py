@@ -260,12 +260,12 @@ for name, loss_fn, options in (("GRPO (ppo_clip, clip-higher)", ppo_clip, dict(e
     md("""
 ## The clipping region, with `jax.vmap` and `jax.grad`
 
-One token, advantage +1 or -1, ratio `rho = exp(logp - old_logp)` swept over [0.2, 3]: `jax.vmap` maps the loss
+One token, advantage +1 or -1, ratio `rho = exp(logp - old_logp)` swept over [0.2, 4.5]: `jax.vmap` maps the loss
 over the sweep and `jax.grad` gives the gradient that reaches `logp`. Flat stretches are where the clip (or, for
 A < 0, the dual clip at `c = 3`) stops the gradient.
 """),
     code('''
-rho = jnp.linspace(0.2, 3.0, 300)
+rho = jnp.linspace(0.2, 4.5, 300)
 one = jnp.ones((1, 1))
 
 
