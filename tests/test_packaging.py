@@ -13,7 +13,7 @@ import pytest
 import jaxpt
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NOT_INSTALLED = ("kernels", "experiments", "benchmarks", "tests")
+NOT_INSTALLED = ("kernels", "experiments", "benchmarks", "tests", "colab", "docs")
 
 
 def _sources(folder: str) -> list[str]:

@@ -22,7 +22,7 @@ from jaxpt.nn.dense import Dense
 
 
 def gather_last(hidden: jax.Array, last_index: jax.Array) -> jax.Array:
-  """hidden [batch, seq, d], last_index int [batch] -> hidden[b, last_index[b]] [batch, d]."""
+  """`hidden [batch, seq, d], last_index int [batch] -> hidden[b, last_index[b]] [batch, d]`."""
   index = jnp.asarray(last_index, jnp.int32)[:, None, None]
   return jnp.take_along_axis(hidden, index, axis=1)[:, 0]
 

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 from absl import logging
-from tqdm import tqdm
+from tqdm.auto import tqdm  # in a Jupyter kernel with ipywidgets (Colab): the notebook's widget bar
 
 from jaxpt.config import Section, at_least, one_of
 from jaxpt.train.checkpoint import Checkpointer
@@ -45,8 +45,9 @@ class LoopConfig(Section):
     checkpoint_every: steps between checkpoints; 0 = only at the end of the run (and on SIGTERM).
     keep_checkpoints: how many of the newest checkpoints are kept.
     async_checkpoints: write checkpoints in the background while training goes on.
-    progress: progress on stderr: on a terminal a tqdm bar; otherwise (a log file) no carriage-return redraws but
-      one plain line per metrics row (step, loss, steps/s): about steps / log_every lines in a log.
+    progress: progress on stderr: on a terminal a tqdm bar (in a notebook with ipywidgets, e.g. Colab, tqdm.auto's
+      widget bar); otherwise (a log file) no carriage-return redraws but one plain line per metrics row (step, loss,
+      steps/s): about steps / log_every lines in a log.
     on_nonfinite: a NaN/inf loss, gradient or parameter: `stop` raises NonFiniteError at the first step whose
       `nonfinite` metric is set (before any checkpoint of it is written); `skip` leaves such updates out (the
       train step keeps the old state) and the loop goes on.
@@ -192,7 +193,9 @@ def train_loop(state: TrainState, train_step: TrainStep, batches: BatchesFn, con
           raise error
 
     show = config.progress and lead
-    redraw = show and sys.stderr.isatty()  # not a terminal (a log file): one plain line per metrics row instead
+    # A terminal, or a notebook's widget bar; else (a log file, a kernel without ipywidgets) one plain line per
+    # metrics row instead of carriage-return redraws.
+    redraw = show and (sys.stderr.isatty() or any(c.__module__ == "tqdm.notebook" for c in tqdm.__mro__))
     bar = tqdm(total=config.steps, initial=start, disable=not redraw, dynamic_ncols=True, desc="train")
     try:
       with preemption.installed():

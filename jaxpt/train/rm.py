@@ -1,10 +1,12 @@
 """Reward-model training (Bradley-Terry, DIR, ODIN) on the shared loop: config -> preference data -> RewardModel.
 
 One step on a batch of B pairs (spec: /work/shared/specs/dir.md):
+
     tokens = [chosen; rejected] [2B, S] -> ONE backbone forward: h = features(tokens) [2B, d]; h_c, h_r = h[:B], h[B:]
     DIR only:  X = club_input(h_c, h_r);  K AdamW steps of the estimator psi on -mean log q_psi(a | sg(X))
     loss = L(head(h), h)  with  L = L_BT | L_BT + lambda I_club(X, a) (psi held constant) | ODIN
     grads: d loss / d head directly, d loss / d backbone = vjp(features)(d loss / d h)  (the forward is not redone)
+
 The estimator params and optimizer state live in `TrainState.aux` ({"q_params", "q_opt_state"}), so they are
 checkpointed and a resumed run continues bit for bit. With `optim.grad_accum_steps = M` the batch is split into M
 micro-batches, each with its own estimator update (as in the reference), gradients pair-weighted over them.

@@ -3,6 +3,7 @@
 Inputs are per-pair NumPy arrays (padding pairs already dropped): scores r_c, r_r, response token counts
 len_c, len_r, bias labels a[name] in {0, 1} and optional string groups (e.g. sycophancy `natural` /
 `adversarial`). Definitions (a tie r_c = r_r counts as wrong):
+
     accuracy                  mean_i 1[r_c,i > r_r,i]
     accuracy_chosen_longer    over pairs with len_c > len_r  (`_shorter`: len_c < len_r; equal lengths in neither)
     pearson / spearman        corr(score, length) over all 2N scored responses (chosen and rejected);
@@ -10,6 +11,7 @@ len_c, len_r, bias labels a[name] in {0, 1} and optional string groups (e.g. syc
     pearson_margin_length     Pearson corr(r_c - r_r, len_c - len_r) over the N pairs
     bias[name]                accuracy over pairs with a = 1 and with a = 0
     groups[name][value]       accuracy over the pairs in each group (e.g. sycophancy natural vs adversarial)
+
 `write_report` puts `rm_eval.json`, `rm_eval.md` (tables) and `score_vs_length.png` (`jaxpt.reports`) into a
 workdir.
 """
