@@ -7,9 +7,19 @@
             `python3 -m pytest -q --hypothesis-profile=thorough tests/test_losses_grpo.py`.
 A property that states its own max_examples (the data, tokenizer and reward tests) keeps it; the loss properties
 (tests/test_losses_*.py) take theirs from the profile, so each runs >= 1000 examples in CI.
+
+XLA's CPU backend compiles the suite's tiny programs with cheaper LLVM code generation (the same HLO; compile time,
+not run time, dominates them), set here before any test starts jax's backend and inherited by the subprocesses the
+tests launch (notebook kernels, CLI runs). The multi-device suites (tests/multidevice) ask for the same.
 """
 
+import os
+
 from hypothesis import settings
+
+FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+if FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE}".strip()
 
 settings.register_profile("ci", max_examples=1000, derandomize=True, deadline=None, database=None, print_blob=True)
 settings.register_profile("thorough", parent=settings.get_profile("default"), max_examples=10_000, deadline=None,
