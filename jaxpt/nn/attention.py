@@ -10,9 +10,11 @@
 The mask is causal (by index) and, when `segment_ids` are given, block-diagonal over packed documents.
 
 Decoding: with a layer's `LayerCache` the call first writes the new tokens' K/V into the layer's preallocated
-buffers at slots index .. index + n - 1 (dynamic_update_slice, in place), then attends over the whole buffer:
-query i (slot index + i) reads slot j iff j <= index + i and slot j holds a token of the query's segment
-(empty slots have segment 0). Prefill is the same call with the whole prompt at index 0; decode one token a call.
+buffers at slots index .. index + n - 1 (dynamic_update_slice, in place), then attends over the buffer's first
+`bound` slots (static; the whole buffer when None): query i (slot index + i) reads slot j iff j <= index + i and
+slot j holds a token of the query's segment (empty slots have segment 0). Prefill is the same call with the whole
+prompt at index 0; decode one token a call. A bound only skips slots no query may read (the caller keeps every
+query slot below it), so the result is the unbounded one.
 """
 
 from __future__ import annotations
@@ -44,7 +46,9 @@ def _attend(rows, k, v, mask, groups: int):
   most negative float (additive: its gradient is free, unlike a select)."""
   bias = jnp.where(jnp.repeat(mask, groups, axis=1), 0.0, jnp.finfo(jnp.float32).min)[:, None]
   scores = jnp.einsum("bhqd,bhkd->bhqk", rows, k, preferred_element_type=jnp.float32) + bias
-  return jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(scores, axis=-1).astype(v.dtype), v)
+  out = jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(scores, axis=-1).astype(v.dtype), v,
+                   preferred_element_type=jnp.float32)  # float32 result: XLA:CPU reads a bf16 v as it is
+  return out.astype(v.dtype)
 
 
 def grouped_attention(q, k, v, mask, query_chunk: int = 0):
@@ -113,20 +117,27 @@ class KVCache:
 class LayerCache:
   """What one attention layer reads when decoding: its key/value buffers `[batch, kv_heads, max_len, head_dim]`
   (stacked `[layers, ...]` when handed to `nn.scan`), the cache's segment ids `[batch, max_len]` with the new
-  tokens' already written, and `index` (int scalar or int [batch]): the slot of the first new token."""
+  tokens' already written, `index` (int scalar or int [batch]): the slot of the first new token, and `bound`
+  (static int or None): attention reads only slots < bound, which must exceed every new token's slot."""
 
   key: jax.Array
   value: jax.Array
   segment_ids: jax.Array
   index: jax.Array
+  bound: int | None = flax.struct.field(pytree_node=False, default=None)
 
   def mask(self, num_new: int, segment_ids):
-    """Boolean `[batch or 1, num_new, max_len]`: new token i (slot index + i, segment segment_ids[:, i]) reads
-    slot j iff j <= index + i and slot j holds its segment."""
+    """Boolean `[batch or 1, num_new, bound or max_len]`: new token i (slot index + i, segment segment_ids[:, i])
+    reads slot j iff j <= index + i and slot j holds its segment."""
+    slot_segments = self.segment_ids[:, :self.bound]
     query_slots = jnp.reshape(self.index, (-1, 1)) + jnp.arange(num_new)  # [batch or 1, n]
-    causal = jnp.arange(self.segment_ids.shape[1])[None, None, :] <= query_slots[:, :, None]
-    same_segment = segment_ids[:, :, None] == self.segment_ids[:, None, :]
+    causal = jnp.arange(slot_segments.shape[1])[None, None, :] <= query_slots[:, :, None]
+    same_segment = segment_ids[:, :, None] == slot_segments[:, None, :]
     return causal & same_segment
+
+  def readable(self, buffer):
+    """The slots attention reads of a `[batch, kv_heads, max_len, head_dim]` buffer: the first `bound`."""
+    return buffer if self.bound is None else buffer[:, :, :self.bound]
 
 
 class Attention(nn.Module):
@@ -182,8 +193,7 @@ class Attention(nn.Module):
         segment_ids = jnp.ones(x.shape[:2], jnp.int32)
       k = write_slots(cache.key, k.swapaxes(1, 2), cache.index, axis=2)
       v = write_slots(cache.value, v.swapaxes(1, 2), cache.index, axis=2)
-      mask = cache.mask(x.shape[1], segment_ids)
-      out = grouped_attention(q, k, v, mask)
+      out = grouped_attention(q, cache.readable(k), cache.readable(v), cache.mask(x.shape[1], segment_ids))
     out = Dense((d_model,), ("heads", "kv", "embed"), num_in_axes=2, dtype=self.dtype,
                 param_dtype=self.param_dtype, use_bias=self.out_bias, name="out")(out)
     return out if cache is None else (out, (k, v))

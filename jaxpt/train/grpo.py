@@ -277,6 +277,9 @@ class GRPOTrainer:
     tokens, mask, group_ids = repeat_prompts(batch["prompt_tokens"], batch["prompt_mask"], g)
     out = self.sample(params, jnp.asarray(tokens), jnp.asarray(mask), rng)
     response, response_mask = np.asarray(out.tokens), np.asarray(out.mask)
+    old_logp = out.logprobs  # the sampler's, unless it sampled in bf16: then the fp32 policy's, by teacher forcing
+    if self.config.sampling.rollout_dtype != "float32":
+      old_logp = self.logprobs(params, jnp.asarray(tokens), jnp.asarray(mask), out.tokens, out.mask)
     texts = response_texts(self.tokenizer.decode, response, response_mask, self.tokenizer.eos_id)
     scores = verifier_rewards(texts, batch["answers"], g, math_reward)
     lengths, max_len = np.asarray(out.lengths), self.config.sampling.max_new_tokens
@@ -284,7 +287,7 @@ class GRPOTrainer:
     rewards = scores + dapo.overlong_penalty(lengths, max_len, settings.overlong_buffer,
                                              settings.overlong_penalty_factor)
     return {"prompt_tokens": tokens, "prompt_mask": mask, "tokens": response, "mask": response_mask,
-            "old_logp": np.asarray(out.logprobs), "group_ids": group_ids, "scores": scores, "rewards": rewards,
+            "old_logp": np.asarray(old_logp), "group_ids": group_ids, "scores": scores, "rewards": rewards,
             "labels": (scores > 0).astype(np.int32), "hidden": out.hidden, "texts": texts,
             "truncated": dapo.truncated(lengths, response[:, -1], max_len, self.tokenizer.eos_id)}
 
