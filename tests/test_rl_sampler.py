@@ -105,7 +105,8 @@ def test_decode_segments_cover_every_step_once():
 
 @pytest.mark.parametrize("scheme", ["pre", "siamese_post_pre"])
 def test_last_logits_only_is_the_full_forwards_last_column(scheme):
-  """With and without a cache (a bounded prefill): the logits of the last column alone, hidden states whole."""
+  """With and without a cache (a prefill): the logits of the last column alone, hidden states whole; the cache
+  then grows by empty slots."""
   cfg, params = model_for(scheme)
   model = TransformerLM(cfg)
   tokens, mask = left_padded_prompts(cfg)
@@ -117,10 +118,15 @@ def test_last_logits_only_is_the_full_forwards_last_column(scheme):
   np.testing.assert_array_equal(logits[:, 0], full_logits[:, -1])
   np.testing.assert_array_equal(hidden, full_hidden)
   prefill_logits, _, cache = model.apply({"params": params}, tokens, positions, segment_ids, return_hidden=True,
-                                         cache=init_cache(cfg, len(tokens), PROMPT_LEN + 4), cache_index=0,
-                                         cache_bound=PROMPT_LEN, last_logits_only=True)
+                                         cache=init_cache(cfg, len(tokens), PROMPT_LEN), cache_index=0,
+                                         last_logits_only=True)
   np.testing.assert_allclose(prefill_logits[:, 0], full_logits[:, -1], rtol=1e-5, atol=1e-5)
-  assert cache.max_len == PROMPT_LEN + 4
+  grown = cache.grow(PROMPT_LEN + 3)
+  assert grown.max_len == PROMPT_LEN + 3
+  np.testing.assert_array_equal(grown.segment_ids[:, :PROMPT_LEN], cache.segment_ids)
+  np.testing.assert_array_equal(grown.segment_ids[:, PROMPT_LEN:], 0)
+  np.testing.assert_array_equal(grown.key[1][:, :, :PROMPT_LEN], cache.key[1])
+  np.testing.assert_array_equal(grown.value[0][:, :, PROMPT_LEN:], 0)
 
 
 def test_bfloat16_rollouts_sample_near_the_float32_policy():

@@ -37,16 +37,14 @@ class DecoderStack(nn.Module):
   """`num_layers` blocks of the configured scheme: streams -> streams.
 
   With `cache` (a `KVCache`) and `cache_index`: -> (streams, cache with the new tokens' K/V and segment ids written
-  at slots cache_index ..); `segment_ids` [batch, seq] default to 1; attention reads only the first `cache_bound`
-  slots (static int > every new token's slot; None: all).
+  at slots cache_index ..); `segment_ids` [batch, seq] default to 1.
   """
 
   config: ModelConfig
   deterministic: bool = True
 
   @nn.compact
-  def __call__(self, streams, positions, segment_ids=None, cache: KVCache | None = None, cache_index=None,
-               cache_bound: int | None = None):
+  def __call__(self, streams, positions, segment_ids=None, cache: KVCache | None = None, cache_index=None):
     cfg = self.config
     block = BLOCKS.get(cfg.norm_scheme)
     if cache is None:
@@ -58,9 +56,9 @@ class DecoderStack(nn.Module):
     cache_index = jnp.asarray(cache_index, jnp.int32)
     cache = cache.replace(segment_ids=write_slots(cache.segment_ids, segment_ids, cache_index, axis=1))
     if cfg.scan_layers:  # the per-layer buffers go through the scan stacked: a copy each call
-      layers = LayerCache(jnp.stack(cache.key), jnp.stack(cache.value), cache.segment_ids, cache_index, cache_bound)
+      layers = LayerCache(jnp.stack(cache.key), jnp.stack(cache.value), cache.segment_ids, cache_index)
     else:
-      layers = [LayerCache(k, v, cache.segment_ids, cache_index, cache_bound) for k, v in zip(cache.key, cache.value)]
+      layers = [LayerCache(k, v, cache.segment_ids, cache_index) for k, v in zip(cache.key, cache.value)]
     streams, (key, value) = self.stack(block, streams, positions, segment_ids, layers)
     return streams, cache.replace(key=tuple(key), value=tuple(value))
 
@@ -69,7 +67,7 @@ class DecoderStack(nn.Module):
     scanned layers, a list of them for unrolled ones) is given."""
     cfg = self.config
     if cfg.scan_layers:
-      cache_axes = nn.broadcast if cache is None else LayerCache(0, 0, nn.broadcast, nn.broadcast, cache.bound)
+      cache_axes = nn.broadcast if cache is None else LayerCache(0, 0, nn.broadcast, nn.broadcast)
       scanned = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
                         in_axes=(0, nn.broadcast, nn.broadcast, cache_axes), length=cfg.num_layers,
                         metadata_params={nn.PARTITION_NAME: "layers"})
@@ -96,15 +94,14 @@ class TransformerLM(nn.Module):
   @nn.compact
   def __call__(self, tokens, positions=None, segment_ids=None, deterministic: bool = True,
                return_hidden: bool = False, cache: KVCache | None = None, cache_index=None,
-               cache_bound: int | None = None, last_logits_only: bool = False):
+               last_logits_only: bool = False):
     """tokens, positions, segment_ids: int [batch, seq] -> logits float32 [batch, seq, vocab]
     (and the final-norm hidden states [batch, seq, d_model] when `return_hidden`). With `last_logits_only` the
     logits are those of the last column alone, [batch, 1, vocab] (a prefill needs no others; hidden stays whole).
 
     Decoding: with `cache` (`init_cache`) and `cache_index` (int scalar, or int [batch]: the slot of the first new
     token) the output gains the updated cache as its last element; segment_ids default to 1 and positions to
-    cache_index + 0 .. seq - 1. Attention reads only the cache's first `cache_bound` slots (a static int above
-    every new token's slot; None: the whole buffer): the same result, less of the cache read.
+    cache_index + 0 .. seq - 1.
     """
     cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
@@ -122,7 +119,7 @@ class TransformerLM(nn.Module):
       streams = DecoderStack(cfg, deterministic, name="decoder")(streams, positions, segment_ids)
     else:
       streams, cache = DecoderStack(cfg, deterministic, name="decoder")(streams, positions, segment_ids, cache,
-                                                                        cache_index, cache_bound)
+                                                                        cache_index)
     hidden = OutputMerge(cfg, name="output")(streams)
     projected = hidden[:, -1:] if last_logits_only else hidden
     if cfg.tie_embeddings:  # one 2-D matmul [tokens, d] x [d, vocab] (see jaxpt.nn.dense)

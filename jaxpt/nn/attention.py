@@ -10,11 +10,9 @@
 The mask is causal (by index) and, when `segment_ids` are given, block-diagonal over packed documents.
 
 Decoding: with a layer's `LayerCache` the call first writes the new tokens' K/V into the layer's preallocated
-buffers at slots index .. index + n - 1 (dynamic_update_slice, in place), then attends over the buffer's first
-`bound` slots (static; the whole buffer when None): query i (slot index + i) reads slot j iff j <= index + i and
-slot j holds a token of the query's segment (empty slots have segment 0). Prefill is the same call with the whole
-prompt at index 0; decode one token a call. A bound only skips slots no query may read (the caller keeps every
-query slot below it), so the result is the unbounded one.
+buffers at slots index .. index + n - 1 (dynamic_update_slice, in place), then attends over the whole buffer:
+query i (slot index + i) reads slot j iff j <= index + i and slot j holds a token of the query's segment
+(empty slots have segment 0). Prefill is the same call with the whole prompt at index 0; decode one token a call.
 """
 
 from __future__ import annotations
@@ -112,32 +110,38 @@ class KVCache:
   def max_len(self) -> int:
     return self.segment_ids.shape[1]
 
+  def grow(self, max_len: int) -> "KVCache":
+    """The same cache with empty slots (segment 0, zero K/V) appended up to `max_len` slots (a copy).
+
+    Attention reads a layer's whole buffer, so a decode loop that keeps the cache only as long as the slots it
+    has filled reads no empty ones: the sampler grows it between segments of its loop. (Reading a static prefix
+    of a longer buffer instead made XLA:CPU copy every buffer in each step of the loop.)"""
+    pad = max_len - self.max_len
+    if pad < 0:
+      raise ValueError(f"cannot shrink a cache of {self.max_len} slots to {max_len}")
+    slots = lambda b: jnp.pad(b, [(0, 0), (0, 0), (0, pad), (0, 0)])
+    return KVCache(key=tuple(map(slots, self.key)), value=tuple(map(slots, self.value)),
+                   segment_ids=jnp.pad(self.segment_ids, [(0, 0), (0, pad)]))
+
 
 @flax.struct.dataclass
 class LayerCache:
   """What one attention layer reads when decoding: its key/value buffers `[batch, kv_heads, max_len, head_dim]`
   (stacked `[layers, ...]` when handed to `nn.scan`), the cache's segment ids `[batch, max_len]` with the new
-  tokens' already written, `index` (int scalar or int [batch]): the slot of the first new token, and `bound`
-  (static int or None): attention reads only slots < bound, which must exceed every new token's slot."""
+  tokens' already written, and `index` (int scalar or int [batch]): the slot of the first new token."""
 
   key: jax.Array
   value: jax.Array
   segment_ids: jax.Array
   index: jax.Array
-  bound: int | None = flax.struct.field(pytree_node=False, default=None)
 
   def mask(self, num_new: int, segment_ids):
-    """Boolean `[batch or 1, num_new, bound or max_len]`: new token i (slot index + i, segment segment_ids[:, i])
-    reads slot j iff j <= index + i and slot j holds its segment."""
-    slot_segments = self.segment_ids[:, :self.bound]
+    """Boolean `[batch or 1, num_new, max_len]`: new token i (slot index + i, segment segment_ids[:, i]) reads
+    slot j iff j <= index + i and slot j holds its segment."""
     query_slots = jnp.reshape(self.index, (-1, 1)) + jnp.arange(num_new)  # [batch or 1, n]
-    causal = jnp.arange(slot_segments.shape[1])[None, None, :] <= query_slots[:, :, None]
-    same_segment = segment_ids[:, :, None] == slot_segments[:, None, :]
+    causal = jnp.arange(self.segment_ids.shape[1])[None, None, :] <= query_slots[:, :, None]
+    same_segment = segment_ids[:, :, None] == self.segment_ids[:, None, :]
     return causal & same_segment
-
-  def readable(self, buffer):
-    """The slots attention reads of a `[batch, kv_heads, max_len, head_dim]` buffer: the first `bound`."""
-    return buffer if self.bound is None else buffer[:, :, :self.bound]
 
 
 class Attention(nn.Module):
@@ -193,7 +197,8 @@ class Attention(nn.Module):
         segment_ids = jnp.ones(x.shape[:2], jnp.int32)
       k = write_slots(cache.key, k.swapaxes(1, 2), cache.index, axis=2)
       v = write_slots(cache.value, v.swapaxes(1, 2), cache.index, axis=2)
-      out = grouped_attention(q, cache.readable(k), cache.readable(v), cache.mask(x.shape[1], segment_ids))
+      mask = cache.mask(x.shape[1], segment_ids)
+      out = grouped_attention(q, k, v, mask)
     out = Dense((d_model,), ("heads", "kv", "embed"), num_in_axes=2, dtype=self.dtype,
                 param_dtype=self.param_dtype, use_bias=self.out_bias, name="out")(out)
     return out if cache is None else (out, (k, v))

@@ -15,10 +15,11 @@ Per step t (key fold_in(rng, t)), from the logits l of the last fed token (tempe
 A row stops at its first `eos_id` (kept, mask 1); later entries are pad_id with mask 0 and logprob 0. The loop
 ends when every row has stopped or after max_new_tokens.
 
-Speed (`benchmarks/sampler.py`): the prefill projects only the last prompt column onto the vocabulary and attends
-over the prompt's slots alone; the decode loop runs in `cache_segments` consecutive while_loops, each attending
-only to the cache slots filled by its end (a static bound, so the same arithmetic as attending to the whole
-buffer: the slots left out are ones the mask excludes). `rollout_dtype="bfloat16"` decodes with bf16 weights,
+Speed (`benchmarks/sampler.py`): the prefill projects only the last prompt column onto the vocabulary and fills a
+cache of exactly the prompt's slots; the decode loop runs in `cache_segments` consecutive while_loops, and before
+each the cache grows (`KVCache.grow`, one copy) to the slots filled by that loop's end, so a step attends over no
+slot beyond them (the same arithmetic as attending to the whole buffer: the slots left out are ones the mask
+excludes). `rollout_dtype="bfloat16"` decodes with bf16 weights,
 activations and KV cache: faster (half the bytes streamed per step), but the log-probs are those of the bf16
 policy, so a trainer needing the fp32 policy's log-probs recomputes them by teacher forcing (`jaxpt.rl.logprobs`;
 the GRPO trainer does).
@@ -54,8 +55,8 @@ class SamplingConfig(Section):
     return_hidden: also return the final-norm hidden states of the response (the GRPO trainer sets it for CLIPO).
     rollout_dtype: the dtype of the weights, activations and KV cache while sampling: float32 | bfloat16 (faster;
       its log-probs are the bf16 policy's, so GRPO recomputes old log-probs with the fp32 policy).
-    cache_segments: the decode loop runs as this many while_loops, each attending only to the cache slots filled
-      by its end (1: every step reads the whole preallocated cache); each compiles its own copy of the step.
+    cache_segments: the decode loop runs as this many while_loops, each with a cache of the slots filled by its end
+      (1: every step reads a cache of all prompt + max_new_tokens - 1 slots); each compiles its own copy of the step.
   """
 
   max_new_tokens: int
@@ -162,7 +163,6 @@ def make_sampler(model_config: ModelConfig, sampling: SamplingConfig, prompt_len
                                         param_dtype=sampling.rollout_dtype)
   model = TransformerLM(decode_config)
   steps = sampling.max_new_tokens
-  max_len = prompt_len + steps - 1  # the last sampled token is never fed back
   segments = decode_segments(steps, sampling.cache_segments)
 
   def sample(params, prompt_tokens, prompt_mask, rng) -> SampleOutput:
@@ -178,8 +178,8 @@ def make_sampler(model_config: ModelConfig, sampling: SamplingConfig, prompt_len
     variables = {"params": params}
     segment_ids, positions, prompt_lengths = prompt_layout(prompt_mask)
     logits, hidden, cache = model.apply(variables, prompt_tokens.astype(jnp.int32), positions, segment_ids,
-                                        return_hidden=True, cache=init_cache(decode_config, batch, max_len),
-                                        cache_index=0, cache_bound=prompt_len, last_logits_only=True)
+                                        return_hidden=True, cache=init_cache(decode_config, batch, prompt_len),
+                                        cache_index=0, last_logits_only=True)
     outputs = SampleOutput(
         tokens=jnp.full((batch, steps), sampling.pad_id, jnp.int32),
         logprobs=jnp.zeros((batch, steps), jnp.float32), mask=jnp.zeros((batch, steps), jnp.float32),
@@ -202,20 +202,20 @@ def make_sampler(model_config: ModelConfig, sampling: SamplingConfig, prompt_len
 
     token, outputs, done = record(0, outputs, jnp.zeros((batch,), bool), logits[:, -1], hidden[:, -1])
     state = (jnp.int32(1), token, cache, outputs, done)
-    for end in segments:  # steps t < end feed slots < prompt_len + end - 1: attention reads no further
+    for end in segments:  # steps t < end fill slots < prompt_len + end - 1: the cache grows to that, no further
       def keep_going(state, end=end):
         t, _, _, _, done = state
         return (t < end) & ~jnp.all(done)
 
-      def step(state, bound=prompt_len + end - 1):
+      def step(state):
         t, token, cache, outputs, done = state
         logits, hidden, cache = model.apply(variables, token[:, None], (prompt_lengths + t - 1)[:, None],
-                                            return_hidden=True, cache=cache, cache_index=prompt_len + t - 1,
-                                            cache_bound=bound)
+                                            return_hidden=True, cache=cache, cache_index=prompt_len + t - 1)
         token, outputs, done = record(t, outputs, done, logits[:, 0], hidden[:, 0])
         return t + 1, token, cache, outputs, done
 
-      state = lax.while_loop(keep_going, step, state)
+      t, token, cache, outputs, done = state
+      state = lax.while_loop(keep_going, step, (t, token, cache.grow(prompt_len + end - 1), outputs, done))
     return state[3]
 
   return jax.jit(sample)
