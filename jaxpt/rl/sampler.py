@@ -19,10 +19,9 @@ Speed (`benchmarks/sampler.py`): the prefill projects only the last prompt colum
 cache of exactly the prompt's slots; the decode loop runs in `cache_segments` consecutive while_loops, and before
 each the cache grows (`KVCache.grow`, one copy) to the slots filled by that loop's end, so a step attends over no
 slot beyond them (the same arithmetic as attending to the whole buffer: the slots left out are ones the mask
-excludes). `rollout_dtype="bfloat16"` decodes with bf16 weights,
-activations and KV cache: faster (half the bytes streamed per step), but the log-probs are those of the bf16
-policy, so a trainer needing the fp32 policy's log-probs recomputes them by teacher forcing (`jaxpt.rl.logprobs`;
-the GRPO trainer does).
+excludes). `rollout_dtype="bfloat16"` decodes with bf16 weights, activations and KV cache: faster (half the bytes
+streamed per step), but the log-probs are those of the bf16 policy, so a trainer needing the fp32 policy's
+log-probs recomputes them by teacher forcing (`jaxpt.rl.logprobs`; the GRPO trainer does).
 """
 
 from __future__ import annotations
