@@ -1,14 +1,25 @@
-"""KV-cache sampler throughput (new tokens/s) per residual scheme, beside HF `generate` and tunix's `Sampler`.
+"""KV-cache sampler throughput (new tokens/s) per residual scheme and rollout dtype, beside HF `generate` and
+tunix's `Sampler`, timed in alternation. Prints one JSON object.
 
-    python -m benchmarks.sampler [--schemes pre,siamese_post_pre] [--hf-python /tmp/hfref/bin/python]
-                                 [--tunix-python /tmp/tunix/bin/python]
+    python -m benchmarks.sampler [--peer-python /tmp/peers-venv/bin/python] [--points small,kv] [--rounds 5,2]
+                                 [--schemes pre,siamese_post_pre] [--kv-schemes pre] [--dtypes float32,bfloat16]
 
-Configuration (the issue's): d_model 512, 8 layers, 8 heads (4 KV), SwiGLU 2048, vocab 8192 (tied), fp32;
-batch 8, prompt 32, 128 new tokens sampled at temperature 1 with no EOS, so every row generates all 128 (HF:
-`generate(do_sample=True, top_k=0, min_new_tokens=128)`). One timed call = prefill + 127 decode steps, compile
-excluded; `prefill_ms` times the prefill (plus one sampling step) alone, `weights_matmul_ms` one pass over all
-weight matrices as batch-8 matmuls (the bandwidth floor of a decode step). All of these, for every scheme, are
-timed round-robin so they see the same machine load. Prints one JSON object.
+Model (the issue's): d_model 512, 8 layers, 8 heads (4 KV), SwiGLU 2048, vocab 8192 (tied), random init. Points:
+`small` = batch 8, prompt 32, 128 new tokens; `kv` = batch 64, prompt 256, 256 new tokens (the KV cache read per
+step, ~0.4 GB in fp32, outweighs the 0.14 GB of weights). Every call samples at temperature 1 with no EOS, so all
+rows generate every token. One jaxpt call = prefill + (new - 1) decode steps, compile excluded; `prefill_ms` is
+the same sampler with 1 new token, so decode_step_ms = (call - prefill) / (new - 1).
+
+Peers (`benchmarks/sampler_peers.py`, run with --peer-python, a venv with torch 2.13 CPU + transformers and
+google-tunix 0.1.7): HF transformers `generate` and tunix's Sampler with untied (tunix's default) and tied
+embeddings. Each peer is a persistent process fed one `run` command per round; a round times every jaxpt
+variant and every peer once, one after the other, so a load swing reaches all alike, and a speed-up is the median
+over rounds of that round's peer seconds / jaxpt seconds.
+
+Floors (same rounds): `read_gb_per_s` is the machine's measured memory read rate (a jitted sum over 256 MiB);
+a decode step must read every weight and the filled part of the KV cache (the mean over steps of prompt + t
+slots), so floor_ms = (weight bytes + mean KV bytes) / read rate and `decode_step_vs_floor` = step / floor;
+`weights_matmul_ms` is one pass over every weight matrix as XLA batch-B matmuls (what XLA's dot reaches).
 """
 
 from __future__ import annotations
@@ -20,98 +31,184 @@ allocator_reuse = reuse_freed_host_memory()  # first, before JAX allocates (see 
 import argparse
 import json
 import os
+import pathlib
 import platform
 import statistics
+import subprocess
 import sys
+import time
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks import references
-from benchmarks.common import alternating_seconds
 from benchmarks.train_step import MODEL
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import init_params, param_count
 from jaxpt.rl.sampler import SamplingConfig, make_sampler
 
-BATCH, PROMPT, NEW_TOKENS = 8, 32, 128
+POINTS = {"small": (8, 32, 128), "kv": (64, 256, 256)}  # batch, prompt, new tokens
+PEERS = ("hf", "tunix_untied", "tunix_tied")
+PEER_SCRIPT = pathlib.Path(__file__).resolve().parent / "sampler_peers.py"
 
 
-def sampler_run(cfg: ModelConfig, params, new_tokens: int) -> Callable[[], jax.Array]:
+def sampler_run(cfg: ModelConfig, params, batch: int, prompt: int, new_tokens: int, dtype: str
+                ) -> Callable[[], jax.Array]:
   """One compiled sampler call per `run()` (prompts without padding, all rows run to new_tokens, a fresh key each)."""
-  sampler = make_sampler(cfg, SamplingConfig(max_new_tokens=new_tokens), PROMPT)
-  prompts = np.random.default_rng(0).integers(0, cfg.vocab_size, (BATCH, PROMPT), dtype=np.int32)
+  sampler = make_sampler(cfg, SamplingConfig(max_new_tokens=new_tokens, rollout_dtype=dtype), prompt)
+  prompts = np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, prompt), dtype=np.int32)
   mask = np.ones_like(prompts)
   compiled = sampler.lower(params, prompts, mask, jax.random.PRNGKey(0)).compile()
   calls = iter(range(10 ** 6))
   return lambda: compiled(params, prompts, mask, jax.random.PRNGKey(next(calls))).tokens
 
 
-def weights_matmul_run(params) -> Callable[[], object]:
-  """One pass over every weight matrix as a batch-BATCH matmul (x [BATCH, rows] @ W [rows, cols]) per `run()`:
-  the floor a decode step, which must read all weights once, is compared against."""
+def weights_matmul_run(params, batch: int, dtype: str) -> Callable[[], object]:
+  """One pass over every weight matrix (in `dtype`) as a batch-`batch` matmul per `run()`, float32 accumulation."""
   def as_matrix(w):
     return w.reshape(-1, w.shape[-1]) if w.ndim == 3 and w.shape[0] < w.shape[-1] else w.reshape(w.shape[0], -1)
 
-  matrices = [as_matrix(w) for w in jax.tree_util.tree_leaves(params) if w.ndim >= 2]
-  inputs = [jnp.ones((BATCH, m.shape[0]), m.dtype) for m in matrices]
-  one_pass = jax.jit(lambda ms, xs: [x @ m for m, x in zip(ms, xs)])
+  matrices = [as_matrix(w).astype(dtype) for w in jax.tree_util.tree_leaves(params) if w.ndim >= 2]
+  inputs = [jnp.ones((batch, m.shape[0]), m.dtype) for m in matrices]
+  one_pass = jax.jit(lambda ms, xs: [jnp.dot(x, m, preferred_element_type=jnp.float32) for m, x in zip(ms, xs)])
   return lambda: one_pass(matrices, inputs)
 
 
-def scheme_runs(scheme: str, **overrides) -> tuple[dict, dict]:
-  """(facts, runs): the full sampler call, the prefill alone (1 new token) and the weights pass of `scheme`."""
-  cfg = ModelConfig(norm_scheme=scheme, **dict(MODEL, **overrides))
-  params = init_params(cfg, jax.random.PRNGKey(0))
-  runs = {"call": sampler_run(cfg, params, NEW_TOKENS), "prefill": sampler_run(cfg, params, 1),
-          "weights_matmul": weights_matmul_run(params)}
-  return {"params": param_count(params)}, runs
+def read_run(mib: int = 256) -> tuple[int, Callable[[], object]]:
+  """(bytes, run): a jitted sum over `mib` MiB of float32 (the memory read rate a decode step can hope for)."""
+  data = jnp.ones((mib * 2 ** 18,), jnp.float32)
+  total = jax.jit(jnp.sum)
+  return data.nbytes, lambda: total(data)
 
 
-def summarise(facts: dict, seconds: dict) -> dict:
-  """Per-scheme figures from median seconds of its call / prefill / weights pass."""
-  decode_step = (seconds["call"] - seconds["prefill"]) / (NEW_TOKENS - 1)
-  return dict(facts, weights_matmul_ms=round(seconds["weights_matmul"] * 1e3, 2),
-              decode_step_vs_weights_matmul=round(decode_step / seconds["weights_matmul"], 2),
-              call_ms=round(seconds["call"] * 1e3, 1), prefill_ms=round(seconds["prefill"] * 1e3, 1),
-              decode_step_ms=round(decode_step * 1e3, 2),
-              new_tokens_per_sec=round(BATCH * NEW_TOKENS / seconds["call"], 1),
-              decode_tokens_per_sec=round(BATCH / decode_step, 1))
+class Peer:
+  """A persistent peer process (`argv`, e.g. `sampler_peers.py`, speaking its protocol): `seconds(seed)` runs one
+  call there and returns its time."""
+
+  def __init__(self, name: str, argv: list[str]):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", OMP_WAIT_POLICY="PASSIVE")
+    self.name = name
+    self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                 text=True, env=env)
+    self.params, self.setting = None, ""
+
+  def wait_ready(self) -> None:
+    words = self._line("ready").split()
+    self.params, self.setting = int(words[1]), " ".join(words[2:])
+
+  def _line(self, word: str) -> str:
+    for line in self.proc.stdout:
+      if line.startswith(word + " "):
+        return line
+    raise RuntimeError(f"peer {self.name} ended (exit {self.proc.wait()}) before printing {word!r}")
+
+  def seconds(self, seed: int) -> float:
+    self.proc.stdin.write(f"run {seed}\n")
+    self.proc.stdin.flush()
+    return float(self._line("seconds").split()[1])
+
+  def close(self) -> None:
+    if self.proc.poll() is None:
+      self.proc.stdin.write("quit\n")
+      self.proc.stdin.flush()
+      self.proc.wait(timeout=60)
+
+
+def timed(fn: Callable[[], object]) -> float:
+  start = time.perf_counter()
+  jax.block_until_ready(fn())
+  return time.perf_counter() - start
+
+
+def run_point(name: str, schemes: list[str], dtypes: list[str], rounds: int, peer_python: str) -> dict:
+  """Builds the jaxpt variants and peers of one operating point, times `rounds` alternating rounds, summarises."""
+  batch, prompt, new = POINTS[name]
+  peers = [Peer(p, [peer_python, str(PEER_SCRIPT), p, str(batch), str(prompt), str(new)]) for p in PEERS
+           if peer_python]
+  runs, facts = {}, {}
+  for scheme in schemes:
+    cfg = ModelConfig(norm_scheme=scheme, **MODEL)
+    params = init_params(cfg, jax.random.PRNGKey(0))
+    for dtype in dtypes:
+      variant = f"{scheme}_{dtype}"
+      facts[variant] = {"params": param_count(params), "bytes_per_param": jnp.dtype(dtype).itemsize,
+                        "kv_bytes_per_slot": batch * cfg.num_layers * cfg.num_kv_heads * cfg.resolved_head_dim
+                        * 2 * jnp.dtype(dtype).itemsize}
+      runs[(variant, "call")] = sampler_run(cfg, params, batch, prompt, new, dtype)
+      runs[(variant, "prefill")] = sampler_run(cfg, params, batch, prompt, 1, dtype)
+      if scheme == schemes[0]:
+        runs[("weights", dtype)] = weights_matmul_run(params, batch, dtype)
+  read_bytes, runs[("read", "")] = read_run()
+  for fn in runs.values():  # warm-up (first executions), untimed
+    jax.block_until_ready(fn())
+  for peer in peers:
+    peer.wait_ready()
+  times = {key: [] for key in list(runs) + [(p.name, "call") for p in peers]}
+  for r in range(rounds):
+    for key, fn in runs.items():
+      times[key].append(timed(fn))
+    for peer in peers:
+      times[(peer.name, "call")].append(peer.seconds(r + 1))
+  for peer in peers:
+    peer.close()
+
+  med = {key: statistics.median(t) for key, t in times.items()}
+  read_rate = read_bytes / med[("read", "")]
+  variants = {}
+  mean_slots = prompt + (new - 1) / 2  # decode step t (1 .. new - 1) reads prompt + t filled slots
+  for variant, f in facts.items():
+    dtype = variant.rsplit("_", 1)[1]
+    call, prefill = med[(variant, "call")], med[(variant, "prefill")]
+    step = (call - prefill) / (new - 1)
+    floor = (f["params"] * f["bytes_per_param"] + mean_slots * f["kv_bytes_per_slot"]) / read_rate
+    variants[variant] = {
+        "call_ms": round(call * 1e3, 1), "prefill_ms": round(prefill * 1e3, 1), "decode_step_ms": round(step * 1e3, 2),
+        "new_tokens_per_sec": round(batch * new / call, 1),
+        "weights_mib": round(f["params"] * f["bytes_per_param"] / 2 ** 20, 1),
+        "mean_kv_mib_per_step": round(mean_slots * f["kv_bytes_per_slot"] / 2 ** 20, 1),
+        "floor_ms": round(floor * 1e3, 2), "decode_step_vs_floor": round(step / floor, 2),
+        "weights_matmul_ms": round(med[("weights", dtype)] * 1e3, 2),
+        "decode_step_vs_weights_matmul": round(step / med[("weights", dtype)], 2)}
+    for peer in peers:
+      ratios = [p / j for p, j in zip(times[(peer.name, "call")], times[(variant, "call")])]
+      variants[variant][f"speedup_vs_{peer.name}"] = round(statistics.median(ratios), 2)
+  report = {"batch": batch, "prompt": prompt, "new_tokens": new, "rounds": rounds,
+            "read_gb_per_s": round(read_rate / 1e9, 1), "jaxpt": variants,
+            "peers": {p.name: {"params": p.params, "setting": p.setting,
+                               "call_ms": round(med[(p.name, "call")] * 1e3, 1),
+                               "new_tokens_per_sec": round(batch * new / med[(p.name, "call")], 1)}
+                      for p in peers}}
+  if peers:
+    fastest_tunix = max(("tunix_untied", "tunix_tied"), key=lambda p: report["peers"][p]["new_tokens_per_sec"])
+    report["fastest_tunix"] = fastest_tunix
+    report["goals"] = {f"{v}_vs_{peer} >= {goal}": variants[v][f"speedup_vs_{peer}"]
+                       for v, peer, goal in [(f"{schemes[0]}_float32", fastest_tunix, 1.5),
+                                             (f"{schemes[0]}_float32", "hf", 2.0),
+                                             (f"{schemes[0]}_bfloat16", fastest_tunix, 2.5)] if v in variants}
+  return report
 
 
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--schemes", default="pre,siamese_post_pre")
-  parser.add_argument("--repeats", type=int, default=5)
-  parser.add_argument("--no-scan", action="store_true", help="unroll the layers instead of nn.scan")
-  references.add_arguments(parser)
+  parser.add_argument("--points", default="small,kv")
+  parser.add_argument("--rounds", default="5,2", help="timed rounds per point, in --points order")
+  parser.add_argument("--schemes", default="pre,siamese_post_pre", help="jaxpt schemes at the small point")
+  parser.add_argument("--kv-schemes", default="pre", help="jaxpt schemes at the kv point")
+  parser.add_argument("--dtypes", default="float32,bfloat16", help="rollout dtypes of every jaxpt scheme")
+  parser.add_argument("--peer-python", default="", help="python of a venv with torch + transformers + tunix")
   args = parser.parse_args(argv)
-
-  facts, runs = {}, {}
-  for scheme in args.schemes.split(","):
-    facts[scheme], scheme_calls = scheme_runs(scheme, scan_layers=not args.no_scan)
-    runs.update({(scheme, part): run for part, run in scheme_calls.items()})
-  times = alternating_seconds(runs, args.repeats)
-  schemes = {scheme: summarise(facts[scheme], {part: statistics.median(t) for (s, part), t in times.items()
-                                               if s == scheme})
-             for scheme in facts}
+  points = args.points.split(",")
+  rounds = [int(r) for r in args.rounds.split(",")]
   report = {"benchmark": "sampler",
-            "config": dict(MODEL, batch=BATCH, prompt=PROMPT, new_tokens=NEW_TOKENS, dtype="float32",
-                           sampling="temperature 1, no top-k/top-p, no EOS", scan_layers=not args.no_scan,
+            "config": dict(MODEL, sampling="temperature 1, no top-k/top-p, no EOS", cache_segments=4,
                            host_allocator_reuse=allocator_reuse),
             "device": str(jax.devices()[0]), "jax": jax.__version__, "cpu_count": os.cpu_count(),
-            "machine": platform.machine(), "schemes": schemes}
-  if "pre" in schemes:
-    pre = schemes["pre"]["call_ms"]
-    report["call_time_vs_pre"] = {s: round(r["call_ms"] / pre, 3) for s, r in schemes.items() if s != "pre"}
-  for name, reference in references.run(args, MODEL["d_model"], MODEL["num_layers"]).items():
-    generate = reference["generate_new_tokens_per_sec"]
-    report[f"{name}_generate_new_tokens_per_sec"] = generate
-    if generate:
-      report[f"new_tokens_per_sec_vs_{name}"] = {s: round(r["new_tokens_per_sec"] / generate, 2)
-                                                 for s, r in schemes.items()}
+            "machine": platform.machine(), "command": " ".join(["python -m benchmarks.sampler"] + sys.argv[1:])}
+  for point, n in zip(points, rounds):
+    schemes = (args.schemes if point == "small" else args.kv_schemes).split(",")
+    report[point] = run_point(point, schemes, args.dtypes.split(","), n, args.peer_python)
+    print(f"{point}: done", file=sys.stderr, flush=True)
   json.dump(report, sys.stdout, indent=2)
   print()
 

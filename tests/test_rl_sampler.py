@@ -12,7 +12,7 @@ from jaxpt.config import ConfigError, from_section
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM, init_cache, init_params
 from jaxpt.rl.logprobs import response_logprobs, rollout_inputs
-from jaxpt.rl.sampler import SamplingConfig, categorical, filter_logits, make_sampler
+from jaxpt.rl.sampler import SamplingConfig, categorical, decode_segments, filter_logits, make_sampler
 from tests import reference_model
 from tests.test_models_transformer import randomise_norms
 
@@ -81,6 +81,67 @@ def test_greedy_with_cache_equals_recomputation(scheme, overrides):
   np.testing.assert_array_equal(out.tokens, greedy_by_recomputation(cfg, params, tokens, mask, NEW_TOKENS))
   np.testing.assert_array_equal(out.mask, np.ones((len(tokens), NEW_TOKENS)))
   np.testing.assert_array_equal(out.lengths, NEW_TOKENS)
+
+
+def test_greedy_equals_recomputation_with_every_cache_segmentation():
+  """cache_segments 1 (every step reads the whole cache), 3, and one per step: the same greedy tokens as
+  recomputation (the 4-segment default is the test above)."""
+  for scheme in ("pre", "siamese_post_pre"):
+    cfg, params = model_for(scheme)
+    tokens, mask = left_padded_prompts(cfg)
+    expected = greedy_by_recomputation(cfg, params, tokens, mask, NEW_TOKENS)
+    for segments in (1, 3, NEW_TOKENS):
+      out = make_sampler(cfg, dataclasses.replace(GREEDY, cache_segments=segments), PROMPT_LEN)(
+          params, tokens, mask, jax.random.PRNGKey(0))
+      np.testing.assert_array_equal(out.tokens, expected, err_msg=f"{scheme}, {segments} segments")
+
+
+def test_decode_segments_cover_every_step_once():
+  assert decode_segments(128, 4) == [32, 64, 96, 128]
+  assert decode_segments(7, 4) == [2, 4, 5, 7]
+  assert decode_segments(7, 100) == [2, 3, 4, 5, 6, 7]  # at most one per decode step
+  assert decode_segments(1, 4) == [1]  # no decode step at all
+
+
+@pytest.mark.parametrize("scheme", ["pre", "siamese_post_pre"])
+def test_last_logits_only_is_the_full_forwards_last_column(scheme):
+  """With and without a cache (a prefill): the logits of the last column alone, hidden states whole; the cache
+  then grows by empty slots."""
+  cfg, params = model_for(scheme)
+  model = TransformerLM(cfg)
+  tokens, mask = left_padded_prompts(cfg)
+  segment_ids, positions = layout(mask)
+  full_logits, full_hidden = model.apply({"params": params}, tokens, positions, segment_ids, return_hidden=True)
+  logits, hidden = model.apply({"params": params}, tokens, positions, segment_ids, return_hidden=True,
+                               last_logits_only=True)
+  assert logits.shape == (len(tokens), 1, cfg.vocab_size)
+  np.testing.assert_array_equal(logits[:, 0], full_logits[:, -1])
+  np.testing.assert_array_equal(hidden, full_hidden)
+  prefill_logits, _, cache = model.apply({"params": params}, tokens, positions, segment_ids, return_hidden=True,
+                                         cache=init_cache(cfg, len(tokens), PROMPT_LEN), cache_index=0,
+                                         last_logits_only=True)
+  np.testing.assert_allclose(prefill_logits[:, 0], full_logits[:, -1], rtol=1e-5, atol=1e-5)
+  grown = cache.grow(PROMPT_LEN + 3)
+  assert grown.max_len == PROMPT_LEN + 3
+  np.testing.assert_array_equal(grown.segment_ids[:, :PROMPT_LEN], cache.segment_ids)
+  np.testing.assert_array_equal(grown.segment_ids[:, PROMPT_LEN:], 0)
+  np.testing.assert_array_equal(grown.key[1][:, :, :PROMPT_LEN], cache.key[1])
+  np.testing.assert_array_equal(grown.value[0][:, :, PROMPT_LEN:], 0)
+
+
+def test_bfloat16_rollouts_sample_near_the_float32_policy():
+  """bf16 weights, activations and cache: the tokens are valid, and their log-probs (the bf16 policy's) are close
+  to the fp32 policy's teacher-forced ones, which are what a trainer must use as old log-probs."""
+  cfg, params = model_for("siamese_post_pre", scan_layers=False)
+  tokens, mask = left_padded_prompts(cfg)
+  sampling = dataclasses.replace(SAMPLED, rollout_dtype="bfloat16")
+  out = make_sampler(cfg, sampling, PROMPT_LEN)(params, tokens, mask, jax.random.PRNGKey(7))
+  assert out.logprobs.dtype == jnp.float32 and out.hidden.dtype == jnp.float32
+  logp = response_logprobs(TransformerLM(cfg), params, tokens, mask, out.tokens, out.mask,
+                           temperature=sampling.temperature)
+  assert np.all(np.isfinite(np.asarray(out.logprobs))) and np.all(np.asarray(out.logprobs) <= 0)
+  np.testing.assert_allclose(out.logprobs, logp, atol=0.1)
+  assert not np.array_equal(np.asarray(out.logprobs), np.asarray(logp))  # it did decode in bf16
 
 
 @pytest.mark.slow
@@ -188,7 +249,8 @@ def test_eos_stops_rows_pads_after_and_max_new_tokens():
 
 
 @pytest.mark.parametrize("field,value", [("max_new_tokens", 0), ("temperature", 0.0), ("top_k", -1),
-                                         ("top_p", 0.0), ("top_p", 1.5), ("eos_id", -2), ("pad_id", -1)])
+                                         ("top_p", 0.0), ("top_p", 1.5), ("eos_id", -2), ("pad_id", -1),
+                                         ("rollout_dtype", "float16"), ("cache_segments", 0)])
 def test_config_validation_names_the_field(field, value):
   with pytest.raises(ConfigError, match=rf"^{field}="):
     dataclasses.replace(SamplingConfig(max_new_tokens=4), **{field: value})

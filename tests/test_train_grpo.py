@@ -1,13 +1,16 @@
 """GRPO end to end: a micro SFT'd policy, KV-cache rollouts, verifier rewards, CLIPO, policy updates, resume."""
 
+import dataclasses
 import re
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from experiments.configs import grpo_tiny, sft_tiny
 from jaxpt.config import ConfigError, from_section
+from jaxpt.rl.sampler import make_sampler
 from jaxpt.train.grpo import GRPORunConfig, _split_groups, build_grpo, train_grpo
 from jaxpt.train.metrics import read_metrics
 from jaxpt.train.sft import sft
@@ -109,6 +112,24 @@ def test_clipo_trains_its_head_and_shapes_the_reward(sft_workdir, tmp_path):
   assert metrics["entropy"] > 0  # the entropy bonus is on
   assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(state.params),
                                                        jax.tree.leaves(trainer.ref_params)))
+
+
+def test_bfloat16_rollouts_train_on_the_fp32_policys_old_logprobs(grpo_run):
+  """With sampling.rollout_dtype=bfloat16 the rollouts' old_logp are the fp32 policy's teacher-forced log-probs of
+  the sampled tokens (not the bf16 sampler's own), the rest of the rollout as usual."""
+  config, trainer, _, result = grpo_run
+  bf16 = dataclasses.replace(trainer.config.sampling, rollout_dtype="bfloat16", eos_id=trainer.tokenizer.eos_id,
+                             pad_id=trainer.tokenizer.pad_id)
+  sample = make_sampler(trainer.config.model, bf16, trainer.config.data.max_prompt_len)
+  bf16_trainer = dataclasses.replace(trainer, sample=sample,
+                                     config=dataclasses.replace(trainer.config, sampling=bf16))
+  params, batch, rng = result.state.params, trainer.prompts.batch(0), jax.random.PRNGKey(3)
+  ro = bf16_trainer.rollouts(params, batch, rng)
+  out = sample(params, jnp.asarray(ro["prompt_tokens"]), jnp.asarray(ro["prompt_mask"]), rng)
+  np.testing.assert_array_equal(ro["tokens"], out.tokens)
+  expected = trainer.logprobs(params, *(jnp.asarray(ro[k]) for k in ("prompt_tokens", "prompt_mask", "tokens", "mask")))
+  np.testing.assert_array_equal(ro["old_logp"], expected)
+  assert not np.array_equal(ro["old_logp"], np.asarray(out.logprobs))  # the sampler's bf16 ones differ
 
 
 def test_split_groups_keeps_groups_whole_and_covers_every_row():

@@ -93,9 +93,11 @@ class TransformerLM(nn.Module):
 
   @nn.compact
   def __call__(self, tokens, positions=None, segment_ids=None, deterministic: bool = True,
-               return_hidden: bool = False, cache: KVCache | None = None, cache_index=None):
+               return_hidden: bool = False, cache: KVCache | None = None, cache_index=None,
+               last_logits_only: bool = False):
     """tokens, positions, segment_ids: int [batch, seq] -> logits float32 [batch, seq, vocab]
-    (and the final-norm hidden states [batch, seq, d_model] when `return_hidden`).
+    (and the final-norm hidden states [batch, seq, d_model] when `return_hidden`). With `last_logits_only` the
+    logits are those of the last column alone, [batch, 1, vocab] (a prefill needs no others; hidden stays whole).
 
     Decoding: with `cache` (`init_cache`) and `cache_index` (int scalar, or int [batch]: the slot of the first new
     token) the output gains the updated cache as its last element; segment_ids default to 1 and positions to
@@ -119,13 +121,14 @@ class TransformerLM(nn.Module):
       streams, cache = DecoderStack(cfg, deterministic, name="decoder")(streams, positions, segment_ids, cache,
                                                                         cache_index)
     hidden = OutputMerge(cfg, name="output")(streams)
+    projected = hidden[:, -1:] if last_logits_only else hidden
     if cfg.tie_embeddings:  # one 2-D matmul [tokens, d] x [d, vocab] (see jaxpt.nn.dense)
-      flat = hidden.reshape(-1, cfg.d_model)
+      flat = projected.reshape(-1, cfg.d_model)
       logits = matmul(flat, embedding.astype(dtype).T, jnp.float32)
-      logits = logits.reshape(hidden.shape[:-1] + (cfg.vocab_size,))
+      logits = logits.reshape(projected.shape[:-1] + (cfg.vocab_size,))
     else:
       logits = Dense((cfg.vocab_size,), ("embed", "vocab"), dtype=dtype, param_dtype=jnp.dtype(cfg.param_dtype),
-                     name="head")(hidden)
+                     name="head")(projected)
     logits = nn.with_logical_constraint(logits.astype(jnp.float32), ("batch", "length", "vocab"))
     outputs = (logits, hidden) if return_hidden else (logits,)
     outputs += () if cache is None else (cache,)

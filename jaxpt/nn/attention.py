@@ -44,7 +44,9 @@ def _attend(rows, k, v, mask, groups: int):
   most negative float (additive: its gradient is free, unlike a select)."""
   bias = jnp.where(jnp.repeat(mask, groups, axis=1), 0.0, jnp.finfo(jnp.float32).min)[:, None]
   scores = jnp.einsum("bhqd,bhkd->bhqk", rows, k, preferred_element_type=jnp.float32) + bias
-  return jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(scores, axis=-1).astype(v.dtype), v)
+  out = jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(scores, axis=-1).astype(v.dtype), v,
+                   preferred_element_type=jnp.float32)  # float32 result: XLA:CPU reads a bf16 v as it is
+  return out.astype(v.dtype)
 
 
 def grouped_attention(q, k, v, mask, query_chunk: int = 0):
@@ -111,6 +113,19 @@ class KVCache:
   @property
   def max_len(self) -> int:
     return self.segment_ids.shape[1]
+
+  def grow(self, max_len: int) -> "KVCache":
+    """The same cache with empty slots (segment 0, zero K/V) appended up to `max_len` slots (a copy).
+
+    Attention reads a layer's whole buffer, so a decode loop that keeps the cache only as long as the slots it
+    has filled reads no empty ones: the sampler grows it between segments of its loop. (Reading a static prefix
+    of a longer buffer instead made XLA:CPU copy every buffer in each step of the loop.)"""
+    pad = max_len - self.max_len
+    if pad < 0:
+      raise ValueError(f"cannot shrink a cache of {self.max_len} slots to {max_len}")
+    slots = lambda b: jnp.pad(b, [(0, 0), (0, 0), (0, pad), (0, 0)])
+    return KVCache(key=tuple(map(slots, self.key)), value=tuple(map(slots, self.value)),
+                   segment_ids=jnp.pad(self.segment_ids, [(0, 0), (0, pad)]))
 
 
 @flax.struct.dataclass

@@ -26,9 +26,21 @@ from jax import lax
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def matmul(x, w, out_dtype=None):
-  """x [tokens, k] @ w [k, n] -> [tokens, n] (accumulated in, and returned as, `out_dtype` when given).
-  Backward: dx = g w^T, dw = copy(x^T) g (see the module doc)."""
-  return jnp.dot(x, w, preferred_element_type=out_dtype)
+  """x [tokens, k] @ w [k, n] -> [tokens, n] (accumulated in, and returned as, `out_dtype` when given; else
+  accumulated in float32 and returned in the operands' dtype). Backward: dx = g w^T, dw = copy(x^T) g (see the
+  module doc)."""
+  return accumulate_f32(x, w, out_dtype)
+
+
+def accumulate_f32(x, w, out_dtype=None):
+  """jnp.dot(x, w) accumulated in float32, cast to `out_dtype` (default: the operands' result dtype).
+
+  Asking for the float32 result is what lets XLA:CPU run a bf16 x bf16 matmul on the bf16 operands: asked for a
+  bf16 result it first converts both operands to float32 (a float32 copy of every weight: a d512 decode step with
+  bf16 weights took 1.33x the float32 step's time, against 0.79x this way); on TPU the MXU accumulates in
+  float32 either way."""
+  out_dtype = out_dtype or jnp.result_type(x, w)
+  return jnp.dot(x, w, preferred_element_type=jnp.float32).astype(out_dtype)
 
 
 def _matmul_fwd(x, w, out_dtype):

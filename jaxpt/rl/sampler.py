@@ -14,6 +14,14 @@ Per step t (key fold_in(rng, t)), from the logits l of the last fed token (tempe
               = categorical(top_p(top_k(l / tau)))   otherwise (filters in that order; see `filter_logits`)
 A row stops at its first `eos_id` (kept, mask 1); later entries are pad_id with mask 0 and logprob 0. The loop
 ends when every row has stopped or after max_new_tokens.
+
+Speed (`benchmarks/sampler.py`): the prefill projects only the last prompt column onto the vocabulary and fills a
+cache of exactly the prompt's slots; the decode loop runs in `cache_segments` consecutive while_loops, and before
+each the cache grows (`KVCache.grow`, one copy) to the slots filled by that loop's end, so a step attends over no
+slot beyond them (the same arithmetic as attending to the whole buffer: the slots left out are ones the mask
+excludes). `rollout_dtype="bfloat16"` decodes with bf16 weights, activations and KV cache: faster (half the bytes
+streamed per step), but the log-probs are those of the bf16 policy, so a trainer needing the fp32 policy's
+log-probs recomputes them by teacher forcing (`jaxpt.rl.logprobs`; the GRPO trainer does).
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxpt.config import Section, at_least, fail, in_range
+from jaxpt.config import Section, at_least, fail, in_range, one_of
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM, init_cache, unstack_layers
 from jaxpt.parallel import MeshLayout
@@ -45,6 +53,10 @@ class SamplingConfig(Section):
     eos_id: a row stops at its first eos_id (None = never; the trainers set the tokenizer's).
     pad_id: the token after a row's EOS (the trainers set the tokenizer's).
     return_hidden: also return the final-norm hidden states of the response (the GRPO trainer sets it for CLIPO).
+    rollout_dtype: the dtype of the weights, activations and KV cache while sampling: float32 | bfloat16 (faster;
+      its log-probs are the bf16 policy's, so GRPO recomputes old log-probs with the fp32 policy).
+    cache_segments: the decode loop runs as this many while_loops, each with a cache of the slots filled by its end
+      (1: every step reads a cache of all prompt + max_new_tokens - 1 slots); each compiles its own copy of the step.
   """
 
   max_new_tokens: int
@@ -55,9 +67,13 @@ class SamplingConfig(Section):
   eos_id: int | None = None
   pad_id: int = 0
   return_hidden: bool = False
+  rollout_dtype: str = "float32"
+  cache_segments: int = 4
 
   def check(self) -> None:
     at_least(self, "max_new_tokens", 1)
+    at_least(self, "cache_segments", 1)
+    one_of(self, "rollout_dtype", ("float32", "bfloat16"))
     if not self.temperature > 0:
       raise fail(self, "temperature", "must be positive (use greedy=True for argmax decoding)")
     if self.top_k < 0:
@@ -126,6 +142,12 @@ def choose_tokens(logits, key, sampling: SamplingConfig):
   return tokens.astype(jnp.int32), logprobs
 
 
+def decode_segments(steps: int, count: int) -> list[int]:
+  """The ends (exclusive) of `count` (at most steps - 1) near-equal runs of decode steps t = 1 .. steps - 1."""
+  runs = max(1, min(count, steps - 1))
+  return [1 + ((steps - 1) * (i + 1)) // runs for i in range(runs)]
+
+
 def make_sampler(model_config: ModelConfig, sampling: SamplingConfig, prompt_len: int,
                  layout: MeshLayout | None = None) -> Callable[..., SampleOutput]:
   """-> jitted `sample(params, prompt_tokens [B, P], prompt_mask [B, P], rng) -> SampleOutput` for P = prompt_len.
@@ -136,10 +158,14 @@ def make_sampler(model_config: ModelConfig, sampling: SamplingConfig, prompt_len
   """
   if prompt_len <= 0:
     raise ValueError(f"prompt_len={prompt_len}: must be positive")
+  rollout_dtype = jnp.dtype(sampling.rollout_dtype)
   decode_config = dataclasses.replace(model_config, scan_layers=False)  # weights read in place (see transformer.py)
+  if rollout_dtype != jnp.float32:
+    decode_config = dataclasses.replace(decode_config, dtype=sampling.rollout_dtype,
+                                        param_dtype=sampling.rollout_dtype)
   model = TransformerLM(decode_config)
   steps = sampling.max_new_tokens
-  max_len = prompt_len + steps - 1  # the last sampled token is never fed back
+  segments = decode_segments(steps, sampling.cache_segments)
 
   def sample(params, prompt_tokens, prompt_mask, rng) -> SampleOutput:
     batch = prompt_tokens.shape[0]
@@ -148,11 +174,14 @@ def make_sampler(model_config: ModelConfig, sampling: SamplingConfig, prompt_len
                        f"prompt_len={prompt_len}")
     if model_config.scan_layers:
       params = unstack_layers(params, model_config.num_layers)
+    if rollout_dtype != jnp.float32:
+      params = jax.tree.map(lambda p: p.astype(rollout_dtype) if jnp.issubdtype(p.dtype, jnp.floating) else p,
+                            params)
     variables = {"params": params}
     segment_ids, positions, prompt_lengths = prompt_layout(prompt_mask)
     logits, hidden, cache = model.apply(variables, prompt_tokens.astype(jnp.int32), positions, segment_ids,
-                                        return_hidden=True, cache=init_cache(decode_config, batch, max_len),
-                                        cache_index=0)
+                                        return_hidden=True, cache=init_cache(decode_config, batch, prompt_len),
+                                        cache_index=0, last_logits_only=True)
     outputs = SampleOutput(
         tokens=jnp.full((batch, steps), sampling.pad_id, jnp.int32),
         logprobs=jnp.zeros((batch, steps), jnp.float32), mask=jnp.zeros((batch, steps), jnp.float32),
@@ -174,19 +203,22 @@ def make_sampler(model_config: ModelConfig, sampling: SamplingConfig, prompt_len
       return tokens, outputs, done
 
     token, outputs, done = record(0, outputs, jnp.zeros((batch,), bool), logits[:, -1], hidden[:, -1])
+    state = (jnp.int32(1), token, cache, outputs, done)
+    for end in segments:  # steps t < end fill slots < prompt_len + end - 1: the cache grows to that, no further
+      def keep_going(state, end=end):
+        t, _, _, _, done = state
+        return (t < end) & ~jnp.all(done)
 
-    def keep_going(state):
-      t, _, _, _, done = state
-      return (t < steps) & ~jnp.all(done)
+      def step(state):
+        t, token, cache, outputs, done = state
+        logits, hidden, cache = model.apply(variables, token[:, None], (prompt_lengths + t - 1)[:, None],
+                                            return_hidden=True, cache=cache, cache_index=prompt_len + t - 1)
+        token, outputs, done = record(t, outputs, done, logits[:, 0], hidden[:, 0])
+        return t + 1, token, cache, outputs, done
 
-    def step(state):
       t, token, cache, outputs, done = state
-      logits, hidden, cache = model.apply(variables, token[:, None], (prompt_lengths + t - 1)[:, None],
-                                          return_hidden=True, cache=cache, cache_index=prompt_len + t - 1)
-      token, outputs, done = record(t, outputs, done, logits[:, 0], hidden[:, 0])
-      return t + 1, token, cache, outputs, done
-
-    return lax.while_loop(keep_going, step, (jnp.int32(1), token, cache, outputs, done))[3]
+      state = lax.while_loop(keep_going, step, (t, token, cache.grow(prompt_len + end - 1), outputs, done))
+    return state[3]
 
   if layout is None:
     return jax.jit(sample)

@@ -326,11 +326,14 @@ class GRPOTrainer:
     tokens, mask, _ = repeat_prompts(batch["prompt_tokens"], batch["prompt_mask"], g)
     prompts = parallel.global_batch({"prompt_tokens": tokens, "prompt_mask": mask}, self.training.layout.batch, n)
     out = self.sample(params, prompts["prompt_tokens"], prompts["prompt_mask"], rng)
+    old_logp = out.logprobs  # the sampler's, unless it sampled in bf16: then the fp32 policy's, by teacher forcing
+    if self.config.sampling.rollout_dtype != "float32":
+      old_logp = self.logprobs(params, prompts["prompt_tokens"], prompts["prompt_mask"], out.tokens, out.mask)
     host = self.verify(out, batch["answers"], g)
     settings = self.config.dapo
     rewards = host["scores"] + dapo.overlong_penalty(host["lengths"], self.config.sampling.max_new_tokens,
                                                      settings.overlong_buffer, settings.overlong_penalty_factor)
-    return {**prompts, "tokens": out.tokens, "mask": out.mask, "old_logp": out.logprobs, "hidden": out.hidden,
+    return {**prompts, "tokens": out.tokens, "mask": out.mask, "old_logp": old_logp, "hidden": out.hidden,
             **host, "rewards": rewards, "labels": (host["scores"] > 0).astype(np.int32),
             "group_ids": np.repeat(np.arange(self.config.data.prompts_per_step, dtype=np.int32), g)}
 

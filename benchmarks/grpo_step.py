@@ -1,0 +1,159 @@
+"""Seconds per GRPO step, split into rollout / scoring / update, beside tunix's `grpo_loss_fn` update. One JSON
+object.
+
+    python -m benchmarks.grpo_step [--peer-python /tmp/peers-venv/bin/python] [--rounds 3] [--scheme pre]
+
+The d512 model of the other benchmarks (8 layers, 8 heads with 4 KV heads, SwiGLU 2048, vocab 8192, tied;
+random init) in `jaxpt grpo`'s own trainer (`build_grpo` on `experiments/configs/grpo_tiny.py` with these sizes):
+8 prompts x 8 rollouts (64 rows), prompts left-padded to 64 tokens, 128 new tokens at temperature 1, two
+minibatches (two updates of 32 rows, as grpo_tiny; one update of all 64 rows took > 9 GB here and was killed),
+KL to the reference policy (kl_coef 0.001). One step is
+`GRPOTrainer.train_step` from the same initial state every time (so every round does the same work):
+- rollout: the sampler call (`trainer.sample`, blocked on);
+- update: the policy update(s) (`_policy_updates`: the shared, jitted train step);
+- scoring: the rest: decoding texts, verifier rewards, reference log-probs (teacher forcing), advantages, and with
+  bf16 rollouts the fp32 old log-probs (teacher forcing).
+Both rollout dtypes (`sampling.rollout_dtype` float32 and bfloat16) are timed. With --peer-python (a venv with
+google-tunix 0.1.7), `benchmarks/tunix_grpo_update.py` times tunix's update of one such minibatch (32 rows of
+64 + 128 tokens) in a persistent process, one call per round in alternation with jaxpt's steps;
+`update_vs_tunix` is the median over rounds of 2 x tunix's update seconds / jaxpt's update seconds per step.
+"""
+
+from __future__ import annotations
+
+from jaxpt.host_allocator import reuse_freed_host_memory
+
+allocator_reuse = reuse_freed_host_memory()  # first, before JAX allocates (see jaxpt/host_allocator.py)
+
+import argparse
+import collections
+import dataclasses
+import json
+import os
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+
+import jax
+
+from benchmarks.sampler import Peer
+from benchmarks.train_step import MODEL
+from experiments.configs import grpo_tiny
+from jaxpt.rl.sampler import make_sampler
+from jaxpt.train.grpo import GRPOTrainer, build_grpo
+
+PROMPTS, GROUP, PROMPT_LEN, NEW_TOKENS, MINIBATCHES = 8, 8, 64, 128, 2
+TUNIX_SCRIPT = pathlib.Path(__file__).resolve().parent / "tunix_grpo_update.py"
+
+
+def grpo_config(scheme: str):
+  config = grpo_tiny.get_config()
+  config.update_from_flattened_dict({
+      **{f"model.{k}": v for k, v in dict(MODEL, norm_scheme=scheme).items()},
+      "init_from": "", "steps": 1, "log_every": 1, "eval_every": 0, "checkpoint_every": 0, "progress": False,
+      "task.train_size": 512, "data.prompts_per_step": PROMPTS, "data.max_prompt_len": PROMPT_LEN,
+      "data.eval_prompts": 0, "sampling.max_new_tokens": NEW_TOKENS, "grpo.group_size": GROUP,
+      "grpo.minibatches": MINIBATCHES, "grpo.epochs": 1, "grpo.kl_coef": 0.001})
+  return config
+
+
+class InRangeDecode:
+  """The trainer's tokenizer, decoding ids past its pieces as its last piece: the random-init policy's 8192-row
+  vocabulary is larger than the SentencePiece model trained on the task (fewer pieces than asked for)."""
+
+  def __init__(self, tokenizer):
+    self._tokenizer = tokenizer
+
+  def __getattr__(self, name):
+    return getattr(self._tokenizer, name)
+
+  def decode(self, ids):
+    last = self._tokenizer.vocab_size - 1
+    return self._tokenizer.decode([min(int(i), last) for i in ids])
+
+
+def timed_trainer(trainer: GRPOTrainer, clock: collections.Counter, rollout_dtype: str) -> GRPOTrainer:
+  """`trainer` sampling in `rollout_dtype`, whose sampler calls and policy updates add their seconds to `clock`."""
+  sampling = dataclasses.replace(trainer.config.sampling, rollout_dtype=rollout_dtype,
+                                 eos_id=trainer.tokenizer.eos_id, pad_id=trainer.tokenizer.pad_id)
+  sampler = make_sampler(trainer.config.model, sampling, trainer.config.data.max_prompt_len)
+
+  def sample(*args):
+    start = time.perf_counter()
+    out = jax.block_until_ready(sampler(*args))
+    clock["rollout"] += time.perf_counter() - start
+    return out
+
+  timed = dataclasses.replace(trainer, sample=sample, config=dataclasses.replace(trainer.config, sampling=sampling),
+                              tokenizer=InRangeDecode(trainer.tokenizer))
+  updates = timed._policy_updates
+
+  def policy_updates(*args):
+    start = time.perf_counter()
+    state, metrics = updates(*args)
+    jax.block_until_ready(state.params)
+    clock["update"] += time.perf_counter() - start
+    return state, metrics
+
+  object.__setattr__(timed, "_policy_updates", policy_updates)
+  return timed
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--rounds", type=int, default=3)
+  parser.add_argument("--scheme", default="pre")
+  parser.add_argument("--peer-python", default="", help="python of a venv with google-tunix 0.1.7")
+  args = parser.parse_args(argv)
+  rows = PROMPTS * GROUP // MINIBATCHES
+  tunix = (Peer("tunix_update", [args.peer_python, str(TUNIX_SCRIPT), str(rows), str(PROMPT_LEN), str(NEW_TOKENS)])
+           if args.peer_python else None)
+  with tempfile.TemporaryDirectory() as workdir:
+    base = build_grpo(grpo_config(args.scheme), workdir)
+    state, batch = base.init_state(), base.prompts.batch(0)
+    clock = collections.Counter()
+    trainers = {dtype: timed_trainer(base, clock, dtype) for dtype in ("float32", "bfloat16")}
+    for trainer in trainers.values():  # warm-up: compiles what build_grpo left to the first call
+      trainer.train_step(state, batch)
+    if tunix:
+      tunix.wait_ready()
+    results = {dtype: [] for dtype in trainers}
+    tunix_seconds = []
+    for r in range(args.rounds):
+      for dtype, trainer in trainers.items():
+        clock.clear()
+        start = time.perf_counter()
+        _, metrics = trainer.train_step(state, batch)
+        total = time.perf_counter() - start
+        results[dtype].append({"step": total, "rollout": clock["rollout"], "update": clock["update"],
+                            "scoring": total - clock["rollout"] - clock["update"],
+                            "response_length": metrics["response_length"]})
+      if tunix:
+        tunix_seconds.append(tunix.seconds(r + 1))
+    if tunix:
+      tunix.close()
+
+  config = dict(MODEL, norm_scheme=args.scheme, prompts=PROMPTS, group=GROUP, prompt_len=PROMPT_LEN,
+                new_tokens=NEW_TOKENS, minibatches=MINIBATCHES, kl_coef=0.001, rounds=args.rounds)
+  report = {"benchmark": "grpo_step", "config": config,
+            "device": str(jax.devices()[0]), "jax": jax.__version__, "cpu_count": os.cpu_count(),
+            "command": " ".join(["python -m benchmarks.grpo_step"] + sys.argv[1:])}
+  for dtype, rs in results.items():
+    med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+    entry = {f"{k}_s": round(v, 2) for k, v in med.items() if k != "response_length"}
+    entry["share"] = {k: round(med[k] / med["step"], 3) for k in ("rollout", "scoring", "update")}
+    entry["response_length"] = med["response_length"]
+    if tunix_seconds:
+      entry["update_vs_tunix"] = round(statistics.median(MINIBATCHES * t / r["update"]
+                                                         for t, r in zip(tunix_seconds, rs)), 2)
+    report[f"rollout_{dtype}"] = entry
+  if tunix_seconds:
+    report["tunix_update_s_per_minibatch"] = round(statistics.median(tunix_seconds), 2)
+  json.dump(report, sys.stdout, indent=2)
+  print()
+
+
+if __name__ == "__main__":
+  main()
