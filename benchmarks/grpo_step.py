@@ -59,21 +59,6 @@ def grpo_config(scheme: str):
   return config
 
 
-class InRangeDecode:
-  """The trainer's tokenizer, decoding ids past its pieces as its last piece: the random-init policy's 8192-row
-  vocabulary is larger than the SentencePiece model trained on the task (fewer pieces than asked for)."""
-
-  def __init__(self, tokenizer):
-    self._tokenizer = tokenizer
-
-  def __getattr__(self, name):
-    return getattr(self._tokenizer, name)
-
-  def decode(self, ids):
-    last = self._tokenizer.vocab_size - 1
-    return self._tokenizer.decode([min(int(i), last) for i in ids])
-
-
 def timed_trainer(trainer: GRPOTrainer, clock: collections.Counter, rollout_dtype: str) -> GRPOTrainer:
   """`trainer` sampling in `rollout_dtype`, whose sampler calls and policy updates add their seconds to `clock`."""
   sampling = dataclasses.replace(trainer.config.sampling, rollout_dtype=rollout_dtype,
@@ -86,8 +71,7 @@ def timed_trainer(trainer: GRPOTrainer, clock: collections.Counter, rollout_dtyp
     clock["rollout"] += time.perf_counter() - start
     return out
 
-  timed = dataclasses.replace(trainer, sample=sample, config=dataclasses.replace(trainer.config, sampling=sampling),
-                              tokenizer=InRangeDecode(trainer.tokenizer))
+  timed = dataclasses.replace(trainer, sample=sample, config=dataclasses.replace(trainer.config, sampling=sampling))
   updates = timed._policy_updates
 
   def policy_updates(*args):

@@ -1,14 +1,17 @@
-"""Verifiable math rewards: boxed extraction, </think> handling, normalisation, GSM8K ground truth."""
+"""Verifiable math rewards: boxed extraction, </think> handling, normalisation, GSM8K ground truth; the decoded
+response texts they read."""
 
 import json
 import os
 from fractions import Fraction
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxpt.rl import rewards as R
+from jaxpt.rl import rollouts
 
 GSM8K_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data", "gsm8k")
 
@@ -115,3 +118,13 @@ def test_gsm8k_first_200_test_answers():
     assert R.gsm8k_reward(f"\\boxed{{{value + 1}}}", row["answer"]) == 0.0
     assert R.gsm8k_reward(f"\\boxed{{{gt}}} wait, \\boxed{{{value - 1}}}", row["answer"]) == 0.0
     assert R.gsm8k_reward(f"The answer is {gt}.", row["answer"]) == 0.0
+
+
+def test_response_texts_leave_out_eos_padding_and_ids_past_the_tokenizer():
+  """A policy whose embedding has more rows than its tokenizer has pieces can sample such ids: no text, no crash."""
+  decode = lambda ids: "".join("abcdefgh"[i] for i in ids)  # an 8-piece tokenizer
+  tokens = np.array([[1, 2, 7, 0], [3, 9, 4, 5], [6, 1, 0, 0]])
+  mask = np.array([[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 0]])
+  assert rollouts.response_texts(decode, tokens, mask, eos_id=7, vocab_size=8) == ["bc", "def", "gba"]
+  with pytest.raises(IndexError):  # what the trainer's decode did before it passed its vocab_size
+    rollouts.response_texts(decode, tokens, mask, eos_id=7)

@@ -309,7 +309,7 @@ class GRPOTrainer:
     answers, G rows each) -> every process's {scores float32, lengths int32, truncated bool} [M], whole."""
     tokens, mask = parallel.process_rows(out.tokens), parallel.process_rows(out.mask)
     lengths = parallel.process_rows(out.lengths)
-    texts = response_texts(self.tokenizer.decode, tokens, mask, self.tokenizer.eos_id)
+    texts = response_texts(self.tokenizer.decode, tokens, mask, self.tokenizer.eos_id, self.tokenizer.vocab_size)
     local = {"scores": verifier_rewards(texts, answers, group_size, self.reward_fn), "lengths": lengths,
              "truncated": dapo.truncated(lengths, tokens[:, -1], self.config.sampling.max_new_tokens,
                                          self.tokenizer.eos_id)}
