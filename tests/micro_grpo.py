@@ -16,9 +16,12 @@ OVERRIDES = {
     "sampling.max_new_tokens": T, "grpo.group_size": G, "grpo.minibatches": 2, "grpo.epochs": 2,
     "grpo.kl_coef": 0.01, "optim.learning_rate": 1e-3, "optim.warmup_steps": 0,
 }
-# the two-process run (tests/multidevice/grpo_process.py): data over the processes x fsdp within, a checkpoint a step
+# the two-process run (tests/multidevice/grpo_process.py): data over the processes x fsdp within, a checkpoint a step;
+# 2 prompts a step and eval batches of 2 padded to the 4 data-parallel devices (each process verifies 2 rows)
 MULTI_PROCESS = {"steps": 3, "checkpoint_every": 1, "eval_every": 3, "mesh.data": 2, "mesh.fsdp": 2,
-                 "mesh.rules": "fsdp"}
+                 "mesh.rules": "fsdp", "data.prompts_per_step": 2, "data.eval_prompts": 6}
+DAPO = {"dapo.dynamic_sampling": True, "dapo.max_rounds": 3, "dapo.overlong_filtering": True,
+        "dapo.overlong_buffer": 4}
 CLIPO = {"clipo.enabled": True, "clipo.out_dim": 16, "clipo.in_loss_coef": 0.1, "clipo.level": "batch_level"}
 
 

@@ -68,7 +68,7 @@ def test_overlong_filtering_zeroes_exactly_the_truncated_rows():
   mask = np.array([[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 1]], np.float32)
   got = dapo.filter_overlong(jnp.asarray(mask), np.array([False, True, False, True]))
   np.testing.assert_array_equal(got, [[1, 1, 0], [0, 0, 0], [1, 0, 0], [0, 0, 0]])
-  assert got.dtype == np.float32 and mask[1].sum() == 3  # a copy
+  assert got.dtype == np.float32
 
 
 def test_informative_groups():

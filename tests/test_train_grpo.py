@@ -124,7 +124,7 @@ def test_bfloat16_rollouts_train_on_the_fp32_policys_old_logprobs(grpo_run):
   bf16_trainer = dataclasses.replace(trainer, sample=sample,
                                      config=dataclasses.replace(trainer.config, sampling=bf16))
   params, batch, rng = result.state.params, trainer.prompts.batch(0), jax.random.PRNGKey(3)
-  ro = bf16_trainer.rollouts(params, batch, rng)
+  ro, _ = bf16_trainer.step_rollouts(params, batch, 0, rng)
   out = sample(params, jnp.asarray(ro["prompt_tokens"]), jnp.asarray(ro["prompt_mask"]), rng)
   np.testing.assert_array_equal(ro["tokens"], out.tokens)
   expected = trainer.logprobs(params, *(jnp.asarray(ro[k]) for k in ("prompt_tokens", "prompt_mask", "tokens", "mask")))

@@ -54,7 +54,8 @@ class SamplingConfig(Section):
     pad_id: the token after a row's EOS (the trainers set the tokenizer's).
     return_hidden: also return the final-norm hidden states of the response (the GRPO trainer sets it for CLIPO).
     rollout_dtype: the dtype of the weights, activations and KV cache while sampling: float32 | bfloat16 (faster;
-      its log-probs are the bf16 policy's, so GRPO recomputes old log-probs with the fp32 policy).
+      its log-probs and hidden states are the bf16 policy's: GRPO recomputes old log-probs with the fp32 policy,
+      CLIPO's representation uses the bf16 hidden states).
     cache_segments: the decode loop runs as this many while_loops, each with a cache of the slots filled by its end
       (1: every step reads a cache of all prompt + max_new_tokens - 1 slots); each compiles its own copy of the step.
   """

@@ -306,7 +306,8 @@ class GRPOTrainer:
 
   def verify(self, out: Any, answers: list[str], group_size: int) -> dict[str, np.ndarray]:
     """Decodes and verifies this process's rows of a sampler output (global [M, T]; `answers` are its prompts'
-    answers, G rows each) -> every process's {scores float32, lengths int32, truncated bool} [M], whole."""
+    answers, G rows each) -> every process's {scores float32, lengths int32, truncated bool} [M], whole. Every
+    process must get here: one whose decode or reward_fn raises leaves the others waiting in the all-gather."""
     tokens, mask = parallel.process_rows(out.tokens), parallel.process_rows(out.mask)
     lengths = parallel.process_rows(out.lengths)
     texts = response_texts(self.tokenizer.decode, tokens, mask, self.tokenizer.eos_id, self.tokenizer.vocab_size)
@@ -319,21 +320,18 @@ class GRPOTrainer:
     """Samples G responses per prompt of the global batch whose process block is `batch` and scores them.
 
     Device arrays (global, rows split like a batch): prompt_tokens, prompt_mask [N, P], tokens, mask, old_logp
-    [N, T], hidden [N, T, d] (None without CLIPO). Host arrays, whole on every process: scores, rewards (+ the
-    overlong punishment), labels, truncated, lengths, group_ids [N].
+    [N, T] (the sampler's log-probs), hidden [N, T, d] (None without CLIPO). Host arrays, whole on every process:
+    scores, rewards (+ the overlong punishment), labels, truncated, lengths, group_ids [N].
     """
     g, n = self.config.grpo.group_size, self.rollout_rows
     tokens, mask, _ = repeat_prompts(batch["prompt_tokens"], batch["prompt_mask"], g)
     prompts = parallel.global_batch({"prompt_tokens": tokens, "prompt_mask": mask}, self.training.layout.batch, n)
     out = self.sample(params, prompts["prompt_tokens"], prompts["prompt_mask"], rng)
-    old_logp = out.logprobs  # the sampler's, unless it sampled in bf16: then the fp32 policy's, by teacher forcing
-    if self.config.sampling.rollout_dtype != "float32":
-      old_logp = self.logprobs(params, prompts["prompt_tokens"], prompts["prompt_mask"], out.tokens, out.mask)
     host = self.verify(out, batch["answers"], g)
     settings = self.config.dapo
     rewards = host["scores"] + dapo.overlong_penalty(host["lengths"], self.config.sampling.max_new_tokens,
                                                      settings.overlong_buffer, settings.overlong_penalty_factor)
-    return {**prompts, "tokens": out.tokens, "mask": out.mask, "old_logp": old_logp, "hidden": out.hidden,
+    return {**prompts, "tokens": out.tokens, "mask": out.mask, "old_logp": out.logprobs, "hidden": out.hidden,
             **host, "rewards": rewards, "labels": (host["scores"] > 0).astype(np.int32),
             "group_ids": np.repeat(np.arange(self.config.data.prompts_per_step, dtype=np.int32), g)}
 
@@ -341,6 +339,8 @@ class GRPOTrainer:
     """The rollouts trained on at `step` (`rollouts` of `batch`, key `rng`), and their DAPO metrics; with
     `dapo.dynamic_sampling`, round r >= 1 samples `prompts.refill_batch(step * (max_rounds - 1) + r - 1)` with
     key fold_in(rng, r) until the batch holds data.prompts_per_step informative groups (`jaxpt.rl.dapo`).
+    With bf16 rollouts (`sampling.rollout_dtype`) the trained rows' old_logp are then recomputed by the fp32 policy
+    (teacher forcing), once, after any refills; CLIPO's hidden states stay the sampler's.
     Metrics: truncated_frac, overlong_penalty_mean (the trained batch); with dynamic sampling dapo_rounds,
     dapo_groups_drawn / _informative / _filled and dapo_step_accuracy (the step's own prompts: comparable across
     runs, where the loop's `accuracy` is the trained batch's, which dynamic sampling biases)."""
@@ -358,6 +358,8 @@ class GRPOTrainer:
                                           settings.max_rounds, settings.at_cap, _FILTER_KEYS[settings.filter_metric],
                                           take=self.take_rows)
       metrics["dapo_step_accuracy"] = float(first["scores"].mean())
+    if self.config.sampling.rollout_dtype != "float32":  # the bf16 sampler's log-probs -> the fp32 policy's
+      ro["old_logp"] = self.logprobs(params, *(ro[k] for k in ("prompt_tokens", "prompt_mask", "tokens", "mask")))
     metrics["truncated_frac"] = float(ro["truncated"].mean())
     if settings.overlong_buffer:
       metrics["overlong_penalty_mean"] = float(np.mean(ro["rewards"] - ro["scores"]))
@@ -489,8 +491,12 @@ def build_grpo(config: GRPORunConfig | Any, workdir: str) -> GRPOTrainer:
                                    return_hidden=config.clipo.enabled)
     return make_sampler(config.model, sampling, config.data.max_prompt_len, layout)
 
-  say("compiling the rollout sampler ...")
   rows, prompt_shape = config.data.prompts_per_step * config.grpo.group_size, (config.data.max_prompt_len,)
+  index, count = parallel.process_batch_slice(layout.batch, rows)
+  if config.data.prompts_per_step % count:
+    raise ConfigError("data.prompts_per_step", f"must be divisible by the {count} processes that read distinct "
+                      "prompts", config.data.prompts_per_step)
+  say("compiling the rollout sampler ...")
   params = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
                         jax.eval_shape(training.sharded.init_state).params, layout.params)
   prompts_abstract = jax.ShapeDtypeStruct((rows,) + prompt_shape, jnp.int32, sharding=layout.batch)
@@ -505,10 +511,6 @@ def build_grpo(config: GRPORunConfig | Any, workdir: str) -> GRPOTrainer:
     return clipo.head_step(config.clipo, head, reps, labels, group_ids, rng)
 
   kl_rewards = lambda *arrays: kl_penalized_rewards(*arrays, config.grpo.kl_coef, config.grpo.kl_kind)
-  index, count = parallel.process_batch_slice(layout.batch, rows)
-  if config.data.prompts_per_step % count:
-    raise ConfigError("data.prompts_per_step", f"must be divisible by the {count} processes that read distinct "
-                      "prompts", config.data.prompts_per_step)
   return GRPOTrainer(config=config, training=training, tokenizer=tokenizer, prompts=prompts, sample=sample,
                      sample_greedy=sampler(True), logprobs=logprobs, take_rows=take_rows,
                      clipo_step=layout.jit(clipo_step, replicated), kl_rewards=layout.jit(kl_rewards, replicated),

@@ -19,12 +19,21 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from jaxpt import parallel  # noqa: E402
+from jaxpt.rl.sampler import make_sampler  # noqa: E402
 from jaxpt.train.grpo import build_grpo, train_grpo  # noqa: E402
 from jaxpt.train.metrics import read_metrics  # noqa: E402
-from tests.micro_grpo import B, G, T, even_length, micro_config  # noqa: E402
+from tests.micro_grpo import DAPO, B, G, T, even_length, micro_config  # noqa: E402
 
 MESHES = {"dp": dict(data=8), "fsdp": dict(data=1, fsdp=8), "fsdp_tp": dict(data=2, fsdp=2, tensor=2)}
 KEYS = ("reward_mean", "accuracy", "loss", "pg_loss", "ppo_kl", "grad_norm", "eval_accuracy_test")
+VARIANT_KEYS = {"grpo": (), "clipo": ("clipo_loss", "clipo_reward_mean"),
+                "dapo": ("dapo_rounds", "dapo_groups_informative", "truncated_frac", "overlong_penalty_mean")}
+CASES = [(v, p) for v in ("grpo", "clipo") for p in MESHES] + [("dapo", "fsdp_tp")]
+
+
+def variant_config(variant, **overrides):
+  """micro_config of the variant: grpo, clipo (CLIPO on) or dapo (dynamic sampling, overlong filtering and penalty)."""
+  return micro_config(variant == "clipo", **(DAPO if variant == "dapo" else {}), **overrides)
 
 
 @functools.cache
@@ -35,22 +44,21 @@ def run(variant, preset):
     real = parallel.make_mesh
     with pytest.MonkeyPatch.context() as patch:
       patch.setattr(parallel, "make_mesh", lambda mesh_config: real(mesh_config, jax.devices()[:1]))
-      trainer = build_grpo(micro_config(variant == "clipo", **{"mesh.data": 1}), workdir)
+      trainer = build_grpo(variant_config(variant, **{"mesh.data": 1}), workdir)
   else:
     mesh = {f"mesh.{axis}": size for axis, size in dict(MESHES[preset], rules=preset).items()}
-    trainer = build_grpo(micro_config(variant == "clipo", **mesh), workdir)
+    trainer = build_grpo(variant_config(variant, **mesh), workdir)
   trainer = dataclasses.replace(trainer, reward_fn=even_length)
   result = train_grpo(trainer.config, workdir, trainer=trainer)
   return read_metrics(workdir), jax.tree.map(np.asarray, result.state), trainer, result.state
 
 
-@pytest.mark.parametrize("preset", list(MESHES))
-@pytest.mark.parametrize("variant", ["grpo", "clipo"])
+@pytest.mark.parametrize("variant,preset", CASES)
 def test_two_steps_on_8_devices_equal_one_device(variant, preset):
   want_rows, want, _, _ = run(variant, "one device")
   rows, got, trainer, state = run(variant, preset)
   assert 0 < want_rows[0]["accuracy"] < 1  # mixed groups: non-zero advantages
-  for key in KEYS + (("clipo_loss", "clipo_reward_mean") if variant == "clipo" else ()):
+  for key in KEYS + VARIANT_KEYS[variant]:
     np.testing.assert_allclose([r[key] for r in rows if key in r], [r[key] for r in want_rows if key in r],
                                rtol=2e-5, atol=1e-6, err_msg=key)
   # AdamW normalises each gradient entry, so one at rounding level (an embedding row seen once) can step by a
@@ -69,3 +77,20 @@ def test_rollouts_are_split_over_the_data_parallel_devices():
   ro = trainer.rollouts(state.params, trainer.prompts.batch(0), jax.random.PRNGKey(0))
   assert {s.data.shape for s in ro["tokens"].addressable_shards} == {(B * G // 4, T)}  # data 2 x fsdp 2
   assert ro["scores"].shape == (B * G,) and isinstance(ro["scores"], np.ndarray)
+
+
+def test_bf16_rollouts_on_the_mesh_train_on_the_fp32_policys_old_logprobs():
+  """The bf16 sampler compiled for the mesh; the trained rows' old_logp are the fp32 policy's (teacher forcing)."""
+  _, _, trainer, state = run("grpo", "fsdp_tp")
+  bf16 = dataclasses.replace(trainer.config.sampling, rollout_dtype="bfloat16", eos_id=trainer.tokenizer.eos_id,
+                             pad_id=trainer.tokenizer.pad_id)
+  sample = make_sampler(trainer.config.model, bf16, trainer.config.data.max_prompt_len, trainer.training.layout)
+  t = dataclasses.replace(trainer, sample=sample, config=dataclasses.replace(trainer.config, sampling=bf16))
+  rng = jax.random.PRNGKey(0)
+  ro, _ = t.step_rollouts(state.params, t.prompts.batch(0), 0, rng)
+  out = sample(state.params, ro["prompt_tokens"], ro["prompt_mask"], rng)
+  np.testing.assert_array_equal(ro["tokens"], out.tokens)
+  want = trainer.logprobs(state.params, *(ro[k] for k in ("prompt_tokens", "prompt_mask", "tokens", "mask")))
+  np.testing.assert_array_equal(ro["old_logp"], want)
+  assert not np.array_equal(ro["old_logp"], out.logprobs)
+  assert {s.data.shape for s in ro["old_logp"].addressable_shards} == {(B * G // 4, T)}
