@@ -29,7 +29,7 @@ from __future__ import annotations
 import sys
 import time
 
-D_MODEL, LAYERS, HEADS, KV_HEADS, MLP, VOCAB = 512, 8, 8, 4, 2048, 8192
+from tunix_model import D_MODEL, HEADS, KV_HEADS, LAYERS, MLP, VOCAB, d512_llama3  # beside this script
 
 
 def hf_peer(batch: int, prompt: int, new: int):
@@ -56,22 +56,10 @@ def hf_peer(batch: int, prompt: int, new: int):
 
 def tunix_peer(batch: int, prompt: int, new: int, tied: bool):
   """-> (params, call(seed)) for tunix 0.1.7's Sampler."""
-  import jax
-  import jax.numpy as jnp
   import numpy as np
-  from flax import nnx
   from tunix.generate.sampler import CacheConfig, Sampler
-  from tunix.models.llama3.model import Llama3, ModelConfig
 
-  cfg = ModelConfig(num_layers=LAYERS, vocab_size=VOCAB, embed_dim=D_MODEL, hidden_dim=MLP, num_heads=HEADS,
-                    head_dim=D_MODEL // HEADS, num_kv_heads=KV_HEADS, rope_theta=10_000, norm_eps=1e-6,
-                    weight_tying=tied)
-  model = Llama3(cfg, rngs=nnx.Rngs(0))
-  keys = iter(jax.random.split(jax.random.PRNGKey(1), 3 * LAYERS))
-  for layer in model.layers:
-    for proj in (layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj):
-      proj.kernel[...] = 0.02 * jax.random.normal(next(keys), proj.kernel.shape, jnp.float32)
-  params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+  model, params = d512_llama3(tied)
 
   class IdTokenizer:
     """Space-separated ids <-> ids; no BOS (bos_id 0 is falsy to the sampler), pad and EOS -1."""

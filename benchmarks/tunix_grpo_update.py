@@ -23,21 +23,13 @@ import optax
 from flax import nnx
 from tunix.rl.algo_core import grpo_loss_fn
 from tunix.rl.grpo.grpo_learner import GRPOConfig, TrainExample
-from tunix.models.llama3.model import Llama3, ModelConfig
 
-LAYERS, VOCAB = 8, 8192
+from tunix_model import VOCAB, d512_llama3  # beside this script
 
 
 def main() -> None:
   rows, prompt, completion = map(int, sys.argv[1:4])
-  cfg = ModelConfig(num_layers=LAYERS, vocab_size=VOCAB, embed_dim=512, hidden_dim=2048, num_heads=8, head_dim=64,
-                    num_kv_heads=4, rope_theta=10_000, norm_eps=1e-6, weight_tying=True)
-  model = Llama3(cfg, rngs=nnx.Rngs(0))
-  keys = iter(jax.random.split(jax.random.PRNGKey(1), 3 * LAYERS))
-  for layer in model.layers:
-    for proj in (layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj):
-      proj.kernel[...] = 0.02 * jax.random.normal(next(keys), proj.kernel.shape, jnp.float32)
-  params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+  model, params = d512_llama3(tied=True)
   optimizer = nnx.Optimizer(model, optax.adamw(1e-6), wrt=nnx.Param)
   algo = GRPOConfig(num_generations=8, beta=0.001, epsilon=0.2, loss_agg_mode="token-mean")
   algo.temperature = 1.0  # read by grpo_loss_fn (set by the learner from the rollout config)
