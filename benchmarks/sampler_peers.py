@@ -29,7 +29,7 @@ from __future__ import annotations
 import sys
 import time
 
-from tunix_model import D_MODEL, HEADS, KV_HEADS, LAYERS, MLP, VOCAB, d512_llama3  # beside this script
+from tunix_model import D_MODEL, HEADS, KV_HEADS, LAYERS, MLP, VOCAB, IdTokenizer, d512_llama3  # beside this script
 
 
 def hf_peer(batch: int, prompt: int, new: int):
@@ -60,24 +60,6 @@ def tunix_peer(batch: int, prompt: int, new: int, tied: bool):
   from tunix.generate.sampler import CacheConfig, Sampler
 
   model, params = d512_llama3(tied)
-
-  class IdTokenizer:
-    """Space-separated ids <-> ids; no BOS (bos_id 0 is falsy to the sampler), pad and EOS -1."""
-
-    def encode(self, text, **_):
-      return [int(x) for x in text.split()]
-
-    def decode(self, ids, **_):
-      return " ".join(map(str, ids))
-
-    def bos_id(self):
-      return 0
-
-    def eos_id(self):
-      return -1
-
-    def pad_id(self):
-      return -1
 
   sampler = Sampler(model, IdTokenizer(), CacheConfig(cache_size=prompt + new, num_layers=LAYERS,
                                                        num_kv_heads=KV_HEADS, head_dim=D_MODEL // HEADS))

@@ -1,7 +1,7 @@
 """tunix 0.1.7's Llama3 at the benchmarks' d512 sizes, shared by the peer scripts that run in the peer venv
 (`sampler_peers.py`, `tunix_grpo_update.py`; imports no jaxpt): 8 layers, d_model 512, 8 heads with 4 KV heads of
 64, SwiGLU 2048, vocab 8192, fp32, random init (tunix initialises the SwiGLU kernels to zeros: they get random
-values like every other weight)."""
+values like every other weight); and the id tokenizer tunix's Sampler is fed with (also `tunix_reference.py`'s)."""
 
 from __future__ import annotations
 
@@ -24,3 +24,22 @@ def d512_llama3(tied: bool):
     for proj in (layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj):
       proj.kernel[...] = 0.02 * jax.random.normal(next(keys), proj.kernel.shape, jnp.float32)
   return model, sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+class IdTokenizer:
+  """Space-separated integer ids <-> ids; no BOS (bos_id 0 is falsy to the sampler), pad and EOS -1 (never a token)."""
+
+  def encode(self, text, **_):
+    return [int(x) for x in text.split()]
+
+  def decode(self, ids, **_):
+    return " ".join(map(str, ids))
+
+  def bos_id(self):
+    return 0
+
+  def eos_id(self):
+    return -1
+
+  def pad_id(self):
+    return -1

@@ -28,6 +28,8 @@ from flax import nnx
 from tunix.generate.sampler import CacheConfig, Sampler
 from tunix.models.llama3.model import Llama3, ModelConfig
 
+from tunix_model import IdTokenizer  # beside this script
+
 d, L = (int(sys.argv[i]) if len(sys.argv) > i else default for i, default in ((1, 512), (2, 8)))
 H, KV, V, B, T, PROMPT, NEW = 8, 4, 8192, 8, 256, 32, 128
 cfg = ModelConfig(num_layers=L, vocab_size=V, embed_dim=d, hidden_dim=4 * d, num_heads=H, head_dim=d // H,
@@ -74,25 +76,6 @@ print(f"train step {dt * 1000:.1f} ms  tokens/s {B * T / dt:.0f}  (loss {float(l
 
 
 # --- sampler ---
-class IdTokenizer:
-  """Space-separated integer ids <-> ids; no BOS (bos_id 0 is falsy to the sampler), pad and EOS -1 (never a token)."""
-
-  def encode(self, text, **_):
-    return [int(x) for x in text.split()]
-
-  def decode(self, ids, **_):
-    return " ".join(map(str, ids))
-
-  def bos_id(self):
-    return 0
-
-  def eos_id(self):
-    return -1
-
-  def pad_id(self):
-    return -1
-
-
 sampler = Sampler(model, IdTokenizer(), CacheConfig(cache_size=PROMPT + NEW, num_layers=L, num_kv_heads=KV,
                                                      head_dim=d // H))
 prompts = [" ".join(map(str, row)) for row in np.random.default_rng(1).integers(0, V, (B, PROMPT))]
