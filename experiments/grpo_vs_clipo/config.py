@@ -1,7 +1,7 @@
 """GRPO vs GRPO + CLIPO: the SFT and GRPO configs of `run.py`.
 
 SFT: `experiments/configs/sft_tiny.py` (a 2-layer d_model 128 SiameseNorm LM) on 3-step arithmetic word problems
-(numbers up to 50, + and -), long enough to reach its plateau (its held-out accuracy every SFT_EVAL_EVERY steps is
+(numbers up to 50, +, - and *), long enough to reach its plateau (its held-out accuracy every SFT_EVAL_EVERY steps is
 reported), so GRPO starts from a policy with headroom and not from one still learning the format.
 GRPO: 32 prompts x 8 rollouts a step, 4 minibatches, GRPO_STEPS steps; the same task (so task.validation_size
 problems after the SFT's training problems are unseen by both); eval on the first EVAL_PROBLEMS problems of each
@@ -20,17 +20,20 @@ from jaxpt.config import load_config_file
 
 CONFIGS = os.path.join(os.path.dirname(__file__), "..", "configs")
 
-SFT_STEPS = 1500
+SFT_STEPS = 2500
 SFT_EVAL_EVERY = 250
 GRPO_STEPS = 100
 EVAL_PROBLEMS = 256
 EVAL_SAMPLES = 4
 VALIDATION_PROBLEMS = 256
 HEAD_ONLY_STEPS = 10
-# 3 steps on numbers up to 10 is solved outright (greedy held-out accuracy 1.0 from SFT step 1000 on, measured at
-# b25af52), leaving GRPO nothing to do; numbers up to 50 make the arithmetic the hard part.
-TASK = dict(num_steps=3, max_value=50, ops="+-", train_size=20000, test_size=512,
+# Calibration (greedy held-out accuracy of the SFT): 3 steps of + and - on numbers up to 10 is solved outright (1.0
+# from step 1000 on, at b25af52); up to 50, 0.84 at step 1500 and still rising (at 266fd7b); with '*' (factors up
+# to 5, totals up to 6250) the chains are longer and the arithmetic harder, so the plateau leaves GRPO headroom.
+TASK = dict(num_steps=3, max_value=50, ops="+-*", train_size=20000, test_size=512,
             validation_size=VALIDATION_PROBLEMS)
+SEQ_LEN = 128  # the longest '*' chains are 99+ tokens (prompt + response + EOS)
+MAX_NEW_TOKENS = 56
 
 
 def sft():
@@ -40,6 +43,8 @@ def sft():
   config.eval_every = SFT_EVAL_EVERY
   config.checkpoint_every = SFT_EVAL_EVERY  # a killed SFT resumes from its last eval
   config.progress = False
+  config.data.seq_len = SEQ_LEN
+  config.decode.max_new_tokens = MAX_NEW_TOKENS
   return config
 
 
@@ -52,6 +57,7 @@ def grpo(clipo: bool = False):
   config.checkpoint_every = GRPO_STEPS // 4  # a killed run resumes
   config.progress = False
   config.data.prompts_per_step = 32
+  config.sampling.max_new_tokens = MAX_NEW_TOKENS
   config.data.eval_prompts = EVAL_PROBLEMS
   config.data.eval_samples = EVAL_SAMPLES
   config.grpo.minibatches = 4

@@ -38,7 +38,8 @@ SCHEMES = ("pre", "post", "hybrid") + SIAMESE
 EXPERIMENT = lm_comparison.Experiment(
     doc=__doc__, here=HERE, config="experiments.siamese_vs_prenorm.config",
     title="SiameseNorm vs Pre/Post/HybridNorm (tiny Shakespeare, CPU)", schemes=SCHEMES,
-    comparisons=tuple((s, "pre") for s in SCHEMES if s != "pre") + tuple((s, "hybrid") for s in SIAMESE),
+    comparisons=lambda schemes: tuple((s, "pre") for s in schemes if s != "pre") + tuple(
+        (s, "hybrid") for s in SIAMESE),
     lrs=(3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1), tune_seeds=(100, 101), seeds=tuple(range(8)), depths=(2, 12),
     corpus=os.path.normpath(os.path.join(REPO_ROOT, "..", "shared", "data", "tinyshakespeare")),
     workdir="/tmp/siamese_vs_prenorm")

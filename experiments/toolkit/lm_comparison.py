@@ -23,6 +23,7 @@ import dataclasses
 import importlib
 import math
 import os
+from typing import Callable
 
 from experiments.toolkit import flags, results, runner, stats
 
@@ -42,7 +43,8 @@ class Experiment:
     config: module path of its config file (`get_config()`: the run config every run starts from).
     title: the results' title.
     schemes: the schemes compared (`norm_scheme[:n][+moe][@layers]`), in table order.
-    comparisons: (A, B) scheme pairs whose paired per-seed test-loss difference is reported.
+    comparisons: schemes -> the (A, B) scheme pairs among them whose paired per-seed test-loss difference is
+      reported (called with the schemes of the run, so --methods may name schemes outside `schemes`).
     lrs, tune_seeds, seeds, depths: the default lr grid, tuning seeds, reported seeds and probe depths.
     corpus: the default data.path.
     workdir: the default --workdir.
@@ -53,7 +55,7 @@ class Experiment:
   config: str
   title: str
   schemes: tuple[str, ...]
-  comparisons: tuple[tuple[str, str], ...]
+  comparisons: Callable[[tuple[str, ...]], tuple[tuple[str, str], ...]]
   lrs: tuple[float, ...]
   tune_seeds: tuple[int, ...]
   seeds: tuple[int, ...]
@@ -352,7 +354,7 @@ def markdown(payload: dict) -> str:
 def write_report(experiment: Experiment, args, schemes, common: dict, out: str, tuning_summaries, best_lr, tuning,
                  final_summaries, depth_summaries) -> None:
   workdir = os.path.abspath(args.workdir)
-  pairs = [(a, b) for a, b in experiment.comparisons if a in schemes and b in schemes]
+  pairs = [(a, b) for a, b in experiment.comparisons(tuple(schemes)) if a in schemes and b in schemes]
   final, comparisons = final_table(final_summaries, schemes, pairs)
   depth = depth_table(depth_summaries, final_summaries, schemes)
   payload = dict(
