@@ -22,7 +22,7 @@ CONFIGS = os.path.join(os.path.dirname(__file__), "..", "configs")
 
 SFT_STEPS = 2500
 SFT_EVAL_EVERY = 250
-GRPO_STEPS = 100
+GRPO_STEPS = 60
 EVAL_PROBLEMS = 256
 EVAL_SAMPLES = 4
 VALIDATION_PROBLEMS = 256

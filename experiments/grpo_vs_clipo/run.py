@@ -35,7 +35,7 @@ from experiments.grpo_vs_clipo import config as config_lib  # noqa: E402
 from experiments.toolkit import flags, results, runner, stats  # noqa: E402
 
 METHODS = ("grpo", "clipo")
-LRS = (1e-5, 3e-5, 1e-4, 3e-4)
+LRS = (3e-5, 1e-4, 3e-4)
 TUNE_SEEDS = (100,)
 SEEDS = (0, 1, 2, 3)
 SETS = ("test", "test_rename", "test_distractor", "test_numbers")
