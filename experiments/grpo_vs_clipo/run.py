@@ -3,8 +3,9 @@
 1. sft:   one `sft()` run of `config.sft()` (3-step arithmetic, trained to its plateau; its eval curve is
           reported); every GRPO run starts from it.
 2. tune:  GRPO and CLIPO, each at every lr in LRS, tuning seed 100. Each method's lr is the one with the highest
-          final greedy accuracy on the 'validation' set (training-split problems after the first task.train_size:
-          never trained on, by SFT or GRPO); the test sets are not looked at.
+          final validation reward: sampled pass@1 (data.eval_samples samples per problem at T = 1, as the training
+          rollouts are drawn) on the 'validation' set (training-split problems after the first task.train_size:
+          never trained on, by SFT or GRPO); ties go to the higher greedy accuracy; the test sets are not looked at.
 3. final: both methods at their tuned lr, seeds 0..3. Reported per held-out set (test, test_rename,
           test_distractor, test_numbers: new numbers drawn from the test split): greedy accuracy and sampled
           pass@1 (data.eval_samples samples per problem at T = 1, the same fixed keys for every run), and, paired
@@ -89,12 +90,12 @@ def grid_runs(phase: str, methods, lrs: dict, seeds, common: dict) -> list[dict]
 
 
 def select(tuning: list[dict], methods) -> tuple[dict, list[dict]]:
-  """({method: lr with the highest final validation greedy accuracy}, the tuning table)."""
+  """({method: lr with the highest final validation pass@1, then greedy accuracy}, the tuning table)."""
   table = [dict(method=s["method"], lr=s["lr"], seed=s["seed"],
                 validation=s["evals"].get("eval_accuracy_validation", math.nan),
                 validation_pass1=s["evals"].get("eval_pass1_validation", math.nan)) for s in tuning]
-  best = {m: max((r for r in table if r["method"] == m), key=lambda r: r["validation"])["lr"] for m in methods
-          if any(r["method"] == m for r in table)}
+  best = {m: max((r for r in table if r["method"] == m), key=lambda r: (r["validation_pass1"], r["validation"]))["lr"]
+          for m in methods if any(r["method"] == m for r in table)}
   return best, table
 
 
@@ -121,15 +122,16 @@ def final_table(final: list[dict], sft: dict) -> tuple[list[dict], list[dict]]:
 
 
 def markdown(payload: dict) -> str:
-  lines = [payload["provenance"], "", "## Learning rate, tuned on validation (greedy accuracy, seed "
-           f"{payload['design']['tuning_seeds']})", "", "| method | " +
+  lines = [payload["provenance"], "", "## Learning rate, tuned on validation (sampled pass@1 / greedy accuracy, "
+           f"seed {payload['design']['tuning_seeds']})", "", "| method | " +
            " | ".join(f"lr {lr:g}" for lr in payload["lrs"]) + " | chosen |", "|---|" + "---:|" *
            (len(payload["lrs"]) + 1)]
   for method in METHODS:
     rows = {r["lr"]: r for r in payload["tuning"] if r["method"] == method}
     if rows:
-      lines.append(f"| {LABELS[method]} | " + " | ".join(f"{rows[lr]['validation']:.3f}" if lr in rows else "—"
-                                                          for lr in payload["lrs"]) +
+      lines.append(f"| {LABELS[method]} | " + " | ".join(
+          f"{rows[lr]['validation_pass1']:.3f} / {rows[lr]['validation']:.3f}" if lr in rows else "—"
+          for lr in payload["lrs"]) +
                    f" | {payload['best_lr'][method]:g} |")
   for kind, title in (("accuracy", "greedy accuracy"), ("pass1", "sampled pass@1")):
     lines += ["", f"## Held-out {title}", "", "| policy | lr | " + " | ".join(SETS) + " |",
@@ -212,8 +214,9 @@ def main(argv=None) -> None:
   final = grid(grid_runs("final", methods, {m: [best_lr[m]] for m in methods}, seeds, common), train_grpo)
   rows, comparisons = final_table(final, sft[0])
   payload = dict(
-      design=dict(selection="each method's lr = argmax over --lrs of the final greedy accuracy on 'validation' "
-                            "(training-split problems after task.train_size, unseen in training)",
+      design=dict(selection="each method's lr = argmax over --lrs of the final sampled pass@1 (ties: greedy "
+                            "accuracy) on 'validation' (training-split problems after task.train_size, unseen in "
+                            "training)",
                   tuning_seeds=list(TUNE_SEEDS), reported_seeds=seeds,
                   statistic="paired by seed, CLIPO - GRPO: t test, exact sign-flip test, 95% bootstrap CI",
                   summary="mean ± sample std (n)"),
