@@ -1,6 +1,7 @@
 """experiments/toolkit: --set overrides, the results folder guard, paired statistics against their formulas, and the
 probes (gradient reaching each block, residual-stream norms) against independent computations."""
 
+import dataclasses
 import itertools
 import math
 import os
@@ -152,6 +153,52 @@ def test_stream_norms_equal_the_float64_reference_streams(model_and_batch):
   w = batch["weights"].astype(np.float64)
   expected = [[(np.linalg.norm(s, axis=-1) * w).sum() / w.sum() for s in d] for d in depth]
   np.testing.assert_allclose(probes.stream_norms(config, params, batch), expected, rtol=2e-5)
+
+
+@pytest.fixture(scope="module", params=["pre", "siamese_post_pre"])
+def vit_and_batch(request):
+  from experiments.configs import vit_digits
+  from jaxpt.config import from_section
+  from jaxpt.models.vit import init_vit_params
+  from jaxpt.train.vit import ViTRunConfig
+
+  run = from_section(ViTRunConfig, vit_digits.get_config(), "config")
+  config = dataclasses.replace(run.model, d_model=16, num_layers=3, num_heads=2, num_kv_heads=2, mlp_dim=32,
+                               norm_scheme=request.param)
+  params = init_vit_params(config, run.vit, jax.random.key(1))
+  params = reference_model.randomise_norms(jax.device_get(params))
+  rng = np.random.default_rng(0)
+  batch = dict(images=rng.uniform(-1, 1, (3, 8, 8, 1)).astype(np.float32),
+               labels=rng.integers(0, 10, 3).astype(np.int32), weights=np.array([1.0, 1.0, 0.0], np.float32))
+  return config, run.vit, params, batch
+
+
+def test_vit_block_gradient_norms_equal_the_loss_gradient_per_block(vit_and_batch):
+  config, vit, params, batch = vit_and_batch
+  from jaxpt.models.vit import ViT
+  from jaxpt.train.vit import make_vit_loss_fn
+
+  loss_fn = make_vit_loss_fn(ViT(config, vit), train=False)
+  grads = jax.grad(lambda p: loss_fn(p, batch, jax.random.key(0))[0])(params)["encoder"]
+  expected = [math.sqrt(sum(float(np.sum(np.square(np.asarray(g)))) for g in jax.tree.leaves(grads[f"layers_{l}"])))
+              for l in range(config.num_layers)]
+  np.testing.assert_allclose(probes.vit_block_gradient_norms(config, vit, params, batch), expected, rtol=1e-5)
+
+
+def test_vit_stream_norms_equal_the_float64_reference_streams(vit_and_batch):
+  from tests import reference_vit
+
+  config, vit, params, batch = vit_and_batch
+  p = reference_model.as64(jax.tree.map(np.asarray, params))
+  x = reference_vit.embed(p, batch["images"].astype(np.float64), config, vit)
+  streams = (x, x) if config.is_siamese else (x,)
+  depth = [streams]
+  for l in range(config.num_layers):
+    streams = reference_model.block(p["encoder"][f"layers_{l}"], streams, l, None, None, config)
+    depth.append(streams)
+  w = batch["weights"].astype(np.float64)[:, None]
+  expected = [[(np.linalg.norm(s, axis=-1) * w).sum() / (w.sum() * x.shape[1]) for s in d] for d in depth]
+  np.testing.assert_allclose(probes.vit_stream_norms(config, vit, params, batch), expected, rtol=2e-5)
 
 
 # ----------------------------------------------------------------------------------------------------- runner

@@ -1,0 +1,489 @@
+"""Residual schemes compared as image models, each at its own validation-tuned learning rate (shared by
+`experiments/siamese_vit` (ViT classifiers, `jaxpt vit`) and `experiments/siamese_dit` (class-conditional DiTs,
+`jaxpt dit`, scored by an FID-style metric)).
+
+0. classifier (DiT only): one `jaxpt vit` run in WORKDIR/classifier, trained once, whose features every DiT run's
+          FID-style metric uses (`jaxpt.train.fid`).
+1. tune:  every scheme x lr x the tuning seeds. Each scheme's lr is the one with the best mean final *validation*
+          metric (`Experiment.metric`: the eval on the validation split at the last step); the test split is not
+          looked at.
+2. final: every scheme at its tuned lr x the reported seeds (disjoint from the tuning seeds). Reported: the final
+          *test* metric; paired per-seed statistics (same seed = same init, data order and draws) of each scheme
+          against `Experiment.baseline`; curves of the eval metrics over training; for the ViT, seed 0's gradient
+          norm reaching each block and residual-stream norm by depth at init and after training
+          (`experiments.toolkit.probes`, on the first validation batch); for the DiT, seed 0's samples (one row per
+          class, the same sampling key for every scheme).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+import os
+
+import numpy as np
+
+from experiments.toolkit import flags, results, runner, stats
+
+SAMPLE_KEY = 1234  # the DiT samples grid: every scheme draws from PRNGKey(SAMPLE_KEY)
+SAMPLES_PER_CLASS = 8
+SAMPLES_FILE = "samples.npy"
+
+
+@dataclasses.dataclass(frozen=True)
+class Metric:
+  """The reported number: `key` in done.json is the test value, `val_<key>` the validation value (selection)."""
+
+  key: str            # e.g. "top1": done.json holds test_top1 and val_top1
+  label: str          # e.g. "top-1 accuracy"
+  higher_is_better: bool
+  test_eval: str      # the metrics.jsonl column of the test split, e.g. eval_top1
+  val_eval: str       # ... of the validation split, e.g. eval_val_top1
+
+  def worst(self) -> float:
+    return -math.inf if self.higher_is_better else math.inf
+
+  def better(self, value: float) -> float:
+    """A sort key, lower is better; NaN (diverged) is the worst."""
+    if not math.isfinite(value):
+      return math.inf
+    return -value if self.higher_is_better else value
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+  """What one comparison fixes; `main` runs it.
+
+  Attributes:
+    doc, here: the run.py docstring (--help) and the experiment's folder (its discussion.md is read from there).
+    kind: 'vit' or 'dit'.
+    config: module path of the run config every run starts from (`get_config()`).
+    title: the results' title.
+    schemes, baseline: the schemes compared, in table order, and the one each other scheme is paired against.
+    lrs, tune_seeds, seeds: the default lr grid, tuning seeds and reported seeds.
+    metric: the selected-on and reported metric.
+    curves: (metrics.jsonl column, y label) pairs plotted over training for the final runs.
+    workdir: the default --workdir.
+    classifier_config: (DiT) module path of the feature classifier's `jaxpt vit` config.
+  """
+
+  doc: str
+  here: str
+  kind: str
+  config: str
+  title: str
+  schemes: tuple[str, ...]
+  baseline: str
+  lrs: tuple[float, ...]
+  tune_seeds: tuple[int, ...]
+  seeds: tuple[int, ...]
+  metric: Metric
+  curves: tuple[tuple[str, str], ...]
+  workdir: str
+  classifier_config: str = ""
+
+
+def make_config(run: dict):
+  """The run's config module with the --set overrides, then its scheme, lr, seed (where the run sets them) and, for a
+  DiT, the feature classifier's workdir."""
+  config = flags.apply_sets(importlib.import_module(run["config"]).get_config(), run["sets"])
+  if run.get("scheme"):
+    config.model.norm_scheme = run["scheme"]
+  if run.get("lr"):
+    config.optim.learning_rate = run["lr"]
+  config.seed = run["seed"]
+  if run.get("classifier"):
+    config.fid.classifier = run["classifier"]
+  return config
+
+
+def scheme_color(scheme: str, schemes) -> str:
+  import matplotlib
+
+  return matplotlib.colors.to_hex(matplotlib.colormaps["tab10"](list(schemes).index(scheme) % 10))
+
+
+# ----------------------------------------------------------------------------------------------- training
+
+
+def last_eval(directory: str, column: str) -> dict:
+  rows = [r for r in results.read_metrics(directory) if column in r]
+  if not rows:
+    raise RuntimeError(f"{directory}: no {column} in metrics.jsonl")
+  return rows[-1]
+
+
+def vit_probe(config, params, batch) -> dict:
+  from experiments.toolkit import probes
+
+  return dict(block_grad_norms=probes.vit_block_gradient_norms(config.model, config.vit, params, batch).tolist(),
+              stream_norms=probes.vit_stream_norms(config.model, config.vit, params, batch).tolist())
+
+
+def train_vit_run(run: dict, directory: str) -> dict:
+  """One `jaxpt vit` run; -> final validation and test top-1 / loss, and (run['probe']) the probes at init and at
+  the end."""
+  from jaxpt.models.transformer import param_count
+  from jaxpt.train.loop import NonFiniteError
+  from jaxpt.train.vit import build_vit
+
+  setup = build_vit(make_config(run), directory)
+  init = setup.training.init_state().params
+  batch = next(iter(setup.data.eval_batches("validation")))
+  summary = dict(params=param_count(init), diverged=False)
+  if run.get("probe"):
+    summary["probe_init"] = vit_probe(setup.config, init, batch)
+  try:
+    result = setup.train(directory)
+  except NonFiniteError as e:
+    return dict(summary, diverged=True, nonfinite_step=e.step, val_top1=math.nan, test_top1=math.nan,
+                val_loss=math.nan, test_loss=math.nan)
+  if result.preempted:
+    raise RuntimeError(f"{directory}: preempted at step {int(result.state.step)}")
+  row = last_eval(directory, "eval_val_top1")
+  summary.update(val_top1=row["eval_val_top1"], test_top1=row["eval_top1"], val_loss=row["eval_val_loss"],
+                 test_loss=row["eval_loss"], step=row["step"])
+  if run.get("probe"):
+    summary["probe_final"] = vit_probe(setup.config, result.state.params, batch)
+  return summary
+
+
+def train_dit_run(run: dict, directory: str) -> dict:
+  """One `jaxpt dit` run; -> final validation and test FID-style metric and diffusion loss; with run['samples'],
+  `SAMPLES_PER_CLASS` images per class drawn from the final params with PRNGKey(SAMPLE_KEY), saved as samples.npy
+  [classes, SAMPLES_PER_CLASS, H, W, C]."""
+  import jax
+  import jax.numpy as jnp
+
+  from jaxpt.models.dit import DiT
+  from jaxpt.models.transformer import param_count
+  from jaxpt.train.dit import build_dit, make_dit_sampler
+  from jaxpt.train.loop import NonFiniteError
+
+  setup = build_dit(make_config(run), directory)
+  summary = dict(params=param_count(setup.training.init_state().params), diverged=False)
+  try:
+    result = setup.train(directory)
+  except NonFiniteError as e:
+    return dict(summary, diverged=True, nonfinite_step=e.step, val_fid=math.nan, test_fid=math.nan,
+                val_loss=math.nan, test_loss=math.nan)
+  if result.preempted:
+    raise RuntimeError(f"{directory}: preempted at step {int(result.state.step)}")
+  row = last_eval(directory, "eval_val_fid")
+  summary.update(val_fid=row["eval_val_fid"], test_fid=row["eval_fid"], val_loss=row["eval_val_loss"],
+                 test_loss=row["eval_loss"], step=row["step"])
+  if run.get("samples"):
+    config = setup.config
+    sample = make_dit_sampler(config, DiT(config.model, config.dit))
+    labels = jnp.repeat(jnp.arange(config.dit.num_classes, dtype=jnp.int32), SAMPLES_PER_CLASS)
+    images = np.asarray(jax.device_get(sample(result.state.params, labels, jax.random.PRNGKey(SAMPLE_KEY))))
+    np.save(os.path.join(directory, SAMPLES_FILE),
+            images.reshape((config.dit.num_classes, SAMPLES_PER_CLASS) + images.shape[1:]))
+  return summary
+
+
+def train_one(run: dict, directory: str) -> dict:
+  return (train_vit_run if run["kind"] == "vit" else train_dit_run)(run, directory)
+
+
+# ------------------------------------------------------------------------------------------------ selection
+
+
+def tune_runs(schemes, lrs, tune_seeds, common: dict) -> list[dict]:
+  return [dict(common, name=f"tune/{s}/lr{lr:g}/seed{seed}", phase="tune", scheme=s, lr=lr, seed=seed)
+          for seed in tune_seeds for lr in lrs for s in schemes]
+
+
+def final_runs(schemes, best_lr: dict, seeds, common: dict) -> list[dict]:
+  return [dict(common, name=f"final/{s}/lr{best_lr[s]:g}/seed{seed}", phase="final", scheme=s, lr=best_lr[s],
+               seed=seed, probe=seed == 0, samples=seed == 0) for seed in seeds for s in schemes]
+
+
+def select_lrs(summaries: list[dict], schemes, lrs, metric: Metric) -> tuple[dict, list[dict]]:
+  """({scheme: lr with the best mean final validation metric}, the tuning table)."""
+  table, best = [], {}
+  for scheme in schemes:
+    rows = []
+    for lr in lrs:
+      values = [s[f"val_{metric.key}"] for s in summaries if s["scheme"] == scheme and s["lr"] == lr]
+      values = [v if v is not None and math.isfinite(v) else metric.worst() for v in values]
+      rows.append(dict(scheme=scheme, lr=lr, validation=stats.summary(values)))
+    chosen = min(rows, key=lambda r: metric.better(r["validation"]["mean"]))
+    best[scheme] = chosen["lr"]
+    for r in rows:
+      r["chosen"] = r is chosen
+      r["at_grid_edge"] = r is chosen and r["lr"] in (min(lrs), max(lrs))
+    table += rows
+  return best, table
+
+
+# -------------------------------------------------------------------------------------------------- results
+
+
+def final_table(summaries: list[dict], schemes, baseline: str, metric: Metric) -> tuple[list[dict], list[dict]]:
+  """(per-scheme rows, paired comparisons against the baseline) of the final runs' test metric."""
+  by_scheme = {s: sorted((r for r in summaries if r["scheme"] == s), key=lambda r: r["seed"]) for s in schemes}
+  key = metric.key
+  rows = [dict(scheme=s, lr=runs[0]["lr"], params=runs[0]["params"], diverged=sum(r["diverged"] for r in runs),
+               test=stats.summary([r[f"test_{key}"] for r in runs if not r["diverged"]]),
+               validation=stats.summary([r[f"val_{key}"] for r in runs if not r["diverged"]]),
+               test_loss=stats.summary([r["test_loss"] for r in runs if not r["diverged"]]),
+               seeds=[r["seed"] for r in runs])
+          for s, runs in by_scheme.items() if runs]
+  comparisons = []
+  for a in schemes:
+    if a == baseline or not by_scheme.get(a) or not by_scheme.get(baseline):
+      continue
+    ok = {k: {r["seed"]: r[f"test_{key}"] for r in by_scheme[k] if not r["diverged"]} for k in (a, baseline)}
+    seeds = sorted(set(ok[a]) & set(ok[baseline]))
+    paired = stats.paired([ok[a][i] for i in seeds], [ok[baseline][i] for i in seeds])
+    better, worse = paired["wins"], paired["losses"]  # wins: a - b < 0
+    if metric.higher_is_better:
+      better, worse = worse, better
+    comparisons.append(dict(a=a, b=baseline, metric=f"test_{key}", seeds=seeds, **paired, a_better=better,
+                            a_worse=worse))
+  return rows, comparisons
+
+
+def probe_table(final: list[dict], schemes) -> list[dict]:
+  """Seed 0's probes per scheme: gradient first block / last block at init and after training."""
+  rows = []
+  for s in sorted((s for s in final if s.get("probe_init") and s.get("probe_final")),
+                  key=lambda s: list(schemes).index(s["scheme"])):
+    grads = {when: s[f"probe_{when}"]["block_grad_norms"] for when in ("init", "final")}
+    rows.append(dict(scheme=s["scheme"], lr=s["lr"], grad_first_over_last_init=grads["init"][0] / grads["init"][-1],
+                     grad_first_over_last=grads["final"][0] / grads["final"][-1], probe_init=s["probe_init"],
+                     probe_final=s["probe_final"]))
+  return rows
+
+
+def plot_curves(experiment: Experiment, tuning: list[dict], final: list[dict], out: str, workdir: str) -> None:
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  metric, schemes = experiment.metric, experiment.schemes
+  fig, axes = plt.subplots(1, 1 + len(experiment.curves), figsize=(4.6 * (1 + len(experiment.curves)), 4))
+  for scheme in dict.fromkeys(r["scheme"] for r in tuning):
+    rows = [r for r in tuning if r["scheme"] == scheme]
+    axes[0].errorbar([r["lr"] for r in rows], [r["validation"]["mean"] for r in rows],
+                     yerr=[r["validation"]["std"] for r in rows], color=scheme_color(scheme, schemes), marker="o",
+                     label=scheme, capsize=3)
+  axes[0].set(xscale="log", xlabel="peak learning rate", ylabel=f"final validation {metric.label}",
+              title="Tuning (tuning seeds)")
+  for ax, (column, label) in zip(axes[1:], experiment.curves):
+    for scheme in dict.fromkeys(r["scheme"] for r in final):
+      curves = [[(row["step"], row[column]) for row in results.read_metrics(runner.run_dir(workdir, r))
+                 if column in row] for r in final if r["scheme"] == scheme and not r["diverged"]]
+      curves = [c for c in curves if c]
+      if not curves:
+        continue
+      n = min(len(c) for c in curves)
+      steps = [p[0] for p in curves[0][:n]]
+      values = np.array([[p[1] for p in c[:n]] for c in curves])
+      ax.plot(steps, values.mean(0), color=scheme_color(scheme, schemes), label=scheme)
+      ax.fill_between(steps, values.min(0), values.max(0), color=scheme_color(scheme, schemes), alpha=0.15, lw=0)
+    ax.set(xlabel="step", ylabel=label, title=f"{label}: reported seeds (mean, min-max)")
+  for ax in axes:
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(os.path.join(out, "curves.png"), dpi=110)
+  plt.close(fig)
+
+
+def plot_probes(rows: list[dict], out: str, schemes) -> None:
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+  for r in rows:
+    color = scheme_color(r["scheme"], schemes)
+    for key, style in (("probe_init", ":"), ("probe_final", "-")):
+      grads = r[key]["block_grad_norms"]
+      axes[0].plot(range(len(grads)), grads, style, color=color, marker="o",
+                   label=r["scheme"] if key == "probe_final" else None)
+      norms = np.array(r[key]["stream_norms"])
+      for k in range(norms.shape[1]):
+        name = r["scheme"] + ((" x", " y")[k] if norms.shape[1] > 1 else "")
+        axes[1].plot(range(len(norms)), norms[:, k], style, color=color, alpha=1.0 if k == 0 else 0.55,
+                     marker="o" if k == 0 else "s", label=name if key == "probe_final" else None)
+  axes[0].set(yscale="log", xlabel="block", ylabel="||dL/dθ_block||", title="Gradient reaching each block")
+  axes[1].set(yscale="log", xlabel="depth (0 = patch embeddings)", ylabel="mean token ||stream||",
+              title="Residual-stream norm")
+  for ax in axes:
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+  fig.suptitle("seed 0, first validation batch; dotted: at init, solid: after training", fontsize=9)
+  fig.tight_layout()
+  fig.savefig(os.path.join(out, "probes.png"), dpi=110)
+  plt.close(fig)
+
+
+def plot_samples(final: list[dict], out: str, workdir: str, schemes) -> bool:
+  """samples.png: seed 0's samples of each scheme side by side, one row per class. False if none were saved."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  grids = [(s["scheme"], np.load(os.path.join(runner.run_dir(workdir, s), SAMPLES_FILE)))
+           for s in sorted(final, key=lambda s: list(schemes).index(s["scheme"]))
+           if s.get("samples") and os.path.exists(os.path.join(runner.run_dir(workdir, s), SAMPLES_FILE))]
+  if not grids:
+    return False
+  fig, axes = plt.subplots(1, len(grids), figsize=(3.2 * len(grids), 4.2), squeeze=False)
+  for ax, (scheme, images) in zip(axes[0], grids):
+    classes, per_class, height, width = images.shape[:4]
+    tiled = np.clip((images[..., 0] + 1) / 2, 0, 1).transpose(0, 2, 1, 3).reshape(classes * height, per_class * width)
+    ax.imshow(tiled, cmap="gray", vmin=0, vmax=1, interpolation="nearest")
+    ax.set(title=scheme, xticks=[], yticks=[(c + 0.5) * height for c in range(classes)],
+           yticklabels=range(classes))
+  fig.suptitle(f"seed 0 at the tuned lr: {per_class} samples per class (rows), PRNGKey({SAMPLE_KEY}) for every "
+               "scheme", fontsize=8)
+  fig.tight_layout()
+  fig.savefig(os.path.join(out, "samples.png"), dpi=110)
+  plt.close(fig)
+  return True
+
+
+def markdown(payload: dict, experiment: Experiment) -> str:
+  metric = experiment.metric
+  lines = [payload["provenance"], ""]
+  if payload.get("classifier"):
+    c = payload["classifier"]
+    lines += ["## Feature classifier", "",
+              f"One `jaxpt vit` run (`{experiment.classifier_config}`, scheme {c['scheme']}, seed {c['seed']}), "
+              f"shared by every DiT run: test top-1 {c['test_top1']:.4f}, validation top-1 {c['val_top1']:.4f}. "
+              "The metric below is FID-style: the Fréchet distance of Gaussian fits of this classifier's pooled "
+              "features (not Inception-v3's), 500 generated images against the whole test (reported) or "
+              "validation (selection) split; comparable only between runs scored with this classifier, not with "
+              "published FIDs.", ""]
+  better = "higher" if metric.higher_is_better else "lower"
+  lines += ["## Learning rate, tuned on validation", "",
+            f"Final validation {metric.label} ({better} is better), tuning seeds "
+            f"{payload['design']['tuning_seeds']}.", "",
+            "| scheme | " + " | ".join(f"lr {lr:g}" for lr in payload["lrs"]) + " | chosen |",
+            "|---|" + "---:|" * (len(payload["lrs"]) + 1)]
+  for scheme in payload["schemes"]:
+    rows = [r for r in payload["tuning"] if r["scheme"] == scheme]
+    chosen = next(r for r in rows if r["chosen"])
+    edge = " (grid edge)" if chosen["at_grid_edge"] else ""
+    lines.append(f"| {scheme} | " + " | ".join(stats.fmt(r["validation"], 4) for r in rows) +
+                 f" | {chosen['lr']:g}{edge} |")
+  lines += ["", f"## Test {metric.label} at the tuned lr", "",
+            f"| scheme | lr | params | test {metric.label} | validation {metric.label} | test loss | diverged |",
+            "|---|---:|---:|---:|---:|---:|---:|"]
+  for r in payload["final"]:
+    lines.append(f"| {r['scheme']} | {r['lr']:g} | {r['params']:,} | {stats.fmt(r['test'], 4)} | "
+                 f"{stats.fmt(r['validation'], 4)} | {stats.fmt(r['test_loss'], 4)} | "
+                 f"{r['diverged']}/{len(r['seeds'])} |")
+  sign = "positive" if metric.higher_is_better else "negative"
+  lines += ["", f"Paired by seed, test {metric.label} of A minus B ({sign}"
+            ": A better): mean [95% bootstrap CI], paired t, exact sign-flip p (and the smallest p it can reach with "
+            "n seeds), seeds where A is better / worse.", "",
+            "| A | B | difference | A better / worse |", "|---|---|---|---:|"]
+  for c in payload["comparisons"]:
+    lines.append(f"| {c['a']} | {c['b']} | {stats.fmt_paired(c, 4)} | {c['a_better']} / {c['a_worse']} |")
+  if payload.get("probes"):
+    lines += ["", "## Gradient reaching each block and residual-stream norm (seed 0, first validation batch)", "",
+              "| scheme | grad per block, init | after training | grad first/last, init | after training | "
+              "stream norm by depth after training (x; y) |", "|---|---|---|---:|---:|---|"]
+    for r in payload["probes"]:
+      fmt_list = lambda values: ", ".join(f"{v:.3g}" for v in values)
+      norms = np.array(r["probe_final"]["stream_norms"])
+      lines.append(f"| {r['scheme']} | {fmt_list(r['probe_init']['block_grad_norms'])} | "
+                   f"{fmt_list(r['probe_final']['block_grad_norms'])} | {r['grad_first_over_last_init']:.3g} | "
+                   f"{r['grad_first_over_last']:.3g} | " + "; ".join(fmt_list(norms[:, k])
+                                                                      for k in range(norms.shape[1])) + " |")
+  return "\n".join(lines)
+
+
+def write_report(experiment: Experiment, args, schemes, out: str, classifier, tuning_summaries, best_lr, tuning,
+                 final_summaries, base) -> None:
+  workdir = os.path.abspath(args.workdir)
+  final, comparisons = final_table(final_summaries, schemes, experiment.baseline, experiment.metric)
+  probes = probe_table(final_summaries, experiment.schemes) if experiment.kind == "vit" else []
+  everything = ([classifier] if classifier else []) + tuning_summaries + final_summaries
+  payload = dict(
+      design=dict(selection=f"each scheme's lr = the best over LRS of the mean final validation "
+                            f"{experiment.metric.label} of the tuning seeds; reported numbers are test values of "
+                            "the reported seeds", tuning_seeds=args.tune_seeds, reported_seeds=args.seeds,
+                  statistic="paired by seed: t test and exact sign-flip test of the mean test "
+                            f"{experiment.metric.label} difference, 95% bootstrap CI", summary="mean ± sample std (n)",
+                  divergence="a non-finite loss, gradient or parameter during training"),
+      sets=flags.parse_sets(args.set), schemes=list(schemes), lrs=args.lrs, best_lr=best_lr, tuning=tuning,
+      final=final, comparisons=comparisons, probes=probes, config=base.to_dict(),
+      provenance=results.provenance(everything, os.path.join(experiment.here, "run.py")))
+  if classifier:
+    payload["classifier"] = {k: classifier[k] for k in ("scheme", "seed", "lr", "test_top1", "val_top1", "params")}
+    payload["classifier_sets"] = classifier["sets"]
+  results.write_json(os.path.join(out, "results.json"), payload, everything)
+  results.copy_run_files(workdir, everything, out)
+  plot_curves(experiment, tuning, final_summaries, out, workdir)
+  files = ["`curves.png`"]
+  if probes:
+    plot_probes(probes, out, experiment.schemes)
+    files.append("`probes.png`")
+  if experiment.kind == "dit" and plot_samples(final_summaries, out, workdir, experiment.schemes):
+    files.append("`samples.png`")
+  results.write_markdown(out, experiment.title, markdown(payload, experiment), f"Plots: {', '.join(files)}.",
+                         os.path.join(experiment.here, "discussion.md"))
+
+
+# ----------------------------------------------------------------------------------------------------- main
+
+
+def main(experiment: Experiment, argv=None) -> None:
+  """The experiment's command line (`flags.parser` + --phases, --lrs, --tune-seeds; DiT: --classifier-set), its
+  grid and its report."""
+  parser = flags.parser(experiment.doc, methods=experiment.schemes, seeds=experiment.seeds,
+                        workdir=experiment.workdir)
+  parser.add_argument("--phases", default="tune,final", help="comma-separated subset of tune,final")
+  parser.add_argument("--lrs", default=",".join(f"{lr:g}" for lr in experiment.lrs), help="the tuning grid of lrs")
+  parser.add_argument("--tune-seeds", default=",".join(map(str, experiment.tune_seeds)), help="tuning runs' seeds")
+  if experiment.classifier_config:
+    parser.add_argument("--classifier-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a field of the feature classifier's config (e.g. its data and image size)")
+  args = parser.parse_args(argv)
+  schemes = flags.split_list(args.methods, allowed=experiment.schemes, flag="--methods")
+  phases = flags.split_list(args.phases, allowed=("tune", "final"), flag="--phases")
+  args.seeds = flags.split_list(args.seeds, int, flag="--seeds")
+  args.tune_seeds = flags.split_list(args.tune_seeds, int, flag="--tune-seeds")
+  args.lrs = flags.split_list(args.lrs, float, flag="--lrs")
+  if set(args.seeds) & set(args.tune_seeds):
+    raise SystemExit("--seeds and --tune-seeds overlap: the reported runs must not be the ones lr was chosen on")
+  workdir = os.path.abspath(args.workdir)
+  out = results.prepare_out(args.out, workdir, args.overwrite)
+  common = dict(sets=flags.parse_sets(args.set), config=experiment.config, kind=experiment.kind)
+  base = make_config(dict(common, seed=0))  # a bad --set fails here, before training
+  common["config_digest"] = flags.config_digest(base)
+  describe = lambda s: f"val {experiment.metric.key} {s[f'val_{experiment.metric.key}']:.4f}"
+  classifier = None
+  if experiment.classifier_config:
+    run = dict(name="classifier", phase="classifier", kind="vit", config=experiment.classifier_config,
+               sets=flags.parse_sets(args.classifier_set), scheme="pre", seed=0)
+    run["config_digest"] = flags.config_digest(make_config(run))
+    [classifier] = runner.finished_or_trained([run], train_one, workdir, 1, args.report_only,
+                                              {k: run[k] for k in ("sets", "config_digest")},
+                                              lambda s: f"test top1 {s['test_top1']:.4f}") or [None]
+    if classifier is None:
+      raise SystemExit("the feature classifier has not been trained (run without --report-only)")
+    common["classifier"] = runner.run_dir(workdir, run)
+    common["classifier_digest"] = run["config_digest"]
+  same = {k: common[k] for k in ("sets", "config_digest", "classifier_digest") if k in common}
+
+  def grid(runs):
+    return runner.finished_or_trained(runs, train_one, workdir, args.jobs, args.report_only, same, describe)
+
+  tuning_summaries = grid(tune_runs(schemes, args.lrs, args.tune_seeds, common))
+  best_lr, tuning = select_lrs(tuning_summaries, schemes, args.lrs, experiment.metric)
+  print("tuned lr:", best_lr, flush=True)
+  final_summaries = grid(final_runs(schemes, best_lr, args.seeds, common)) if "final" in phases else []
+  if final_summaries:
+    write_report(experiment, args, schemes, out, classifier, tuning_summaries, best_lr, tuning, final_summaries, base)
+    print(f"results in {out}")
