@@ -7,13 +7,8 @@ Held-out images: the digits' fixed split (`jaxpt.data.images`): 20% test (the re
 """
 
 from experiments.configs import vit_digits
+from experiments.toolkit.image_comparison import one_checkpoint
 
 
 def get_config():
-  config = vit_digits.get_config()
-  config.eval_every = 100
-  config.checkpoint_every = config.steps
-  config.keep_checkpoints = 1
-  config.async_checkpoints = False
-  config.progress = False
-  return config
+  return one_checkpoint(vit_digits.get_config(), eval_every=100)

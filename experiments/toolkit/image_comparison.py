@@ -24,8 +24,10 @@ import os
 
 import numpy as np
 
-from experiments.toolkit import flags, results, runner, stats
+from experiments.toolkit import flags, results, runner, stats, tuning
+from experiments.toolkit.tuning import scheme_color
 
+PHASES = ("tune", "final")
 SAMPLE_KEY = 1234  # the DiT samples grid: every scheme draws from PRNGKey(SAMPLE_KEY)
 SAMPLES_PER_CLASS = 8
 SAMPLES_FILE = "samples.npy"
@@ -33,22 +35,12 @@ SAMPLES_FILE = "samples.npy"
 
 @dataclasses.dataclass(frozen=True)
 class Metric:
-  """The reported number: `key` in done.json is the test value, `val_<key>` the validation value (selection)."""
+  """The reported number: done.json holds test_<key> (reported) and val_<key> (the selection)."""
 
   key: str            # e.g. "top1": done.json holds test_top1 and val_top1
   label: str          # e.g. "top-1 accuracy"
   higher_is_better: bool
-  test_eval: str      # the metrics.jsonl column of the test split, e.g. eval_top1
-  val_eval: str       # ... of the validation split, e.g. eval_val_top1
-
-  def worst(self) -> float:
-    return -math.inf if self.higher_is_better else math.inf
-
-  def better(self, value: float) -> float:
-    """A sort key, lower is better; NaN (diverged) is the worst."""
-    if not math.isfinite(value):
-      return math.inf
-    return -value if self.higher_is_better else value
+  # the run's metrics.jsonl holds eval_<key> (test split) and eval_val_<key> (validation split)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,10 +90,15 @@ def make_config(run: dict):
   return config
 
 
-def scheme_color(scheme: str, schemes) -> str:
-  import matplotlib
-
-  return matplotlib.colors.to_hex(matplotlib.colormaps["tab10"](list(schemes).index(scheme) % 10))
+def one_checkpoint(config, eval_every: int):
+  """An experiment's run config: `config` (ml_collections) evaluated every `eval_every` steps, one synchronous
+  checkpoint at the end, no progress bar."""
+  config.eval_every = eval_every
+  config.checkpoint_every = config.steps
+  config.keep_checkpoints = 1
+  config.async_checkpoints = False
+  config.progress = False
+  return config
 
 
 # ----------------------------------------------------------------------------------------------- training
@@ -121,31 +118,39 @@ def vit_probe(config, params, batch) -> dict:
               stream_norms=probes.vit_stream_norms(config.model, config.vit, params, batch).tolist())
 
 
+def train_and_read(setup, directory: str, key: str, summary: dict):
+  """Trains the built run `setup` in `directory`; -> (its final state, or None if it diverged; `summary` + test_<key>,
+  val_<key>, test_loss, val_loss of the last eval: NaN where it diverged or the data has no validation split)."""
+  from jaxpt.train.loop import NonFiniteError
+
+  try:
+    result = setup.train(directory)
+  except NonFiniteError as e:
+    return None, dict(summary, diverged=True, nonfinite_step=e.step, val_loss=math.nan, test_loss=math.nan,
+                      **{f"val_{key}": math.nan, f"test_{key}": math.nan})
+  if result.preempted:
+    raise RuntimeError(f"{directory}: preempted at step {int(result.state.step)}")
+  row = last_eval(directory, f"eval_{key}")
+  return result.state, dict(summary, diverged=False, val_loss=row.get("eval_val_loss", math.nan),
+                            test_loss=row["eval_loss"], step=row["step"],
+                            **{f"val_{key}": row.get(f"eval_val_{key}", math.nan), f"test_{key}": row[f"eval_{key}"]})
+
+
 def train_vit_run(run: dict, directory: str) -> dict:
   """One `jaxpt vit` run; -> final validation and test top-1 / loss, and (run['probe']) the probes at init and at
   the end."""
   from jaxpt.models.transformer import param_count
-  from jaxpt.train.loop import NonFiniteError
   from jaxpt.train.vit import build_vit
 
   setup = build_vit(make_config(run), directory)
   init = setup.training.init_state().params
   batch = next(iter(setup.data.eval_batches("validation")))
-  summary = dict(params=param_count(init), diverged=False)
+  summary = dict(params=param_count(init))
   if run.get("probe"):
     summary["probe_init"] = vit_probe(setup.config, init, batch)
-  try:
-    result = setup.train(directory)
-  except NonFiniteError as e:
-    return dict(summary, diverged=True, nonfinite_step=e.step, val_top1=math.nan, test_top1=math.nan,
-                val_loss=math.nan, test_loss=math.nan)
-  if result.preempted:
-    raise RuntimeError(f"{directory}: preempted at step {int(result.state.step)}")
-  row = last_eval(directory, "eval_val_top1")
-  summary.update(val_top1=row["eval_val_top1"], test_top1=row["eval_top1"], val_loss=row["eval_val_loss"],
-                 test_loss=row["eval_loss"], step=row["step"])
-  if run.get("probe"):
-    summary["probe_final"] = vit_probe(setup.config, result.state.params, batch)
+  state, summary = train_and_read(setup, directory, "top1", summary)
+  if run.get("probe") and state is not None:
+    summary["probe_final"] = vit_probe(setup.config, state.params, batch)
   return summary
 
 
@@ -159,25 +164,14 @@ def train_dit_run(run: dict, directory: str) -> dict:
   from jaxpt.models.dit import DiT
   from jaxpt.models.transformer import param_count
   from jaxpt.train.dit import build_dit, make_dit_sampler
-  from jaxpt.train.loop import NonFiniteError
 
   setup = build_dit(make_config(run), directory)
-  summary = dict(params=param_count(setup.training.init_state().params), diverged=False)
-  try:
-    result = setup.train(directory)
-  except NonFiniteError as e:
-    return dict(summary, diverged=True, nonfinite_step=e.step, val_fid=math.nan, test_fid=math.nan,
-                val_loss=math.nan, test_loss=math.nan)
-  if result.preempted:
-    raise RuntimeError(f"{directory}: preempted at step {int(result.state.step)}")
-  row = last_eval(directory, "eval_val_fid")
-  summary.update(val_fid=row["eval_val_fid"], test_fid=row["eval_fid"], val_loss=row["eval_val_loss"],
-                 test_loss=row["eval_loss"], step=row["step"])
-  if run.get("samples"):
+  state, summary = train_and_read(setup, directory, "fid", dict(params=param_count(setup.training.init_state().params)))
+  if run.get("samples") and state is not None:
     config = setup.config
     sample = make_dit_sampler(config, DiT(config.model, config.dit))
     labels = jnp.repeat(jnp.arange(config.dit.num_classes, dtype=jnp.int32), SAMPLES_PER_CLASS)
-    images = np.asarray(jax.device_get(sample(result.state.params, labels, jax.random.PRNGKey(SAMPLE_KEY))))
+    images = np.asarray(jax.device_get(sample(state.params, labels, jax.random.PRNGKey(SAMPLE_KEY))))
     np.save(os.path.join(directory, SAMPLES_FILE),
             images.reshape((config.dit.num_classes, SAMPLES_PER_CLASS) + images.shape[1:]))
   return summary
@@ -190,32 +184,15 @@ def train_one(run: dict, directory: str) -> dict:
 # ------------------------------------------------------------------------------------------------ selection
 
 
-def tune_runs(schemes, lrs, tune_seeds, common: dict) -> list[dict]:
-  return [dict(common, name=f"tune/{s}/lr{lr:g}/seed{seed}", phase="tune", scheme=s, lr=lr, seed=seed)
-          for seed in tune_seeds for lr in lrs for s in schemes]
-
-
 def final_runs(schemes, best_lr: dict, seeds, common: dict) -> list[dict]:
-  return [dict(common, name=f"final/{s}/lr{best_lr[s]:g}/seed{seed}", phase="final", scheme=s, lr=best_lr[s],
-               seed=seed, probe=seed == 0, samples=seed == 0) for seed in seeds for s in schemes]
+  """Seed 0 of every scheme also probes (ViT) and saves samples (DiT)."""
+  return tuning.final_runs(schemes, best_lr, seeds, common, lambda seed: dict(probe=seed == 0, samples=seed == 0))
 
 
-def select_lrs(summaries: list[dict], schemes, lrs, metric: Metric) -> tuple[dict, list[dict]]:
+def select_lrs(summaries: list[dict], schemes, lrs, tune_seeds, metric: Metric) -> tuple[dict, list[dict]]:
   """({scheme: lr with the best mean final validation metric}, the tuning table)."""
-  table, best = [], {}
-  for scheme in schemes:
-    rows = []
-    for lr in lrs:
-      values = [s[f"val_{metric.key}"] for s in summaries if s["scheme"] == scheme and s["lr"] == lr]
-      values = [v if v is not None and math.isfinite(v) else metric.worst() for v in values]
-      rows.append(dict(scheme=scheme, lr=lr, validation=stats.summary(values)))
-    chosen = min(rows, key=lambda r: metric.better(r["validation"]["mean"]))
-    best[scheme] = chosen["lr"]
-    for r in rows:
-      r["chosen"] = r is chosen
-      r["at_grid_edge"] = r is chosen and r["lr"] in (min(lrs), max(lrs))
-    table += rows
-  return best, table
+  return tuning.select_lrs(summaries, schemes, lrs, tune_seeds, f"val_{metric.key}", "validation",
+                           metric.higher_is_better)
 
 
 # -------------------------------------------------------------------------------------------------- results
@@ -258,7 +235,7 @@ def probe_table(final: list[dict], schemes) -> list[dict]:
   return rows
 
 
-def plot_curves(experiment: Experiment, tuning: list[dict], final: list[dict], out: str, workdir: str) -> None:
+def plot_curves(experiment: Experiment, rows: list[dict], final: list[dict], out: str, workdir: str) -> None:
   import matplotlib
 
   matplotlib.use("Agg")
@@ -266,32 +243,15 @@ def plot_curves(experiment: Experiment, tuning: list[dict], final: list[dict], o
 
   metric, schemes = experiment.metric, experiment.schemes
   fig, axes = plt.subplots(1, 1 + len(experiment.curves), figsize=(4.6 * (1 + len(experiment.curves)), 4))
-  for scheme in dict.fromkeys(r["scheme"] for r in tuning):
-    rows = [r for r in tuning if r["scheme"] == scheme]
-    axes[0].errorbar([r["lr"] for r in rows], [r["validation"]["mean"] for r in rows],
-                     yerr=[r["validation"]["std"] for r in rows], color=scheme_color(scheme, schemes), marker="o",
-                     label=scheme, capsize=3)
-  axes[0].set(xscale="log", xlabel="peak learning rate", ylabel=f"final validation {metric.label}",
-              title="Tuning (tuning seeds)")
+  tuning.plot_tuning(axes[0], rows, "validation", schemes)
+  axes[0].set(ylabel=f"final validation {metric.label}", title="Tuning (tuning seeds)")
   for ax, (column, label) in zip(axes[1:], experiment.curves):
     for scheme in dict.fromkeys(r["scheme"] for r in final):
       curves = [[(row["step"], row[column]) for row in results.read_metrics(runner.run_dir(workdir, r))
                  if column in row] for r in final if r["scheme"] == scheme and not r["diverged"]]
-      curves = [c for c in curves if c]
-      if not curves:
-        continue
-      n = min(len(c) for c in curves)
-      steps = [p[0] for p in curves[0][:n]]
-      values = np.array([[p[1] for p in c[:n]] for c in curves])
-      ax.plot(steps, values.mean(0), color=scheme_color(scheme, schemes), label=scheme)
-      ax.fill_between(steps, values.min(0), values.max(0), color=scheme_color(scheme, schemes), alpha=0.15, lw=0)
+      tuning.plot_band(ax, curves, scheme_color(scheme, schemes), scheme)
     ax.set(xlabel="step", ylabel=label, title=f"{label}: reported seeds (mean, min-max)")
-  for ax in axes:
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(os.path.join(out, "curves.png"), dpi=110)
-  plt.close(fig)
+  tuning.save_figure(fig, axes, os.path.join(out, "curves.png"))
 
 
 def plot_probes(rows: list[dict], out: str, schemes) -> None:
@@ -315,13 +275,8 @@ def plot_probes(rows: list[dict], out: str, schemes) -> None:
   axes[0].set(yscale="log", xlabel="block", ylabel="||dL/dθ_block||", title="Gradient reaching each block")
   axes[1].set(yscale="log", xlabel="depth (0 = patch embeddings)", ylabel="mean token ||stream||",
               title="Residual-stream norm")
-  for ax in axes:
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
   fig.suptitle("seed 0, first validation batch; dotted: at init, solid: after training", fontsize=9)
-  fig.tight_layout()
-  fig.savefig(os.path.join(out, "probes.png"), dpi=110)
-  plt.close(fig)
+  tuning.save_figure(fig, axes, os.path.join(out, "probes.png"))
 
 
 def plot_samples(final: list[dict], out: str, workdir: str, schemes) -> bool:
@@ -360,21 +315,14 @@ def markdown(payload: dict, experiment: Experiment) -> str:
               f"One `jaxpt vit` run (`{experiment.classifier_config}`, scheme {c['scheme']}, seed {c['seed']}), "
               f"shared by every DiT run: test top-1 {c['test_top1']:.4f}, validation top-1 {c['val_top1']:.4f}. "
               "The metric below is FID-style: the Fréchet distance of Gaussian fits of this classifier's pooled "
-              "features (not Inception-v3's), 500 generated images against the whole test (reported) or "
-              "validation (selection) split; comparable only between runs scored with this classifier, not with "
-              "published FIDs.", ""]
+              f"features (not Inception-v3's), {payload['config']['fid']['num_samples']} generated images against "
+              "the whole test (reported) or validation (selection) split; comparable only between runs scored "
+              "with this classifier, not with published FIDs.", ""]
   better = "higher" if metric.higher_is_better else "lower"
   lines += ["## Learning rate, tuned on validation", "",
             f"Final validation {metric.label} ({better} is better), tuning seeds "
-            f"{payload['design']['tuning_seeds']}.", "",
-            "| scheme | " + " | ".join(f"lr {lr:g}" for lr in payload["lrs"]) + " | chosen |",
-            "|---|" + "---:|" * (len(payload["lrs"]) + 1)]
-  for scheme in payload["schemes"]:
-    rows = [r for r in payload["tuning"] if r["scheme"] == scheme]
-    chosen = next(r for r in rows if r["chosen"])
-    edge = " (grid edge)" if chosen["at_grid_edge"] else ""
-    lines.append(f"| {scheme} | " + " | ".join(stats.fmt(r["validation"], 4) for r in rows) +
-                 f" | {chosen['lr']:g}{edge} |")
+            f"{payload['design']['tuning_seeds']}.", ""]
+  lines += tuning.tuning_markdown(payload["tuning"], payload["schemes"], payload["lrs"], "validation", 4)
   lines += ["", f"## Test {metric.label} at the tuned lr", "",
             f"| scheme | lr | params | test {metric.label} | validation {metric.label} | test loss | diverged |",
             "|---|---:|---:|---:|---:|---:|---:|"]
@@ -403,7 +351,7 @@ def markdown(payload: dict, experiment: Experiment) -> str:
   return "\n".join(lines)
 
 
-def write_report(experiment: Experiment, args, schemes, out: str, classifier, tuning_summaries, best_lr, tuning,
+def write_report(experiment: Experiment, args, schemes, out: str, classifier, tuning_summaries, best_lr, table,
                  final_summaries, base) -> None:
   workdir = os.path.abspath(args.workdir)
   final, comparisons = final_table(final_summaries, schemes, experiment.baseline, experiment.metric)
@@ -416,15 +364,15 @@ def write_report(experiment: Experiment, args, schemes, out: str, classifier, tu
                   statistic="paired by seed: t test and exact sign-flip test of the mean test "
                             f"{experiment.metric.label} difference, 95% bootstrap CI", summary="mean ± sample std (n)",
                   divergence="a non-finite loss, gradient or parameter during training"),
-      sets=flags.parse_sets(args.set), schemes=list(schemes), lrs=args.lrs, best_lr=best_lr, tuning=tuning,
+      sets=flags.parse_sets(args.set), schemes=list(schemes), lrs=args.lrs, best_lr=best_lr, tuning=table,
       final=final, comparisons=comparisons, probes=probes, config=base.to_dict(),
       provenance=results.provenance(everything, os.path.join(experiment.here, "run.py")))
   if classifier:
-    payload["classifier"] = {k: classifier[k] for k in ("scheme", "seed", "lr", "test_top1", "val_top1", "params")}
+    payload["classifier"] = {k: classifier[k] for k in ("scheme", "seed", "test_top1", "val_top1", "params")}
     payload["classifier_sets"] = classifier["sets"]
   results.write_json(os.path.join(out, "results.json"), payload, everything)
   results.copy_run_files(workdir, everything, out)
-  plot_curves(experiment, tuning, final_summaries, out, workdir)
+  plot_curves(experiment, table, final_summaries, out, workdir)
   files = ["`curves.png`"]
   if probes:
     plot_probes(probes, out, experiment.schemes)
@@ -441,22 +389,13 @@ def write_report(experiment: Experiment, args, schemes, out: str, classifier, tu
 def main(experiment: Experiment, argv=None) -> None:
   """The experiment's command line (`flags.parser` + --phases, --lrs, --tune-seeds; DiT: --classifier-set), its
   grid and its report."""
-  parser = flags.parser(experiment.doc, methods=experiment.schemes, seeds=experiment.seeds,
-                        workdir=experiment.workdir)
-  parser.add_argument("--phases", default="tune,final", help="comma-separated subset of tune,final")
-  parser.add_argument("--lrs", default=",".join(f"{lr:g}" for lr in experiment.lrs), help="the tuning grid of lrs")
-  parser.add_argument("--tune-seeds", default=",".join(map(str, experiment.tune_seeds)), help="tuning runs' seeds")
+  parser = tuning.parser(experiment.doc, experiment.schemes, experiment.seeds, experiment.workdir, experiment.lrs,
+                         experiment.tune_seeds, PHASES)
   if experiment.classifier_config:
     parser.add_argument("--classifier-set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a field of the feature classifier's config (e.g. its data and image size)")
-  args = parser.parse_args(argv)
+  args = tuning.parse_args(parser, argv, PHASES)
   schemes = flags.split_list(args.methods, allowed=experiment.schemes, flag="--methods")
-  phases = flags.split_list(args.phases, allowed=("tune", "final"), flag="--phases")
-  args.seeds = flags.split_list(args.seeds, int, flag="--seeds")
-  args.tune_seeds = flags.split_list(args.tune_seeds, int, flag="--tune-seeds")
-  args.lrs = flags.split_list(args.lrs, float, flag="--lrs")
-  if set(args.seeds) & set(args.tune_seeds):
-    raise SystemExit("--seeds and --tune-seeds overlap: the reported runs must not be the ones lr was chosen on")
   workdir = os.path.abspath(args.workdir)
   out = results.prepare_out(args.out, workdir, args.overwrite)
   common = dict(sets=flags.parse_sets(args.set), config=experiment.config, kind=experiment.kind)
@@ -480,10 +419,10 @@ def main(experiment: Experiment, argv=None) -> None:
   def grid(runs):
     return runner.finished_or_trained(runs, train_one, workdir, args.jobs, args.report_only, same, describe)
 
-  tuning_summaries = grid(tune_runs(schemes, args.lrs, args.tune_seeds, common))
-  best_lr, tuning = select_lrs(tuning_summaries, schemes, args.lrs, experiment.metric)
+  tuning_summaries = grid(tuning.tune_runs(schemes, args.lrs, args.tune_seeds, common))
+  best_lr, table = select_lrs(tuning_summaries, schemes, args.lrs, args.tune_seeds, experiment.metric)
   print("tuned lr:", best_lr, flush=True)
-  final_summaries = grid(final_runs(schemes, best_lr, args.seeds, common)) if "final" in phases else []
+  final_summaries = grid(final_runs(schemes, best_lr, args.seeds, common)) if "final" in args.phases else []
   if final_summaries:
-    write_report(experiment, args, schemes, out, classifier, tuning_summaries, best_lr, tuning, final_summaries, base)
+    write_report(experiment, args, schemes, out, classifier, tuning_summaries, best_lr, table, final_summaries, base)
     print(f"results in {out}")
