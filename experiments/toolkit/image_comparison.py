@@ -8,9 +8,9 @@
           metric (`Experiment.metric`: the eval on the validation split at the last step); the test split is not
           looked at.
 2. final: every scheme at its tuned lr x the reported seeds (disjoint from the tuning seeds). Reported: the final
-          *test* metric; paired per-seed statistics (same seed = same init, data order and draws) of each scheme
-          against `Experiment.baseline`; curves of the eval metrics over training; for the ViT, seed 0's gradient
-          norm reaching each block and residual-stream norm by depth at init and after training
+          *test* metric; paired per-seed statistics (same seed = same init, data order and draws) of the (A, B)
+          pairs in `Experiment.comparisons`; curves of the eval metrics over training; for the ViT, seed 0's
+          gradient norm reaching each block and residual-stream norm by depth at init and after training
           (`experiments.toolkit.probes`, on the first validation batch); for the DiT, seed 0's samples (one row per
           class, the same sampling key for every scheme).
 """
@@ -52,7 +52,8 @@ class Experiment:
     kind: 'vit' or 'dit'.
     config: module path of the run config every run starts from (`get_config()`).
     title: the results' title.
-    schemes, baseline: the schemes compared, in table order, and the one each other scheme is paired against.
+    schemes: the schemes compared, in table order.
+    comparisons: (A, B) scheme pairs whose paired per-seed difference of the test metric is reported.
     lrs, tune_seeds, seeds: the default lr grid, tuning seeds and reported seeds.
     metric: the selected-on and reported metric.
     curves: (metrics.jsonl column, y label) pairs plotted over training for the final runs.
@@ -66,7 +67,7 @@ class Experiment:
   config: str
   title: str
   schemes: tuple[str, ...]
-  baseline: str
+  comparisons: tuple[tuple[str, str], ...]
   lrs: tuple[float, ...]
   tune_seeds: tuple[int, ...]
   seeds: tuple[int, ...]
@@ -198,8 +199,8 @@ def select_lrs(summaries: list[dict], schemes, lrs, tune_seeds, metric: Metric) 
 # -------------------------------------------------------------------------------------------------- results
 
 
-def final_table(summaries: list[dict], schemes, baseline: str, metric: Metric) -> tuple[list[dict], list[dict]]:
-  """(per-scheme rows, paired comparisons against the baseline) of the final runs' test metric."""
+def final_table(summaries: list[dict], schemes, pairs, metric: Metric) -> tuple[list[dict], list[dict]]:
+  """(per-scheme rows, paired comparisons of the (A, B) `pairs`) of the final runs' test metric."""
   by_scheme = {s: sorted((r for r in summaries if r["scheme"] == s), key=lambda r: r["seed"]) for s in schemes}
   key = metric.key
   rows = [dict(scheme=s, lr=runs[0]["lr"], params=runs[0]["params"], diverged=sum(r["diverged"] for r in runs),
@@ -209,16 +210,16 @@ def final_table(summaries: list[dict], schemes, baseline: str, metric: Metric) -
                seeds=[r["seed"] for r in runs])
           for s, runs in by_scheme.items() if runs]
   comparisons = []
-  for a in schemes:
-    if a == baseline or not by_scheme.get(a) or not by_scheme.get(baseline):
+  for a, b in pairs:
+    if not by_scheme.get(a) or not by_scheme.get(b):
       continue
-    ok = {k: {r["seed"]: r[f"test_{key}"] for r in by_scheme[k] if not r["diverged"]} for k in (a, baseline)}
-    seeds = sorted(set(ok[a]) & set(ok[baseline]))
-    paired = stats.paired([ok[a][i] for i in seeds], [ok[baseline][i] for i in seeds])
+    ok = {k: {r["seed"]: r[f"test_{key}"] for r in by_scheme[k] if not r["diverged"]} for k in (a, b)}
+    seeds = sorted(set(ok[a]) & set(ok[b]))  # pairs where neither diverged
+    paired = stats.paired([ok[a][i] for i in seeds], [ok[b][i] for i in seeds])
     better, worse = paired["wins"], paired["losses"]  # wins: a - b < 0
     if metric.higher_is_better:
       better, worse = worse, better
-    comparisons.append(dict(a=a, b=baseline, metric=f"test_{key}", seeds=seeds, **paired, a_better=better,
+    comparisons.append(dict(a=a, b=b, metric=f"test_{key}", seeds=seeds, **paired, a_better=better,
                             a_worse=worse))
   return rows, comparisons
 
@@ -354,7 +355,7 @@ def markdown(payload: dict, experiment: Experiment) -> str:
 def write_report(experiment: Experiment, args, schemes, out: str, classifier, tuning_summaries, best_lr, table,
                  final_summaries, base) -> None:
   workdir = os.path.abspath(args.workdir)
-  final, comparisons = final_table(final_summaries, schemes, experiment.baseline, experiment.metric)
+  final, comparisons = final_table(final_summaries, schemes, experiment.comparisons, experiment.metric)
   probes = probe_table(final_summaries, experiment.schemes) if experiment.kind == "vit" else []
   everything = ([classifier] if classifier else []) + tuning_summaries + final_summaries
   payload = dict(
