@@ -224,6 +224,25 @@ def final_table(summaries: list[dict], schemes, pairs, metric: Metric) -> tuple[
   return rows, comparisons
 
 
+def real_reference(classifier_dir: str, config) -> dict:
+  """The metric between real image sets, with the classifier's features (the floor a model could reach): the first
+  fid.num_samples training images and the validation split, each against the test split."""
+  from jaxpt.config import from_section
+  from jaxpt.data.images import ImageData
+  from jaxpt.train.dit import DiTRunConfig
+  from jaxpt.train.fid import ClassifierFeatures, frechet_distance
+
+  config = from_section(DiTRunConfig, config, "config")
+  classifier = ClassifierFeatures.from_run(classifier_dir)
+  data = ImageData.create(config.data, seed=0, image_size=config.dit.image_size)
+  test = classifier.statistics(data.split_images("test"))
+  train = data.split_images("train")[:config.fid.num_samples]
+  out = dict(train_vs_test=frechet_distance(*classifier.statistics(train), *test), train_images=len(train))
+  if "validation" in data.splits:
+    out["validation_vs_test"] = frechet_distance(*classifier.statistics(data.split_images("validation")), *test)
+  return out
+
+
 def probe_table(final: list[dict], schemes) -> list[dict]:
   """Seed 0's probes per scheme: gradient first block / last block at init and after training."""
   rows = []
@@ -318,7 +337,12 @@ def markdown(payload: dict, experiment: Experiment) -> str:
               "The metric below is FID-style: the Fréchet distance of Gaussian fits of this classifier's pooled "
               f"features (not Inception-v3's), {payload['config']['fid']['num_samples']} generated images against "
               "the whole test (reported) or validation (selection) split; comparable only between runs scored "
-              "with this classifier, not with published FIDs.", ""]
+              "with this classifier, not with published FIDs."]
+    ref = payload["real_reference"]
+    lines[-1] += (f" Real images against the test split with the same features: {ref['train_images']} training "
+                  f"images {ref['train_vs_test']:.3f}" + (f", the validation split {ref['validation_vs_test']:.3f}"
+                                                          if "validation_vs_test" in ref else "") + ".")
+    lines.append("")
   better = "higher" if metric.higher_is_better else "lower"
   lines += ["## Learning rate, tuned on validation", "",
             f"Final validation {metric.label} ({better} is better), tuning seeds "
@@ -371,6 +395,7 @@ def write_report(experiment: Experiment, args, schemes, out: str, classifier, tu
   if classifier:
     payload["classifier"] = {k: classifier[k] for k in ("scheme", "seed", "test_top1", "val_top1", "params")}
     payload["classifier_sets"] = classifier["sets"]
+    payload["real_reference"] = real_reference(runner.run_dir(workdir, classifier), base)
   results.write_json(os.path.join(out, "results.json"), payload, everything)
   results.copy_run_files(workdir, everything, out)
   plot_curves(experiment, table, final_summaries, out, workdir)
