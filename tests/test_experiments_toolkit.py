@@ -250,3 +250,46 @@ def test_config_digest_changes_with_any_value():
   config = tiny.get_config()
   assert flags.config_digest(config) == flags.config_digest(tiny.get_config())
   assert flags.config_digest(config) != flags.config_digest(flags.apply_sets(tiny.get_config(), ["steps=7"]))
+
+
+# ----------------------------------------------------------------------------------------- image_comparison
+
+
+def test_lr_selection_follows_the_metrics_direction_and_counts_a_diverged_run_as_worst():
+  from experiments.toolkit import tuning
+
+  runs = [dict(scheme="a", lr=lr, val=v) for lr, v in ((1e-3, 0.5), (1e-3, 0.7), (1e-2, 0.9), (1e-2, math.nan))]
+  runs += [dict(scheme="b", lr=lr, val=v) for lr, v in ((1e-3, 0.2), (1e-3, 0.2), (1e-2, 0.4), (1e-2, 0.4))]
+  best, table = tuning.select_lrs(runs, ("a", "b"), (1e-3, 1e-2), (100, 101), "val", "validation",
+                                  higher_is_better=True)
+  assert best == {"a": 1e-3, "b": 1e-2}  # a's 1e-2 has a diverged seed: -inf, whatever its other seed
+  assert [r["at_grid_edge"] for r in table if r["chosen"]] == [True, True]
+  best, _ = tuning.select_lrs(runs, ("a", "b"), (1e-3, 1e-2), (100, 101), "val")
+  assert best == {"a": 1e-3, "b": 1e-3}  # lower is better: a's NaN seed is +inf
+
+
+def test_image_comparison_pairs_by_seed_and_counts_wins_in_the_metrics_direction():
+  from experiments.toolkit import image_comparison
+
+  metric = image_comparison.Metric(key="top1", label="top-1", higher_is_better=True)
+  top1 = {"a": [0.9, 0.8, 0.7], "b": [0.85, 0.82, 0.6]}
+  runs = [dict(scheme=s, seed=i, lr=1e-3, params=1, diverged=False, test_top1=v, val_top1=v, test_loss=1.0)
+          for s, values in top1.items() for i, v in enumerate(values)]
+  rows, [c] = image_comparison.final_table(runs, ("a", "b"), (("a", "b"),), metric)
+  assert [r["test"]["n"] for r in rows] == [3, 3]
+  assert (c["a_better"], c["a_worse"], c["seeds"]) == (2, 1, [0, 1, 2])
+  assert c["mean_diff"] == pytest.approx(np.mean([0.05, -0.02, 0.1]))
+  runs[0]["diverged"] = True  # a's seed 0: left out of the pairs
+  _, [c] = image_comparison.final_table(runs, ("a", "b"), (("a", "b"),), metric)
+  assert c["seeds"] == [1, 2]
+
+
+def test_image_comparison_config_sets_the_run_and_keeps_one_checkpoint():
+  from experiments.toolkit import image_comparison
+
+  run = dict(config="experiments.siamese_dit.config", sets={"steps": 40}, scheme="pre", lr=3e-4, seed=5,
+             classifier="/tmp/vit")
+  config = image_comparison.make_config(run)
+  assert (config.model.norm_scheme, config.optim.learning_rate, config.seed, config.steps) == ("pre", 3e-4, 5, 40)
+  assert (config.fid.classifier, config.eval_every, config.keep_checkpoints, config.progress) == ("/tmp/vit", 250, 1,
+                                                                                                 False)
