@@ -55,7 +55,7 @@ from experiments.toolkit import image_comparison  # noqa: E402
 EXPERIMENT = image_comparison.Experiment(
     doc=__doc__, here=HERE, kind="dit", config="experiments.siamese_dit.config",
     title="SiameseNorm vs Pre-Norm DiT (8x8 digits, FID-style metric, CPU)", schemes=("pre", "siamese_post_pre"),
-    comparisons=(("siamese_post_pre", "pre"),), lrs=(3e-4, 1e-3, 3e-3, 1e-2), tune_seeds=(100, 101),
+    comparisons=(("siamese_post_pre", "pre"),), lrs=(3e-4, 1e-3, 3e-3, 1e-2, 3e-2), tune_seeds=(100, 101),
     seeds=tuple(range(8)),
     metric=image_comparison.Metric(key="fid", label="FID-style distance", higher_is_better=False),
     curves=(("eval_val_fid", "validation FID-style"), ("eval_fid", "test FID-style")),
