@@ -44,36 +44,19 @@ class Metric:
 
 
 @dataclasses.dataclass(frozen=True)
-class Experiment:
-  """What one comparison fixes; `main` runs it.
+class Experiment(tuning.Comparison):
+  """What one image comparison fixes (`tuning.Comparison`); `main` runs it.
 
   Attributes:
-    doc, here: the run.py docstring (--help) and the experiment's folder (its discussion.md is read from there).
     kind: 'vit' or 'dit'.
-    config: module path of the run config every run starts from (`get_config()`).
-    title: the results' title.
-    schemes: the schemes compared, in table order.
-    comparisons: (A, B) scheme pairs whose paired per-seed difference of the test metric is reported.
-    lrs, tune_seeds, seeds: the default lr grid, tuning seeds and reported seeds.
     metric: the selected-on and reported metric.
     curves: (metrics.jsonl column, y label) pairs plotted over training for the final runs.
-    workdir: the default --workdir.
     classifier_config: (DiT) module path of the feature classifier's `jaxpt vit` config.
   """
 
-  doc: str
-  here: str
   kind: str
-  config: str
-  title: str
-  schemes: tuple[str, ...]
-  comparisons: tuple[tuple[str, str], ...]
-  lrs: tuple[float, ...]
-  tune_seeds: tuple[int, ...]
-  seeds: tuple[int, ...]
   metric: Metric
   curves: tuple[tuple[str, str], ...]
-  workdir: str
   classifier_config: str = ""
 
 

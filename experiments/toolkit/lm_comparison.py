@@ -35,33 +35,17 @@ MOE_TOP_K = 2
 
 
 @dataclasses.dataclass(frozen=True)
-class Experiment:
-  """What one comparison fixes; `main` runs it.
+class Experiment(tuning_lib.Comparison):
+  """What one LM comparison fixes (`tuning.Comparison`: its schemes are `norm_scheme[:n][+moe][@layers]` and its
+  comparisons pair test losses); `main` runs it.
 
   Attributes:
-    doc: the experiment's run.py docstring (its --help text).
-    here: the experiment's folder (its discussion.md is read from there).
-    config: module path of its config file (`get_config()`: the run config every run starts from).
-    title: the results' title.
-    schemes: the schemes compared (`norm_scheme[:n][+moe][@layers]`), in table order.
-    comparisons: (A, B) scheme pairs whose paired per-seed test-loss difference is reported.
-    lrs, tune_seeds, seeds, depths: the default lr grid, tuning seeds, reported seeds and probe depths.
+    depths: the probe depths.
     corpus: the default data.path.
-    workdir: the default --workdir.
   """
 
-  doc: str
-  here: str
-  config: str
-  title: str
-  schemes: tuple[str, ...]
-  comparisons: tuple[tuple[str, str], ...]
-  lrs: tuple[float, ...]
-  tune_seeds: tuple[int, ...]
-  seeds: tuple[int, ...]
   depths: tuple[int, ...]
   corpus: str
-  workdir: str
 
 
 def parse_scheme(scheme: str) -> dict:

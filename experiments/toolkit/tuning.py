@@ -5,13 +5,41 @@ scheme in every plot.
 
 from __future__ import annotations
 
-import math
 import argparse
+import dataclasses
+import math
 from typing import Callable, Sequence
 
 import numpy as np
 
 from experiments.toolkit import flags, stats
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+  """What every scheme comparison fixes (`lm_comparison.Experiment` and `image_comparison.Experiment` add theirs).
+
+  Attributes:
+    doc: the experiment's run.py docstring (its --help text).
+    here: the experiment's folder (its discussion.md is read from there).
+    config: module path of its config file (`get_config()`: the run config every run starts from).
+    title: the results' title.
+    schemes: the schemes compared, in table order.
+    comparisons: (A, B) scheme pairs whose paired per-seed difference of the test metric is reported.
+    lrs, tune_seeds, seeds: the default lr grid, tuning seeds and reported seeds.
+    workdir: the default --workdir.
+  """
+
+  doc: str
+  here: str
+  config: str
+  title: str
+  schemes: tuple[str, ...]
+  comparisons: tuple[tuple[str, str], ...]
+  lrs: tuple[float, ...]
+  tune_seeds: tuple[int, ...]
+  seeds: tuple[int, ...]
+  workdir: str
 
 
 def parser(doc: str, schemes, seeds, workdir: str, lrs, tune_seeds, phases: Sequence[str]) -> argparse.ArgumentParser:
