@@ -1,6 +1,7 @@
 """experiments/toolkit: --set overrides, the results folder guard, paired statistics against their formulas, and the
 probes (gradient reaching each block, residual-stream norms) against independent computations."""
 
+import dataclasses
 import itertools
 import math
 import os
@@ -154,6 +155,52 @@ def test_stream_norms_equal_the_float64_reference_streams(model_and_batch):
   np.testing.assert_allclose(probes.stream_norms(config, params, batch), expected, rtol=2e-5)
 
 
+@pytest.fixture(scope="module", params=["pre", "siamese_post_pre"])
+def vit_and_batch(request):
+  from experiments.configs import vit_digits
+  from jaxpt.config import from_section
+  from jaxpt.models.vit import init_vit_params
+  from jaxpt.train.vit import ViTRunConfig
+
+  run = from_section(ViTRunConfig, vit_digits.get_config(), "config")
+  config = dataclasses.replace(run.model, d_model=16, num_layers=3, num_heads=2, num_kv_heads=2, mlp_dim=32,
+                               norm_scheme=request.param)
+  params = init_vit_params(config, run.vit, jax.random.key(1))
+  params = reference_model.randomise_norms(jax.device_get(params))
+  rng = np.random.default_rng(0)
+  batch = dict(images=rng.uniform(-1, 1, (3, 8, 8, 1)).astype(np.float32),
+               labels=rng.integers(0, 10, 3).astype(np.int32), weights=np.array([1.0, 1.0, 0.0], np.float32))
+  return config, run.vit, params, batch
+
+
+def test_vit_block_gradient_norms_equal_the_loss_gradient_per_block(vit_and_batch):
+  config, vit, params, batch = vit_and_batch
+  from jaxpt.models.vit import ViT
+  from jaxpt.train.vit import make_vit_loss_fn
+
+  loss_fn = make_vit_loss_fn(ViT(config, vit), train=False)
+  grads = jax.grad(lambda p: loss_fn(p, batch, jax.random.key(0))[0])(params)["encoder"]
+  expected = [math.sqrt(sum(float(np.sum(np.square(np.asarray(g)))) for g in jax.tree.leaves(grads[f"layers_{l}"])))
+              for l in range(config.num_layers)]
+  np.testing.assert_allclose(probes.vit_block_gradient_norms(config, vit, params, batch), expected, rtol=1e-5)
+
+
+def test_vit_stream_norms_equal_the_float64_reference_streams(vit_and_batch):
+  from tests import reference_vit
+
+  config, vit, params, batch = vit_and_batch
+  p = reference_model.as64(jax.tree.map(np.asarray, params))
+  x = reference_vit.embed(p, batch["images"].astype(np.float64), config, vit)
+  streams = (x, x) if config.is_siamese else (x,)
+  depth = [streams]
+  for l in range(config.num_layers):
+    streams = reference_model.block(p["encoder"][f"layers_{l}"], streams, l, None, None, config)
+    depth.append(streams)
+  w = batch["weights"].astype(np.float64)[:, None]
+  expected = [[(np.linalg.norm(s, axis=-1) * w).sum() / (w.sum() * x.shape[1]) for s in d] for d in depth]
+  np.testing.assert_allclose(probes.vit_stream_norms(config, vit, params, batch), expected, rtol=2e-5)
+
+
 # ----------------------------------------------------------------------------------------------------- runner
 
 
@@ -203,3 +250,46 @@ def test_config_digest_changes_with_any_value():
   config = tiny.get_config()
   assert flags.config_digest(config) == flags.config_digest(tiny.get_config())
   assert flags.config_digest(config) != flags.config_digest(flags.apply_sets(tiny.get_config(), ["steps=7"]))
+
+
+# ----------------------------------------------------------------------------------------- image_comparison
+
+
+def test_lr_selection_follows_the_metrics_direction_and_counts_a_diverged_run_as_worst():
+  from experiments.toolkit import tuning
+
+  runs = [dict(scheme="a", lr=lr, val=v) for lr, v in ((1e-3, 0.5), (1e-3, 0.7), (1e-2, 0.9), (1e-2, math.nan))]
+  runs += [dict(scheme="b", lr=lr, val=v) for lr, v in ((1e-3, 0.2), (1e-3, 0.2), (1e-2, 0.4), (1e-2, 0.4))]
+  best, table = tuning.select_lrs(runs, ("a", "b"), (1e-3, 1e-2), (100, 101), "val", "validation",
+                                  higher_is_better=True)
+  assert best == {"a": 1e-3, "b": 1e-2}  # a's 1e-2 has a diverged seed: -inf, whatever its other seed
+  assert [r["at_grid_edge"] for r in table if r["chosen"]] == [True, True]
+  best, _ = tuning.select_lrs(runs, ("a", "b"), (1e-3, 1e-2), (100, 101), "val")
+  assert best == {"a": 1e-3, "b": 1e-3}  # lower is better: a's NaN seed is +inf
+
+
+def test_image_comparison_pairs_by_seed_and_counts_wins_in_the_metrics_direction():
+  from experiments.toolkit import image_comparison
+
+  metric = image_comparison.Metric(key="top1", label="top-1", higher_is_better=True)
+  top1 = {"a": [0.9, 0.8, 0.7], "b": [0.85, 0.82, 0.6]}
+  runs = [dict(scheme=s, seed=i, lr=1e-3, params=1, diverged=False, test_top1=v, val_top1=v, test_loss=1.0)
+          for s, values in top1.items() for i, v in enumerate(values)]
+  rows, [c] = image_comparison.final_table(runs, ("a", "b"), (("a", "b"),), metric)
+  assert [r["test"]["n"] for r in rows] == [3, 3]
+  assert (c["a_better"], c["a_worse"], c["seeds"]) == (2, 1, [0, 1, 2])
+  assert c["mean_diff"] == pytest.approx(np.mean([0.05, -0.02, 0.1]))
+  runs[0]["diverged"] = True  # a's seed 0: left out of the pairs
+  _, [c] = image_comparison.final_table(runs, ("a", "b"), (("a", "b"),), metric)
+  assert c["seeds"] == [1, 2]
+
+
+def test_image_comparison_config_sets_the_run_and_keeps_one_checkpoint():
+  from experiments.toolkit import image_comparison
+
+  run = dict(config="experiments.siamese_dit.config", sets={"steps": 40}, scheme="pre", lr=3e-4, seed=5,
+             classifier="/tmp/vit")
+  config = image_comparison.make_config(run)
+  assert (config.model.norm_scheme, config.optim.learning_rate, config.seed, config.steps) == ("pre", 3e-4, 5, 40)
+  assert (config.fid.classifier, config.eval_every, config.keep_checkpoints, config.progress) == ("/tmp/vit", 250, 1,
+                                                                                                 False)

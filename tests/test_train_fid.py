@@ -27,6 +27,30 @@ def test_frechet_distance_matches_the_formula_with_sqrtm():
     assert abs(frechet_distance(mean_a, cov_a, mean_a, cov_a)) < 1e-9
 
 
+def test_make_fid_samples_once_and_scores_every_real_set():
+  """One draw per call, scored against each real set: the distances equal frechet_distance of the fits."""
+  from jaxpt.train.fid import make_fid
+
+  rng = np.random.default_rng(2)
+  features = lambda images: jax.numpy.reshape(images, (images.shape[0], -1))[:, :3] * 2.0
+  classifier = ClassifierFeatures("", None, features)
+  real = {"eval_fid": rng.normal(size=(40, 2, 2, 1)), "eval_val_fid": rng.normal(1.0, 1.0, size=(30, 2, 2, 1))}
+  draws = []
+
+  def sample(params, labels, key):
+    draws.append(labels)
+    return params + jax.random.normal(key, (labels.shape[0], 2, 2, 1))
+
+  fid = make_fid(classifier, real, sample, num_classes=3, num_samples=25, key=jax.random.PRNGKey(0))
+  got = fid(0.5)
+  assert len(draws) == 1 and list(np.asarray(draws[0])) == [i % 3 for i in range(25)]
+  generated = gaussian_fit(features(0.5 + jax.random.normal(jax.random.PRNGKey(0), (25, 2, 2, 1))))
+  for name, images in real.items():
+    want = frechet_distance(*gaussian_fit(features(jax.numpy.asarray(images))), *generated)
+    np.testing.assert_allclose(got[name], want, rtol=1e-6)
+  assert got == fid(0.5)  # the same key every call
+
+
 def test_gaussian_fit_is_the_sample_mean_and_unbiased_covariance():
   features = np.random.default_rng(1).normal(size=(50, 4))
   mean, cov = gaussian_fit(features)
@@ -57,6 +81,8 @@ def test_dit_eval_reports_the_fid_of_a_vit_classifiers_features(tmp_path):
   workdir = str(tmp_path / "dit")
   train_dit(test_train_dit.micro_config(**{"fid.classifier": classifier_dir, "fid.num_samples": 100}), workdir)
   rows = [r for r in read_metrics(workdir) if "eval_fid" in r]
-  assert [r["step"] for r in rows] == [40, 80] and all(np.isfinite(r["eval_fid"]) and r["eval_fid"] > 0 for r in rows)
+  assert [r["step"] for r in rows] == [40, 80]
+  assert all(np.isfinite(r[k]) and r[k] > 0 for r in rows for k in ("eval_fid", "eval_val_fid"))
+  assert all(r["eval_fid"] != r["eval_val_fid"] for r in rows)
   with pytest.raises(ConfigError, match="config.fid.classifier=.*not the workdir of a `jaxpt vit` run"):
     ClassifierFeatures.from_run(workdir)

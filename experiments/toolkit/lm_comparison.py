@@ -23,9 +23,10 @@ import dataclasses
 import importlib
 import math
 import os
-from typing import Callable
 
 from experiments.toolkit import flags, results, runner, stats
+from experiments.toolkit import tuning as tuning_lib
+from experiments.toolkit.tuning import final_runs, scheme_color, tune_runs  # noqa: F401 (this module's API)
 
 PHASES = ("tune", "final", "depth")
 DATA_LINKS = ("tfds", "tokenizer", "data")  # the data layer's caches inside a workdir
@@ -34,34 +35,17 @@ MOE_TOP_K = 2
 
 
 @dataclasses.dataclass(frozen=True)
-class Experiment:
-  """What one comparison fixes; `main` runs it.
+class Experiment(tuning_lib.Comparison):
+  """What one LM comparison fixes (`tuning.Comparison`: its schemes are `norm_scheme[:n][+moe][@layers]` and its
+  comparisons pair test losses); `main` runs it.
 
   Attributes:
-    doc: the experiment's run.py docstring (its --help text).
-    here: the experiment's folder (its discussion.md is read from there).
-    config: module path of its config file (`get_config()`: the run config every run starts from).
-    title: the results' title.
-    schemes: the schemes compared (`norm_scheme[:n][+moe][@layers]`), in table order.
-    comparisons: schemes -> the (A, B) scheme pairs among them whose paired per-seed test-loss difference is
-      reported (called with the schemes of the run, so --methods may name schemes outside `schemes`).
-    lrs, tune_seeds, seeds, depths: the default lr grid, tuning seeds, reported seeds and probe depths.
+    depths: the probe depths.
     corpus: the default data.path.
-    workdir: the default --workdir.
   """
 
-  doc: str
-  here: str
-  config: str
-  title: str
-  schemes: tuple[str, ...]
-  comparisons: Callable[[tuple[str, ...]], tuple[tuple[str, str], ...]]
-  lrs: tuple[float, ...]
-  tune_seeds: tuple[int, ...]
-  seeds: tuple[int, ...]
   depths: tuple[int, ...]
   corpus: str
-  workdir: str
 
 
 def parse_scheme(scheme: str) -> dict:
@@ -77,23 +61,6 @@ def parse_scheme(scheme: str) -> dict:
   if layers:
     out["num_layers"] = int(layers)
   return out
-
-
-def scheme_color(scheme: str, schemes) -> str:
-  import matplotlib
-
-  palette = matplotlib.colormaps["tab10" if len(schemes) <= 10 else "tab20"]
-  return matplotlib.colors.to_hex(palette(list(schemes).index(scheme) % palette.N))
-
-
-def tune_runs(schemes, lrs, tune_seeds, common: dict) -> list[dict]:
-  return [dict(common, name=f"tune/{s}/lr{lr:g}/seed{seed}", phase="tune", scheme=s, lr=lr, seed=seed)
-          for seed in tune_seeds for lr in lrs for s in schemes]
-
-
-def final_runs(schemes, best_lr: dict, seeds, common: dict) -> list[dict]:
-  return [dict(common, name=f"final/{s}/lr{best_lr[s]:g}/seed{seed}", phase="final", scheme=s, lr=best_lr[s],
-               seed=seed) for seed in seeds for s in schemes]
 
 
 def depth_runs(schemes, best_lr: dict, depths, common: dict) -> list[dict]:
@@ -203,20 +170,7 @@ def diverged(summary: dict) -> bool:
 
 def select_lrs(summaries: list[dict], schemes, lrs, tune_seeds) -> tuple[dict, list[dict]]:
   """({scheme: lr with the lowest mean final validation loss}, the tuning table)."""
-  table, best = [], {}
-  for scheme in schemes:
-    rows = []
-    for lr in lrs:
-      losses = [s["validation_loss"] for s in summaries if s["scheme"] == scheme and s["lr"] == lr]
-      losses = [v if math.isfinite(v) else math.inf for v in losses]
-      rows.append(dict(scheme=scheme, lr=lr, validation_loss=stats.summary(losses), seeds=list(tune_seeds)))
-    chosen = min(rows, key=lambda r: r["validation_loss"]["mean"])
-    best[scheme] = chosen["lr"]
-    for r in rows:
-      r["chosen"] = r is chosen
-      r["at_grid_edge"] = r is chosen and r["lr"] in (min(lrs), max(lrs))
-    table += rows
-  return best, table
+  return tuning_lib.select_lrs(summaries, schemes, lrs, tune_seeds, "validation_loss")
 
 
 # -------------------------------------------------------------------------------------------------- results
@@ -266,30 +220,14 @@ def plot(tuning: list[dict], final: list[dict], depth: list[dict], out: str, wor
   import numpy as np
 
   fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-  for scheme in dict.fromkeys(r["scheme"] for r in tuning):
-    rows = [r for r in tuning if r["scheme"] == scheme]
-    axes[0].errorbar([r["lr"] for r in rows], [r["validation_loss"]["mean"] for r in rows],
-                     yerr=[r["validation_loss"]["std"] for r in rows], color=scheme_color(scheme, schemes),
-                     marker="o", label=scheme, capsize=3)
-  axes[0].set(xscale="log", xlabel="peak learning rate", ylabel="final validation loss",
-              title="Tuning: final validation loss by lr")
+  tuning_lib.plot_tuning(axes[0], tuning, "validation_loss", schemes)
+  axes[0].set(ylabel="final validation loss", title="Tuning: final validation loss by lr")
   for scheme in dict.fromkeys(r["scheme"] for r in final):
     curves = [[(row["step"], row["eval_loss"]) for row in results.read_metrics(runner.run_dir(workdir, r))
                if "eval_loss" in row] for r in final if r["scheme"] == scheme and not diverged(r)]
-    if not curves:
-      continue
-    n = min(len(c) for c in curves)
-    steps = [p[0] for p in curves[0][:n]]
-    values = np.array([[p[1] for p in c[:n]] for c in curves])
-    axes[1].plot(steps, values.mean(0), color=scheme_color(scheme, schemes), label=scheme)
-    axes[1].fill_between(steps, values.min(0), values.max(0), color=scheme_color(scheme, schemes), alpha=0.15, lw=0)
+    tuning_lib.plot_band(axes[1], curves, scheme_color(scheme, schemes), scheme)
   axes[1].set(xlabel="step", ylabel="validation loss", title="Final runs at the tuned lr (mean, min-max band)")
-  for ax in axes:
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(os.path.join(out, "loss_curves.png"), dpi=110)
-  plt.close(fig)
+  tuning_lib.save_figure(fig, axes, os.path.join(out, "loss_curves.png"))
 
   depths = sorted({r["num_layers"] for r in depth})
   fig, axes = plt.subplots(2, len(depths), figsize=(4.2 * len(depths), 7), squeeze=False)
@@ -320,15 +258,8 @@ def plot(tuning: list[dict], final: list[dict], depth: list[dict], out: str, wor
 
 def markdown(payload: dict) -> str:
   lines = [payload["provenance"], "", "## Learning rate, tuned on validation", "",
-           f"Final validation loss, tuning seeds {payload['design']['tuning_seeds']}.", "",
-           "| scheme | " + " | ".join(f"lr {lr:g}" for lr in payload["lrs"]) + " | chosen |",
-           "|---|" + "---:|" * (len(payload["lrs"]) + 1)]
-  for scheme in payload["schemes"]:
-    rows = [r for r in payload["tuning"] if r["scheme"] == scheme]
-    chosen = next(r for r in rows if r["chosen"])
-    edge = " (grid edge)" if chosen["at_grid_edge"] else ""
-    lines.append(f"| {scheme} | " + " | ".join(stats.fmt(r["validation_loss"]) for r in rows) +
-                 f" | {chosen['lr']:g}{edge} |")
+           f"Final validation loss, tuning seeds {payload['design']['tuning_seeds']}.", ""]
+  lines += tuning_lib.tuning_markdown(payload["tuning"], payload["schemes"], payload["lrs"], "validation_loss")
   lines += ["", "## Test loss at the tuned lr", "",
             "| scheme | lr | params | test loss (non-diverged seeds) | validation loss | diverged |",
             "|---|---:|---:|---:|---:|---:|"]
@@ -354,7 +285,7 @@ def markdown(payload: dict) -> str:
 def write_report(experiment: Experiment, args, schemes, common: dict, out: str, tuning_summaries, best_lr, tuning,
                  final_summaries, depth_summaries) -> None:
   workdir = os.path.abspath(args.workdir)
-  pairs = [(a, b) for a, b in experiment.comparisons(tuple(schemes)) if a in schemes and b in schemes]
+  pairs = experiment.pairs(schemes)
   final, comparisons = final_table(final_summaries, schemes, pairs)
   depth = depth_table(depth_summaries, final_summaries, schemes)
   payload = dict(
@@ -381,22 +312,14 @@ def write_report(experiment: Experiment, args, schemes, common: dict, out: str, 
 
 def main(experiment: Experiment, argv=None) -> None:
   """The experiment's command line (`flags.parser` + --phases, --lrs, --tune-seeds, --corpus), its grid, report."""
-  parser = flags.parser(experiment.doc, methods=experiment.schemes, seeds=experiment.seeds,
-                        workdir=experiment.workdir)
-  parser.add_argument("--phases", default=",".join(PHASES), help="comma-separated subset of tune,final,depth")
-  parser.add_argument("--lrs", default=",".join(f"{lr:g}" for lr in experiment.lrs), help="the tuning grid of lrs")
-  parser.add_argument("--tune-seeds", default=",".join(map(str, experiment.tune_seeds)), help="tuning runs' seeds")
+  parser = tuning_lib.parser(experiment.doc, experiment.schemes, experiment.seeds, experiment.workdir,
+                             experiment.lrs, experiment.tune_seeds, PHASES)
   parser.add_argument("--corpus", default=experiment.corpus, help="data.path of every run")
-  args = parser.parse_args(argv)
+  args = tuning_lib.parse_args(parser, argv, PHASES)
+  phases = args.phases
   schemes = flags.split_list(args.methods, flag="--methods")
   for scheme in schemes:
     parse_scheme(scheme)
-  phases = flags.split_list(args.phases, allowed=PHASES, flag="--phases")
-  args.seeds = flags.split_list(args.seeds, int, flag="--seeds")
-  args.tune_seeds = flags.split_list(args.tune_seeds, int, flag="--tune-seeds")
-  args.lrs = flags.split_list(args.lrs, float, flag="--lrs")
-  if set(args.seeds) & set(args.tune_seeds):
-    raise SystemExit("--seeds and --tune-seeds overlap: the reported runs must not be the ones lr was chosen on")
   workdir = os.path.abspath(args.workdir)
   out = results.prepare_out(args.out, workdir, args.overwrite)
   common = dict(sets=flags.parse_sets(args.set), corpus=args.corpus, config=experiment.config,

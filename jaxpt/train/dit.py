@@ -8,7 +8,8 @@ loop (orbax checkpoints, bitwise resume, the run record, metrics, the mesh).
     eval   eval_loss on the test split, eval_val_loss on the validation split: the same loss with t and eps drawn
            from fixed keys (one per eval batch) and no label dropout, so every eval of a run reads the same draws;
            with fid.classifier, eval_fid: the FID-style distance between fid.num_samples images drawn as the
-           `sample` section says (a fixed key) and the test split (`jaxpt.train.fid`: features of an in-repo ViT)
+           `sample` section says (a fixed key) and the test split (`jaxpt.train.fid`: features of an in-repo ViT),
+           and eval_val_fid: the same samples against the validation split (when the data has one)
 
 No EMA of the weights is kept: samples and evals use the trained weights.
 """
@@ -22,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxpt.config import ConfigError, at_least, from_section
-from jaxpt.data.images import ImageData, ImageDataConfig
+from jaxpt.data.images import ImageData, ImageDataConfig, splits_of
 from jaxpt.losses.diffusion import diffusion_loss
 from jaxpt.losses.noise_schedule import NoiseSchedule
 from jaxpt.models import hf
@@ -33,7 +34,7 @@ from jaxpt.train.fid import ClassifierFeatures, FIDConfig, make_fid
 from jaxpt.train.loop import LoopResult, print_summary
 from jaxpt.train.state import TrainState
 from jaxpt.train.step import LossFn
-from jaxpt.train.vit import ImageTraining, build_image_training, split_means_evaluator
+from jaxpt.train.vit import EVAL_PREFIXES, ImageTraining, build_image_training, split_means_evaluator
 
 EVAL_KEY = 0  # eval batch i draws its timesteps and noise from fold_in(PRNGKey(EVAL_KEY), i)
 
@@ -128,9 +129,10 @@ def build_dit(config: DiTRunConfig | Any, workdir: str) -> ImageTraining:
     evaluate = make_dit_evaluator(model, config.schedule, data, put)
     if classifier is None:
       return evaluate
-    fid = make_fid(classifier, data.split_images("test"), make_dit_sampler(config, model), config.dit.num_classes,
-                   config.fid.num_samples, jax.random.PRNGKey(EVAL_KEY))
-    return lambda state: {**evaluate(state), "eval_fid": fid(state.params)}
+    real = {f"{EVAL_PREFIXES[split]}_fid": data.split_images(split) for split in splits_of(data)}
+    fid = make_fid(classifier, real, make_dit_sampler(config, model), config.dit.num_classes, config.fid.num_samples,
+                   jax.random.PRNGKey(EVAL_KEY))
+    return lambda state: {**evaluate(state), **fid(state.params)}
 
   return build_image_training(config, workdir, "dit", model, dummy_inputs(config.dit),
                               make_dit_loss_fn(model, config.schedule), make_evaluator)
@@ -147,4 +149,4 @@ def run_dit(config: DiTRunConfig, workdir: str) -> int:
   setup = build_dit(config, workdir)
   print(setup.training.describe("dit"), flush=True)
   return print_summary("dit", train_dit(config, workdir, setup=setup), workdir,
-                       ("loss", "eval_loss", "eval_val_loss", "eval_fid"))
+                       ("loss", "eval_loss", "eval_val_loss", "eval_fid", "eval_val_fid"))

@@ -106,14 +106,18 @@ class ClassifierFeatures:
     return gaussian_fit(jax.device_get(self.features(jnp.asarray(images, jnp.float32))))
 
 
-def make_fid(classifier: ClassifierFeatures, real_images: np.ndarray, sample: Callable[[Any, jax.Array, jax.Array],
-             jax.Array], num_classes: int, num_samples: int, key: jax.Array) -> Callable[[Any], float]:
-  """fid(params) -> the Fréchet distance between the features of `real_images` [n, H, W, C] (fitted once) and of
-  `num_samples` images `sample(params, labels, key)` draws, labels i mod num_classes, the same key every call."""
-  real = classifier.statistics(real_images)
+def make_fid(classifier: ClassifierFeatures, real_images: dict[str, np.ndarray],
+             sample: Callable[[Any, jax.Array, jax.Array], jax.Array], num_classes: int, num_samples: int,
+             key: jax.Array) -> Callable[[Any], dict[str, float]]:
+  """fid(params) -> {name: the Fréchet distance between the features of `real_images[name]` [n, H, W, C] (each set
+  fitted once) and of the same `num_samples` images}: one draw `sample(params, labels, key)` per call, labels
+  i mod num_classes, the same key every call, scored against every real set (e.g. the test and the validation
+  split: sampling once, the distances are cheap)."""
+  real = {name: classifier.statistics(images) for name, images in real_images.items()}
   labels = jnp.arange(num_samples, dtype=jnp.int32) % num_classes
 
-  def fid(params: Any) -> float:
-    return frechet_distance(*real, *classifier.statistics(sample(params, labels, key)))
+  def fid(params: Any) -> dict[str, float]:
+    generated = classifier.statistics(sample(params, labels, key))
+    return {name: frechet_distance(*statistics, *generated) for name, statistics in real.items()}
 
   return fid
