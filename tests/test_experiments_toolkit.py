@@ -225,6 +225,22 @@ def test_grid_trains_each_run_once_and_keeps_going_past_a_failure(tmp_path, caps
     runner.finished_or_trained(runs[:1], square_or_fail, str(tmp_path), 1, True, {"sets": {"a": 2}})
 
 
+def test_a_late_or_orphaned_worker_never_replaces_a_finished_run(tmp_path, monkeypatch):
+  from experiments.toolkit import runner
+
+  run = dict(name="x1", x=1)
+  first = runner._train_and_record(square_or_fail, run, str(tmp_path))
+  record = (tmp_path / "x1" / "done.json").read_text()
+  assert runner._train_and_record(square_or_fail, run, str(tmp_path)) == first  # a second grid's queued copy
+  assert (tmp_path / "x1" / "done.json").read_text() == record
+  assert (tmp_path / "x1" / "trained").read_text() == "once\n"  # trained once, no temporary file left
+  assert sorted(os.listdir(tmp_path / "x1")) == ["done.json", "trained"]
+  monkeypatch.setattr(runner, "_GRID_PID", os.getppid() + 1)  # the grid that started this worker is gone
+  with pytest.raises(runner.GridGone, match="x2: the grid process"):
+    runner._train_and_record(square_or_fail, dict(name="x2", x=2), str(tmp_path))
+  assert not (tmp_path / "x2").exists()
+
+
 # ------------------------------------------------------------------------------------------- lm_comparison
 
 

@@ -73,10 +73,19 @@ def train_sft(run: dict, directory: str) -> dict:
 
 
 def train_grpo(run: dict, directory: str) -> dict:
+  """One GRPO run, then its held-out evals (the final step's; computed from the final state when the run was
+  already at its last step, e.g. resumed after a kill between its last checkpoint and its record)."""
+  from jaxpt.train.grpo import build_grpo
   from jaxpt.train.grpo import train_grpo as train
 
-  result = train(grpo_config(run), directory)
+  trainer = build_grpo(grpo_config(run), directory)
+  result = train(trainer.config, directory, trainer=trainer)
+  if result.preempted:
+    raise RuntimeError(f"{directory}: preempted at step {int(result.state.step)}")
   evals = {k: v for k, v in result.last_row.items() if k.startswith(("eval_accuracy_", "eval_pass1_"))}
+  if not evals:
+    evals = {k: float(v) for k, v in trainer.evaluate(result.state).items()
+             if k.startswith(("eval_accuracy_", "eval_pass1_"))}
   rollouts = [r["accuracy"] for r in results.read_metrics(directory) if "accuracy" in r]
   return dict(evals=evals, final_rollout_accuracy=float(sum(rollouts[-10:]) / max(1, len(rollouts[-10:]))))
 

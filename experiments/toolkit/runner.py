@@ -6,7 +6,9 @@
 `train_one(run, run_workdir) -> dict` is a module-level function (it is pickled to the workers); its dict, with the
 run's wall time and `environment()` (the git HEAD and versions that trained it), is saved as
 `<run_workdir>/done.json`, and a run whose done.json exists is not trained again, so an interrupted grid resumes
-where it stopped. A run that raises is reported and retried by the next invocation; the others go on.
+where it stopped. A run that raises is reported and retried by the next invocation; the others go on. A finished
+run's done.json is never replaced: a worker whose grid was killed (an orphan left with queued runs) trains
+nothing more, and a run finished by another grid meanwhile keeps that grid's record.
 
 Speed, not semantics: each worker uses single-threaded XLA when jobs > 1 (two single-threaded workers train ~1.3x
 faster than one two-threaded process on a 2-core machine), and all share JAX's persistent compilation cache
@@ -39,7 +41,16 @@ def load_done(workdir: str, run: dict) -> dict | None:
     return json.load(f)
 
 
-def _init_worker(cache_dir: str) -> None:
+class GridGone(RuntimeError):
+  """The process that started this worker is gone (killed): its queued runs are not trained."""
+
+
+_GRID_PID = None  # the pid of the grid process that started this worker
+
+
+def _init_worker(cache_dir: str, grid_pid: int) -> None:
+  global _GRID_PID
+  _GRID_PID = grid_pid
   import jax
   from absl import logging
 
@@ -51,16 +62,26 @@ def _init_worker(cache_dir: str) -> None:
 def _train_and_record(train_one: Callable[[dict, str], dict], run: dict, workdir: str) -> dict:
   from experiments.toolkit.environment import environment
 
+  if _GRID_PID is not None and os.getppid() != _GRID_PID:
+    raise GridGone(f"{run['name']}: the grid process {_GRID_PID} is gone; not training its queued runs")
   directory = run_dir(workdir, run)
+  finished = load_done(workdir, run)
+  if finished is not None:  # finished by another grid meanwhile: never trained or recorded twice
+    return finished
   os.makedirs(directory, exist_ok=True)
   start = time.perf_counter()
   summary = dict(run, **train_one(run, directory))
   summary["wall_s"] = time.perf_counter() - start
   summary["environment"] = environment()  # the code that trained it (a report may be written later, elsewhere)
-  temporary = os.path.join(directory, DONE_FILE + ".tmp")
+  temporary = os.path.join(directory, DONE_FILE + f".{os.getpid()}.tmp")
   with open(temporary, "w") as f:
     json.dump(summary, f, indent=1)
-  os.replace(temporary, os.path.join(directory, DONE_FILE))  # done.json appears whole or not at all
+  try:  # done.json appears whole or not at all, and a done.json written meanwhile by another grid is kept
+    os.link(temporary, os.path.join(directory, DONE_FILE))
+  except FileExistsError:
+    return load_done(workdir, run)
+  finally:
+    os.remove(temporary)
   return summary
 
 
@@ -79,7 +100,7 @@ def run_grid(runs: list[dict], train_one: Callable[[dict, str], dict], workdir: 
     start = time.time()
     context = multiprocessing.get_context("spawn")
     with futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_init_worker,
-                                     initargs=(os.path.join(workdir, "_jax_cache"),)) as pool:
+                                     initargs=(os.path.join(workdir, "_jax_cache"), os.getpid())) as pool:
       pending = {pool.submit(_train_and_record, train_one, r, workdir): r for r in todo}
       for count, future in enumerate(futures.as_completed(pending), 1):
         run = pending[future]
