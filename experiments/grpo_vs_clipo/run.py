@@ -120,14 +120,30 @@ def final_table(final: list[dict], sft: dict) -> tuple[list[dict], list[dict]]:
                        **{f"{kind}_{name}": stats.summary([s["evals"][f"eval_{kind}_{name}"] for s in runs])
                           for kind in ("accuracy", "pass1") for name in SETS}))
   comparisons = []
-  if len(by_method) == 2:
-    seeds = sorted(set(by_method["clipo"]) & set(by_method["grpo"]))
-    for kind in ("accuracy", "pass1"):
-      for name in SETS:
-        key = f"eval_{kind}_{name}"
+  for kind in ("accuracy", "pass1"):
+    for name in SETS:
+      key = f"eval_{kind}_{name}"
+      for method, by_seed in by_method.items():  # against the one SFT policy they start from
+        seeds = sorted(by_seed)
+        comparisons.append(dict(a=method, b="sft", metric=f"{kind}_{name}", seeds=seeds, **stats.paired(
+            [by_seed[i][key] for i in seeds], [sft["evals"][key]] * len(seeds))))
+      if len(by_method) == 2:
+        seeds = sorted(set(by_method["clipo"]) & set(by_method["grpo"]))
         comparisons.append(dict(a="clipo", b="grpo", metric=f"{kind}_{name}", seeds=seeds, **stats.paired(
             [by_method["clipo"][i][key] for i in seeds], [by_method["grpo"][i][key] for i in seeds])))
   return rows, comparisons
+
+
+CLIPO_DIAGNOSTICS = ("clipo_num_anchors", "clipo_pos_sim", "clipo_neg_sim", "clipo_reward_mean")
+
+
+def clipo_diagnostics(final: list[dict], workdir: str) -> dict:
+  """{metric: summary over the CLIPO runs of each run's mean over its steps} for CLIPO_DIAGNOSTICS: how many
+  anchors a step had, the anchors' mean cosine similarity to their positives and negatives, the mean reward."""
+  per_run = [[r for r in results.read_metrics(runner.run_dir(workdir, s)) if "clipo_num_anchors" in r]
+             for s in final if s["method"] == "clipo"]
+  return {key: stats.summary([sum(r[key] for r in rows) / len(rows) for rows in per_run if rows])
+          for key in CLIPO_DIAGNOSTICS}
 
 
 def markdown(payload: dict) -> str:
@@ -149,10 +165,19 @@ def markdown(payload: dict) -> str:
       lr = "—" if r["lr"] is None else f"{r['lr']:g}"
       lines.append(f"| {LABELS[r['method']]} | {lr} | " + " | ".join(stats.fmt(r[f"{kind}_{n}"]) for n in SETS) +
                    " |")
-  lines += ["", "Paired by seed, CLIPO - GRPO (positive: CLIPO better): mean [95% bootstrap CI], paired t, exact "
-            "sign-flip p (its minimum with n seeds).", "", "| metric | CLIPO - GRPO |", "|---|---|"]
+  curve = payload["sft"]["sft_curve"]
+  key = next((k for k in (curve[0] if curve else {}) if k.startswith("eval_answer_accuracy")), None)
+  if key:
+    lines += ["", "SFT plateau check, the SFT's own held-out greedy accuracy by step: " +
+              ", ".join(f"{r['step']}: {r[key]:.3f}" for r in curve) + "."]
+  lines += ["", "Differences (positive: A better): mean [95% bootstrap CI], paired t, exact sign-flip p (its minimum "
+            "with n seeds); against the SFT policy, each seed's run minus the SFT's one number.", "",
+            "| metric | A - B | difference |", "|---|---|---|"]
   for c in payload["comparisons"]:
-    lines.append(f"| {c['metric']} | {stats.fmt_paired(c)} |")
+    lines.append(f"| {c['metric']} | {LABELS[c['a']]} - {LABELS[c['b']]} | {stats.fmt_paired(c)} |")
+  if payload.get("clipo_diagnostics"):
+    lines += ["", "CLIPO diagnostics, each run's mean over its steps: " + ", ".join(
+        f"{k} {stats.fmt(v)}" for k, v in payload["clipo_diagnostics"].items()) + "."]
   return "\n".join(lines)
 
 
@@ -165,10 +190,11 @@ def plot(payload: dict, sft: dict, final: list[dict], workdir: str, out: str) ->
 
   fig, axes = plt.subplots(1, 3, figsize=(15, 4))
   curve = sft["sft_curve"]
-  key = next((k for k in (curve[0] if curve else {}) if k.startswith("eval_accuracy")), None)
+  key = "eval_answer_accuracy" if curve and "eval_answer_accuracy" in curve[0] else None  # problems solved
   if key:
     axes[0].plot([r["step"] for r in curve], [r[key] for r in curve], "o-", color=COLORS["sft"])
-  axes[0].set(xlabel="SFT step", ylabel=key or "", title="SFT: held-out greedy accuracy (plateau check)")
+  axes[0].set(xlabel="SFT step", ylabel="problems solved, greedy",
+              title="SFT: held-out greedy accuracy (plateau check)")
   for s in final:
     rows = [r for r in results.read_metrics(runner.run_dir(workdir, s)) if "accuracy" in r]
     acc = np.convolve([r["accuracy"] for r in rows], np.ones(10) / 10, mode="valid") if len(rows) >= 10 else []
@@ -181,7 +207,7 @@ def plot(payload: dict, sft: dict, final: list[dict], workdir: str, out: str) ->
     axes[2].bar(np.arange(len(SETS)) + (i - 1) * width, [100 * r[f"accuracy_{n}"]["mean"] for n in SETS], width,
                 yerr=[100 * r[f"accuracy_{n}"]["std"] for n in SETS], color=COLORS[r["method"]],
                 label=LABELS[r["method"]], capsize=2)
-  axes[2].set_xticks(np.arange(len(SETS)), SETS)
+  axes[2].set_xticks(np.arange(len(SETS)), [n.replace("test_", "") for n in SETS])
   axes[2].set(ylabel="greedy accuracy (%), mean ± sample std", title="Held-out sets", ylim=(0, 105))
   axes[2].legend(fontsize=8)
   fig.tight_layout()
@@ -227,10 +253,11 @@ def main(argv=None) -> None:
                             "accuracy) on 'validation' (training-split problems after task.train_size, unseen in "
                             "training)",
                   tuning_seeds=list(TUNE_SEEDS), reported_seeds=seeds,
-                  statistic="paired by seed, CLIPO - GRPO: t test, exact sign-flip test, 95% bootstrap CI",
+                  statistic="paired by seed, CLIPO - GRPO: t test, exact sign-flip test, 95% bootstrap CI; each "
+                            "method - SFT: the same on each seed's difference from the SFT policy's number",
                   summary="mean ± sample std (n)"),
       sets=common["sets"], sft_sets=common["sft_sets"], lrs=lrs, best_lr=best_lr, tuning=tuning_table,
-      sft=sft[0], final=rows, comparisons=comparisons,
+      sft=sft[0], final=rows, comparisons=comparisons, clipo_diagnostics=clipo_diagnostics(final, workdir),
       provenance=results.provenance(sft + tuning + final, os.path.join(HERE, "run.py")),
       sft_config=sft_config(common["sft_sets"]).to_dict(),
       grpo_config={m: grpo_config(dict(common, method=m, seed=0, lr=best_lr.get(m, 0.0))).to_dict()
