@@ -2,7 +2,7 @@
 Hyper-Connections and mHC-lite with 2 and 4 streams; dense, and MoE for Pre-Norm and SiameseNorm.
 
 The protocol of `experiments.toolkit.lm_comparison`: each scheme's lr tuned on validation (tuning seed 100, lrs
-1e-3..3e-2), then 3 reported seeds at that lr, test loss, and per-seed paired differences against Pre-Norm with the
+1e-3..1e-1), then 3 reported seeds at that lr, test loss, and per-seed paired differences against Pre-Norm with the
 same MLP (dense or MoE), of each SiameseNorm variant against each multi-stream scheme, and of MoE against dense; the
 mechanism the SiameseNorm paper argues (gradient norm reaching each block, residual-stream norm by depth, every
 stream) at init and after training, seed 0 of each scheme at 6 layers and at DEPTHS (lr tuned at 6 layers). Step
@@ -60,7 +60,7 @@ def comparisons(schemes=SCHEMES) -> tuple[tuple[str, str], ...]:
 EXPERIMENT = lm_comparison.Experiment(
     doc=__doc__, here=HERE, config="experiments.residual_schemes_lm.config",
     title="Residual schemes as LMs: Pre/Post/HybridNorm, SiameseNorm, HC, mHC-lite; dense and MoE (CPU)",
-    schemes=SCHEMES, comparisons=comparisons, lrs=(1e-3, 3e-3, 1e-2, 3e-2), tune_seeds=(100,),
+    schemes=SCHEMES, comparisons=comparisons, lrs=(1e-3, 3e-3, 1e-2, 3e-2, 1e-1), tune_seeds=(100,),
     seeds=(0, 1, 2), depths=DEPTHS,
     corpus=os.path.normpath(os.path.join(REPO_ROOT, "..", "shared", "data", "tinyshakespeare")),
     workdir="/tmp/residual_schemes_lm")
