@@ -239,18 +239,17 @@ def plot(tuning: list[dict], final: list[dict], depth: list[dict], out: str, wor
         axes[0][j].plot(range(len(grads)), grads, style, color=color,
                         label=r["scheme"] if probe_key == "probe_final" else None)
         norms = np.array(r[probe_key]["stream_norms"])
-        for k in range(norms.shape[1]):
-          axes[1][j].plot(range(len(norms)), norms[:, k], style, color=color, alpha=1.0 if k == 0 else 0.55,
-                          label=(r["scheme"] + (" x" if norms.shape[1] > 1 else "") if k == 0 else
-                                 r["scheme"] + " y") if probe_key == "probe_final" else None)
+        for k in range(norms.shape[1]):  # stream 0 (SiameseNorm's x) solid, the others faded
+          axes[1][j].plot(range(len(norms)), norms[:, k], style, color=color, alpha=1.0 if k == 0 else 0.45)
     axes[0][j].set(yscale="log", xlabel="block", ylabel="||dL/dθ_block||", title=f"{layers} layers: gradient "
                    "reaching each block")
     axes[1][j].set(yscale="log", xlabel="depth (0 = embedding)", ylabel="mean token ||stream||",
-                   title=f"{layers} layers: residual-stream norm")
+                   title=f"{layers} layers: residual-stream norms")
     for ax in (axes[0][j], axes[1][j]):
       ax.grid(alpha=0.3)
-      ax.legend(fontsize=6)
-  fig.suptitle("dotted: at init; solid: after training (seed 0, first validation batch)", fontsize=9)
+    axes[0][j].legend(fontsize=6)
+  fig.suptitle("dotted: at init; solid: after training (seed 0, first validation batch)\nstreams: the first in "
+               "full colour (SiameseNorm: x), the others faded (SiameseNorm: y; HC: streams 2..n)", fontsize=8)
   fig.tight_layout()
   fig.savefig(os.path.join(out, "depth_probes.png"), dpi=110)
   plt.close(fig)
