@@ -89,8 +89,7 @@ def train_one(run: dict, directory: str) -> dict:
 
   setup = rm.build_rm(make_config(run), directory)
   result = rm.train_rm(setup.config, directory, setup=setup)
-  if result.preempted:  # a killed run is resumed by the next invocation, never scored half-trained
-    raise RuntimeError(f"{directory}: preempted at step {int(result.state.step)}")
+  runner.require_finished(result, directory)
   out = dict(train_accuracy=result.last_row.get("accuracy"))
   for split in setup.evaluator.splits:
     report, per_pair = setup.training.under_rules(setup.evaluator.results)(result.state, split)

@@ -80,12 +80,10 @@ def train_grpo(run: dict, directory: str) -> dict:
 
   trainer = build_grpo(grpo_config(run), directory)
   result = train(trainer.config, directory, trainer=trainer)
-  if result.preempted:
-    raise RuntimeError(f"{directory}: preempted at step {int(result.state.step)}")
-  evals = {k: v for k, v in result.last_row.items() if k.startswith(("eval_accuracy_", "eval_pass1_"))}
-  if not evals:
-    evals = {k: float(v) for k, v in trainer.evaluate(result.state).items()
-             if k.startswith(("eval_accuracy_", "eval_pass1_"))}
+  runner.require_finished(result, directory)
+  is_eval = lambda key: key.startswith(("eval_accuracy_", "eval_pass1_"))  # noqa: E731
+  row = result.last_row if any(map(is_eval, result.last_row)) else trainer.evaluate(result.state)
+  evals = {k: float(v) for k, v in row.items() if is_eval(k)}
   rollouts = [r["accuracy"] for r in results.read_metrics(directory) if "accuracy" in r]
   return dict(evals=evals, final_rollout_accuracy=float(sum(rollouts[-10:]) / max(1, len(rollouts[-10:]))))
 

@@ -112,8 +112,7 @@ def train_and_read(setup, directory: str, key: str, summary: dict):
   except NonFiniteError as e:
     return None, dict(summary, diverged=True, nonfinite_step=e.step, val_loss=math.nan, test_loss=math.nan,
                       **{f"val_{key}": math.nan, f"test_{key}": math.nan})
-  if result.preempted:
-    raise RuntimeError(f"{directory}: preempted at step {int(result.state.step)}")
+  runner.require_finished(result, directory)
   row = last_eval(directory, f"eval_{key}")
   return result.state, dict(summary, diverged=False, val_loss=row.get("eval_val_loss", math.nan),
                             test_loss=row["eval_loss"], step=row["step"],

@@ -148,8 +148,7 @@ def train_one(run: dict, directory: str) -> dict:
     result = pretrain(config, directory, setup=setup)
   except NonFiniteError as e:  # diverged: recorded as such (infinite losses), not retried
     return dict(summary, validation_loss=math.inf, test_loss=math.inf, nonfinite_step=e.step, probe_final=None)
-  if result.preempted:
-    raise RuntimeError(f"{directory}: preempted at step {int(result.state.step)}")
+  runner.require_finished(result, directory)
   batches = test_batches(setup.data)
   test = make_lm_evaluator(TransformerLM(setup.config.model), batches)(result.state)
   evals = [r for r in results.read_metrics(directory) if "eval_loss" in r]

@@ -32,6 +32,13 @@ def run_dir(workdir: str, run: dict) -> str:
   return os.path.join(workdir, run["name"])
 
 
+def require_finished(result, directory: str) -> None:
+  """Raises for a training loop's result that was preempted (SIGTERM): the run resumes at the next invocation and
+  is never recorded or scored half-trained."""
+  if result.preempted:
+    raise RuntimeError(f"{directory}: preempted at step {int(result.state.step)}")
+
+
 def load_done(workdir: str, run: dict) -> dict | None:
   """The run's done.json, or None if it has not finished."""
   path = os.path.join(run_dir(workdir, run), DONE_FILE)

@@ -21,6 +21,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from jaxpt.nn.dense import Dense
+from jaxpt.nn.norms import standardize
 
 MAX_PERIOD = 10000.0
 
@@ -69,10 +70,7 @@ class LabelEmbedding(nn.Module):
 
 def layer_norm(h, eps: float):
   """LayerNorm over the last axis without scale or bias, computed in float32, returned in h's dtype."""
-  h32 = h.astype(jnp.float32)
-  centred = h32 - jnp.mean(h32, axis=-1, keepdims=True)
-  var = jnp.mean(jnp.square(centred), axis=-1, keepdims=True)
-  return (centred * jnp.reciprocal(jnp.sqrt(var + eps))).astype(h.dtype)
+  return standardize(h, eps).astype(h.dtype)
 
 
 def modulate(h, shift, scale):

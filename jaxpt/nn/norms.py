@@ -48,16 +48,20 @@ class RMSNorm(_RowNorm):
     return (x32 * inv_rms * scale.astype(jnp.float32)).astype(self.dtype)
 
 
+def standardize(x, eps: float):
+  """(x - mean(x)) / sqrt(var(x) + eps) over the last axis, in float32 (LayerNorm without scale and bias)."""
+  x32 = x.astype(jnp.float32)
+  centred = x32 - jnp.mean(x32, axis=-1, keepdims=True)
+  var = jnp.mean(jnp.square(centred), axis=-1, keepdims=True)
+  return centred * jnp.reciprocal(jnp.sqrt(var + eps))
+
+
 class LayerNorm(_RowNorm):
 
   @nn.compact
   def __call__(self, x):
     scale, bias = declare_scale(self, x.shape[-1]), declare_bias(self, x.shape[-1])
-    x32 = x.astype(jnp.float32)
-    mean = jnp.mean(x32, axis=-1, keepdims=True)
-    centred = x32 - mean
-    var = jnp.mean(jnp.square(centred), axis=-1, keepdims=True)
-    y = centred * jnp.reciprocal(jnp.sqrt(var + self.eps))
+    y = standardize(x, self.eps)
     return (y * scale.astype(jnp.float32) + bias.astype(jnp.float32)).astype(self.dtype)
 
 
