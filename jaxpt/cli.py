@@ -290,8 +290,11 @@ def _run(name: str) -> Callable[[list[str]], int]:
       print(f"jaxpt {name}: {e}", file=sys.stderr)
       return 4
     except (CheckpointError, OSError) as e:  # a full disk, a read-only workdir or one that is a file, ...
+      from jaxpt.oserrors import describe, errno_of
+
       kind = "checkpoint" if isinstance(e, CheckpointError) else "filesystem"
-      print(f"jaxpt {name}: {kind} error: {e}", file=sys.stderr, flush=True)
+      cause = describe(e) if kind == "filesystem" and errno_of(e) is not None else e  # the OS cause leads
+      print(f"jaxpt {name}: {kind} error: {cause}", file=sys.stderr, flush=True)
       sys.stdout.flush()
       os._exit(EXIT_IO)  # not sys.exit: a failed async save's writer threads print pages of noise at shutdown
 

@@ -17,6 +17,7 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 from jaxpt.config import ConfigError
+from jaxpt.oserrors import describe
 from jaxpt.train.state import TrainState
 
 CHECKPOINT_DIR = "checkpoints"
@@ -49,13 +50,6 @@ def quiet_orbax_noise() -> None:
   sys.unraisablehook = unraisable
   for handler in std_logging.getLogger().handlers:
     handler.addFilter(lambda record: not _is_orbax_noise(record))
-
-
-def _cause(error: BaseException) -> str:
-  """The first line of an error's message, with its type (orbax and tensorstore messages run to many lines)."""
-  lines = str(error).strip().splitlines()
-  cause = f"{type(error).__name__}: {lines[0] if lines else ''}"
-  return cause if len(cause) <= 400 else f"{cause[:180]} ... {cause[-200:]}"  # tensorstore puts the OS error last
 
 
 def _path_names(path: tuple) -> tuple[str, ...]:
@@ -99,7 +93,7 @@ def _check_manifest(step_dir: str) -> str | None:
   except FileNotFoundError:
     return None
   except (OSError, ValueError) as e:
-    return f"unreadable {MANIFEST} ({_cause(e)})"
+    return f"unreadable {MANIFEST} ({describe(e)})"
   for name, (size, crc) in sorted(entries.items()):
     path = os.path.join(step_dir, name)
     if not os.path.exists(path):
@@ -129,7 +123,7 @@ class Checkpointer:
       # creating a handler starts JAX's backend, which must wait for jax.distributed.initialize
       self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
     except OSError as e:
-      raise CheckpointError(f"cannot open {self.directory}: {_cause(e)}") from None
+      raise CheckpointError(f"cannot open {self.directory}: {describe(e)}") from None
     self._unverified: list[int] = []  # saved steps whose manifest is not written yet
 
   def latest_step(self) -> int | None:
@@ -145,7 +139,7 @@ class Checkpointer:
     try:
       started = bool(self._manager.save(step, args=args, force=True))
     except Exception as e:  # orbax raises OSError, ValueError, RuntimeError, ... from its writer threads
-      raise CheckpointError(f"saving the checkpoint at step {step} in {self.directory} failed: {_cause(e)}") from None
+      raise CheckpointError(f"saving the checkpoint at step {step} in {self.directory} failed: {describe(e)}") from None
     if started:
       self._unverified.append(step)
     return started
@@ -166,7 +160,7 @@ class Checkpointer:
         try:
           restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
         except Exception as e:  # orbax / tensorstore raise ValueError, JSONDecodeError, KeyError, ...
-          problem = _cause(e)
+          problem = describe(e)
       if problem is not None:
         logging.warning("checkpoint at step %d in %s does not restore, skipping it: %s", step, self.directory,
                         problem)
@@ -207,7 +201,7 @@ class Checkpointer:
     except Exception as e:
       steps = ", ".join(map(str, self._unverified)) or "?"
       self._unverified = []
-      raise CheckpointError(f"saving the checkpoint at step {steps} in {self.directory} failed: {_cause(e)}") \
+      raise CheckpointError(f"saving the checkpoint at step {steps} in {self.directory} failed: {describe(e)}") \
           from None
     steps, self._unverified = self._unverified, []
     if jax.process_index() == 0:
@@ -217,7 +211,7 @@ class Checkpointer:
             _write_manifest(self._step_dir(step))
           except OSError as e:
             raise CheckpointError(f"writing the manifest of step {step} in {self.directory} failed: "
-                                  f"{_cause(e)}") from None
+                                  f"{describe(e)}") from None
 
   def _step_dir(self, step: int) -> str:
     return os.path.join(self.directory, str(step))
@@ -229,7 +223,7 @@ class Checkpointer:
     try:
       saved = self._manager.item_metadata(step)["state"]
     except Exception as e:
-      return _cause(e)
+      return describe(e)
     saved_leaves = {_path_names(path): leaf for path, leaf in
                     jax.tree_util.tree_leaves_with_path(getattr(saved, "tree", saved))}
     for path, want in jax.tree_util.tree_leaves_with_path(abstract):
