@@ -38,7 +38,7 @@ from jaxpt.parallel.sharding import param_shardings
 from jaxpt.rl.sampler import SamplingConfig, make_sampler
 from jaxpt.train.checkpoint import Checkpointer
 from jaxpt.train.evaluate import recorded_config, run_kind
-from jaxpt.train.record import checkpoint_steps
+from jaxpt.train.record import CONFIG_FILE, checkpoint_steps
 
 PROMPT_BUCKET = 16  # prompt lengths are padded up to a multiple of this, so nearby lengths share one compiled sampler
 
@@ -236,9 +236,13 @@ def _load_run(workdir: str, step: int | None, mesh: Mesh | None, rules: str, ove
   if step is not None and step not in steps:
     raise FileNotFoundError(f"{workdir}: no checkpoint at step {step} (checkpoints at steps "
                             f"{', '.join(map(str, steps))})")
-  checkpointer = Checkpointer(workdir, async_save=False)
+  step = steps[-1] if step is None else step
+  checkpointer = Checkpointer(workdir, async_save=False, create=False)
   try:
-    params = checkpointer.restore_params(template, steps[-1] if step is None else step)
+    misfit = checkpointer.params_misfit(template, step)
+    if misfit is not None:  # e.g. a config.json edited by hand: restoring would give arrays of the wrong shapes
+      raise ValueError(f"{workdir}: the checkpoint at step {step} does not fit the run's {CONFIG_FILE}: {misfit}")
+    params = checkpointer.restore_params(template, step)
   finally:
     checkpointer.close()
   directory = run_tokenizer_dir(workdir, recorded)

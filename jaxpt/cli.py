@@ -48,7 +48,8 @@ _FORMAT = flags.DEFINE_enum("format", "auto", ["auto", "transformers", "jaxpt"],
                             "jaxpt export-hf: transformers (pre-scheme models), jaxpt (native), auto: the first "
                             "that fits.")
 WORKDIR_FLAGS = ("step", "out", "format", "overwrite")  # flags of the workdir subcommands only
-_OVERWRITE = flags.DEFINE_bool("overwrite", False, "jaxpt export-hf: replace a non-empty --out directory.")
+_OVERWRITE = flags.DEFINE_bool("overwrite", False, "jaxpt export-hf: replace a previous export in --out (one that "
+                                "holds only the files its jaxpt_export.json lists; anything else is refused).")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,7 +140,8 @@ WORKDIR_SUBCOMMANDS: dict[str, WorkdirSubcommand] = {c.name: c for c in (
                           "jaxpt.load('hf:OUT') reads back. The run's tokenizer files are copied along.", "",
                           "  --workdir DIR  the workdir of a jaxpt pretrain, sft, grpo or dpo run (or hf:DIR)",
                           "  --step N       the checkpoint step to export (default: the latest)",
-                          "  --out OUT      the directory to write (new or empty; --overwrite replaces one)",
+                          "  --out OUT      the directory to write (new or empty; --overwrite replaces a previous",
+                          "                 export, one holding only the files its jaxpt_export.json lists)",
                           "  --format F     auto | transformers | jaxpt (default auto)")),
 )}
 COMMANDS: dict[str, Subcommand | WorkdirSubcommand] = {**SUBCOMMANDS, **WORKDIR_SUBCOMMANDS}

@@ -5,7 +5,9 @@ by the Checkpointer, greedy `generate` against a plain argmax loop over full-seq
 padding), `score` against `RewardModel.apply` on hand-built prompt + response + EOS rows.
 """
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -213,3 +215,16 @@ def test_a_broken_tokenizer_is_reported_not_dropped(tmp_path):
 def test_scan_layers_of_a_run_cannot_be_overridden(lm_run):
   with pytest.raises(ConfigError, match=r"^model\.scan_layers=False: contradicts the run's config.json"):
     jaxpt.load(lm_run, scan_layers=False)
+
+
+def test_load_names_a_checkpoint_that_does_not_fit_the_recorded_config(lm_run, tmp_path):
+  """Issue 33: with config.json out of step with the checkpoint, `jaxpt.load` succeeded and `.logits` raised a Flax
+  traceback; now the load says which parameter differs, in one line."""
+  workdir = tmp_path / "run"
+  shutil.copytree(lm_run, workdir)
+  recorded = json.loads((workdir / "config.json").read_text())
+  recorded["model"]["mlp_dim"] = 2 * recorded["model"]["mlp_dim"]
+  (workdir / "config.json").write_text(json.dumps(recorded))
+  with pytest.raises(ValueError, match=r"^.*run: the checkpoint at step 4 does not fit the run's config\.json: "
+                     r"params/.*has shape \(1, 32, 64\) there, the config gives \(1, 32, 128\)$"):
+    jaxpt.load(str(workdir))

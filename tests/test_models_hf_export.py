@@ -23,6 +23,7 @@ from jaxpt.config import ConfigError
 from jaxpt.models import hf, hf_export
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM
+from tools.file_tree import snapshot
 from tests.test_models_hf import ASSETS, FAMILIES, ROOT, reference_python, tolerance
 
 IDS = np.array([[3, 17, 42, 9, 250, 1, 77, 5], [8, 8, 100, 2, 31, 64, 0, 12]], np.int32)
@@ -208,3 +209,45 @@ def test_never_writes_over_a_jaxpt_run_even_with_overwrite(tmp_path):
   with pytest.raises(FileExistsError, match="holds a jaxpt run .checkpoints/.; never written over"):
     hf_export.save_hf(params, config, str(tmp_path / "run"), overwrite=True)
   assert os.listdir(tmp_path / "run") == ["checkpoints"]
+
+
+def _a_checkout(root):
+  """A folder a user cares about: a git checkout's shape, hidden files, a nested file, an empty folder."""
+  (root / ".git" / "objects").mkdir(parents=True)
+  (root / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+  (root / "precious.txt").write_text("years of work")
+  (root / "sub").mkdir()
+  (root / "sub" / "x").write_text("x")
+  (root / "empty").mkdir()
+  return root
+
+
+def test_overwrite_replaces_only_a_previous_export(tmp_path):
+  """Issue 33: `--overwrite` emptied any non-empty directory (a git checkout, `.git` included)."""
+  config, params = random_model()
+  checkout = _a_checkout(tmp_path / "checkout")
+  before = snapshot(str(checkout))
+  with pytest.raises(FileExistsError, match=r"checkout: holds files no jaxpt export wrote \(\.git/HEAD, "
+                     r"\.git/objects/, empty/ and 2 more\); --overwrite replaces only a previous export"):
+    hf_export.save_hf(params, config, str(checkout), overwrite=True)
+  assert snapshot(str(checkout)) == before
+  assert sorted(os.listdir(tmp_path)) == ["checkout"]  # no work folder left beside it
+
+  out = tmp_path / "out"
+  hf_export.save_hf(params, config, str(out))
+  assert json.loads((out / hf_export.EXPORT_MARKER).read_text())["files"] == sorted(
+      f for f in os.listdir(out) if f != hf_export.EXPORT_MARKER)
+  changed = jax.tree.map(lambda p: p + 1, params)
+  hf_export.save_hf(changed, config, str(out), overwrite=True)  # a previous export: replaced
+  np.testing.assert_array_equal(hf.load(str(out))[1]["embedding"], changed["embedding"])
+  assert sorted(os.listdir(tmp_path)) == ["checkout", "out"]
+
+  (out / "notes.md").write_text("mine")  # a previous export that a user added to: refused, untouched
+  before = snapshot(str(out))
+  with pytest.raises(FileExistsError, match=r"out: holds files no jaxpt export wrote \(notes\.md\)"):
+    hf_export.save_hf(params, config, str(out), overwrite=True)
+  assert snapshot(str(out)) == before
+  (out / "notes.md").unlink()
+  (out / hf_export.EXPORT_MARKER).unlink()  # an export without its marker (or from before markers): refused
+  with pytest.raises(FileExistsError, match=r"holds files no jaxpt export wrote \(config\.json, model\.safetensors"):
+    hf_export.save_hf(params, config, str(out), overwrite=True)

@@ -221,4 +221,5 @@ def test_a_tokenizer_without_eos_is_refused(tmp_path):
   config["eos_token"] = None
   (source / "tokenizer_config.json").write_text(json.dumps(config))
   with pytest.raises(ConfigError, match=r"^config\.init_from='hf:.*': .*the tokenizer has no EOS token"):
-    init_tokenizer(f"hf:{source}", str(tmp_path / "run"), resuming=False)
+    init_tokenizer(f"hf:{source}", str(tmp_path / "run"), resuming=False, model_config=None)
+  assert not (tmp_path / "run").exists()  # refused before anything is copied into the workdir

@@ -1,23 +1,33 @@
-"""Fault injection: kill, corrupt and starve tiny `jaxpt pretrain` and `jaxpt grpo` runs, then check that the final
-params are bitwise those of an uninterrupted run.
+"""Fault injection: kill, interrupt, corrupt, starve and refuse tiny `jaxpt pretrain` and `jaxpt grpo` runs, then
+check that the final params are bitwise those of an uninterrupted run.
 
-    python tools/fault_injection.py [--kills 24] [--seed 0] [--trainers pretrain,grpo] [--root /tmp/jaxpt_faults]
+    python tools/fault_injection.py [--kills 24] [--interrupts 4] [--disk-fulls 4] [--refusals 4] [--seed 0]
+                                    [--trainers pretrain,grpo] [--root DIR]
 
-For each trainer: one uninterrupted reference run; then, in a second workdir, the same command relaunched until it
-finishes, each launch (seeded) either
+For each trainer: one uninterrupted reference run; then, in a second workdir (on a small tmpfs of its own when the
+tool runs as root, for the disk-full faults), the same command relaunched until it finishes, each launch (seeded)
   - SIGKILLed at a random moment of start-up (data, tokenizer, run record, compile), at a random moment after it
     logged a new step, or the moment a checkpoint save is under way (an `*.orbax-checkpoint-tmp*` folder exists),
-    in turn;
+    in turn (`--kills`);
+  - interrupted by SIGINT (Ctrl-C) at a random moment after it logged a new step: it must save and exit 130 with
+    one line (`--interrupts`);
+  - starved: at a random moment of the launch (start-up included) the rest of the tmpfs is filled, as a full disk
+    is; it must exit 5 with one line naming "ENOSPC: No space left on device" (or finish, if it needed no more
+    space), leaving the good state; the space is freed before the next launch (`--disk-fulls`);
   - once: the newest checkpoint is truncated before the relaunch (restore must fall back to the one before);
-  - once: run under a 50 kB file-size limit (a full disk or quota): it must exit 5 with one line, leaving the good
-    state;
-and the final checkpoint's arrays are compared with the reference's. Prints one JSON tally per trainer and exits
-non-zero on any mismatch or unexpected exit code.
+  - once: run under a 50 kB file-size limit (RLIMIT_FSIZE: EFBIG, a quota): exit 5 with one line;
+and between launches a relaunch that must be refused (a changed seed; a changed model allowed but not fitting the
+checkpoint) leaves every file of the workdir byte-identical (`--refusals`). The final checkpoint's arrays are
+compared with the reference's. Prints one JSON tally per trainer (faults survived, bitwise-equal finals, refusals
+with untouched workdirs, anything unexpected) and exits non-zero on any mismatch or unexpected outcome. `--root`
+must be a new or empty folder (default: a new temporary one); the tool deletes nothing it did not make.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import glob
 import json
 import os
@@ -26,14 +36,20 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
 import orbax.checkpoint as ocp
 
+if __package__ in (None, ""):  # run as a script (python tools/fault_injection.py): the repository root on the path
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tools.file_tree import snapshot  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUOTA = ("import os, resource, sys; limit = int(sys.argv[1]); resource.setrlimit(resource.RLIMIT_FSIZE, "
          "(limit, limit)); os.execv(sys.argv[2], sys.argv[2:])")
+EXIT_INTERRUPTED = 130  # jaxpt's exit code after a Ctrl-C (SIGINT): saved, rerun to resume
 QUOTA_BYTES = 50_000  # below the micro model's checkpoint files: the next save fails as on a full disk
 MICRO_MODEL = {"model.vocab_size": 512, "model.d_model": 32, "model.num_layers": 1, "model.num_heads": 2,
                "model.num_kv_heads": 2, "model.mlp_dim": 64}
@@ -51,10 +67,11 @@ COMMANDS = {
 }
 
 
-def command(trainer: str, workdir: str) -> list[str]:
+def command(trainer: str, workdir: str, **extra) -> list[str]:
+  """The `jaxpt <trainer>` command line of the tiny run in `workdir` (`extra`: more `--config.<field>` values)."""
   config, overrides = COMMANDS[trainer]
   return [sys.executable, "-m", "jaxpt.cli", trainer, "--config", config, "--workdir", workdir,
-          *(f"--config.{k}={v}" for k, v in overrides.items())]
+          *(f"--config.{k}={v}" for k, v in {**overrides, **extra}.items())]
 
 
 def saving(workdir: str, since: float) -> bool:
@@ -127,75 +144,225 @@ def truncate_newest(workdir: str) -> str:
   return f"step {steps[-1]}: {os.path.relpath(victim, workdir)}"
 
 
-def run_trainer(trainer: str, kills: int, seed: int, root: str) -> dict:
-  reference, faulty = os.path.join(root, trainer, "reference"), os.path.join(root, trainer, "faulty")
-  for d in (reference, faulty):
-    shutil.rmtree(d, ignore_errors=True)
+def interrupt(argv: list[str], workdir: str, rng: random.Random, timeout: float = 300) -> dict:
+  """One launch, sent SIGINT (Ctrl-C) at a random moment after it logged a new step, unless it finishes first."""
+  logged = _metrics_size(workdir)
+  proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  launched, delay, armed_at = time.time(), rng.uniform(0.0, 1.0), None
+  while proc.poll() is None and time.time() < launched + timeout:
+    if armed_at is None and _metrics_size(workdir) > logged:
+      armed_at = time.time()
+    if armed_at is not None and time.time() - armed_at >= delay:
+      break
+    time.sleep(0.002)
+  interrupted = proc.poll() is None
+  if interrupted:
+    proc.send_signal(signal.SIGINT)
+  _, err = proc.communicate(timeout=timeout)
+  return {"interrupted": interrupted, "returncode": proc.returncode, "stderr": err.strip().splitlines()}
+
+
+def fill(path: str) -> int:
+  """Writes `path` until the filesystem is full (ENOSPC); the bytes written."""
+  written, chunk = 0, b"\0" * 65536
+  with open(path, "wb", buffering=0) as f:
+    while True:
+      try:
+        written += f.write(chunk)
+      except OSError as e:
+        if e.errno != errno.ENOSPC:
+          raise
+        if len(chunk) == 1:
+          return written
+        chunk = chunk[:len(chunk) // 2]
+
+
+def starve(argv: list[str], ballast: str, rng: random.Random, timeout: float = 300) -> dict:
+  """One launch whose filesystem fills up (`ballast` takes the rest of it) at a random moment, start-up included;
+  the ballast is removed once the launch has ended."""
+  proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  try:
+    proc.wait(timeout=rng.uniform(0.0, 8.0))
+  except subprocess.TimeoutExpired:
+    pass
+  filled = proc.poll() is None
+  if filled:
+    fill(ballast)
+  try:
+    _, err = proc.communicate(timeout=timeout)
+  finally:
+    if os.path.exists(ballast):
+      os.remove(ballast)
+  return {"filled_while_running": filled, "returncode": proc.returncode, "stderr": err.strip().splitlines()}
+
+
+REFUSED = (({"seed": 99}, 2), ({"model.d_model": 64, "allow_changes": "model.d_model"}, 5))  # overrides, exit code
+
+
+def refuse(trainer: str, workdir: str, which: int) -> dict:
+  """A relaunch that must be refused (REFUSED[which]); whether it was, and left every file of `workdir` as it was."""
+  extra, expected = REFUSED[which % len(REFUSED)]
+  before = snapshot(workdir)
+  done = subprocess.run(command(trainer, workdir, **extra), cwd=ROOT, capture_output=True, text=True)
+  after = snapshot(workdir)
+  changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+  return {"overrides": extra, "returncode": done.returncode, "expected": expected, "changed": changed[:5],
+          "untouched": not changed, "one_line": _one_line(done.stderr)}
+
+
+def _one_line(stderr: str) -> bool:
+  """Whether a failed launch said why in one line: no traceback, and its last line names the command."""
+  lines = stderr.strip().splitlines()
+  return bool(lines) and "Traceback" not in stderr and lines[-1].startswith("jaxpt ")
+
+
+@contextlib.contextmanager
+def small_disk(path: str, size: str = "64m"):
+  """A tmpfs of `size` mounted at `path` (made here) for the block, or None where mounting is not permitted."""
+  os.makedirs(path)
+  mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path],
+                           capture_output=True).returncode == 0
+  try:
+    yield path if mounted else None
+  finally:
+    if mounted:
+      subprocess.run(["umount", path], check=True)
+    os.rmdir(path)
+
+
+def run_trainer(trainer: str, faults: dict[str, int], seed: int, root: str) -> dict:
+  """The reference run, then the faulty one relaunched through `faults` (counts per kind) until it finishes; the
+  tally."""
+  reference = os.path.join(root, trainer, "reference")
   done = subprocess.run(command(trainer, reference), cwd=ROOT, capture_output=True, text=True)
   if done.returncode != 0:
     raise SystemExit(f"reference {trainer} run failed: {done.stderr[-2000:]}")
-  rng = random.Random(seed)
-  tally = {"trainer": trainer, "launches": 0, "sigkills": 0, "sigkills_during_save": 0, "corruptions": [],
+  with small_disk(os.path.join(root, trainer, "disk")) as disk:
+    faulty = os.path.join(disk or os.path.join(root, trainer), "faulty")
+    tally = relaunch_through_faults(trainer, faulty, faults if disk else {**faults, "disk_fulls": 0},
+                                    random.Random(seed), ballast=os.path.join(disk or root, "ballast"))
+    if disk is None:
+      tally["disk_fulls_skipped"] = "mounting a tmpfs is not permitted here (run as root)"
+    ref_step, ref = final_arrays(reference)
+    got_step, got = final_arrays(faulty)
+    skipped = os.path.join(faulty, "checkpoints_skipped")
+    tally["skipped_checkpoints"] = sorted(os.listdir(skipped)) if os.path.isdir(skipped) else []
+  differing = sorted(k for k in ref if k not in got or ref[k].shape != got[k].shape or
+                     not np.array_equal(ref[k], got[k]))
+  tally.update(final_step=[ref_step, got_step], arrays=len(ref), arrays_differing=differing[:5],
+               bitwise_identical=ref_step == got_step and not differing and ref.keys() == got.keys())
+  return tally
+
+
+def relaunch_through_faults(trainer: str, faulty: str, faults: dict[str, int], rng: random.Random,
+                            ballast: str) -> dict:
+  """Launches `trainer` in `faulty` until it finishes, injecting `faults` ({kills, interrupts, disk_fulls,
+  refusals}: how many of each) in a seeded order; the tally of what happened."""
+  tally = {"trainer": trainer, "launches": 0, "sigkills": 0, "sigkills_during_save": 0, "interrupts": 0,
+           "disk_fulls": 0, "disk_full_exits": {}, "refusals": 0, "refusals_untouched": 0, "corruptions": [],
            "quota_exit": None, "unexpected": []}
   argv = command(trainer, faulty)
-  corrupt_at, quota_at = kills // 3, 2 * kills // 3
-  while True:
+  plan = ["kill"] * faults["kills"] + ["interrupt"] * faults["interrupts"] + ["disk_full"] * faults["disk_fulls"]
+  rng.shuffle(plan)
+  refuse_after = set(rng.sample(range(len(plan)), min(faults["refusals"], len(plan))))
+  corrupt_at, quota_at = len(plan) // 3, 2 * len(plan) // 3
+  done_faults = 0
+
+  def has_checkpoint() -> bool:  # a committed one: a killed save leaves `<step>.orbax-checkpoint-tmp-*` folders
+    folder = os.path.join(faulty, "checkpoints")
+    return os.path.isdir(folder) and any(name.isdigit() for name in os.listdir(folder))
+
+  while done_faults < len(plan):
     tally["launches"] += 1
-    if tally["sigkills"] == quota_at and tally["quota_exit"] is None and glob.glob(os.path.join(faulty, "checkpoints",
-                                                                                                 "[0-9]*")):
+    if done_faults == quota_at and tally["quota_exit"] is None and has_checkpoint():
       starved = subprocess.run([sys.executable, "-c", QUOTA, str(QUOTA_BYTES), *argv], cwd=ROOT,
                                capture_output=True, text=True)
       lines = starved.stderr.strip().splitlines()
       tally["quota_exit"] = {"returncode": starved.returncode, "stderr_lines": len(lines),
                              "last_line": lines[-1][:200] if lines else ""}
-      if starved.returncode not in (0, 5):
-        tally["unexpected"].append(f"quota launch exited {starved.returncode}")
+      if starved.returncode not in (0, 5) or starved.returncode == 5 and not _one_line(starved.stderr):
+        tally["unexpected"].append(f"quota launch exited {starved.returncode}: {lines[-1:]}")
       continue
-    if tally["sigkills"] >= kills:
-      finished = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
-      if finished.returncode != 0:
-        tally["unexpected"].append(f"final launch exited {finished.returncode}: {finished.stderr[-500:]}")
-      break
-    if tally["sigkills"] == corrupt_at and not tally["corruptions"] and glob.glob(os.path.join(faulty, "checkpoints",
-                                                                                                "[0-9]*")):
+    if done_faults == corrupt_at and not tally["corruptions"] and has_checkpoint():
       tally["corruptions"].append(truncate_newest(faulty))
-    mode = KILL_MODES[tally["launches"] % len(KILL_MODES)]
-    outcome = launch_and_kill(argv, faulty, rng, mode)
-    if outcome["killed"]:
-      tally["sigkills"] += 1
-      tally["sigkills_during_save"] += outcome["during_save"]
-      tally[f"sigkills_{mode}"] = tally.get(f"sigkills_{mode}", 0) + 1
-    elif outcome["returncode"] == 0:  # finished before the kill: start over in a fresh workdir, keep the tally
-      tally["finished_before_kill"] = tally.get("finished_before_kill", 0) + 1
-      shutil.rmtree(faulty)
+    if done_faults in refuse_after and has_checkpoint():
+      refuse_after.discard(done_faults)
+      refused = refuse(trainer, faulty, tally["refusals"])
+      tally["refusals"] += 1
+      tally["refusals_untouched"] += refused["untouched"]
+      if not refused["untouched"] or refused["returncode"] != refused["expected"] or not refused["one_line"]:
+        tally["unexpected"].append(f"refusal {refused}")
+      continue
+    kind = plan[done_faults]
+    if kind == "kill":
+      mode = KILL_MODES[tally["sigkills"] % len(KILL_MODES)]
+      outcome = launch_and_kill(argv, faulty, rng, mode)
+      hit, expected = outcome["killed"], outcome["returncode"] == -signal.SIGKILL
+      if hit:
+        tally["sigkills"] += 1
+        tally["sigkills_during_save"] += outcome["during_save"]
+        tally[f"sigkills_{mode}"] = tally.get(f"sigkills_{mode}", 0) + 1
+    elif kind == "interrupt":
+      outcome = interrupt(argv, faulty, rng)
+      hit = outcome["interrupted"]
+      expected = outcome["returncode"] == EXIT_INTERRUPTED and _one_line("\n".join(outcome["stderr"]))
+      tally["interrupts"] += hit
     else:
-      tally["unexpected"].append(f"exit {outcome['returncode']}: {outcome['stderr_tail']}")
+      outcome = starve(argv, ballast, rng)
+      hit = outcome["filled_while_running"]
+      said = outcome["stderr"][-1] if outcome["stderr"] else ""
+      expected = outcome["returncode"] == 0 or (outcome["returncode"] == 5 and "ENOSPC" in said and
+                                               _one_line("\n".join(outcome["stderr"])))
+      tally["disk_fulls"] += hit
+      exits = tally["disk_full_exits"]
+      exits[str(outcome["returncode"])] = exits.get(str(outcome["returncode"]), 0) + 1
+    if not expected and not (kind != "disk_full" and not hit and outcome["returncode"] == 0):
+      tally["unexpected"].append(f"{kind}: exit {outcome['returncode']}: {outcome.get('stderr', [])[-1:]}"
+                                 f"{outcome.get('stderr_tail', '')}")
       break
-  ref_step, ref = final_arrays(reference)
-  got_step, got = final_arrays(faulty)
-  differing = sorted(k for k in ref if k not in got or ref[k].shape != got[k].shape or
-                     not np.array_equal(ref[k], got[k]))
-  tally.update(final_step=[ref_step, got_step], arrays=len(ref), arrays_differing=differing[:5],
-               bitwise_identical=ref_step == got_step and not differing and ref.keys() == got.keys(),
-               skipped_checkpoints=sorted(os.listdir(os.path.join(faulty, "checkpoints_skipped")))
-               if os.path.isdir(os.path.join(faulty, "checkpoints_skipped")) else [])
+    if outcome["returncode"] == 0 and not hit:  # finished before the fault: start over, keep the tally
+      tally["finished_before_fault"] = tally.get("finished_before_fault", 0) + 1
+      shutil.rmtree(faulty)  # made by this tool
+      continue
+    done_faults += 1
+  finished = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+  if finished.returncode != 0:
+    tally["unexpected"].append(f"final launch exited {finished.returncode}: {finished.stderr[-500:]}")
   return tally
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--kills", type=int, default=24)
-  parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--trainers", default="pretrain,grpo")
-  parser.add_argument("--root", default="/tmp/jaxpt_faults")
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "),
+                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  parser.add_argument("--kills", type=int, default=24, help="SIGKILLs per trainer, in turn at start-up, after a "
+                      "logged step and during a checkpoint save")
+  parser.add_argument("--interrupts", type=int, default=4, help="SIGINTs (Ctrl-C) per trainer after a logged "
+                      "step; each must save and exit 130 with one line")
+  parser.add_argument("--disk-fulls", type=int, default=4, help="launches per trainer whose disk fills at a "
+                      "random moment (a tmpfs; needs root); each must exit 5 with one ENOSPC line or finish")
+  parser.add_argument("--refusals", type=int, default=4, help="refused relaunches per trainer (a changed seed; a "
+                      "model change whose checkpoint does not fit); each must leave the workdir byte-identical")
+  parser.add_argument("--seed", type=int, default=0, help="seeds the order of the faults and their moments")
+  parser.add_argument("--trainers", default="pretrain,grpo", help=f"comma-separated, of {', '.join(COMMANDS)}")
+  parser.add_argument("--root", default=None, help="a new or empty folder for the runs (default: a new temporary "
+                      "folder); kept afterwards for inspection")
   args = parser.parse_args()
+  root = args.root or tempfile.mkdtemp(prefix="jaxpt_faults-")
+  if os.path.exists(root) and (not os.path.isdir(root) or os.listdir(root)):
+    parser.error(f"--root {root}: not a new or empty folder (the tool writes its runs there and deletes nothing "
+                 "it did not make)")
+  faults = {"kills": args.kills, "interrupts": args.interrupts, "disk_fulls": args.disk_fulls,
+            "refusals": args.refusals}
   ok = True
   for trainer in args.trainers.split(","):
     started = time.time()
-    tally = run_trainer(trainer, args.kills, args.seed, args.root)
+    tally = run_trainer(trainer, faults, args.seed, root)
     tally["seconds"] = round(time.time() - started)
+    tally["faults_survived"] = tally["sigkills"] + tally["interrupts"] + tally["disk_fulls"] + len(
+        tally["corruptions"]) + (tally["quota_exit"] is not None)
     print(json.dumps(tally), flush=True)
     ok = ok and tally["bitwise_identical"] and not tally["unexpected"]
+  print(json.dumps({"root": root, "bitwise_identical_finals": ok}), flush=True)
   sys.exit(0 if ok else 1)
 
 

@@ -12,7 +12,9 @@ Each tensor is the inverse of its import mapping (`hf.Source`: jaxpt = W.transpo
 so W = jaxpt.reshape(group sizes).transpose(back)), one layer at a time. Arrays are gathered one parameter at a
 time (`process_allgather` on multi-host meshes; only process 0 writes), so the host holds at most one shard file's
 tensors plus one parameter. The directory is written beside `out_dir` and renamed into place when complete: an
-export killed midway leaves no half-written checkpoint under `out_dir`.
+export killed midway leaves no half-written checkpoint under `out_dir`. Each export lists its files in
+`jaxpt_export.json`; `overwrite=True` replaces a directory only when it holds nothing else (a previous export),
+and refuses any other non-empty directory, naming what is there.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import dataclasses
 import json
 import os
 import shutil
+import tempfile
 from typing import Any, Callable, Iterator
 
 import flax.linen as nn
@@ -37,6 +40,7 @@ from jaxpt.models.config import ModelConfig
 
 MAX_SHARD_BYTES = 4 * 2**30  # 4 GiB per safetensors file, as transformers' save_pretrained writes
 FORMATS = ("auto", "transformers", "jaxpt")
+EXPORT_MARKER = "jaxpt_export.json"  # in every export: its format and files (what --overwrite may replace)
 
 
 def transformers_family(config: ModelConfig) -> tuple[str | None, str, str]:
@@ -168,14 +172,58 @@ def _write_tensors(tensors: Iterator[tuple[str, np.ndarray]], directory: str, ma
       json.dump({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, f, indent=2)
 
 
+def _files_under(directory: str) -> list[str]:
+  """Every file under `directory` (hidden ones too), relative to it, sorted; also each empty folder ('sub/') and
+  each link to a folder (never followed): a replacement would lose them too."""
+  found = []
+  for folder, dirs, names in os.walk(directory):
+    relative = os.path.relpath(folder, directory)
+    found += [os.path.normpath(os.path.join(relative, n)) for n in names]
+    found += [os.path.normpath(os.path.join(relative, d)) for d in dirs if os.path.islink(os.path.join(folder, d))]
+    if folder != directory and not dirs and not names:
+      found.append(f"{relative}/")
+  return sorted(found)
+
+
+def _previous_export(out_dir: str) -> list[str]:
+  """The files of `out_dir` that its EXPORT_MARKER (written by the export that made it) does not list: what a
+  replacement would lose. Every file, when there is no readable marker."""
+  present = _files_under(out_dir)
+  try:
+    with open(os.path.join(out_dir, EXPORT_MARKER)) as f:
+      written = set(json.load(f)["files"]) | {EXPORT_MARKER}
+  except (OSError, ValueError, KeyError, TypeError):
+    return present
+  return [f for f in present if f not in written]
+
+
 def _check_out_dir(out_dir: str, overwrite: bool) -> None:
-  if os.path.isfile(out_dir):
+  """Raises FileExistsError (one line naming what is there) unless `out_dir` is absent, an empty directory, or,
+  with `overwrite`, a previous export holding only the files it wrote."""
+  if os.path.islink(out_dir):
+    raise FileExistsError(f"{out_dir}: is a symbolic link (expected a new or empty directory)")
+  if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
     raise FileExistsError(f"{out_dir}: is a file (expected a new or empty directory)")
   if os.path.isdir(os.path.join(out_dir, "checkpoints")):
     raise FileExistsError(f"{out_dir}: holds a jaxpt run (checkpoints/); never written over, --overwrite or not")
-  if os.path.isdir(out_dir) and os.listdir(out_dir) and not overwrite:
+  if not os.path.isdir(out_dir) or not os.listdir(out_dir):
+    return
+  if not overwrite:
     raise FileExistsError(f"{out_dir}: exists and is not empty (choose a new directory, or overwrite=True / "
                           "--overwrite)")
+  foreign = _previous_export(out_dir)
+  if foreign:
+    shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+    raise FileExistsError(f"{out_dir}: holds files no jaxpt export wrote ({shown}); --overwrite replaces only a "
+                          f"previous export (one with its {EXPORT_MARKER}): choose another directory")
+
+
+def _write_marker(directory: str, format: str) -> None:
+  """`directory/EXPORT_MARKER`: the export's format and every file it wrote, so `--overwrite` can tell a previous
+  export (replaced) from anything else (refused)."""
+  record = {"format": format, "files": _files_under(directory)}
+  with open(os.path.join(directory, EXPORT_MARKER), "w") as f:
+    json.dump(record, f, indent=2)
 
 
 def _on_process_0(action: Callable[[], None], others: Callable[[], None] = lambda: None) -> None:
@@ -218,29 +266,33 @@ def save_hf(params: Any, config: ModelConfig, out_dir: str, *, format: str = "au
   hf_json = native_config(config, ids) if native else transformers_config(config, family, ids)
   write = jax.process_index() == 0
   out_dir = os.path.abspath(os.path.expanduser(out_dir))
-  partial = f"{out_dir}.partial-{os.getpid()}"
+  work: list[str] = []  # process 0: a new folder beside out_dir (new/: the export, old/: the one it replaces)
 
   def start() -> None:
     _check_out_dir(out_dir, overwrite)
-    shutil.rmtree(partial, ignore_errors=True)
-    os.makedirs(partial)
+    os.makedirs(os.path.dirname(out_dir), exist_ok=True)
+    work.append(tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.export-", dir=os.path.dirname(out_dir)))
+    os.makedirs(os.path.join(work[0], "new"))
 
   def finish() -> None:
+    partial = os.path.join(work[0], "new")
     with open(os.path.join(partial, hf.CONFIG_FILE), "w") as f:
       json.dump(hf_json, f, indent=2, sort_keys=True)
     if tokenizer_dir is not None:
       copy_tokenizer(tokenizer_dir, partial)
-    if os.path.isdir(out_dir):
-      shutil.rmtree(out_dir)
-    os.replace(partial, out_dir)
+    _write_marker(partial, "jaxpt" if native else "transformers")
+    _check_out_dir(out_dir, overwrite)  # again: nothing may have been added to it while the tensors were written
+    if os.path.isdir(out_dir):  # empty, or a previous export: set aside (a kill now loses neither), then removed
+      os.rename(out_dir, os.path.join(work[0], "old"))
+    os.rename(partial, out_dir)
 
   _on_process_0(start)  # before any gather: a refused out_dir stops every process
   try:
     tensors = hf_tensors(params, native)
-    _on_process_0(lambda: _write_tensors(tensors, partial, max_shard_bytes, write=True),
-                  others=lambda: _write_tensors(tensors, partial, max_shard_bytes, write=False))
+    _on_process_0(lambda: _write_tensors(tensors, os.path.join(work[0], "new"), max_shard_bytes, write=True),
+                  others=lambda: _write_tensors(tensors, "", max_shard_bytes, write=False))
     _on_process_0(finish)
   finally:
-    if write:
-      shutil.rmtree(partial, ignore_errors=True)
+    if write and work:
+      shutil.rmtree(work[0], ignore_errors=True)  # made by this call: the unfinished export or the replaced one
   return "jaxpt" if native else "transformers"

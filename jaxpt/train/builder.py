@@ -112,15 +112,17 @@ class Training:
     return batches
 
   def run(self, batches: Callable[[int], Iterator[dict]], workdir: str,
-          evaluate: Callable[[TrainState], dict] | None = None, stop_at: int | None = None) -> LoopResult:
+          evaluate: Callable[[TrainState], dict] | None = None, stop_at: int | None = None,
+          record: Callable[[], Any] | None = None) -> LoopResult:
     """Trains (or resumes) in `workdir` from `init_state()` on the shared loop: `batches(start)` as from
-    `self.batches`, `evaluate` its eval_fn; checkpoints carry the run config. Record the launch first."""
+    `self.batches`, `evaluate` its eval_fn; checkpoints carry the run config. `record()` records the launch once
+    the checkpoint has restored (`train_loop`)."""
     state = self.init_state()
     logging.info("model: %.2fM params; training %d steps in %s", param_count(state.params) / 1e6, self.config.steps,
                  workdir)
     parallel.log_memory("train_step", self.memory)
     return train_loop(state, self.train_step, batches, self.config.loop, workdir, eval_fn=evaluate,
-                      meta={"config": config_json(self.config)}, stop_at=stop_at)
+                      meta={"config": config_json(self.config)}, stop_at=stop_at, record=record)
 
   def under_rules(self, fn: Callable[..., Any]) -> Callable[..., Any]:
     """`fn` run with the mesh's activation rules on (its jitted functions trace on the first call)."""

@@ -115,9 +115,10 @@ class Checkpointer:
   newest checkpoint that is intact and fits. Save and restore failures raise CheckpointError (one line).
   """
 
-  def __init__(self, workdir: str, keep: int = 3, async_save: bool = True):
+  def __init__(self, workdir: str, keep: int = 3, async_save: bool = True, create: bool = True):
+    """create=False for a reader (eval, export, init_from): nothing is made in `workdir`."""
     self.directory = os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save, create=True)
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save, create=create)
     try:
       handlers = {"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}  # not on import:
       # creating a handler starts JAX's backend, which must wait for jax.distributed.initialize
@@ -216,23 +217,30 @@ class Checkpointer:
   def _step_dir(self, step: int) -> str:
     return os.path.join(self.directory, str(step))
 
+  def _saved_leaves(self, step: int) -> dict[tuple[str, ...], Any]:
+    """{path names: shape/dtype metadata} of the TrainState saved at `step`, read from its metadata (no arrays)."""
+    saved = self._manager.item_metadata(step)["state"]
+    return {_path_names(path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(getattr(saved, "tree",
+                                                                                                     saved))}
+
+  def params_misfit(self, template: Any, step: int) -> str | None:
+    """The first parameter of `template` (a params tree of arrays or ShapeDtypeStructs) that the params saved at
+    `step` lack or hold in another shape, as 'blocks/.../kernel has shape (64, 32) there, the config gives (128,
+    32)'; None when all fit. Reads only the checkpoint's metadata."""
+    return _first_misfit(self._saved_leaves(step), template, ("params",))
+
   def _misfit(self, step: int, abstract: TrainState) -> str | None:
     """Why `step`'s saved tree cannot be read (a corrupt checkpoint: None lets the caller fall back), or raises
     CheckpointError when it reads but does not fit `abstract` (the run's config changed a shape: older steps would
     not fit either)."""
     try:
-      saved = self._manager.item_metadata(step)["state"]
+      saved = self._saved_leaves(step)
     except Exception as e:
       return describe(e)
-    saved_leaves = {_path_names(path): leaf for path, leaf in
-                    jax.tree_util.tree_leaves_with_path(getattr(saved, "tree", saved))}
-    for path, want in jax.tree_util.tree_leaves_with_path(abstract):
-      name = "/".join(_path_names(path))
-      got = saved_leaves.get(_path_names(path))
-      if got is None or tuple(got.shape) != tuple(want.shape):
-        saved_as = "is absent" if got is None else f"has shape {tuple(got.shape)}"
-        raise CheckpointError(f"the checkpoint at step {step} in {self.directory} does not fit this run's config: "
-                              f"{name} {saved_as} there, the config gives {tuple(want.shape)}")
+    misfit = _first_misfit(saved, abstract)
+    if misfit is not None:
+      raise CheckpointError(f"the checkpoint at step {step} in {self.directory} does not fit this run's config: "
+                            f"{misfit}")
     return None
 
   def _set_aside(self, steps: list[int], restored: int) -> None:
@@ -249,25 +257,50 @@ class Checkpointer:
     self._manager.reload()
 
 
+def _first_misfit(saved: dict[tuple[str, ...], Any], template: Any, prefix: tuple[str, ...] = ()) -> str | None:
+  """The first leaf of `template` that `saved` ({path names under `prefix`: metadata}) lacks or holds in another
+  shape, in words; None when every leaf fits."""
+  for path, want in jax.tree_util.tree_leaves_with_path(template):
+    got = saved.get(prefix + _path_names(path))
+    if got is None or tuple(got.shape) != tuple(want.shape):
+      saved_as = "is absent" if got is None else f"has shape {tuple(got.shape)}"
+      return f"{'/'.join(prefix + _path_names(path))} {saved_as} there, the config gives {tuple(want.shape)}"
+  return None
+
+
+def check_run_params(workdir: str, template: Any, field: str = "config.init_from") -> None:
+  """ConfigError naming `field` when the jaxpt run in `workdir` has no checkpoint, or the params of its latest one
+  lack a parameter of `template` or hold it in another shape. Reads only the checkpoint's metadata, so a trainer
+  checks its `init_from` before any data work; nothing is written in `workdir`."""
+  workdir = os.path.expanduser(workdir)
+  if not os.path.isdir(os.path.join(workdir, CHECKPOINT_DIR)):
+    raise ConfigError(field, f"no checkpoint under {os.path.join(workdir, CHECKPOINT_DIR)}", workdir)
+  checkpointer = Checkpointer(workdir, async_save=False, create=False)
+  try:
+    step = checkpointer.latest_step()
+    if step is None:
+      raise ConfigError(field, f"no checkpoint under {checkpointer.directory}", workdir)
+    try:
+      misfit = checkpointer.params_misfit(template, step)
+    except Exception as e:  # an unreadable checkpoint: orbax raises ValueError, FileNotFoundError, ...
+      raise ConfigError(field, f"the checkpoint at step {step} does not read ({describe(e)})", workdir) from None
+  finally:
+    checkpointer.close()
+  if misfit is not None:
+    raise ConfigError(field, f"its params do not fit config.model: {misfit}", workdir)
+
+
 def load_run_params(workdir: str, template: Any, field: str = "config.init_from") -> Any:
   """The `params` of the latest checkpoint of a jaxpt pretrain / SFT run in `workdir` (nothing else is read),
   restored into the structure, dtypes and shardings of `template` (e.g. a TransformerLM params tree: a policy, or
   a reward model's backbone). ConfigError naming `field` when the run has no checkpoint or its parameter tree or
-  shapes differ from `template`'s.
+  shapes differ from `template`'s (`check_run_params`).
   """
-  checkpointer = Checkpointer(os.path.expanduser(workdir), async_save=False)
+  check_run_params(workdir, template, field)
+  checkpointer = Checkpointer(os.path.expanduser(workdir), async_save=False, create=False)
   try:
-    if checkpointer.latest_step() is None:
-      raise ConfigError(field, f"no checkpoint under {checkpointer.directory}", workdir)
-    try:
-      params = checkpointer.restore_params(template)
-    except (ValueError, KeyError, TypeError) as e:
-      raise ConfigError(field, f"its params do not fit config.model ({e})", workdir) from None
+    return checkpointer.restore_params(template)
+  except (ValueError, KeyError, TypeError) as e:
+    raise ConfigError(field, f"its params do not restore into config.model's ({describe(e)})", workdir) from None
   finally:
     checkpointer.close()
-  for path, got, want in zip(jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(params),
-                             jax.tree.leaves(template)):
-    if got.shape != want.shape:
-      raise ConfigError(field, f"parameter {jax.tree_util.keystr(path[0])} has shape {got.shape}, "
-                        f"config.model needs {want.shape}", workdir)
-  return params

@@ -48,7 +48,7 @@ from jaxpt.train.init_from import init_tokenizer
 from jaxpt.train.loop import LoopResult, print_summary, train_loop
 from jaxpt.train.pairs import (BIAS_PREFIX, PairEvaluator, check_bias_label, eval_splits, flatten_batch, pair_tokens,
                                report_when_finished)
-from jaxpt.train.record import check_launch, record_launch, resumes, run_inputs
+from jaxpt.train.record import check_launch, launch_recorder, resumes
 from jaxpt.train.state import TrainState
 from jaxpt.train.step import GradFn
 
@@ -238,7 +238,7 @@ def build_dpo(config: DPORunConfig | Any, workdir: str) -> DPOTraining:
   mesh = training_mesh(config, batch_size)  # before any data work
   check_launch(workdir, config)
   say(f"preparing preference data in {workdir} ...")
-  tokenizer = init_tokenizer(config.init_from, workdir, resumes(workdir))
+  tokenizer = init_tokenizer(config.init_from, workdir, resumes(workdir), config.model)
   data = preference_batches.PreferenceData.create(config.data, vocab_size=config.model.vocab_size, workdir=workdir,
                                                   seed=config.seed, tokenizer=tokenizer,
                                                   keep_tokenizer=resumes(workdir))
@@ -282,13 +282,13 @@ def train_dpo(config: DPORunConfig | Any, workdir: str, *, setup: Optional[DPOTr
   compiled functions."""
   setup = setup or build_dpo(config, workdir)
   config = setup.config
-  record_launch(workdir, config, run_inputs(setup.data.corpus_id, setup.data.tokenizer), setup.data.tokenizer)
   state = setup.init_state()
   logging.info("DPO%s: %.2fM params; training %d steps in %s", "+DIR" if config.dpo.dir else "",
                param_count(state.params) / 1e6, config.steps, workdir)
   parallel.log_memory("dpo_train_step", setup.training.memory)
   result = train_loop(state, setup.train_step, setup.batches, config.loop, workdir, eval_fn=setup.evaluate,
-                      meta={"config": config_json(config)}, stop_at=stop_at)
+                      meta={"config": config_json(config)}, stop_at=stop_at,
+                      record=launch_recorder(workdir, config, setup.data.corpus_id, setup.data.tokenizer))
   report_when_finished(setup.training, setup.evaluator, result, config.steps, workdir,
                        f"DPO{'+DIR' if config.dpo.dir else ''} implicit reward")
   return result

@@ -124,7 +124,7 @@ def evaluate_run(workdir: str, step: int | None = None) -> dict:
     raise EvalError(f"{workdir}: the run has no eval set (config.{eval_field}=0)")
   template = training.sharded.init_state()  # not init_state(): `init_from`'s params would be read for nothing
   say(f"restoring the params of step {step} ...")
-  checkpointer = Checkpointer(workdir, async_save=False)
+  checkpointer = Checkpointer(workdir, async_save=False, create=False)
   try:
     params = checkpointer.restore_params(template.params, step)
   except Exception as e:  # orbax / tensorstore raise ValueError, KeyError, FileNotFoundError, ...

@@ -51,7 +51,7 @@ from jaxpt.train.builder import Training, build_training, training_mesh
 from jaxpt.train.config import RunConfig, check_vocab, config_json
 from jaxpt.train.init_from import init_tokenizer
 from jaxpt.train.loop import LoopResult, print_summary, train_loop
-from jaxpt.train.record import check_launch, digest, record_launch, resumes, run_inputs
+from jaxpt.train.record import check_launch, digest, launch_recorder, resumes
 from jaxpt.train.state import TrainState
 from jaxpt.train.step import grad_fn_of
 
@@ -465,7 +465,7 @@ def _first_problems(prompts: PromptData, count: int) -> dict[str, list[dict]]:
 def _tokenizer(config: GRPORunConfig, workdir: str):
   """The `init_from` run's tokenizer as it is (never retrained: the policy's embedding rows are its ids; copied
   into `workdir/tokenizer`), else the task's tokenizer trained in (or loaded from) `workdir`."""
-  tokenizer = init_tokenizer(config.init_from, workdir, resumes(workdir))
+  tokenizer = init_tokenizer(config.init_from, workdir, resumes(workdir), config.model)
   if tokenizer is None:
     tokenizer = task_tokenizer(config.task, config.model.vocab_size, workdir, config.task.data_dir(workdir),
                                keep_existing=resumes(workdir))
@@ -538,13 +538,12 @@ def train_grpo(config: GRPORunConfig | Any, workdir: str, *, trainer: GRPOTraine
   """Trains (or resumes) the GRPO run in `workdir`; `trainer` reuses compiled functions across runs."""
   trainer = trainer or build_grpo(config, workdir)
   config = trainer.config
-  record_launch(workdir, config, run_inputs(f"task|{config.task.train_identity}", trainer.tokenizer),
-                trainer.tokenizer)
   logging.info("GRPO: %d prompts x %d rollouts per step, %d steps in %s", config.data.prompts_per_step,
                config.grpo.group_size, config.steps, workdir)
   return train_loop(trainer.init_state(), trainer.train_step, trainer.batches, config.loop, workdir,
                     eval_fn=trainer.evaluate if config.data.eval_prompts else None,
-                    meta={"config": config_json(config)}, stop_at=stop_at)
+                    meta={"config": config_json(config)}, stop_at=stop_at,
+                    record=launch_recorder(workdir, config, f"task|{config.task.train_identity}", trainer.tokenizer))
 
 
 def run_grpo(config: GRPORunConfig, workdir: str) -> int:

@@ -4,9 +4,10 @@
                                                     shardings: a jaxpt run's latest checkpoint (orbax partial
                                                     restore), or an HF checkpoint streamed block by block into
                                                     the template's shardings (`jaxpt.models.hf.load_params`)
-    init_tokenizer(init_from, workdir, resuming)    the tokenizer the starting params' embedding rows belong to,
-                                                    copied into `workdir/tokenizer/` at the first launch (a
-                                                    resumed run reads its own copy), or None for random init
+    init_tokenizer(init_from, workdir, resuming,    the tokenizer the starting params' embedding rows belong to,
+                   model_config)                    copied into `workdir/tokenizer/` at the first launch (a
+                                                    resumed run reads its own copy), or None for random init;
+                                                    first, before any data work, checks the start fits
 
 The model config of an `hf:` start comes from the checkpoint's config.json (`RunConfig.prepare_values`).
 """
@@ -16,14 +17,17 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 from jax.experimental import multihost_utils
 
 from jaxpt.config import ConfigError, DataError
 from jaxpt.data import tokenizer as tokenizer_lib
 from jaxpt.models import hf
 from jaxpt.models.config import ModelConfig
-from jaxpt.train.checkpoint import load_run_params
+from jaxpt.models.transformer import TransformerLM
+from jaxpt.train.checkpoint import check_run_params, load_run_params
 
 FIELD = "config.init_from"
 
@@ -51,24 +55,37 @@ def _source_tokenizer_dir(init_from: str) -> str:
   return directory if directory is not None else os.path.join(os.path.expanduser(init_from), "tokenizer")
 
 
-def init_tokenizer(init_from: str, workdir: str, resuming: bool):
+def check_fits(init_from: str, model_config: ModelConfig) -> None:
+  """ConfigError naming config.init_from when the jaxpt run `init_from` names has no checkpoint or its params do
+  not fit `model_config` (from the checkpoint's metadata: no arrays are read, nothing is written). An `hf:` start
+  needs no check here: its model config is read from the checkpoint's own config.json."""
+  if not init_from or hf_directory(init_from) is not None:
+    return
+  model = TransformerLM(model_config)
+  boxed = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 1), jnp.int32)))["params"]
+  check_run_params(init_from, nn.meta.unbox(boxed), FIELD)
+
+
+def init_tokenizer(init_from: str, workdir: str, resuming: bool, model_config: ModelConfig):
   """The tokenizer of the run `init_from` names (jaxpt's sentencepiece `Tokenizer` or an `HFTokenizer`), from
   `workdir/tokenizer/`, where it is copied at the first launch; None for a random init (the trainer trains its
-  own). A resumed run keeps its copy even if the source changed since. ConfigError naming config.init_from when the
-  source has no tokenizer."""
+  own). A resumed run keeps its copy even if the source changed since. Called before any data work, it first
+  checks the start: ConfigError naming config.init_from when it has no tokenizer, or one without EOS, or its params
+  do not fit `model_config` (`check_fits`); nothing is copied into `workdir` then."""
   if not init_from:
     return None
   own = os.path.join(workdir, "tokenizer")
   source = _source_tokenizer_dir(init_from)
-  if not tokenizer_lib.tokenizer_files(source) and not (resuming and tokenizer_lib.tokenizer_files(own)):
+  kept = resuming and tokenizer_lib.tokenizer_files(own)
+  if not kept and not tokenizer_lib.tokenizer_files(source):
     raise ConfigError(FIELD, f"{source}: no tokenizer (tokenizer.json or {tokenizer_lib.MODEL_FILE}; the run needs "
                       "the tokenizer its params were trained with)", init_from)
-  if not (resuming and tokenizer_lib.tokenizer_files(own)) and jax.process_index() == 0:
+  if tokenizer_lib.load_tokenizer(own if kept else source).eos_id is None:
+    raise ConfigError(FIELD, f"{source}: the tokenizer has no EOS token (eos_token in tokenizer_config.json), which "
+                      "ends every training example and stops generation", init_from)
+  check_fits(init_from, model_config)
+  if not kept and jax.process_index() == 0:
     tokenizer_lib.copy_tokenizer(source, own)  # one writer; the others read it after the barrier
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices("jaxpt_init_tokenizer")
-  tokenizer = tokenizer_lib.load_tokenizer(own)
-  if tokenizer.eos_id is None:
-    raise ConfigError(FIELD, f"{source}: the tokenizer has no EOS token (eos_token in tokenizer_config.json), which "
-                      "ends every training example and stops generation", init_from)
-  return tokenizer
+  return tokenizer_lib.load_tokenizer(own)

@@ -69,6 +69,7 @@ def workdir_lock(workdir: str) -> Iterator[None]:
     return
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise NotADirectoryError(f"the workdir {workdir} is a file, not a folder")
+  created = not os.path.exists(workdir)
   os.makedirs(workdir, exist_ok=True)
   path = os.path.abspath(os.path.join(workdir, LOCK_FILE))
   if not _HELD.get(path):
@@ -82,3 +83,6 @@ def workdir_lock(workdir: str) -> Iterator[None]:
       del _HELD[path]
       with contextlib.suppress(FileNotFoundError):
         os.remove(path)
+      if created:  # made here and still empty: a launch refused after taking the lock leaves no folder behind
+        with contextlib.suppress(OSError):
+          os.rmdir(workdir)

@@ -155,8 +155,8 @@ def _is_due(step: int, every: int) -> bool:
 
 
 def train_loop(state: TrainState, train_step: TrainStep, batches: BatchesFn, config: LoopConfig, workdir: str, *,
-               eval_fn: EvalFn | None = None, meta: dict | None = None,
-               stop_at: int | None = None) -> LoopResult:
+               eval_fn: EvalFn | None = None, meta: dict | None = None, stop_at: int | None = None,
+               record: Callable[[], Any] | None = None) -> LoopResult:
   """Trains `state` to `config.steps`, resuming from the latest checkpoint in `workdir` if there is one.
 
   train_step(state, batch) -> (state, metrics): typically jitted; metrics are scalars (`num_tokens`, if
@@ -166,6 +166,9 @@ def train_loop(state: TrainState, train_step: TrainStep, batches: BatchesFn, con
   eval_fn(state) -> dict of scalars, run every `eval_every` steps and at the end.
   meta: JSON-able dict saved with each checkpoint (e.g. the config).
   stop_at: stop (and checkpoint) after this step, as if preempted there; for staged runs and tests.
+  record(): called once the checkpoint to resume from (if any) has restored into `state`, the last check a relaunch
+    can fail (a checkpoint that does not fit the config), and before the loop writes anything: it records the
+    launch (`jaxpt.train.record.record_launch`), so a refused relaunch leaves the workdir as it was.
   Writes metrics.jsonl rows {step, loss, ..., lr, grad_norm, tokens_per_sec, eval_*}, TensorBoard, loss.png.
   """
   with workdir_lock(workdir):  # one writer per workdir
@@ -173,6 +176,8 @@ def train_loop(state: TrainState, train_step: TrainStep, batches: BatchesFn, con
     restored = checkpointer.restore_latest(state)
     if restored is not None:
       state = restored
+    if record is not None:
+      record()
     start = int(jax.device_get(state.step))
     end = config.steps if stop_at is None else min(config.steps, stop_at)
     if start:

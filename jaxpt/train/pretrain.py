@@ -20,7 +20,7 @@ from jaxpt.train.config import RunConfig, check_vocab
 from jaxpt.train.init_from import init_tokenizer
 from jaxpt.train.lm import LMLossConfig, make_lm_evaluator, make_lm_loss_fn
 from jaxpt.train.loop import LoopResult, print_summary
-from jaxpt.train.record import check_launch, digest, record_launch, resumes, run_inputs
+from jaxpt.train.record import check_launch, digest, launch_recorder, resumes
 from jaxpt.train.state import TrainState
 
 
@@ -83,7 +83,7 @@ def build_pretraining(config: PretrainRunConfig | Any, workdir: str) -> LMTraini
   check_launch(workdir, config, None if corpus_id is None else {"corpus": digest(corpus_id)})
   data = LMData.create(config.data, vocab_size=config.model.vocab_size, workdir=workdir, seed=config.seed,
                        keep_tokenizer=resumes(workdir),
-                       tokenizer=init_tokenizer(config.init_from, workdir, resumes(workdir)))
+                       tokenizer=init_tokenizer(config.init_from, workdir, resumes(workdir), config.model))
   model = TransformerLM(config.model)
   return build_lm_training(config, mesh, data,
                            lambda eval_batches: make_lm_evaluator(model, eval_batches, config.loss.name))
@@ -91,9 +91,8 @@ def build_pretraining(config: PretrainRunConfig | Any, workdir: str) -> LMTraini
 
 def run_lm_training(setup: LMTraining, workdir: str, stop_at: int | None = None) -> LoopResult:
   """Trains (or resumes) the LM run `setup` in `workdir` (run record, metrics, checkpoints)."""
-  config = setup.config
-  record_launch(workdir, config, run_inputs(setup.data.corpus_id, setup.data.tokenizer), setup.data.tokenizer)
-  return setup.training.run(setup.batches, workdir, setup.evaluate, stop_at)
+  return setup.training.run(setup.batches, workdir, setup.evaluate, stop_at,
+                            record=launch_recorder(workdir, setup.config, setup.data.corpus_id, setup.data.tokenizer))
 
 
 def pretrain(config: PretrainRunConfig | Any, workdir: str, *, setup: LMTraining | None = None,

@@ -13,18 +13,20 @@ unless the launch names them in the run config's `allow_changes` ('steps,optim.l
 config is accepted (and recorded).
 
     check_launch(workdir, config)                  # early, before data work (config fields only)
-    record_launch(workdir, config, inputs)         # once the inputs are known: check again, then record
+    record_launch(workdir, config, inputs)         # once the inputs are known and the checkpoint restored (the
+                                                   # training loop's `record`): check again, then record
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import hashlib
 import json
 import os
 import socket
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import jax
 
@@ -50,6 +52,12 @@ def digest(text: str | bytes) -> str:
 def run_inputs(corpus_id: str, tokenizer: Any) -> dict[str, str]:
   """A run's `inputs`: digests of its training corpus's identity (content-based) and of its tokenizer model."""
   return {"corpus": digest(corpus_id), "tokenizer": digest(tokenizer.model_proto)}
+
+
+def launch_recorder(workdir: str, config: Any, corpus_id: str, tokenizer: Any) -> Callable[[], dict[str, list]]:
+  """`record()` for `train_loop(record=...)`: `record_launch` of a run whose inputs are a corpus (its identity) and
+  a tokenizer, called once the run's checkpoint has restored."""
+  return functools.partial(record_launch, workdir, config, run_inputs(corpus_id, tokenizer), tokenizer)
 
 
 def resumes(workdir: str) -> bool:

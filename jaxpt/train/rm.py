@@ -40,7 +40,7 @@ from jaxpt.train.init_from import init_tokenizer
 from jaxpt.train.loop import LoopResult, print_summary, train_loop
 from jaxpt.train.pairs import (BIAS_PREFIX, PairEvaluator, check_bias_label, eval_splits, flatten_batch, pair_tokens,
                                report_when_finished)
-from jaxpt.train.record import check_launch, record_launch, resumes, run_inputs
+from jaxpt.train.record import check_launch, launch_recorder, resumes
 from jaxpt.train.state import TrainState
 from jaxpt.train.step import make_train_step
 
@@ -283,7 +283,8 @@ def build_rm(config: RMRunConfig | Any, workdir: str) -> RewardTraining:
   say(f"preparing preference data in {workdir} ...")
   data = preference_batches.PreferenceData.create(
       config.data, vocab_size=config.model.vocab_size, workdir=workdir, seed=config.seed,
-      tokenizer=init_tokenizer(config.init_from, workdir, resumes(workdir)), keep_tokenizer=resumes(workdir))
+      tokenizer=init_tokenizer(config.init_from, workdir, resumes(workdir), config.model),
+      keep_tokenizer=resumes(workdir))
   check_vocab(config.model, data.tokenizer.vocab_size)
   if settings.loss == "odin" and settings.odin_length_sign == "auto":
     share = data.chosen_longer_share("train")
@@ -313,13 +314,13 @@ def train_rm(config: RMRunConfig | Any, workdir: str, *, setup: Optional[RewardT
   and score_vs_length.png there (other eval splits in eval_<split>/). `setup` reuses compiled functions."""
   setup = setup or build_rm(config, workdir)
   config = setup.config
-  record_launch(workdir, config, run_inputs(setup.data.corpus_id, setup.data.tokenizer), setup.data.tokenizer)
   state = setup.training.init_state()
   logging.info("reward model (%s): %.2fM params; training %d steps in %s", config.rm.loss,
                param_count(state.params) / 1e6, config.steps, workdir)
   parallel.log_memory("rm_train_step", setup.training.memory)
   result = train_loop(state, setup.training.train_step, setup.batches, config.loop, workdir, eval_fn=setup.evaluate,
-                      meta={"config": config_json(config)}, stop_at=stop_at)
+                      meta={"config": config_json(config)}, stop_at=stop_at,
+                      record=launch_recorder(workdir, config, setup.data.corpus_id, setup.data.tokenizer))
   report_when_finished(setup.training, setup.evaluator, result, config.steps, workdir,
                        f"reward model ({config.rm.loss})")
   return result

@@ -137,7 +137,7 @@ def build_sft(config: SFTRunConfig | Any, workdir: str) -> LMTraining:
   check_launch(workdir, config, {"corpus": digest(f"task|{config.task.train_identity}")})
   data_dir = config.task.data_dir(workdir)
   say(f"preparing the task's data and tokenizer in {workdir} ...")
-  tokenizer = init_tokenizer(config.init_from, workdir, resumes(workdir))
+  tokenizer = init_tokenizer(config.init_from, workdir, resumes(workdir), config.model)
   if tokenizer is None:
     tokenizer = sft_data.task_tokenizer(config.task, config.model.vocab_size, workdir, data_dir,
                                         keep_existing=resumes(workdir))

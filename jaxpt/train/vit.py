@@ -132,9 +132,9 @@ class ImageTraining:
     return {"images": digest(self.data.identity)}
 
   def train(self, workdir: str, stop_at: int | None = None) -> LoopResult:
-    """Records the launch, then trains (or resumes) the run in `workdir`; the loop's result."""
-    record_launch(workdir, self.config, self.inputs)
-    return self.training.run(self.batches, workdir, self.evaluate, stop_at)
+    """Trains (or resumes) the run in `workdir`, recording the launch once its checkpoint restored; the result."""
+    return self.training.run(self.batches, workdir, self.evaluate, stop_at,
+                             record=lambda: record_launch(workdir, self.config, self.inputs))
 
 
 def build_image_training(config: RunConfig | Any, workdir: str, section: str, model: nn.Module, init_args: tuple,
