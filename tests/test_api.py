@@ -5,6 +5,7 @@ by the Checkpointer, greedy `generate` against a plain argmax loop over full-seq
 padding), `score` against `RewardModel.apply` on hand-built prompt + response + EOS rows.
 """
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 
 import jaxpt
-from jaxpt.api import run_export_hf
+from jaxpt.api import Model, run_export_hf
 from jaxpt.config import ConfigError
 from jaxpt.data.hf_tokenizer import HFTokenizer
 from jaxpt.data.tokenizer import Tokenizer
@@ -213,3 +214,27 @@ def test_a_broken_tokenizer_is_reported_not_dropped(tmp_path):
 def test_scan_layers_of_a_run_cannot_be_overridden(lm_run):
   with pytest.raises(ConfigError, match=r"^model\.scan_layers=False: contradicts the run's config.json"):
     jaxpt.load(lm_run, scan_layers=False)
+
+
+def test_token_ids_outside_the_vocabulary_are_one_line_naming_the_id_and_position(lm, reward_run):
+  """Before: accepted; the jitted embedding gather filled or clamped them into a plausible-looking answer."""
+  vocab = lm.config.vocab_size
+  ids = np.array([[5, 9, 17, 3], [40, 2, vocab, 8]], np.int32)
+  with pytest.raises(ValueError, match=rf"^logits: token id {vocab} at position \(1, 2\) of token_ids is outside "
+                                       rf"the model's vocabulary \[0, {vocab}\) \(config.vocab_size={vocab}\)$"):
+    lm.logits(ids)
+  with pytest.raises(ValueError, match=r"^logits: token id -1 at position \(0, 0\) of token_ids "):
+    lm.logits([[-1, 2]])
+  # A tokenizer larger than the model's vocabulary: the model here has 8 ids, its tokenizer 512.
+  small = Model(dataclasses.replace(lm.config, vocab_size=8), lm.params, lm.tokenizer, source=lm.source)
+  first = lm._prompt_ids([PROMPTS[0]], chat=False)[0]
+  j = next(j for j, token in enumerate(first) if token >= 8)
+  with pytest.raises(ValueError, match=rf"^generate: token id {first[j]} at position \(0, {j}\) of the prompts' "
+                                       r"token ids is outside the model's vocabulary \[0, 8\)"):
+    small.generate(PROMPTS, max_new_tokens=2)
+  reward = jaxpt.load(reward_run)
+  reward = Model(dataclasses.replace(reward.config, vocab_size=8), reward.params, reward.tokenizer, kind="reward",
+                 source=reward.source)
+  with pytest.raises(ValueError, match=r"^score: token id \d+ at position \(0, \d+\) of the prompt \+ response \+ "
+                                       r"EOS token ids is outside the model's vocabulary \[0, 8\)"):
+    reward.score(["Which is better?"], ["The first one."])
