@@ -10,20 +10,25 @@ DIR [--step N]` evaluates a checkpoint of an existing run (`jaxpt.train.evaluate
 Exit codes: 0 finished; 2 a config or data error (one line naming the field, or the file and line; no traceback);
 3 a non-finite loss, gradient or parameter stopped the run (nothing of it saved); 4 another live run holds the
 workdir's lock; 5 a checkpoint or filesystem error (one line: the cause and the path; e.g. a full disk, a read-only
-workdir, no checkpoint that restores); 75 a SIGTERM stopped it after saving a checkpoint (rerun the same command to
-resume).
+workdir, no checkpoint that restores); 75 a SIGTERM stopped training after saving a checkpoint at that step (rerun
+the same command to resume); 130 a Ctrl-C (SIGINT) did, likewise; 143 a SIGTERM outside the training loop (data
+preparation, compiling, ...: one line naming what was under way; only finished, atomically written files are kept;
+rerunning continues), 130 a Ctrl-C there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import importlib
 import os
 import re
 import shutil
+import signal
 import sys
 import textwrap
+import threading
 import traceback
 from typing import Any, Callable
 
@@ -304,6 +309,40 @@ def _parse_flags(name: str, argv: list[str]) -> list[str]:
   sys.exit(2)
 
 
+class Stopped(BaseException):
+  """SIGTERM or SIGINT (Ctrl-C) stopped a training subcommand outside its training loop (data preparation,
+  compiling, restoring, the final report); a BaseException, as KeyboardInterrupt, so that no `except Exception`
+  swallows it."""
+
+  def __init__(self, signum: int):
+    self.signum = signum
+    self.name = "Ctrl-C (SIGINT)" if signum == signal.SIGINT else signal.Signals(signum).name
+    super().__init__(self.name)
+
+
+@contextlib.contextmanager
+def _signals_stop_the_command():
+  """SIGTERM and SIGINT raise `Stopped` (once: another signal while it unwinds is ignored) while the subcommand runs
+  outside the training loop: the loop installs its own handlers (checkpoint, then stop) and restores these after."""
+  if threading.current_thread() is not threading.main_thread():  # Python handlers belong to the main thread
+    yield
+    return
+  stopped: list[int] = []
+
+  def handle(signum, frame):
+    del frame
+    if not stopped:
+      stopped.append(signum)
+      raise Stopped(signum)
+
+  previous = {signum: signal.signal(signum, handle) for signum in (signal.SIGTERM, signal.SIGINT)}
+  try:
+    yield
+  finally:
+    for signum, handler in previous.items():
+      signal.signal(signum, handler)
+
+
 def _run(name: str) -> Callable[[list[str]], int]:
   def run(argv: list[str]) -> int:
     quiet = not flags.FLAGS["verbosity"].present
@@ -337,11 +376,21 @@ def _run(name: str) -> Callable[[list[str]], int]:
       quiet_orbax_noise()  # a failed save is one CheckpointError line, not hundreds of orbax / asyncio lines
     from jaxpt.parallel.distributed import initialize
 
-    initialize(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)  # before any jax work
+    several = initialize(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value,
+                         _PROCESS_ID.value)  # before any jax work
     try:
       if isinstance(command, WorkdirSubcommand):
         return command(_WORKDIR.value, _STEP.value)
-      return command(_CONFIG.value, _WORKDIR.value)
+      # jax's preemption service handles SIGTERM in a multi-process run (a Python handler would replace its own)
+      with contextlib.nullcontext() if several else _signals_stop_the_command():
+        return command(_CONFIG.value, _WORKDIR.value)
+    except Stopped as e:  # outside the training loop, whose own handlers save a checkpoint and stop
+      from jaxpt import progress
+
+      print(f"jaxpt {name}: {e.name} while {progress.doing()}; nothing was trained or saved since the last "
+            "checkpoint; rerun the same command to continue", file=sys.stderr, flush=True)
+      sys.stdout.flush()
+      os._exit(128 + e.signum)  # not sys.exit: data preparation's or orbax's threads must not hold the exit up
     except ConfigError as e:
       print(f"jaxpt {name}: config error: {e}", file=sys.stderr)
       return 2

@@ -1,4 +1,4 @@
-"""The one training loop: restore -> iterate batches -> step -> log / eval / checkpoint, SIGTERM-safe.
+"""The one training loop: restore -> iterate batches -> step -> log / eval / checkpoint, SIGTERM- and Ctrl-C-safe.
 
 Pretraining, reward modelling and GRPO differ only in the `train_step` and batch iterator they pass in.
 """
@@ -19,6 +19,7 @@ from jax.experimental import multihost_utils
 from absl import logging
 from tqdm.auto import tqdm  # in a Jupyter kernel with ipywidgets (Colab): the notebook's widget bar
 
+from jaxpt import progress
 from jaxpt.config import Section, at_least, one_of
 from jaxpt.train.checkpoint import Checkpointer
 from jaxpt.train.lock import workdir_lock
@@ -27,6 +28,7 @@ from jaxpt.train.state import TrainState
 
 NONFINITE_ACTIONS = ("stop", "skip")
 EXIT_PREEMPTED = 75  # sysexits' EX_TEMPFAIL: stopped by SIGTERM after saving; rerunning the command resumes
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's code for Ctrl-C: stopped by it after saving; rerunning resumes
 EXIT_NONFINITE = 3  # stopped at a non-finite step (NonFiniteError); nothing of it was saved
 TrainStep = Callable[[TrainState, Any], tuple[TrainState, dict]]
 BatchesFn = Callable[[int], Iterator[Any]]
@@ -42,7 +44,7 @@ class LoopConfig(Section):
     log_every: steps between metrics rows (metrics.jsonl, TensorBoard, progress); also a row at every eval and at
       the end.
     eval_every: steps between evaluations; 0 = only at the end of the run.
-    checkpoint_every: steps between checkpoints; 0 = only at the end of the run (and on SIGTERM).
+    checkpoint_every: steps between checkpoints; 0 = only at the end of the run (and on SIGTERM or Ctrl-C).
     keep_checkpoints: how many of the newest checkpoints are kept.
     async_checkpoints: write checkpoints in the background while training goes on.
     progress: progress on stderr: on a terminal a tqdm bar (in a notebook with ipywidgets, e.g. Colab, tqdm.auto's
@@ -90,41 +92,50 @@ def _first_nonfinite(metrics: Sequence[dict], first_step: int) -> NonFiniteError
 @dataclasses.dataclass
 class LoopResult:
   state: TrainState
-  preempted: bool  # stopped by SIGTERM (a checkpoint at state.step was saved)
+  preempted: bool  # stopped by SIGTERM or SIGINT (a checkpoint at state.step was saved)
   last_row: dict  # the last metrics row written
+  signal: str | None = None  # the signal that stopped it: 'SIGTERM' or 'SIGINT' (Ctrl-C); None when not preempted
 
 
 class _Preemption:
-  """Turns SIGTERM into a flag the loop checks between steps.
+  """Turns SIGTERM and SIGINT (Ctrl-C) into a flag the loop checks between steps, naming the signal.
 
-  One process: a Python SIGTERM handler (only installable from the main thread). Several processes: jax's
-  preemption service (started by `jax.distributed.initialize`) catches SIGTERM on any host and agrees on a step all
-  hosts reach; `poll(step)` turns the flag on there on every host, so all stop and checkpoint at the same step.
+  One process: Python handlers for both (only installable from the main thread), the previous ones restored after.
+  Several processes: jax's preemption service (started by `jax.distributed.initialize`) catches SIGTERM on any host
+  and agrees on a step all hosts reach; `poll(step)` turns the flag on there on every host, so all stop and
+  checkpoint at the same step (a Ctrl-C there stays a KeyboardInterrupt: one host cannot stop the others).
   """
 
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
   def __init__(self):
-    self.requested = False
+    self.signal: str | None = None  # the name of the signal that asked the loop to stop
     self.multi_process = jax.process_count() > 1
+
+  @property
+  def requested(self) -> bool:
+    return self.signal is not None
 
   @contextlib.contextmanager
   def installed(self):
     if self.multi_process or threading.current_thread() is not threading.main_thread():
       yield self
       return
-    previous = signal.signal(signal.SIGTERM, self._handle)
+    previous = {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS}
     try:
       yield self
     finally:
-      signal.signal(signal.SIGTERM, previous)
+      for signum, handler in previous.items():
+        signal.signal(signum, handler)
 
   def poll(self, step: int) -> None:
     """Call after every step (all processes, same steps)."""
     if self.multi_process and multihost_utils.reached_preemption_sync_point(step):
-      self.requested = True
+      self.signal = "SIGTERM"
 
   def _handle(self, signum, frame):
-    del signum, frame
-    self.requested = True
+    del frame
+    self.signal = self.signal or signal.Signals(signum).name
 
 
 def _mean_metrics(pending: list[dict]) -> dict:
@@ -139,12 +150,15 @@ def _mean_metrics(pending: list[dict]) -> dict:
 
 
 def print_summary(command: str, result: "LoopResult", workdir: str, keys: Sequence[str]) -> int:
-  """One line for `jaxpt <command>`: where a SIGTERM stopped the run, or the last logged values of `keys` (those
-  present); returns the exit code: 0 when finished, EXIT_PREEMPTED when a SIGTERM stopped it (rerun to resume)."""
+  """One line for `jaxpt <command>`: where a SIGTERM or Ctrl-C stopped the run, or the last logged values of `keys`
+  (those present); returns the exit code: 0 when finished, EXIT_PREEMPTED when a SIGTERM stopped it,
+  EXIT_INTERRUPTED when a Ctrl-C (SIGINT) did (a checkpoint of that step saved either way: rerun to resume)."""
   step = int(jax.device_get(result.state.step))
   if result.preempted:
-    print(f"jaxpt {command}: SIGTERM at step {step}; checkpoint saved in {workdir}, rerun to resume.")
-    return EXIT_PREEMPTED
+    ctrl_c = result.signal == "SIGINT"
+    print(f"jaxpt {command}: {'Ctrl-C (SIGINT)' if ctrl_c else 'SIGTERM'} at step {step}; checkpoint saved in "
+          f"{workdir}, rerun to resume.", flush=True)
+    return EXIT_INTERRUPTED if ctrl_c else EXIT_PREEMPTED
   summary = ", ".join(f"{k}={result.last_row[k]:.4g}" for k in keys if k in result.last_row)
   print(f"jaxpt {command}: finished step {step} in {workdir}" + (f": {summary}" if summary else ""))
   return 0
@@ -197,8 +211,9 @@ def train_loop(state: TrainState, train_step: TrainStep, batches: BatchesFn, con
     # metrics row instead of carriage-return redraws.
     redraw = show and (sys.stderr.isatty() or any(c.__module__ == "tqdm.notebook" for c in tqdm.__mro__))
     bar = tqdm(total=config.steps, initial=start, disable=not redraw, dynamic_ncols=True, desc="train")
-    try:
-      with preemption.installed():
+    # The handlers stay over the closing too: a signal then must not cut the last checkpoint's write short.
+    with preemption.installed():
+      try:
         iterator = batches(start)
         tick = time.perf_counter()
         while step < end and not preemption.requested:
@@ -233,13 +248,14 @@ def train_loop(state: TrainState, train_step: TrainStep, batches: BatchesFn, con
             check_finite()
             checkpointer.save(state, meta)
         if preemption.requested:
-          logging.warning("SIGTERM: saving a checkpoint at step %d and stopping", step)
+          logging.warning("%s: saving a checkpoint at step %d and stopping", preemption.signal, step)
         if step > start or checkpointer.latest_step() is None:
           check_finite()
           checkpointer.save(state, meta)
-    finally:
-      bar.close()
-      checkpointer.close()
-      writer.plot()
-      writer.close()
-    return LoopResult(state=state, preempted=preemption.requested, last_row=last_row)
+      finally:
+        bar.close()
+        checkpointer.close()
+        writer.plot()
+        writer.close()
+        progress.set_doing("finishing up after training")  # for the CLI's line on a signal once these handlers go
+    return LoopResult(state=state, preempted=preemption.requested, last_row=last_row, signal=preemption.signal)
