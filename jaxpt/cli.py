@@ -8,12 +8,12 @@ DIR [--step N]` evaluates a checkpoint of an existing run (`jaxpt.train.evaluate
 --out OUT` writes one as a Hugging Face checkpoint (`jaxpt.api.run_export_hf`).
 
 Exit codes: 0 finished; 2 a config or data error (one line naming the field, or the file and line; no traceback);
-3 a non-finite loss, gradient or parameter stopped the run (nothing of it saved); 4 another live run holds the
-workdir's lock; 5 a checkpoint or filesystem error (one line: the cause and the path; e.g. a full disk, a read-only
-workdir, no checkpoint that restores); 75 a SIGTERM stopped training after saving a checkpoint at that step (rerun
-the same command to resume); 130 a Ctrl-C (SIGINT) did, likewise; 143 a SIGTERM outside the training loop (data
-preparation, compiling, ...: one line naming what was under way; only finished, atomically written files are kept;
-rerunning continues), 130 a Ctrl-C there.
+3 a non-finite loss, gradient or parameter stopped the run (nothing of it saved), or on_nonfinite='skip' skipped
+max_skipped_steps steps in a row; 4 another live run holds the workdir's lock; 5 a checkpoint or filesystem error
+(one line: the cause and the path; e.g. a full disk, a read-only workdir, no checkpoint that restores); 75 a
+SIGTERM stopped training after saving a checkpoint at that step (rerun the same command to resume); 130 a Ctrl-C
+(SIGINT) did, likewise; 143 a SIGTERM outside the training loop (data preparation, compiling, ...: one line naming
+what was under way; only finished, atomically written files are kept; rerunning continues), 130 a Ctrl-C there.
 """
 
 from __future__ import annotations

@@ -1,9 +1,12 @@
-"""Checkpoint and filesystem failures end the CLI in one line with exit code 5 (issue 12, item 6)."""
+"""Checkpoint and filesystem failures end the CLI in one line with exit code 5 (issue 12, item 6); a config file
+that cannot run, help into a closed pipe and a run that skips every step end it in one line too (issue 33 item 4)."""
 
 import os
+import re
 import subprocess
 import sys
 
+from jaxpt.train.record import checkpoint_steps
 from tests.test_train_pretrain import ROOT, _cli
 
 # Runs argv[2:] with every file it writes capped at argv[1] bytes (a write past it fails with EFBIG, as on a full
@@ -97,3 +100,21 @@ def test_help_into_a_closed_pipe_exits_quietly():
     finally:
       os.close(write_end)
     assert (done.returncode, done.stderr) == (code, ""), (args, done.stderr[-3000:])
+
+
+def test_a_run_that_skips_every_step_stops_with_exit_3(tmp_path):
+  """learning_rate 1e3 with on_nonfinite=skip: from some step on every update is non-finite and skipped. Before: the
+  run went on to its last step and exited 0 with a model that had stopped learning; now each skipped step is a
+  warning naming it, and the 10th in a row (max_skipped_steps' default) ends the run with exit 3, saving nothing."""
+  workdir = str(tmp_path)
+  done = subprocess.run(_cli(workdir, **{"optim.learning_rate": 1e3, "on_nonfinite": "skip"}), capture_output=True,
+                        text=True, cwd=ROOT, timeout=300)
+  assert done.returncode == 3, done.stderr[-3000:]
+  last = done.stderr.strip().splitlines()[-1]
+  found = re.fullmatch(r"jaxpt pretrain: step (\d+): non-finite (loss|grad_norm|params); stopped after 10 "
+                       r"consecutive skipped steps \(steps (\d+)-\1, on_nonfinite='skip', max_skipped_steps=10\): "
+                       r"the run no longer learns\. Lower optim\.learning_rate", last)
+  assert found and int(found[1]) - int(found[3]) == 9 and "Traceback" not in done.stderr, done.stderr[-3000:]
+  skipped = [int(s) for s in re.findall(r"\] step (\d+): non-finite \w+; its update was skipped", done.stderr)]
+  assert skipped[-10:] == list(range(int(found[3]), int(found[1]) + 1)), skipped
+  assert checkpoint_steps(workdir) == []

@@ -52,7 +52,11 @@ class LoopConfig(Section):
       steps/s): about steps / log_every lines in a log.
     on_nonfinite: a NaN/inf loss, gradient or parameter: `stop` raises NonFiniteError at the first step whose
       `nonfinite` metric is set (before any checkpoint of it is written); `skip` leaves such updates out (the
-      train step keeps the old state) and the loop goes on.
+      train step keeps the old state), warns once per skipped step and goes on.
+    max_skipped_steps: on_nonfinite='skip': raise NonFiniteError (exit 3) once this many steps in a row were skipped
+      (a run that no longer learns; counted exactly, within one launch); 0 = no limit. Checked at metrics rows and
+      before checkpoints (no host sync per step), so the loop may run up to log_every - 1 steps past the last of
+      them; a checkpoint due after it is not written.
   """
 
   steps: int = 1000
@@ -63,30 +67,56 @@ class LoopConfig(Section):
   async_checkpoints: bool = True
   progress: bool = True
   on_nonfinite: str = "stop"
+  max_skipped_steps: int = 10
 
   def check(self) -> None:
     for field, low in (("steps", 0), ("log_every", 1), ("eval_every", 0), ("checkpoint_every", 0),
-                       ("keep_checkpoints", 1)):
+                       ("keep_checkpoints", 1), ("max_skipped_steps", 0)):
       at_least(self, field, low)
     one_of(self, "on_nonfinite", NONFINITE_ACTIONS)
 
 
 class NonFiniteError(RuntimeError):
-  """A step's loss, gradient norm or parameters were NaN/inf (on_nonfinite='stop'); no checkpoint holds it."""
+  """A step's loss, gradient norm or parameters were NaN/inf: with on_nonfinite='stop' (no checkpoint holds it),
+  or the last of `skipped` = max_skipped_steps steps in a row that on_nonfinite='skip' left out."""
 
-  def __init__(self, step: int, quantity: str):
-    self.step, self.quantity = step, quantity
-    super().__init__(f"step {step}: non-finite {quantity}; stopped before saving it (the newest checkpoint is "
-                     "older). Lower optim.learning_rate, or set on_nonfinite='skip' to leave such updates out")
+  def __init__(self, step: int, quantity: str, skipped: int = 0):
+    self.step, self.quantity, self.skipped = step, quantity, skipped
+    if skipped:
+      super().__init__(f"step {step}: non-finite {quantity}; stopped after {skipped} consecutive skipped steps "
+                       f"(steps {step - skipped + 1}-{step}, on_nonfinite='skip', max_skipped_steps={skipped}): the "
+                       "run no longer learns. Lower optim.learning_rate")
+    else:
+      super().__init__(f"step {step}: non-finite {quantity}; stopped before saving it (the newest checkpoint is "
+                       "older). Lower optim.learning_rate, or set on_nonfinite='skip' to leave such updates out")
 
 
-def _first_nonfinite(metrics: Sequence[dict], first_step: int) -> NonFiniteError | None:
-  """The error for the first of `metrics` (steps first_step, first_step + 1, ...) flagged `nonfinite`, or None."""
-  for index, row in enumerate(jax.device_get(list(metrics))):
-    if float(row.get("nonfinite", 0.0)) > 0:
+class _NonFiniteWatch:
+  """Reads the `nonfinite` metric of the steps since the last check, in step order, at metrics rows and before
+  checkpoints (one host transfer each, not a sync per step): on_nonfinite='stop' raises NonFiniteError at the first
+  flagged step; 'skip' warns once per skipped step and raises once max_skipped_steps were skipped in a row (counted
+  exactly, across checks)."""
+
+  def __init__(self, config: LoopConfig):
+    self.config = config
+    self.unchecked: list[dict] = []  # the metrics of the steps since the last check
+    self.in_a_row = 0  # skipped steps in a row, up to the last checked step
+
+  def check(self, step: int) -> None:
+    """Checks the steps up to `step`, the last one run."""
+    rows, self.unchecked = jax.device_get(self.unchecked), []
+    for at, row in enumerate(rows, start=step - len(rows) + 1):
+      if float(row.get("nonfinite", 0.0)) <= 0:
+        self.in_a_row = 0
+        continue
       quantity = next((k for k in ("loss", "grad_norm") if k in row and not np.isfinite(row[k])), "params")
-      return NonFiniteError(first_step + index, quantity)
-  return None
+      if self.config.on_nonfinite == "stop":
+        raise NonFiniteError(at, quantity)
+      self.in_a_row += 1
+      logging.warning("step %d: non-finite %s; its update was skipped (on_nonfinite='skip'; %d in a row of at most "
+                      "max_skipped_steps=%d)", at, quantity, self.in_a_row, self.config.max_skipped_steps)
+      if self.in_a_row == self.config.max_skipped_steps:
+        raise NonFiniteError(at, quantity, skipped=self.in_a_row)
 
 
 @dataclasses.dataclass
@@ -196,15 +226,8 @@ def train_loop(state: TrainState, train_step: TrainStep, batches: BatchesFn, con
     preemption = _Preemption()
     last_row: dict = {}
     pending: list[dict] = []
-    unchecked: list[dict] = []  # metrics of the steps since the last non-finite check (on_nonfinite='stop')
+    nonfinite = _NonFiniteWatch(config)
     step = start
-
-    def check_finite() -> None:
-      if config.on_nonfinite == "stop" and unchecked:
-        error = _first_nonfinite(unchecked, step - len(unchecked) + 1)
-        unchecked.clear()
-        if error is not None:
-          raise error
 
     show = config.progress and lead
     # A terminal, or a notebook's widget bar; else (a log file, a kernel without ipywidgets) one plain line per
@@ -219,7 +242,7 @@ def train_loop(state: TrainState, train_step: TrainStep, batches: BatchesFn, con
         while step < end and not preemption.requested:
           state, metrics = train_step(state, next(iterator))
           pending.append(metrics)
-          unchecked.append(metrics)
+          nonfinite.unchecked.append(metrics)
           step += 1
           preemption.poll(step)
           bar.update(1)
@@ -235,7 +258,7 @@ def train_loop(state: TrainState, train_step: TrainStep, batches: BatchesFn, con
             if do_eval:
               row.update({k: float(v) for k, v in jax.device_get(eval_fn(state)).items()})
             writer.write(step, row)
-            check_finite()  # after the row is written, so a non-finite step shows in metrics.jsonl
+            nonfinite.check(step)  # after the row is written, so a non-finite step shows in metrics.jsonl
             last_row = dict(row, step=step)
             if "loss" in row:
               bar.set_postfix(loss=f"{row['loss']:.4f}")
@@ -245,12 +268,12 @@ def train_loop(state: TrainState, train_step: TrainStep, batches: BatchesFn, con
                     flush=True)
             tick = time.perf_counter()
           if _is_due(step, config.checkpoint_every):
-            check_finite()
+            nonfinite.check(step)
             checkpointer.save(state, meta)
         if preemption.requested:
           logging.warning("%s: saving a checkpoint at step %d and stopping", preemption.signal, step)
         if step > start or checkpointer.latest_step() is None:
-          check_finite()
+          nonfinite.check(step)
           checkpointer.save(state, meta)
       finally:
         bar.close()
