@@ -376,13 +376,13 @@ def _run(name: str) -> Callable[[list[str]], int]:
       quiet_orbax_noise()  # a failed save is one CheckpointError line, not hundreds of orbax / asyncio lines
     from jaxpt.parallel.distributed import initialize
 
-    several = initialize(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value,
-                         _PROCESS_ID.value)  # before any jax work
+    multi_process = initialize(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value,
+                               _PROCESS_ID.value)  # before any jax work
     try:
       if isinstance(command, WorkdirSubcommand):
         return command(_WORKDIR.value, _STEP.value)
       # jax's preemption service handles SIGTERM in a multi-process run (a Python handler would replace its own)
-      with contextlib.nullcontext() if several else _signals_stop_the_command():
+      with contextlib.nullcontext() if multi_process else _signals_stop_the_command():
         return command(_CONFIG.value, _WORKDIR.value)
     except Stopped as e:  # outside the training loop, whose own handlers save a checkpoint and stop
       from jaxpt import progress
