@@ -64,6 +64,8 @@ class Model:
   def logits(self, token_ids) -> jax.Array:
     """token_ids int [batch, seq] (right-padded rows are fine: causal) -> float32 logits [batch, seq, vocab]."""
     self._need("lm", "logits")
+    token_ids = np.asarray(token_ids)
+    self._check_ids("logits", token_ids, "token_ids")
     return self._forward(self.params, jnp.asarray(token_ids, jnp.int32))
 
   @functools.cached_property
@@ -87,6 +89,7 @@ class Model:
       return []
     if min(map(len, rows)) == 0:
       raise ValueError("generate: an empty prompt (every prompt needs at least one token)")
+    self._check_ids("generate", rows, "the prompts' token ids")
     prompt_len = -(-max(map(len, rows)) // PROMPT_BUCKET) * PROMPT_BUCKET
     if max(map(len, rows)) + max_new_tokens > self.config.max_seq_len:
       raise ValueError(f"generate: the longest prompt ({max(map(len, rows))} tokens) + max_new_tokens="
@@ -133,6 +136,8 @@ class Model:
     longest = max(len(p) + len(r) + 1 for p, r in zip(prompt_ids, response_ids))
     seq_len = min(self.config.max_seq_len, -(-longest // PROMPT_BUCKET) * PROMPT_BUCKET)
     end = tokenizer.eos_id if tokenizer.eos_id is not None else _pad_id(tokenizer)
+    self._check_ids("score", [p + r + [end] for p, r in zip(prompt_ids, response_ids)],
+                    "the prompt + response + EOS token ids")
     tokens, last = response_sequences(prompt_ids, response_ids, seq_len, _pad_id(tokenizer), end)
     return np.asarray(self._score(self.params, tokens, last))
 
@@ -162,6 +167,21 @@ class Model:
       is_reward = self.kind == "reward"
       raise ValueError(f"{what}: {self.source} is a {'reward' if is_reward else 'language'} model (use "
                        f"{'score' if is_reward else 'logits / generate'})")
+
+  def _check_ids(self, what: str, rows: Sequence[Sequence[int]] | np.ndarray, name: str) -> None:
+    """A one-line ValueError naming the first token id of `rows` (row i: `name` of input i) outside [0,
+    config.vocab_size) and its position (i, j); on the host, before the jitted call, where such an id is no error
+    (the embedding gather fills or clamps it) and gives a plausible-looking answer."""
+    vocab = self.config.vocab_size
+    if isinstance(rows, np.ndarray) and (rows.size == 0 or (rows.min() >= 0 and rows.max() < vocab)):
+      return  # the common case in one pass
+    for i, row in enumerate(rows):
+      ids = np.asarray(row)
+      outside = np.flatnonzero((ids < 0) | (ids >= vocab))
+      if outside.size:
+        j = int(outside[0])
+        raise ValueError(f"{what}: token id {ids.flat[j]} at position ({i}, {j}) of {name} is outside the model's "
+                         f"vocabulary [0, {vocab}) (config.vocab_size={vocab})")
 
   def _need_tokenizer(self, what: str):
     if self.tokenizer is None:

@@ -8,22 +8,28 @@ DIR [--step N]` evaluates a checkpoint of an existing run (`jaxpt.train.evaluate
 --out OUT` writes one as a Hugging Face checkpoint (`jaxpt.api.run_export_hf`).
 
 Exit codes: 0 finished; 2 a config or data error (one line naming the field, or the file and line; no traceback);
-3 a non-finite loss, gradient or parameter stopped the run (nothing of it saved); 4 another live run holds the
-workdir's lock; 5 a checkpoint or filesystem error (one line: the cause and the path; e.g. a full disk, a read-only
-workdir, no checkpoint that restores); 75 a SIGTERM stopped it after saving a checkpoint (rerun the same command to
-resume).
+3 a non-finite loss, gradient or parameter stopped the run (nothing of it saved), or on_nonfinite='skip' skipped
+max_skipped_steps steps in a row; 4 another live run holds the workdir's lock; 5 a checkpoint or filesystem error
+(one line: the cause and the path; e.g. a full disk, a read-only workdir, no checkpoint that restores); 75 a
+SIGTERM stopped training after saving a checkpoint at that step (rerun the same command to resume); 130 a Ctrl-C
+(SIGINT) did, likewise; 143 a SIGTERM outside the training loop (data preparation, compiling, ...: one line naming
+what was under way; only finished, atomically written files are kept; rerunning continues), 130 a Ctrl-C there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import importlib
 import os
 import re
 import shutil
+import signal
 import sys
 import textwrap
+import threading
+import traceback
 from typing import Any, Callable
 
 from absl import app, flags, logging
@@ -145,6 +151,7 @@ WORKDIR_SUBCOMMANDS: dict[str, WorkdirSubcommand] = {c.name: c for c in (
                           "  --format F     auto | transformers | jaxpt (default auto)")),
 )}
 COMMANDS: dict[str, Subcommand | WorkdirSubcommand] = {**SUBCOMMANDS, **WORKDIR_SUBCOMMANDS}
+_OVERRIDE = re.compile(r"--?(?:no)?config\.([^=]+)")  # a --config.<field>=value argument
 _TRAIN_USAGE = ("--config <file.py> [--config.<field>=value ...] --workdir DIR\n"
                 "         [--distributed=auto|on|off --coordinator_address=HOST:PORT --num_processes=N --process_id=I]")
 
@@ -202,7 +209,7 @@ def _unknown_override(name: str, argv: list[str], error: BaseException) -> str:
   command = SUBCOMMANDS.get(name)
   known = {row.path for row in describe_fields(command.config_type)} if command else set()
   for arg in argv[1:]:
-    match = re.match(r"--?(?:no)?config\.([^=]+)", arg)
+    match = _OVERRIDE.match(arg)
     if not match or match[1] in known:
       continue
     parts = match[1].split(".")
@@ -215,30 +222,127 @@ def _unknown_override(name: str, argv: list[str], error: BaseException) -> str:
   return f"no config field {lines[0].strip(chr(39) + chr(34) + chr(92))!r} in the config file"
 
 
-def _config_path(argv: list[str]) -> str:
-  """The --config file named in `argv`."""
+def _config_path(argv: list[str]) -> str | None:
+  """The --config file named in `argv` (without a `:get_config argument` suffix), or None when none is."""
   for i, arg in enumerate(argv):
     if arg.startswith("--config="):
-      return arg.split("=", 1)[1]
+      return arg.split("=", 1)[1].split(":", 1)[0]
     if arg == "--config" and i + 1 < len(argv):
-      return argv[i + 1]
-  return "?"
+      return argv[i + 1].split(":", 1)[0]
+  return None
+
+
+def _config_file_problem(path: str) -> tuple[int | None, str] | None:
+  """(line or None, why) config file `path` cannot be run, found before absl runs it (whose own reports are a
+  misleading TypeError or a traceback): it does not exist, is a directory, cannot be read (the OS cause), or is no
+  Python (the SyntaxError's line and message); None when it compiles."""
+  from jaxpt.oserrors import describe
+
+  if not os.path.exists(path):
+    return None, "does not exist"
+  if not os.path.isfile(path):
+    return None, "is a directory, not a file" if os.path.isdir(path) else "is not a regular file"
+  try:
+    with open(path, "rb") as f:
+      compile(f.read(), path, "exec")
+  except OSError as e:
+    return None, describe(e)
+  except SyntaxError as e:
+    return e.lineno, f"{type(e).__name__}: {e.msg}"
+  except ValueError as e:  # null bytes in the source
+    return None, f"ValueError: {e}"
+  return None
+
+
+def _raised_in_config_file(path: str, error: BaseException) -> tuple[int, str] | None:
+  """(line, 'NameError: <first line>') for an error that running config file `path` raised: the innermost of the
+  file's lines in the traceback of `error`, or of an error it was raised from or while handling (absl and
+  ml_collections wrap them); None when no traceback passes through the file (e.g. an unknown override)."""
+  from jaxpt.oserrors import describe
+
+  target, seen, cause = os.path.abspath(path), set(), error
+  while cause is not None and id(cause) not in seen:
+    seen.add(id(cause))
+    lines = [f.lineno for f in traceback.extract_tb(cause.__traceback__) if os.path.abspath(f.filename) == target]
+    if lines:
+      return lines[-1], describe(cause)
+    cause = cause.__cause__ or cause.__context__
+  return None
+
+
+def _flag_error(name: str, argv: list[str], error: Exception) -> None:
+  """Reports a flag error not raised by the config file in one line (exit 2): an unknown `--config.<field>`
+  override, or absl's own message with the usage; re-raises anything else."""
+  if isinstance(error, flags.Error):
+    print(f"jaxpt {name}: {error}\n\n{_usage()}", file=sys.stderr)
+  elif isinstance(error, (AttributeError, KeyError)):
+    print(f"jaxpt {name}: config error: {_unknown_override(name, argv, error)}", file=sys.stderr)
+  else:
+    raise error
+  sys.exit(2)
 
 
 def _parse_flags(name: str, argv: list[str]) -> list[str]:
-  """absl flag parsing, with an unknown `--config.<field>` override reported in one line (exit 2)."""
-  try:
-    return flags.FLAGS(argv)
-  except flags.Error as e:
-    message = str(e)
-    if "Error whilst parsing config file" in message:  # absl wraps the file's traceback: keep its last line
-      cause = [line for line in message.splitlines() if line.strip()][-1]
-      print(f"jaxpt {name}: config file {_config_path(argv)}: {cause}", file=sys.stderr)
-    else:
-      print(f"jaxpt {name}: {message}\n\n{_usage()}", file=sys.stderr)
-  except (AttributeError, KeyError) as e:
-    print(f"jaxpt {name}: config error: {_unknown_override(name, argv, e)}", file=sys.stderr)
+  """absl flag parsing, with each failure in one line (exit 2): a config file that cannot be run (the file, and the
+  line where it raised), a `--config.<field>` override without --config, an unknown override (the field)."""
+  path = _config_path(argv)
+  override = next((arg.split("=", 1)[0] for arg in argv[1:] if _OVERRIDE.match(arg)), None)
+  if name in WORKDIR_SUBCOMMANDS and (path is not None or override is not None):
+    print(f"jaxpt {name}: {'--config' if path is not None else override}: jaxpt {name} takes no --config and no "
+          "--config.<field> overrides (it reads the run's recorded config.json)", file=sys.stderr)
+    sys.exit(2)
+  if override is not None and path is None:
+    print(f"jaxpt {name}: {override}: --config.<field> overrides need --config FILE (the file they override)",
+          file=sys.stderr)
+    sys.exit(2)
+  problem = _config_file_problem(path) if path is not None else None
+  if problem is None:
+    try:
+      rest = flags.FLAGS(argv)
+      if type(_CONFIG.value).__name__ == "_ErrorConfig":
+        raise vars(_CONFIG.value)["_error"]  # ml_collections defers an OSError of get_config to the config's use
+      return rest
+    except Exception as e:  # pylint: disable=broad-except
+      problem = _raised_in_config_file(path, e) if path is not None else None
+      if problem is None:
+        _flag_error(name, argv, e)
+  line, why = problem
+  print(f"jaxpt {name}: config file {path}{'' if line is None else f':{line}'}: {why}", file=sys.stderr)
   sys.exit(2)
+
+
+class Stopped(BaseException):
+  """SIGTERM or SIGINT (Ctrl-C) stopped a training subcommand outside its training loop (data preparation,
+  compiling, restoring, the final report); a BaseException, as KeyboardInterrupt, so that no `except Exception`
+  swallows it."""
+
+  def __init__(self, signum: int):
+    self.signum = signum
+    self.name = "Ctrl-C (SIGINT)" if signum == signal.SIGINT else signal.Signals(signum).name
+    super().__init__(self.name)
+
+
+@contextlib.contextmanager
+def _signals_stop_the_command():
+  """SIGTERM and SIGINT raise `Stopped` (once: another signal while it unwinds is ignored) while the subcommand runs
+  outside the training loop: the loop installs its own handlers (checkpoint, then stop) and restores these after."""
+  if threading.current_thread() is not threading.main_thread():  # Python handlers belong to the main thread
+    yield
+    return
+  stopped: list[int] = []
+
+  def handle(signum, frame):
+    del frame
+    if not stopped:
+      stopped.append(signum)
+      raise Stopped(signum)
+
+  previous = {signum: signal.signal(signum, handle) for signum in (signal.SIGTERM, signal.SIGINT)}
+  try:
+    yield
+  finally:
+    for signum, handler in previous.items():
+      signal.signal(signum, handler)
 
 
 def _run(name: str) -> Callable[[list[str]], int]:
@@ -274,11 +378,21 @@ def _run(name: str) -> Callable[[list[str]], int]:
       quiet_orbax_noise()  # a failed save is one CheckpointError line, not hundreds of orbax / asyncio lines
     from jaxpt.parallel.distributed import initialize
 
-    initialize(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)  # before any jax work
+    multi_process = initialize(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value,
+                               _PROCESS_ID.value)  # before any jax work
     try:
       if isinstance(command, WorkdirSubcommand):
         return command(_WORKDIR.value, _STEP.value)
-      return command(_CONFIG.value, _WORKDIR.value)
+      # jax's preemption service handles SIGTERM in a multi-process run (a Python handler would replace its own)
+      with contextlib.nullcontext() if multi_process else _signals_stop_the_command():
+        return command(_CONFIG.value, _WORKDIR.value)
+    except Stopped as e:  # outside the training loop, whose own handlers save a checkpoint and stop
+      from jaxpt import progress
+
+      print(f"jaxpt {name}: {e.name} while {progress.doing()}; nothing was trained or saved since the last "
+            "checkpoint; rerun the same command to continue", file=sys.stderr, flush=True)
+      sys.stdout.flush()
+      os._exit(128 + e.signum)  # not sys.exit: data preparation's or orbax's threads must not hold the exit up
     except ConfigError as e:
       print(f"jaxpt {name}: config error: {e}", file=sys.stderr)
       return 2
@@ -303,22 +417,30 @@ def _run(name: str) -> Callable[[list[str]], int]:
   return run
 
 
+def _print_help(text: str, code: int) -> None:
+  """Prints `text` on stdout and exits with `code`; a reader that stops early (`jaxpt --help | head -3`) closes the
+  pipe, which ends it quietly (same code, no BrokenPipeError traceback): the rest is written to /dev/null."""
+  try:
+    print(text, flush=True)
+  except BrokenPipeError:
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush of stdout must not fail again
+  sys.exit(code)
+
+
 def main(argv: list[str] | None = None) -> None:
   from jaxpt.host_allocator import reuse_freed_host_memory
 
   reuse_freed_host_memory()  # before JAX allocates: XLA:CPU step buffers are reused, not page-faulted anew
   argv = list(sys.argv if argv is None else argv)
   if len(argv) < 2 or argv[1] in ("-h", "--help") or argv[1:] == ["help"]:
-    print(_usage())
-    sys.exit(0 if len(argv) >= 2 else 2)
+    _print_help(_usage(), 0 if len(argv) >= 2 else 2)
   asks_help = argv[1] == "help" or any(a in ("-h", "--help") for a in argv[2:])
   name = argv[2] if argv[1] == "help" else argv[1]
   if name not in COMMANDS:
     print(f"jaxpt: unknown subcommand {name!r}\n\n{_usage()}", file=sys.stderr)
     sys.exit(2)
   if asks_help:
-    print(_subcommand_help(name))
-    sys.exit(0)
+    _print_help(_subcommand_help(name), 0)
   app.run(_run(name), argv=[f"{argv[0]} {name}"] + argv[2:], flags_parser=lambda args: _parse_flags(name, args))
 
 

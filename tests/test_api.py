@@ -5,6 +5,7 @@ by the Checkpointer, greedy `generate` against a plain argmax loop over full-seq
 padding), `score` against `RewardModel.apply` on hand-built prompt + response + EOS rows.
 """
 
+import dataclasses
 import json
 import os
 import shutil
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 
 import jaxpt
-from jaxpt.api import run_export_hf
+from jaxpt.api import Model, run_export_hf
 from jaxpt.config import ConfigError
 from jaxpt.data.hf_tokenizer import HFTokenizer
 from jaxpt.data.tokenizer import Tokenizer
@@ -228,3 +229,27 @@ def test_load_names_a_checkpoint_that_does_not_fit_the_recorded_config(lm_run, t
   with pytest.raises(ValueError, match=r"^.*run: the checkpoint at step 4 does not fit the run's config\.json: "
                      r"params/.*has shape \(1, 32, 64\) there, the config gives \(1, 32, 128\)$"):
     jaxpt.load(str(workdir))
+
+
+def test_token_ids_outside_the_vocabulary_are_one_line_naming_the_id_and_position(lm, reward_run):
+  """Before: accepted; the jitted embedding gather filled or clamped them into a plausible-looking answer."""
+  vocab = lm.config.vocab_size
+  ids = np.array([[5, 9, 17, 3], [40, 2, vocab, 8]], np.int32)
+  with pytest.raises(ValueError, match=rf"^logits: token id {vocab} at position \(1, 2\) of token_ids is outside "
+                                       rf"the model's vocabulary \[0, {vocab}\) \(config.vocab_size={vocab}\)$"):
+    lm.logits(ids)
+  with pytest.raises(ValueError, match=r"^logits: token id -1 at position \(0, 0\) of token_ids "):
+    lm.logits([[-1, 2]])
+  # A tokenizer larger than the model's vocabulary: the model here has 8 ids, its tokenizer 512.
+  small = Model(dataclasses.replace(lm.config, vocab_size=8), lm.params, lm.tokenizer, source=lm.source)
+  first = lm._prompt_ids([PROMPTS[0]], chat=False)[0]
+  j = next(j for j, token in enumerate(first) if token >= 8)
+  with pytest.raises(ValueError, match=rf"^generate: token id {first[j]} at position \(0, {j}\) of the prompts' "
+                                       r"token ids is outside the model's vocabulary \[0, 8\)"):
+    small.generate(PROMPTS, max_new_tokens=2)
+  reward = jaxpt.load(reward_run)
+  reward = Model(dataclasses.replace(reward.config, vocab_size=8), reward.params, reward.tokenizer, kind="reward",
+                 source=reward.source)
+  with pytest.raises(ValueError, match=r"^score: token id \d+ at position \(0, \d+\) of the prompt \+ response \+ "
+                                       r"EOS token ids is outside the model's vocabulary \[0, 8\)"):
+    reward.score(["Which is better?"], ["The first one."])

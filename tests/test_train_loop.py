@@ -135,3 +135,28 @@ def test_nonfinite_step_stops_the_run_before_it_is_saved(setup, tmp_path):
   assert checkpointer.latest_step() == 5
   checkpointer.close()
   assert [r["step"] for r in read_metrics(str(tmp_path))] == [4, 8] and np.isnan(read_metrics(str(tmp_path))[1]["loss"])
+
+
+def test_skipped_steps_in_a_row_are_counted_exactly_across_checks(setup, tmp_path, caplog):
+  """on_nonfinite='skip': a warning names each skipped step; the count of skips in a row is exact across the checks
+  (metrics rows at 4, 8, 12, checkpoints at 5, 10) and reset by a finite step; the third in a row (step 12) stops
+  the run before its final checkpoint. Before: every step could be skipped and the run ended as if finished."""
+  init, train_step, _ = setup
+  flagged = {3, 4, 7, 8, 10, 11, 12}  # 2 in a row, 2 in a row, then 3 in a row across the checkpoint at 10
+
+  def poisoned(state, batch):
+    state, metrics = train_step(state, batch)
+    return state, dict(metrics, nonfinite=float(int(state.step) in flagged))
+
+  config = LoopConfig(steps=STEPS, log_every=4, checkpoint_every=5, keep_checkpoints=3, progress=False,
+                      on_nonfinite="skip", max_skipped_steps=3)
+  with caplog.at_level("WARNING"), pytest.raises(NonFiniteError) as raised:
+    train_loop(init(), poisoned, batches_from, config, str(tmp_path))
+  assert str(raised.value) == ("step 12: non-finite params; stopped after 3 consecutive skipped steps (steps 10-12, "
+                               "on_nonfinite='skip', max_skipped_steps=3): the run no longer learns. Lower "
+                               "optim.learning_rate")
+  skipped = [int(m.split()[1].rstrip(":")) for m in caplog.messages if "its update was skipped" in m]
+  assert skipped == sorted(flagged)
+  checkpointer = Checkpointer(str(tmp_path))
+  assert checkpointer.latest_step() == 10  # due at 10 with 1 in a row; none at 12
+  checkpointer.close()

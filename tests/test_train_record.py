@@ -55,7 +55,7 @@ def test_watching_and_layout_fields_change_freely(tmp_path):
   record.record_launch(workdir, _config(), INPUTS)
   _with_checkpoint(workdir)
   free = _config(log_every=1, eval_every=3, checkpoint_every=2, keep_checkpoints=9, progress=True,
-                 on_nonfinite="skip", **{"mesh.data": 1})
+                 on_nonfinite="skip", max_skipped_steps=0, **{"mesh.data": 1})
   assert record.record_launch(workdir, free, INPUTS) == {}
 
 

@@ -1,4 +1,4 @@
-"""The one training loop: restore -> iterate batches -> step -> log / eval / checkpoint, SIGTERM-safe.
+"""The one training loop: restore -> iterate batches -> step -> log / eval / checkpoint, SIGTERM- and Ctrl-C-safe.
 
 Pretraining, reward modelling and GRPO differ only in the `train_step` and batch iterator they pass in.
 """
@@ -19,6 +19,7 @@ from jax.experimental import multihost_utils
 from absl import logging
 from tqdm.auto import tqdm  # in a Jupyter kernel with ipywidgets (Colab): the notebook's widget bar
 
+from jaxpt import progress
 from jaxpt.config import Section, at_least, one_of
 from jaxpt.train.checkpoint import Checkpointer
 from jaxpt.train.lock import workdir_lock
@@ -27,6 +28,7 @@ from jaxpt.train.state import TrainState
 
 NONFINITE_ACTIONS = ("stop", "skip")
 EXIT_PREEMPTED = 75  # sysexits' EX_TEMPFAIL: stopped by SIGTERM after saving; rerunning the command resumes
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's code for Ctrl-C: stopped by it after saving; rerunning resumes
 EXIT_NONFINITE = 3  # stopped at a non-finite step (NonFiniteError); nothing of it was saved
 TrainStep = Callable[[TrainState, Any], tuple[TrainState, dict]]
 BatchesFn = Callable[[int], Iterator[Any]]
@@ -42,7 +44,7 @@ class LoopConfig(Section):
     log_every: steps between metrics rows (metrics.jsonl, TensorBoard, progress); also a row at every eval and at
       the end.
     eval_every: steps between evaluations; 0 = only at the end of the run.
-    checkpoint_every: steps between checkpoints; 0 = only at the end of the run (and on SIGTERM).
+    checkpoint_every: steps between checkpoints; 0 = only at the end of the run (and on SIGTERM or Ctrl-C).
     keep_checkpoints: how many of the newest checkpoints are kept.
     async_checkpoints: write checkpoints in the background while training goes on.
     progress: progress on stderr: on a terminal a tqdm bar (in a notebook with ipywidgets, e.g. Colab, tqdm.auto's
@@ -50,7 +52,11 @@ class LoopConfig(Section):
       steps/s): about steps / log_every lines in a log.
     on_nonfinite: a NaN/inf loss, gradient or parameter: `stop` raises NonFiniteError at the first step whose
       `nonfinite` metric is set (before any checkpoint of it is written); `skip` leaves such updates out (the
-      train step keeps the old state) and the loop goes on.
+      train step keeps the old state), warns once per skipped step and goes on.
+    max_skipped_steps: on_nonfinite='skip': raise NonFiniteError (exit 3) once this many steps in a row were skipped
+      (a run that no longer learns; counted exactly, within one launch); 0 = no limit. Checked at metrics rows and
+      before checkpoints (no host sync per step), so the loop may run up to log_every - 1 steps past the last of
+      them; a checkpoint due after it is not written.
   """
 
   steps: int = 1000
@@ -61,70 +67,105 @@ class LoopConfig(Section):
   async_checkpoints: bool = True
   progress: bool = True
   on_nonfinite: str = "stop"
+  max_skipped_steps: int = 10
 
   def check(self) -> None:
     for field, low in (("steps", 0), ("log_every", 1), ("eval_every", 0), ("checkpoint_every", 0),
-                       ("keep_checkpoints", 1)):
+                       ("keep_checkpoints", 1), ("max_skipped_steps", 0)):
       at_least(self, field, low)
     one_of(self, "on_nonfinite", NONFINITE_ACTIONS)
 
 
 class NonFiniteError(RuntimeError):
-  """A step's loss, gradient norm or parameters were NaN/inf (on_nonfinite='stop'); no checkpoint holds it."""
+  """A step's loss, gradient norm or parameters were NaN/inf: with on_nonfinite='stop' (no checkpoint holds it),
+  or the last of `skipped` = max_skipped_steps steps in a row that on_nonfinite='skip' left out."""
 
-  def __init__(self, step: int, quantity: str):
-    self.step, self.quantity = step, quantity
-    super().__init__(f"step {step}: non-finite {quantity}; stopped before saving it (the newest checkpoint is "
-                     "older). Lower optim.learning_rate, or set on_nonfinite='skip' to leave such updates out")
+  def __init__(self, step: int, quantity: str, skipped: int = 0):
+    self.step, self.quantity, self.skipped = step, quantity, skipped
+    if skipped:
+      super().__init__(f"step {step}: non-finite {quantity}; stopped after {skipped} consecutive skipped steps "
+                       f"(steps {step - skipped + 1}-{step}, on_nonfinite='skip', max_skipped_steps={skipped}): the "
+                       "run no longer learns. Lower optim.learning_rate")
+    else:
+      super().__init__(f"step {step}: non-finite {quantity}; stopped before saving it (the newest checkpoint is "
+                       "older). Lower optim.learning_rate, or set on_nonfinite='skip' to leave such updates out")
 
 
-def _first_nonfinite(metrics: Sequence[dict], first_step: int) -> NonFiniteError | None:
-  """The error for the first of `metrics` (steps first_step, first_step + 1, ...) flagged `nonfinite`, or None."""
-  for index, row in enumerate(jax.device_get(list(metrics))):
-    if float(row.get("nonfinite", 0.0)) > 0:
+class _NonFiniteWatch:
+  """Reads the `nonfinite` metric of the steps since the last check, in step order, at metrics rows and before
+  checkpoints (one host transfer each, not a sync per step): on_nonfinite='stop' raises NonFiniteError at the first
+  flagged step; 'skip' warns once per skipped step and raises once max_skipped_steps were skipped in a row (counted
+  exactly, across checks)."""
+
+  def __init__(self, config: LoopConfig):
+    self.config = config
+    self.unchecked: list[dict] = []  # the metrics of the steps since the last check
+    self.in_a_row = 0  # skipped steps in a row, up to the last checked step
+
+  def check(self, step: int) -> None:
+    """Checks the steps up to `step`, the last one run."""
+    rows, self.unchecked = jax.device_get(self.unchecked), []
+    for at, row in enumerate(rows, start=step - len(rows) + 1):
+      if float(row.get("nonfinite", 0.0)) <= 0:
+        self.in_a_row = 0
+        continue
       quantity = next((k for k in ("loss", "grad_norm") if k in row and not np.isfinite(row[k])), "params")
-      return NonFiniteError(first_step + index, quantity)
-  return None
+      if self.config.on_nonfinite == "stop":
+        raise NonFiniteError(at, quantity)
+      self.in_a_row += 1
+      logging.warning("step %d: non-finite %s; its update was skipped (on_nonfinite='skip'; %d in a row of at most "
+                      "max_skipped_steps=%d)", at, quantity, self.in_a_row, self.config.max_skipped_steps)
+      if self.in_a_row == self.config.max_skipped_steps:
+        raise NonFiniteError(at, quantity, skipped=self.in_a_row)
 
 
 @dataclasses.dataclass
 class LoopResult:
   state: TrainState
-  preempted: bool  # stopped by SIGTERM (a checkpoint at state.step was saved)
+  preempted: bool  # stopped by SIGTERM or SIGINT (a checkpoint at state.step was saved)
   last_row: dict  # the last metrics row written
+  signal: str | None = None  # the signal that stopped it: 'SIGTERM' or 'SIGINT' (Ctrl-C); None when not preempted
 
 
 class _Preemption:
-  """Turns SIGTERM into a flag the loop checks between steps.
+  """Turns SIGTERM and SIGINT (Ctrl-C) into a flag the loop checks between steps, naming the signal.
 
-  One process: a Python SIGTERM handler (only installable from the main thread). Several processes: jax's
-  preemption service (started by `jax.distributed.initialize`) catches SIGTERM on any host and agrees on a step all
-  hosts reach; `poll(step)` turns the flag on there on every host, so all stop and checkpoint at the same step.
+  One process: Python handlers for both (only installable from the main thread), the previous ones restored after.
+  Several processes: jax's preemption service (started by `jax.distributed.initialize`) catches SIGTERM on any host
+  and agrees on a step all hosts reach; `poll(step)` turns the flag on there on every host, so all stop and
+  checkpoint at the same step (a Ctrl-C there stays a KeyboardInterrupt: one host cannot stop the others).
   """
 
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
   def __init__(self):
-    self.requested = False
+    self.signal: str | None = None  # the name of the signal that asked the loop to stop
     self.multi_process = jax.process_count() > 1
+
+  @property
+  def requested(self) -> bool:
+    return self.signal is not None
 
   @contextlib.contextmanager
   def installed(self):
     if self.multi_process or threading.current_thread() is not threading.main_thread():
       yield self
       return
-    previous = signal.signal(signal.SIGTERM, self._handle)
+    previous = {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS}
     try:
       yield self
     finally:
-      signal.signal(signal.SIGTERM, previous)
+      for signum, handler in previous.items():
+        signal.signal(signum, handler)
 
   def poll(self, step: int) -> None:
     """Call after every step (all processes, same steps)."""
     if self.multi_process and multihost_utils.reached_preemption_sync_point(step):
-      self.requested = True
+      self.signal = "SIGTERM"
 
   def _handle(self, signum, frame):
-    del signum, frame
-    self.requested = True
+    del frame
+    self.signal = self.signal or signal.Signals(signum).name
 
 
 def _mean_metrics(pending: list[dict]) -> dict:
@@ -139,12 +180,15 @@ def _mean_metrics(pending: list[dict]) -> dict:
 
 
 def print_summary(command: str, result: "LoopResult", workdir: str, keys: Sequence[str]) -> int:
-  """One line for `jaxpt <command>`: where a SIGTERM stopped the run, or the last logged values of `keys` (those
-  present); returns the exit code: 0 when finished, EXIT_PREEMPTED when a SIGTERM stopped it (rerun to resume)."""
+  """One line for `jaxpt <command>`: where a SIGTERM or Ctrl-C stopped the run, or the last logged values of `keys`
+  (those present); returns the exit code: 0 when finished, EXIT_PREEMPTED when a SIGTERM stopped it,
+  EXIT_INTERRUPTED when a Ctrl-C (SIGINT) did (a checkpoint of that step saved either way: rerun to resume)."""
   step = int(jax.device_get(result.state.step))
   if result.preempted:
-    print(f"jaxpt {command}: SIGTERM at step {step}; checkpoint saved in {workdir}, rerun to resume.")
-    return EXIT_PREEMPTED
+    ctrl_c = result.signal == "SIGINT"
+    print(f"jaxpt {command}: {'Ctrl-C (SIGINT)' if ctrl_c else 'SIGTERM'} at step {step}; checkpoint saved in "
+          f"{workdir}, rerun to resume.", flush=True)
+    return EXIT_INTERRUPTED if ctrl_c else EXIT_PREEMPTED
   summary = ", ".join(f"{k}={result.last_row[k]:.4g}" for k in keys if k in result.last_row)
   print(f"jaxpt {command}: finished step {step} in {workdir}" + (f": {summary}" if summary else ""))
   return 0
@@ -187,29 +231,23 @@ def train_loop(state: TrainState, train_step: TrainStep, batches: BatchesFn, con
     preemption = _Preemption()
     last_row: dict = {}
     pending: list[dict] = []
-    unchecked: list[dict] = []  # metrics of the steps since the last non-finite check (on_nonfinite='stop')
+    nonfinite = _NonFiniteWatch(config)
     step = start
-
-    def check_finite() -> None:
-      if config.on_nonfinite == "stop" and unchecked:
-        error = _first_nonfinite(unchecked, step - len(unchecked) + 1)
-        unchecked.clear()
-        if error is not None:
-          raise error
 
     show = config.progress and lead
     # A terminal, or a notebook's widget bar; else (a log file, a kernel without ipywidgets) one plain line per
     # metrics row instead of carriage-return redraws.
     redraw = show and (sys.stderr.isatty() or any(c.__module__ == "tqdm.notebook" for c in tqdm.__mro__))
     bar = tqdm(total=config.steps, initial=start, disable=not redraw, dynamic_ncols=True, desc="train")
-    try:
-      with preemption.installed():
+    # The handlers stay over the closing too: a signal then must not cut the last checkpoint's write short.
+    with preemption.installed():
+      try:
         iterator = batches(start)
         tick = time.perf_counter()
         while step < end and not preemption.requested:
           state, metrics = train_step(state, next(iterator))
           pending.append(metrics)
-          unchecked.append(metrics)
+          nonfinite.unchecked.append(metrics)
           step += 1
           preemption.poll(step)
           bar.update(1)
@@ -225,7 +263,7 @@ def train_loop(state: TrainState, train_step: TrainStep, batches: BatchesFn, con
             if do_eval:
               row.update({k: float(v) for k, v in jax.device_get(eval_fn(state)).items()})
             writer.write(step, row)
-            check_finite()  # after the row is written, so a non-finite step shows in metrics.jsonl
+            nonfinite.check(step)  # after the row is written, so a non-finite step shows in metrics.jsonl
             last_row = dict(row, step=step)
             if "loss" in row:
               bar.set_postfix(loss=f"{row['loss']:.4f}")
@@ -235,16 +273,17 @@ def train_loop(state: TrainState, train_step: TrainStep, batches: BatchesFn, con
                     flush=True)
             tick = time.perf_counter()
           if _is_due(step, config.checkpoint_every):
-            check_finite()
+            nonfinite.check(step)
             checkpointer.save(state, meta)
         if preemption.requested:
-          logging.warning("SIGTERM: saving a checkpoint at step %d and stopping", step)
+          logging.warning("%s: saving a checkpoint at step %d and stopping", preemption.signal, step)
         if step > start or checkpointer.latest_step() is None:
-          check_finite()
+          nonfinite.check(step)
           checkpointer.save(state, meta)
-    finally:
-      bar.close()
-      checkpointer.close()
-      writer.plot()
-      writer.close()
-    return LoopResult(state=state, preempted=preemption.requested, last_row=last_row)
+      finally:
+        bar.close()
+        checkpointer.close()
+        writer.plot()
+        writer.close()
+        progress.set_doing("finishing up after training")  # for the CLI's line on a signal once these handlers go
+    return LoopResult(state=state, preempted=preemption.requested, last_row=last_row, signal=preemption.signal)

@@ -6,11 +6,11 @@
 
 A launch into a workdir that holds a checkpoint resumes that run, so it must describe the same run. Fields that
 only say how the run is watched or laid out (`FREE_FIELDS`: log/eval/checkpoint cadence, progress, on_nonfinite,
-the mesh) may change freely. Any other difference (model, optim, data, loss, steps, seed, ... and the `inputs`:
-digests of the training corpus and of the tokenizer) fails before any work with one line listing the fields,
-unless the launch names them in the run config's `allow_changes` ('steps,optim.learning_rate', or whole sections:
-'optim', 'inputs'); the history records what was accepted. A workdir without a checkpoint starts afresh: any
-config is accepted (and recorded).
+max_skipped_steps, the mesh) may change freely. Any other difference (model, optim, data, loss, steps, seed, ... and
+the `inputs`: digests of the training corpus and of the tokenizer) fails before any work with one line listing the
+fields, unless the launch names them in the run config's `allow_changes` ('steps,optim.learning_rate', or whole
+sections: 'optim', 'inputs'); the history records what was accepted. A workdir without a checkpoint starts afresh:
+any config is accepted (and recorded).
 
     check_launch(workdir, config)                  # early, before data work (config fields only)
     record_launch(workdir, config, inputs)         # once the inputs are known and the checkpoint restored (the
@@ -37,7 +37,7 @@ CONFIG_FILE = "config.json"
 HISTORY_FILE = "config_history.jsonl"
 INPUTS = ("corpus", "tokenizer", "images")  # what a record's `inputs` may hold (digests)
 FREE_FIELDS = ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints", "async_checkpoints", "progress",
-               "on_nonfinite", "mesh", "allow_changes")
+               "on_nonfinite", "max_skipped_steps", "mesh", "allow_changes")
 
 
 class RunMismatch(ConfigError):

@@ -1,0 +1,69 @@
+"""A Ctrl-C or SIGTERM ends `jaxpt <trainer>` in one line, at any time (issue 33 item 4): while training, the loop
+saves a checkpoint at that step (exit 130 for SIGINT, 75 for SIGTERM); before the loop starts, the CLI names the
+stage under way (exit 130 / 143). Neither leaves a traceback."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import time
+
+from jaxpt.train.metrics import read_metrics
+from jaxpt.train.record import checkpoint_steps
+from tests.test_train_pretrain import ROOT, _cli
+
+
+def _signal_after(command: list[str], signum: int, line_start: str) -> tuple[int, str, str]:
+  """Starts `command`, sends it `signum` once a stderr line starts with `line_start`; (exit code, stdout, stderr)."""
+  proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+  seen = []
+  deadline = time.time() + 240
+  try:
+    for line in proc.stderr:
+      seen.append(line)
+      if line.startswith(line_start):
+        proc.send_signal(signum)
+        break
+      assert time.time() < deadline, f"no line {line_start!r} within 240 s"
+    out, err = proc.communicate(timeout=240)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  return proc.returncode, out, "".join(seen) + err
+
+
+def test_ctrl_c_while_training_saves_that_step_exits_130_and_a_rerun_resumes(tmp_path):
+  """Before: a KeyboardInterrupt traceback, nothing saved since the last checkpoint."""
+  workdir = str(tmp_path)
+  long_run = {"steps": 100_000, "eval_every": 0, "log_every": 1, "progress": True}  # a plain line per step
+  code, out, err = _signal_after(_cli(workdir, **long_run), signal.SIGINT, "train: step ")
+  assert code == 130, err[-3000:]
+  assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+  found = re.fullmatch(rf"jaxpt pretrain: Ctrl-C \(SIGINT\) at step (\d+); checkpoint saved in {workdir}, rerun to "
+                       r"resume\.", out.strip().splitlines()[-1])
+  assert found, out
+  reached = int(found[1])
+  assert reached >= 1 and checkpoint_steps(workdir)[-1] == reached
+  assert read_metrics(workdir)[-1]["step"] == reached
+
+  rerun = {**long_run, "steps": reached + 2, "allow_changes": "steps", "progress": False}
+  done = subprocess.run(_cli(workdir, **rerun), capture_output=True, text=True, cwd=ROOT, timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert f"resuming from the checkpoint at step {reached}" in done.stderr
+  assert f"jaxpt pretrain: finished step {reached + 2} in {workdir}" in done.stdout
+
+
+def test_a_signal_before_training_is_one_line_naming_the_stage(tmp_path):
+  """SIGTERM or Ctrl-C while the data is prepared or the step compiled. Before: a bare exit 143 for SIGTERM, a
+  KeyboardInterrupt traceback for Ctrl-C."""
+  for signum, code in ((signal.SIGTERM, 143), (signal.SIGINT, 130)):
+    workdir = str(tmp_path / signum.name)
+    returncode, out, err = _signal_after(_cli(workdir, progress=True), signum, "jaxpt pretrain: preparing data in ")
+    assert returncode == code, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    name = "SIGTERM" if signum == signal.SIGTERM else r"Ctrl-C \(SIGINT\)"
+    assert re.fullmatch(rf"jaxpt pretrain: {name} while (preparing data in {workdir}|compiling the train step); "
+                        "nothing was trained or saved since the last checkpoint; rerun the same command to continue",
+                        last), err[-3000:]
+    assert "Traceback" not in err and not checkpoint_steps(workdir), err[-3000:]
