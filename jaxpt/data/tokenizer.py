@@ -73,6 +73,11 @@ class Tokenizer:
     return self._sp.pad_id()
 
   @property
+  def configured_pad_id(self) -> int:
+    """pad_id: jaxpt's tokenizers always have a pad token (the HFTokenizer interface)."""
+    return self.pad_id
+
+  @property
   def eos_id(self) -> int:
     return self._sp.eos_id()
 
