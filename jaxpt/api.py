@@ -57,6 +57,7 @@ class Model:
   source: str = ""
   tokenizer_dir: str | None = None
   prompt_format: str = "plain"  # how the run it came from formatted prompts: 'plain' | 'chat' (its chat template)
+  special_ids: dict | None = None  # config.json's bos/eos/pad_token_id of the HF checkpoint it came from
   _samplers: dict = dataclasses.field(default_factory=dict, repr=False)
 
   # -- language models --------------------------------------------------------------------------------------------
@@ -152,10 +153,10 @@ class Model:
     """Writes the model as a Hugging Face checkpoint directory (jaxpt.models.hf_export.save_hf) with its tokenizer
     files; returns the format: 'transformers' (pre-scheme models) or 'jaxpt' (native, e.g. SiameseNorm)."""
     self._need("lm", "save_hf")
-    special = {}
-    if self.tokenizer is not None:
+    special = self.special_ids  # an HF checkpoint's as it had them, else its tokenizer's
+    if special is None and self.tokenizer is not None:
       special = dict(bos_token_id=self.tokenizer.bos_id, eos_token_id=self.tokenizer.eos_id,
-                     pad_token_id=self.tokenizer.pad_id)
+                     pad_token_id=self.tokenizer.configured_pad_id)  # pad_id falls back to EOS: not a pad token
     return hf_export.save_hf(self.params, self.config, out_dir, format=format, special_ids=special,
                              tokenizer_dir=self.tokenizer_dir if self.tokenizer is not None else None,
                              overwrite=overwrite)
@@ -210,7 +211,7 @@ def _shardings(abstract: Any, mesh: Mesh | None, rules: str) -> Any:
 def _load_hf(directory: str, mesh: Mesh | None, rules: str, overrides: dict) -> Model:
   config, params = hf.load(directory, mesh=mesh, rules=rules, **overrides)
   return Model(config, params, _maybe_tokenizer(directory), source=f"{hf.HF_PREFIX}{directory}",
-               tokenizer_dir=directory)
+               tokenizer_dir=directory, special_ids=hf.special_ids(directory))
 
 
 def run_tokenizer_dir(workdir: str, recorded: dict) -> str | None:

@@ -1,8 +1,10 @@
 """jaxpt.config: one conversion from a config section to a checked dataclass, errors naming the dotted path."""
 
+import ast
 import dataclasses
 import glob
 import os
+import re
 
 import ml_collections
 import pytest
@@ -95,6 +97,24 @@ def test_every_committed_config_file_converts(path):
   run_config = getattr(importlib.import_module(command.module), command.config_class)
   checked = from_section(run_config, config, "config")
   assert dataclasses.asdict(checked)["steps"] == config.steps
+
+
+def test_sft_hf_documented_arithmetic_command_checks_clean():
+  """experiments/configs/sft_hf.py's docstring gives the arithmetic task's overrides; as written they check clean
+  (`--config.task.name=arithmetic` alone kept GSM8K's sizes, 0 = all, which the generator refuses)."""
+  from jaxpt.train.sft import SFTRunConfig
+
+  path = os.path.join(ROOT, "experiments", "configs", "sft_hf.py")
+  with open(path) as f:
+    doc = ast.get_docstring(ast.parse(f.read()))  # a command's backslash-newlines are gone: one line each
+  command = next(line for line in doc.splitlines() if "--config.task.name=arithmetic" in line)
+  overrides = {key: int(value) if value.isdigit() else value
+               for key, value in re.findall(r"--config\.(\S+?)=(\S+)", command) if key != "init_from"}
+  assert set(overrides) == {"task.name", "task.train_size", "task.test_size"}, command
+  config = load_config_file(path)
+  config.update_from_flattened_dict(overrides)
+  task = from_section(SFTRunConfig, config, "config").task
+  assert task.name == "arithmetic" and task.train_size >= 1 and task.test_size >= 1
 
 
 def test_registry_names_its_kind_and_rejects_a_second_owner():

@@ -137,7 +137,7 @@ class JaxptTestTinyImages(tfds.core.GeneratorBasedBuilder):
 
 
 def test_a_prepared_tfds_set_is_read_by_name(tmp_path):
-  prepare_quietly(JaxptTestTinyImages(data_dir=str(tmp_path), file_format="array_record"))
+  prepare_quietly(JaxptTestTinyImages, str(tmp_path), file_format="array_record")
   config = ImageDataConfig(source="tfds:jaxpt_test_tiny_images", tfds_data_dir=str(tmp_path), batch_size=4)
   data = ImageData.create(config, seed=0, image_size=8)
   assert {name: len(split) for name, split in data.splits.items()} == {"train": 12, "test": 6}

@@ -4,6 +4,7 @@ import collections
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import numpy as np
@@ -80,6 +81,18 @@ def test_local_builder_builds_array_record_and_rereads_same_split(tmp_path, capf
   mtime = os.path.getmtime(builder.data_dir)
   again = tfds_text.prepare_local(str(source), 1000, 0.2, data_dir)
   assert again.data_dir == builder.data_dir and os.path.getmtime(builder.data_dir) == mtime
+
+
+def test_preparing_leaves_nothing_in_the_system_temp_dir(tmp_path, monkeypatch):
+  """tfds makes a `tmp*tfds` folder in the system temp dir for each builder of a dataset not prepared yet, and never
+  removes it; jaxpt gives it a folder of the data dir instead and removes that."""
+  system_temp = tmp_path / "system_temp"
+  system_temp.mkdir()
+  monkeypatch.setattr(tempfile, "tempdir", str(system_temp))  # a private TMPDIR
+  data_dir = tmp_path / "tfds"
+  tfds_text.prepare_local(str(_write_corpus(tmp_path / "corpus", n=5)), 1000, 0.2, str(data_dir))
+  assert os.listdir(system_temp) == [] and tempfile.gettempdir() == str(system_temp)
+  assert not [name for name in os.listdir(data_dir) if "tmp" in name], os.listdir(data_dir)
 
 
 def test_changed_source_or_split_gets_a_new_config(tmp_path):

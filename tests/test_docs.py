@@ -62,6 +62,19 @@ def test_every_page_is_in_the_nav_and_every_module_in_the_reference():
   assert sorted(wanted - referenced) == [], "modules missing from the docs' API reference"
 
 
+def test_the_readmes_config_dict_example_builds_a_valid_config():
+  """The README's inline `jaxpt.config.config_dict(PretrainRunConfig, ...)`, run as written, passes the CLI's check
+  (it once left out the data section's seq_len and batch_size, which have no default)."""
+  import jaxpt.config
+  from jaxpt.train.pretrain import PretrainRunConfig
+
+  with open(os.path.join(ROOT, "README.md")) as f:
+    examples = re.findall(r"`(jaxpt\.config\.config_dict\(PretrainRunConfig,[^`]*)`", f.read())
+  assert len(examples) == 1, examples
+  config = eval(examples[0], {"jaxpt": jaxpt, "PretrainRunConfig": PretrainRunConfig})  # noqa: S307
+  assert jaxpt.config.from_section(PretrainRunConfig, config, "config").steps == 300
+
+
 @pytest.mark.skipif(bool(MISSING), reason=f"the docs extra is not installed (missing {MISSING}): "
                     "pip install -e '.[docs]'")
 def test_docs_build_strict(tmp_path):

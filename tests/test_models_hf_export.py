@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
+import jaxpt
 from jaxpt.config import ConfigError
 from jaxpt.models import hf, hf_export
 from jaxpt.models.config import ModelConfig
@@ -64,6 +65,29 @@ def test_export_of_an_import_gives_back_transformers_tensors_byte_for_byte(famil
   written = hf.read_hf_json(str(tmp_path / "out"))
   expected_type = {"mistral": "llama"}.get(family, family)  # a window >= max_seq_len is plain causal attention
   assert written["model_type"] == expected_type and written["architectures"] == [hf.FAMILIES[expected_type][0]]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_an_export_keeps_the_special_ids_of_the_checkpoint_it_came_from(family, tmp_path):
+  """config.json's bos/eos/pad_token_id come back as the source had them. No fixture has a pad_token_id; the export
+  used to claim the EOS id (Llama, Mistral: their tokenizers have no pad token, so pad_id falls back to EOS) or the
+  tokenizer's pad token (Qwen), and to drop Qwen's bos_token_id."""
+  source = os.path.join(ASSETS, family)
+  jaxpt.load(f"hf:{source}").save_hf(str(tmp_path / "out"))
+  written, original = hf.read_hf_json(str(tmp_path / "out")), hf.read_hf_json(source)
+  assert {k: written.get(k) for k in hf.SPECIAL_IDS} == {k: original.get(k) for k in hf.SPECIAL_IDS}
+  assert "pad_token_id" not in written and original["pad_token_id"] is None
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_an_export_without_its_source_config_claims_only_the_tokenizers_pad_token(family, tmp_path):
+  """A run fine-tuned from a checkpoint keeps its tokenizer, not its config.json: pad_token_id is the tokenizer's
+  pad token (Qwen's <|endoftext|>), and none where it has none (Llama), not the EOS id batches are padded with."""
+  model = dataclasses.replace(jaxpt.load(f"hf:{os.path.join(ASSETS, family)}"), special_ids=None)
+  model.save_hf(str(tmp_path / "out"))
+  written = hf.read_hf_json(str(tmp_path / "out"))
+  assert written["eos_token_id"] == model.tokenizer.eos_id
+  assert written.get("pad_token_id") == model.tokenizer.configured_pad_id == {"llama": None, "qwen2": 0}[family]
 
 
 def test_sharded_export_writes_an_index_that_the_import_reads(tmp_path):

@@ -2,7 +2,8 @@
 
 Each notebook is executed by nbclient in a fresh ipykernel started from this interpreter, with its working
 directory colab/ and PYTHONPATH at this checkout (so the kernel imports this tree's jaxpt and the install cell is a
-no-op); any cell error fails the test with the cell and its traceback. The notebooks are written by
+no-op); any cell error fails the test with the cell and its traceback, and so does anything left in the kernel's
+temp dir (TMPDIR, one per test: each notebook's last cell removes the workdir it made). The notebooks are written by
 tools/make_notebooks.py; a test fails when a committed notebook differs from what it writes (or holds outputs).
 """
 
@@ -49,7 +50,8 @@ def test_committed_notebook_has_no_outputs(name):
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
-def test_notebook_runs_top_to_bottom(name, monkeypatch):
+def test_notebook_runs_top_to_bottom(name, monkeypatch, tmp_path):
+  monkeypatch.setenv("TMPDIR", str(tmp_path))  # the kernel's temp dir, where the notebooks make their workdirs
   notebook = execute(nbformat.read(os.path.join(COLAB, name), as_version=4), monkeypatch)
   code = [cell for cell in notebook.cells if cell.cell_type == "code"]
   assert all(cell.execution_count is not None for cell in code), name
@@ -58,6 +60,7 @@ def test_notebook_runs_top_to_bottom(name, monkeypatch):
   # The install cell found this checkout's jaxpt and installed nothing.
   install_output = "".join(out.get("text", "") for out in code[0].outputs)
   assert "pip install" not in install_output and "jaxpt 0." in install_output, install_output
+  assert os.listdir(tmp_path) == [], f"{name} left {os.listdir(tmp_path)} in the temp dir"
   print(f"{name}: {len(code)} code cells executed")
 
 

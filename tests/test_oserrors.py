@@ -4,7 +4,7 @@ import errno
 
 import pytest
 
-from jaxpt.oserrors import describe, errno_of
+from jaxpt.oserrors import describe, errno_of, writing
 
 TENSORSTORE_LIKE = ("Error writing local file \"{path}/checkpoints/2/state/d/abc\": Failed to write "
                     "{{\"driver\":\"zarr3\",\"store_data_equal_to_fill_value\":true}}'] [os_error_code='{code}']")
@@ -42,3 +42,44 @@ def test_an_error_without_an_os_cause_is_its_first_line():
   assert errno_of(ValueError("bad\nmore")) is None
   assert describe(ValueError("bad\nmore")) == "ValueError: bad"
   assert describe(ValueError("os_error_code='999999'")) == "ValueError: os_error_code='999999'"  # not an errno
+
+
+TFDS_FULL_DISK = ('Failed to finalize writing of split "train": write() failed: No space left on device; writing '
+                  '/w/tfds/x/incomplete.AB12_1.0.0/x-train.array_record-00000-of-00001; at byte 20480')
+
+
+def test_a_failed_write_in_words_only_is_found():
+  assert errno_of(RuntimeError(TFDS_FULL_DISK)) == errno.ENOSPC
+  assert errno_of(RuntimeError("Disk quota exceeded")) == errno.EDQUOT
+  assert errno_of(RuntimeError("no space left")) is None
+
+
+@pytest.mark.parametrize("error", [RuntimeError(TFDS_FULL_DISK), OSError(errno.ENOSPC, "No space left on device")])
+def test_writing_names_the_path_of_a_failure_that_named_none_and_removes_the_temporary(tmp_path, error):
+  temporary = tmp_path / "cache.tmp1"
+  temporary.mkdir()
+  (temporary / "part.npy").write_bytes(b"x")
+  with pytest.raises(OSError) as raised:
+    with writing("/w/cache", temporary=str(temporary)):
+      raise error
+  assert describe(raised.value) == "ENOSPC: No space left on device: /w/cache"
+  assert raised.value.__cause__ is error and not temporary.exists()
+
+
+def test_writing_passes_other_errors_unchanged_and_removes_a_temporary_file(tmp_path):
+  temporary = tmp_path / "model.tmp1"
+  temporary.write_bytes(b"x")
+  named = OSError(errno.EACCES, "Permission denied", "/corpus/a.txt")
+  try:
+    try:
+      raise FileNotFoundError(errno.ENOENT, "No such file or directory")
+    except OSError:
+      raise KeyError("a config error that an OS error led to")  # noqa: B904
+  except KeyError as e:
+    chained = e
+  for error in (named, chained, ValueError("bad")):
+    with pytest.raises(type(error)) as raised:
+      with writing("/w/model", temporary=str(temporary)):
+        raise error
+    assert raised.value is error
+  assert not temporary.exists()

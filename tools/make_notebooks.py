@@ -65,6 +65,11 @@ import jaxpt
 print(f"jaxpt {jaxpt.__version__}, jax {jax.__version__} on {jax.devices()}")'''
 
 
+# The last cell of every notebook with a workdir: it removes the temporary folder it made (shutil: INSTALL imports it).
+CLEANUP = '''\
+shutil.rmtree(MADE_DIR)  # the temporary folder this notebook made; a WORKDIR of your own is kept'''
+
+
 def md(text: str) -> nbformat.NotebookNode:
   return nbformat.v4.new_markdown_cell(text.strip("\n"))
 
@@ -100,7 +105,8 @@ import tempfile
 
 from tqdm.auto import tqdm
 
-WORKDIR = tempfile.mkdtemp(prefix="jaxpt-quickstart-")
+MADE_DIR = tempfile.mkdtemp(prefix="jaxpt-quickstart-")  # the last cell removes it
+WORKDIR = MADE_DIR  # or a folder of your own (e.g. on Drive), which is kept
 
 
 def tiny_pretrain_config(norm_scheme: str):
@@ -194,6 +200,7 @@ print("c_l per layer:", [round(float(depth_scale(layer)), 4) for layer in range(
   `jaxpt pretrain --help` lists every field.
 - Use a persistent `WORKDIR` (e.g. on Drive): rerunning into it resumes from the last checkpoint.
 """),
+    code(CLEANUP),
 ]
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -388,7 +395,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 from tqdm.auto import tqdm
 
-WORKDIR = tempfile.mkdtemp(prefix="jaxpt-rm-")
+MADE_DIR = tempfile.mkdtemp(prefix="jaxpt-rm-")  # the last cell removes it
+WORKDIR = MADE_DIR  # or a folder of your own (e.g. on Drive), which is kept
 
 
 def tiny_rm_config(loss: str):
@@ -463,6 +471,7 @@ committed multi-seed comparison.
   hh-rlhf), and a pretrained backbone: `init_from="hf:/path/to/Llama-3.2-1B"` (see `experiments/configs/rm_hf.py`).
 - DIR knobs: `rm.mi_weight` (lambda), `rm.inner_steps`, `rm.bias` (length, sycophancy, format).
 """),
+    code(CLEANUP),
 ]
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -487,7 +496,8 @@ from tqdm.auto import tqdm
 
 from jaxpt.train.metrics import read_metrics
 
-WORKDIR = tempfile.mkdtemp(prefix="jaxpt-grpo-")
+MADE_DIR = tempfile.mkdtemp(prefix="jaxpt-grpo-")  # the last cell removes it
+WORKDIR = MADE_DIR  # or a folder of your own (e.g. on Drive), which is kept
 MODEL = dict(vocab_size=512, d_model=32, num_layers=1, num_heads=2, num_kv_heads=2, mlp_dim=64, max_seq_len=80,
              norm_scheme="siamese_post_pre")
 TASK = dict(name="arithmetic", num_steps=1, max_value=9, ops="+-", train_size=400, test_size=64)
@@ -571,6 +581,7 @@ for name, workdir in [("SFT", sft_dir), *runs.items()]:
   "bfloat16"`; `grpo.group_size=8`, `data.prompts_per_step=32`, `sampling.max_new_tokens=512`.
 - CLIPO: `clipo.objective` (infonce, supcon_out, supcon_in, soft_nn), `clipo.level`, `clipo.reward_coef`.
 """),
+    code(CLEANUP),
 ]
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -588,7 +599,6 @@ back. This notebook uses the tiny random Qwen2 checkpoint that jaxpt's tests use
 """),
     code(INSTALL),
     code('''
-import shutil
 import tempfile
 
 import numpy as np
@@ -597,7 +607,8 @@ import numpy as np
 FIXTURE = next(os.path.join(root, "tests", "assets", "hf", "qwen2")
                for root in (os.path.dirname(os.getcwd()), os.getcwd(), "jaxpt")
                if os.path.isdir(os.path.join(root, "tests", "assets", "hf", "qwen2")))
-WORKDIR = tempfile.mkdtemp(prefix="jaxpt-hf-")
+MADE_DIR = tempfile.mkdtemp(prefix="jaxpt-hf-")  # the last cell removes it
+WORKDIR = MADE_DIR  # or a folder of your own, which is kept
 print(FIXTURE, sorted(os.listdir(FIXTURE)))
 
 model = jaxpt.load(f"hf:{FIXTURE}")
@@ -650,7 +661,6 @@ back = jaxpt.load(f"hf:{export_dir}")
 ids = np.array([[1, 17, 42, 99, 7]])
 print("max |logits difference| after the round trip:",
       float(np.abs(np.asarray(back.logits(ids)) - np.asarray(tuned.logits(ids))).max()))
-shutil.rmtree(WORKDIR)
 '''),
     md("""
 ## For a real model
@@ -662,6 +672,7 @@ shutil.rmtree(WORKDIR)
 - GRPO: `experiments/configs/grpo_hf.py` (GSM8K in the chat template, `task.prompt_format="chat"`), SFT / RM / DPO
   from `sft_hf.py`, `rm_hf.py`, `dpo_hf.py`; `jaxpt export-hf --workdir RUN --out DIR` from the command line.
 """),
+    code(CLEANUP),
 ]
 
 NOTEBOOKS = {

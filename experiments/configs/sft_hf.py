@@ -8,7 +8,12 @@ Every field not set here keeps the default of its dataclass (`jaxpt.train.sft.SF
       --config.init_from=hf:/models/Qwen2.5-0.5B-Instruct [--config.task.path=/elsewhere/gsm8k]
 
 Sized for one accelerator and a 0.5B-1.5B model; on a pod add --config.mesh.* (fsdp / tp) as for pretraining.
-The arithmetic task needs no files: --config.task.name=arithmetic.
+The arithmetic task needs no files; its generator has no 'all' (task.train_size / test_size 0, GSM8K's), so give
+its sizes with it (the task section's defaults):
+
+  jaxpt sft --config experiments/configs/sft_hf.py --workdir /tmp/sft_qwen_arithmetic \
+      --config.init_from=hf:/models/Qwen2.5-0.5B-Instruct \
+      --config.task.name=arithmetic --config.task.train_size=20000 --config.task.test_size=512
 """
 
 import os

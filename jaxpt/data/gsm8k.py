@@ -115,7 +115,7 @@ class JaxptGsm8k(tfds.core.GeneratorBasedBuilder):
 
 def prepare(source_path: str, data_dir: str) -> JaxptGsm8k:
   """The GSM8K builder of `source_path` under `data_dir`, prepared (built once, reused while the files match)."""
-  return tfds_text.prepare_quietly(JaxptGsm8k(source_path=source_path, data_dir=data_dir))
+  return tfds_text.prepare_quietly(JaxptGsm8k, data_dir, source_path=source_path)
 
 
 def load_gsm8k(path: str, data_dir: str, split: str) -> list[Problem]:

@@ -171,8 +171,9 @@ def _chat_messages(messages: Sequence[Mapping]) -> list[dict]:
 class HFTokenizer:
   """Text <-> ids with a Hugging Face checkpoint's tokenizer (the interface of jaxpt.data.tokenizer.Tokenizer).
 
-  Special ids (None when the token is not configured): bos_id, eos_id, unk_id; pad_id is the configured pad token,
-  else eos_id (Llama-3 has no pad token). `stop_ids`: eos_id and generation_config.json's eos_token_id(s).
+  Special ids (None when the token is not configured): bos_id, eos_id, unk_id, configured_pad_id; pad_id is the
+  configured pad token, else eos_id (Llama-3 has no pad token). `stop_ids`: eos_id and generation_config.json's
+  eos_token_id(s).
   """
 
   def __init__(self, path: str):
@@ -320,9 +321,15 @@ class HFTokenizer:
     return self._token_id("unk_token")
 
   @property
+  def configured_pad_id(self) -> int | None:
+    """The configured pad token's id; None when there is none (config.json's pad_token_id: an export claims no
+    pad token the tokenizer does not have)."""
+    return self._token_id("pad_token")
+
+  @property
   def pad_id(self) -> int | None:
-    """The configured pad token's id, else eos_id."""
-    pad = self._token_id("pad_token")
+    """The configured pad token's id, else eos_id (what batches are padded with)."""
+    pad = self.configured_pad_id
     return self.eos_id if pad is None else pad
 
   def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:

@@ -255,7 +255,7 @@ class JaxptPreferences(tfds.core.GeneratorBasedBuilder):
 
 def prepare_preferences(path: str, data_dir: str, test_fraction: float = 0.1) -> JaxptPreferences:
   """The builder of a preference source under `data_dir`, prepared (built once; reused while it is unchanged)."""
-  return prepare_quietly(JaxptPreferences(source_path=path, test_fraction=test_fraction, data_dir=data_dir))
+  return prepare_quietly(JaxptPreferences, data_dir, source_path=path, test_fraction=test_fraction)
 
 
 def load_preferences(builder: JaxptPreferences, split: str) -> list[PreferencePair]:

@@ -10,12 +10,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import os
+import shutil
 import sys
+import tempfile
 from typing import Any, Iterator, Sequence
 
 import tensorflow_datasets as tfds
 from etils import epath
 
+from jaxpt import oserrors
 from jaxpt.config import ConfigError
 from jaxpt.data import corpus
 
@@ -80,16 +84,35 @@ class JaxptLocalText(tfds.core.GeneratorBasedBuilder):
       yield i, {"text": doc}
 
 
-def prepare_quietly(builder: tfds.core.DatasetBuilder) -> tfds.core.DatasetBuilder:
-  """`builder.download_and_prepare()` from local files only, without tfds's progress bars (a one-off build of a
-  small source; keeps the training bar readable) and with its "Downloading and preparing dataset" lines moved
-  from stdout to stderr (stdout carries a command's result, e.g. `jaxpt eval`'s JSON line). Built once; later
-  calls reuse the prepared files."""
+@contextlib.contextmanager
+def _temp_dir_in(directory: str) -> Iterator[None]:
+  """The system temp dir is a new folder of `directory` meanwhile, removed afterwards: a builder whose dataset is not
+  prepared yet makes a `tmp*tfds` folder there (`DatasetInfo.initialize_from_bucket`, tfds 4.9) and never removes
+  it. Sets `tempfile.tempdir`, so a data preparation is the only work the process should do meanwhile."""
+  os.makedirs(directory, exist_ok=True)
+  folder = tempfile.mkdtemp(prefix="jaxpt-tfds-tmp-", dir=directory)
+  previous, tempfile.tempdir = tempfile.tempdir, folder
+  try:
+    yield
+  finally:
+    tempfile.tempdir = previous
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def prepare_quietly(builder_type: type[tfds.core.DatasetBuilder], data_dir: str,
+                    **config: Any) -> tfds.core.DatasetBuilder:
+  """`builder_type(data_dir=data_dir, **config)`, its dataset prepared from local files only (built once; later
+  calls reuse the prepared files), without tfds's progress bars (a one-off build of a small source; keeps the
+  training bar readable) and with its "Downloading and preparing dataset" lines moved from stdout to stderr (stdout
+  carries a command's result, e.g. `jaxpt eval`'s JSON line). TFDS's temporary files stay under `data_dir` and are
+  removed; a full disk is one OSError naming the dataset's folder (tfds removes its incomplete files)."""
   was_shown = getattr(tfds.core.utils.tqdm_utils, "_active", True)
   tfds.display_progress_bar(False)
   try:
-    with contextlib.redirect_stdout(sys.stderr):
-      builder.download_and_prepare(download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+    with _temp_dir_in(data_dir):
+      builder = builder_type(data_dir=data_dir, **config)
+      with oserrors.writing(str(builder.data_dir)), contextlib.redirect_stdout(sys.stderr):
+        builder.download_and_prepare(download_config=tfds.download.DownloadConfig(try_download_gcs=False))
   finally:
     tfds.display_progress_bar(was_shown)
   return builder
@@ -108,8 +131,8 @@ def read_examples(source: Any, chunk: int = 1024) -> Iterator[dict]:
 
 def prepare_local(source_path: str, max_bytes: int, eval_fraction: float, data_dir: str) -> JaxptLocalText:
   """The builder of a local corpus under `data_dir`, prepared (built once; reused while the source is unchanged)."""
-  return prepare_quietly(JaxptLocalText(source_path=source_path, max_bytes=max_bytes, eval_fraction=eval_fraction,
-                                        data_dir=data_dir))
+  return prepare_quietly(JaxptLocalText, data_dir, source_path=source_path, max_bytes=max_bytes,
+                         eval_fraction=eval_fraction)
 
 
 def read_texts(source, text_key: str = "text", max_bytes: int | None = None) -> list[str]:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 import numpy as np
 import sentencepiece as spm
 
+from jaxpt import oserrors
 from jaxpt.config import ConfigError, DataError
 
 if TYPE_CHECKING:
@@ -70,6 +71,11 @@ class Tokenizer:
   @property
   def pad_id(self) -> int:
     return self._sp.pad_id()
+
+  @property
+  def configured_pad_id(self) -> int:
+    """pad_id: jaxpt's tokenizers always have a pad token (the HFTokenizer interface)."""
+    return self.pad_id
 
   @property
   def eos_id(self) -> int:
@@ -213,7 +219,7 @@ def train(documents: Iterable[str], vocab_size: int, num_threads: int = 2) -> To
 
 def _atomic_write(path: str, data: bytes) -> None:
   tmp = f"{path}.tmp{os.getpid()}"
-  with open(tmp, "wb") as f:
+  with oserrors.writing(path, temporary=tmp), open(tmp, "wb") as f:  # a full disk: one line naming path, no tmp
     f.write(data)
   os.replace(tmp, path)
 

@@ -82,6 +82,7 @@ ARCHITECTURE_FIELDS = ("vocab_size", "d_model", "num_layers", "num_heads", "num_
 # ModelConfig values every transformers decoder class (and so every HF checkpoint jaxpt reads) has.
 TRANSFORMERS_FIELDS = (("norm_scheme", "pre"), ("norm_type", "rmsnorm"), ("mlp_type", "swiglu"), ("v_norm", False),
                        ("num_experts", 0), ("mlp_bias", False), ("causal", True), ("rope", True))
+SPECIAL_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")  # config.json's special-token ids
 # ModelConfig fields that change how a model runs, not what it computes: a load may set them freely.
 RUNTIME_FIELDS = ("max_seq_len", "dtype", "param_dtype", "remat", "scan_layers", "attention_query_chunk",
                   "dropout_rate", "kernel")
@@ -95,6 +96,12 @@ def read_hf_json(path: str) -> dict:
   if not os.path.isfile(file):
     raise DataError(f"{path}: not a Hugging Face checkpoint directory (no {CONFIG_FILE})")
   return read_json_object(file)
+
+
+def special_ids(path: str) -> dict[str, Any]:
+  """The bos/eos/pad_token_id that config.json of checkpoint directory `path` sets (an id, or a list for eos), as
+  it sets them: an export of the model gives back these, no pad_token_id that the checkpoint did not have."""
+  return {key: value for key, value in read_hf_json(path).items() if key in SPECIAL_IDS and value is not None}
 
 
 def _rope(hf: dict, file: str) -> dict:
