@@ -98,3 +98,12 @@ def writing(path: str, temporary: str | None = None) -> Iterator[None]:
     if code in _WORDS_IN_MESSAGE.values():
       raise OSError(code, os.strerror(code), path) from e
     raise
+
+
+def write_atomically(path: str, data: str | bytes) -> None:
+  """Writes `data` to `path` whole or not at all: into a temporary beside it, renamed over `path` once complete (a
+  kill leaves the old file); a failure (a full disk: one line naming the cause and `path`) leaves no temporary."""
+  temporary = f"{path}.tmp{os.getpid()}"
+  with writing(path, temporary=temporary), open(temporary, "wb" if isinstance(data, bytes) else "w") as f:
+    f.write(data)
+  os.replace(temporary, path)

@@ -1,6 +1,7 @@
 """Checkpoint and filesystem failures end the CLI in one line with exit code 5 (issue 12, item 6); a config file
 that cannot run, help into a closed pipe and a run that skips every step end it in one line too (issue 33 item 4)."""
 
+import glob
 import os
 import re
 import subprocess
@@ -31,6 +32,7 @@ def test_a_full_disk_is_one_line_naming_the_cause_and_path(tmp_path):
   assert lines[-1].startswith("jaxpt pretrain: checkpoint error: saving the checkpoint at step 2 in "), lines[-1]
   assert f"{os.path.join(workdir, 'checkpoints')} failed: EFBIG: File too large (" in lines[-1]  # the cause leads
   assert len(lines) <= 8 and "Traceback" not in done.stderr, done.stderr[-3000:]
+  assert glob.glob(os.path.join(workdir, "checkpoints", "*")) == []  # the failed save's temporary folder removed
 
 
 @pytest.fixture

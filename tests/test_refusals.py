@@ -170,3 +170,17 @@ def test_a_refused_command_leaves_everything_as_it_was(case, finished_run, tmp_p
   assert "Traceback" not in done.stderr, done.stderr[-3000:]
   after = {"run": snapshot(run), "target": snapshot(target), "beside": sorted(os.listdir(tmp_path))}
   assert after == before
+
+
+def test_the_fault_injection_tool_explains_its_options_and_writes_only_into_a_new_root(tmp_path):
+  tool = os.path.join(ROOT, "tools", "fault_injection.py")
+  shown = subprocess.run([sys.executable, tool, "--help"], capture_output=True, text=True, timeout=120)
+  assert shown.returncode == 0
+  for option in ("--kills", "--interrupts", "--disk-fulls", "--refusals", "--seed", "--trainers", "--root"):
+    assert f"{option} " in shown.stdout and shown.stdout.count(option) >= 2, option  # usage, and its own help
+  root = str(tmp_path / "root")
+  _a_checkout(root)
+  before = snapshot(root)
+  refused = subprocess.run([sys.executable, tool, "--root", root], capture_output=True, text=True, timeout=120)
+  assert refused.returncode == 2 and "not a new or empty folder" in refused.stderr.splitlines()[-1]
+  assert snapshot(root) == before

@@ -165,7 +165,7 @@ def copy_tokenizer(source: str, directory: str) -> None:
   for file in files:
     target = os.path.join(directory, os.path.relpath(file, source))
     os.makedirs(os.path.dirname(target), exist_ok=True)
-    _atomic_write(target, pathlib.Path(file).read_bytes())
+    oserrors.write_atomically(target, pathlib.Path(file).read_bytes())
 
 
 def save_tokenizer(tokenizer: "Tokenizer | HFTokenizer", directory: str) -> None:
@@ -175,7 +175,7 @@ def save_tokenizer(tokenizer: "Tokenizer | HFTokenizer", directory: str) -> None
     return
   if isinstance(tokenizer, Tokenizer):
     os.makedirs(directory, exist_ok=True)
-    _atomic_write(os.path.join(directory, MODEL_FILE), tokenizer.model_proto)
+    oserrors.write_atomically(os.path.join(directory, MODEL_FILE), tokenizer.model_proto)
   else:
     copy_tokenizer(tokenizer.path, directory)
 
@@ -217,13 +217,6 @@ def train(documents: Iterable[str], vocab_size: int, num_threads: int = 2) -> To
   return Tokenizer(model.getvalue())
 
 
-def _atomic_write(path: str, data: bytes) -> None:
-  tmp = f"{path}.tmp{os.getpid()}"
-  with oserrors.writing(path, temporary=tmp), open(tmp, "wb") as f:  # a full disk: one line naming path, no tmp
-    f.write(data)
-  os.replace(tmp, path)
-
-
 def load_or_train(directory: str, vocab_size: int, corpus_id: str, documents: Callable[[], Iterable[str]],
                   keep_existing: bool = False) -> Tokenizer:
   """The run's tokenizer, `directory/spm.model` (its settings in `spm.json`).
@@ -247,9 +240,9 @@ def load_or_train(directory: str, vocab_size: int, corpus_id: str, documents: Ca
   else:
     tokenizer = train(documents(), vocab_size)
     os.makedirs(os.path.dirname(cached), exist_ok=True)
-    _atomic_write(f"{cached}.json", encoded_settings)
-    _atomic_write(f"{cached}.model", tokenizer.model_proto)
+    oserrors.write_atomically(f"{cached}.json", encoded_settings)
+    oserrors.write_atomically(f"{cached}.model", tokenizer.model_proto)
   if not (os.path.exists(model_file) and pathlib.Path(model_file).read_bytes() == tokenizer.model_proto):
-    _atomic_write(settings_file, encoded_settings)
-    _atomic_write(model_file, tokenizer.model_proto)
+    oserrors.write_atomically(settings_file, encoded_settings)
+    oserrors.write_atomically(model_file, tokenizer.model_proto)
   return tokenizer

@@ -3,9 +3,11 @@ one-line CheckpointErrors."""
 
 from __future__ import annotations
 
+import glob
 import json
 import logging as std_logging
 import os
+import shutil
 import sys
 import time
 import zlib
@@ -17,7 +19,7 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 from jaxpt.config import ConfigError
-from jaxpt.oserrors import describe
+from jaxpt.oserrors import describe, write_atomically
 from jaxpt.train.state import TrainState
 
 CHECKPOINT_DIR = "checkpoints"
@@ -78,10 +80,7 @@ def _write_manifest(step_dir: str) -> None:
   """`<step_dir>/manifest.json`: {relative path: [size, crc32]} of every file of the committed step."""
   entries = {f: [os.path.getsize(os.path.join(step_dir, f)), _file_crc(os.path.join(step_dir, f))]
              for f in _step_files(step_dir)}
-  tmp = os.path.join(step_dir, f"{MANIFEST}.tmp{os.getpid()}")
-  with open(tmp, "w") as f:
-    json.dump(entries, f)
-  os.replace(tmp, os.path.join(step_dir, MANIFEST))
+  write_atomically(os.path.join(step_dir, MANIFEST), json.dumps(entries))
 
 
 def _check_manifest(step_dir: str) -> str | None:
@@ -140,6 +139,7 @@ class Checkpointer:
     try:
       started = bool(self._manager.save(step, args=args, force=True))
     except Exception as e:  # orbax raises OSError, ValueError, RuntimeError, ... from its writer threads
+      self._remove_unfinished([step])
       raise CheckpointError(f"saving the checkpoint at step {step} in {self.directory} failed: {describe(e)}") from None
     if started:
       self._unverified.append(step)
@@ -201,6 +201,7 @@ class Checkpointer:
       self._manager.wait_until_finished()
     except Exception as e:
       steps = ", ".join(map(str, self._unverified)) or "?"
+      self._remove_unfinished(self._unverified)
       self._unverified = []
       raise CheckpointError(f"saving the checkpoint at step {steps} in {self.directory} failed: {describe(e)}") \
           from None
@@ -213,6 +214,14 @@ class Checkpointer:
           except OSError as e:
             raise CheckpointError(f"writing the manifest of step {step} in {self.directory} failed: "
                                   f"{describe(e)}") from None
+
+  def _remove_unfinished(self, steps: list[int]) -> None:
+    """Removes the temporary folders a failed save of `steps` left (orbax's `<step>.orbax-checkpoint-tmp*`, made
+    for this run; process 0), so a full disk leaves no partial checkpoint behind."""
+    if jax.process_index() == 0:
+      for step in steps:
+        for folder in glob.glob(os.path.join(self.directory, f"{step}.orbax-checkpoint-tmp*")):
+          shutil.rmtree(folder, ignore_errors=True)
 
   def _step_dir(self, step: int) -> str:
     return os.path.join(self.directory, str(step))

@@ -29,6 +29,7 @@ from typing import Any, Callable, Mapping
 
 import jax
 
+from jaxpt.oserrors import write_atomically
 from jaxpt.progress import say
 from jaxpt.train.checkpoint import CheckpointError, Checkpointer
 from jaxpt.train.record import CONFIG_FILE, checkpoint_steps
@@ -139,11 +140,7 @@ def evaluate_run(workdir: str, step: int | None = None) -> dict:
   if jax.process_index() == 0:
     directory = os.path.join(workdir, EVAL_DIR)
     os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, f"step_{step}.json")
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-      json.dump(row, f, indent=2)
-    os.replace(tmp, path)
+    write_atomically(os.path.join(directory, f"step_{step}.json"), json.dumps(row, indent=2))
   return row
 
 

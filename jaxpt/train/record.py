@@ -32,6 +32,7 @@ import jax
 
 from jaxpt.config import ConfigError
 from jaxpt.data.tokenizer import save_tokenizer
+from jaxpt.oserrors import write_atomically
 
 CONFIG_FILE = "config.json"
 HISTORY_FILE = "config_history.jsonl"
@@ -182,8 +183,5 @@ def record_launch(workdir: str, config: Any, inputs: Mapping[str, str], tokenize
     f.write(("\n" if cut else "") + json.dumps(row) + "\n")  # after a row cut by a kill, start a new line
     f.flush()
     os.fsync(f.fileno())
-  tmp = os.path.join(workdir, f"{CONFIG_FILE}.tmp{os.getpid()}")
-  with open(tmp, "w") as f:
-    json.dump(row["config"], f, indent=2)
-  os.replace(tmp, os.path.join(workdir, CONFIG_FILE))
+  write_atomically(os.path.join(workdir, CONFIG_FILE), json.dumps(row["config"], indent=2))
   return changes
