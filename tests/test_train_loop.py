@@ -62,6 +62,23 @@ def test_resume_is_bitwise_identical(setup, uninterrupted, tmp_path):
   assert evals(rows) == evals(want_rows)
 
 
+def test_a_metrics_row_cut_mid_write_is_left_out_and_the_run_resumes(setup, uninterrupted, tmp_path, caplog):
+  """Found by tools/fault_injection.py: a full disk cut a metrics.jsonl row, and every relaunch then died in
+  json.loads (a traceback, the run never resumed). The cut row is left out with a warning naming its line."""
+  init, train_step, evaluate = setup
+  workdir = str(tmp_path)
+  train_loop(init(), train_step, batches_from, LOOP, workdir, eval_fn=evaluate, stop_at=7)
+  path = os.path.join(workdir, "metrics.jsonl")
+  with open(path) as f:
+    lines = f.readlines()
+  with open(path, "w") as f:  # the row of step 6 cut, as a full disk or a kill leaves it
+    f.writelines(lines[:2] + [lines[2][:40]])
+  resumed = train_loop(init(), train_step, batches_from, LOOP, workdir, eval_fn=evaluate)
+  assert int(resumed.state.step) == STEPS
+  assert [r["step"] for r in read_metrics(workdir)] == [3, 4, 8, 9, 12]
+  assert f"{path}:3: a row that does not read" in caplog.text
+
+
 def test_metrics_rows_checkpoints_and_plots(uninterrupted):
   workdir, result = uninterrupted
   rows = read_metrics(workdir)

@@ -49,6 +49,7 @@ from tools.file_tree import snapshot  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUOTA = ("import os, resource, sys; limit = int(sys.argv[1]); resource.setrlimit(resource.RLIMIT_FSIZE, "
          "(limit, limit)); os.execv(sys.argv[2], sys.argv[2:])")
+LOCK_FILE = ".lock"  # jaxpt.train.lock.LOCK_FILE
 EXIT_INTERRUPTED = 130  # jaxpt's exit code after a Ctrl-C (SIGINT): saved, rerun to resume
 QUOTA_BYTES = 50_000  # below the micro model's checkpoint files: the next save fails as on a full disk
 MICRO_MODEL = {"model.vocab_size": 512, "model.d_model": 32, "model.num_layers": 1, "model.num_heads": 2,
@@ -147,7 +148,7 @@ def truncate_newest(workdir: str) -> str:
 def interrupt(argv: list[str], workdir: str, rng: random.Random, timeout: float = 300) -> dict:
   """One launch, sent SIGINT (Ctrl-C) at a random moment after it logged a new step, unless it finishes first."""
   logged = _metrics_size(workdir)
-  proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   launched, delay, armed_at = time.time(), rng.uniform(0.0, 1.0), None
   while proc.poll() is None and time.time() < launched + timeout:
     if armed_at is None and _metrics_size(workdir) > logged:
@@ -158,8 +159,12 @@ def interrupt(argv: list[str], workdir: str, rng: random.Random, timeout: float 
   interrupted = proc.poll() is None
   if interrupted:
     proc.send_signal(signal.SIGINT)
-  _, err = proc.communicate(timeout=timeout)
-  return {"interrupted": interrupted, "returncode": proc.returncode, "stderr": err.strip().splitlines()}
+  out, err = proc.communicate(timeout=timeout)
+  # The loop's summary on stdout ('jaxpt <trainer>: Ctrl-C (SIGINT) at step N; checkpoint saved ...'), or, when the
+  # signal came after the loop, the CLI's line on stderr ('... Ctrl-C (SIGINT) while <stage>; ...').
+  said = (out.strip().splitlines() or [""])[-1] if out.strip() else (err.strip().splitlines() or [""])[-1]
+  return {"interrupted": interrupted, "returncode": proc.returncode, "stderr": [said],
+          "one_line": said.startswith("jaxpt ") and "Ctrl-C" in said and "Traceback" not in err}
 
 
 def fill(path: str) -> int:
@@ -202,12 +207,24 @@ REFUSED = (({"seed": 99}, 2), ({"model.d_model": 64, "allow_changes": "model.d_m
 def refuse(trainer: str, workdir: str, which: int) -> dict:
   """A relaunch that must be refused (REFUSED[which]); whether it was, and left every file of `workdir` as it was."""
   extra, expected = REFUSED[which % len(REFUSED)]
+  stale = _stale_lock(workdir)  # a SIGKILLed launch's lock: the next launch takes it over, refused or not
   before = snapshot(workdir)
   done = subprocess.run(command(trainer, workdir, **extra), cwd=ROOT, capture_output=True, text=True)
   after = snapshot(workdir)
-  changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+  changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k) and
+                   not (stale and k == LOCK_FILE))
   return {"overrides": extra, "returncode": done.returncode, "expected": expected, "changed": changed[:5],
-          "untouched": not changed, "one_line": _one_line(done.stderr)}
+          "untouched": not changed, "one_line": _one_line(done.stderr), "stale_lock": stale}
+
+
+def _stale_lock(workdir: str) -> bool:
+  """Whether `workdir` holds the lock of a process that no longer runs (on this host)."""
+  try:
+    with open(os.path.join(workdir, LOCK_FILE)) as f:
+      os.kill(json.load(f)["pid"], 0)
+  except (OSError, ValueError, KeyError, TypeError):
+    return os.path.exists(os.path.join(workdir, LOCK_FILE))
+  return False
 
 
 def _one_line(stderr: str) -> bool:
@@ -243,6 +260,8 @@ def run_trainer(trainer: str, faults: dict[str, int], seed: int, root: str) -> d
                                     random.Random(seed), ballast=os.path.join(disk or root, "ballast"))
     if disk is None:
       tally["disk_fulls_skipped"] = "mounting a tmpfs is not permitted here (run as root)"
+    if tally["unexpected"] and disk is not None:  # keep the evidence: the tmpfs goes with the unmount
+      shutil.copytree(faulty, os.path.join(root, trainer, "faulty_kept"), symlinks=True)
     ref_step, ref = final_arrays(reference)
     got_step, got = final_arrays(faulty)
     skipped = os.path.join(faulty, "checkpoints_skipped")
@@ -305,7 +324,7 @@ def relaunch_through_faults(trainer: str, faulty: str, faults: dict[str, int], r
     elif kind == "interrupt":
       outcome = interrupt(argv, faulty, rng)
       hit = outcome["interrupted"]
-      expected = outcome["returncode"] == EXIT_INTERRUPTED and _one_line("\n".join(outcome["stderr"]))
+      expected = outcome["returncode"] == EXIT_INTERRUPTED and outcome["one_line"]
       tally["interrupts"] += hit
     else:
       outcome = starve(argv, ballast, rng)

@@ -253,7 +253,8 @@ def save_hf(params: Any, config: ModelConfig, out_dir: str, *, format: str = "au
   format: `transformers` (ConfigError naming the model field that no transformers class has), `jaxpt` (native),
   or `auto` (transformers when possible). special_ids: bos/eos/pad_token_id for config.json. tokenizer_dir: its
   tokenizer files (tokenizer.json and companions, or jaxpt's spm.model) are copied along. Tensors are written in
-  `config.param_dtype`. FileExistsError when `out_dir` is a file or a non-empty directory (unless overwrite).
+  `config.param_dtype`. FileExistsError (one line naming what is there) when `out_dir` is a file, a link or a
+  non-empty directory; with `overwrite`, a previous export that holds only the files it wrote is replaced.
   Multi-host: every process calls it (the gathers are collective), process 0 writes.
   """
   if format not in FORMATS:

@@ -6,7 +6,10 @@ import json
 import os
 from typing import Mapping
 
+from absl import logging
 from tensorboardX import SummaryWriter
+
+from jaxpt.oserrors import write_atomically
 
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "loss.png"
@@ -14,12 +17,21 @@ TB_DIR = "tb"
 
 
 def read_metrics(workdir: str) -> list[dict]:
-  """All rows of `workdir/metrics.jsonl` (an empty list when absent)."""
+  """All rows of `workdir/metrics.jsonl` (an empty list when absent); a row that does not read (cut by a kill or a
+  full disk mid-write) is left out with a warning naming the file and line."""
   path = os.path.join(workdir, METRICS_FILE)
   if not os.path.exists(path):
     return []
+  rows = []
   with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+    for number, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        rows.append(json.loads(line))
+      except ValueError:
+        logging.warning("%s:%d: a row that does not read (cut by a kill or a full disk?), left out", path, number)
+  return rows
 
 
 class MetricWriter:
@@ -34,8 +46,7 @@ class MetricWriter:
     self.workdir = workdir
     self._path = os.path.join(workdir, METRICS_FILE)
     self.rows = [row for row in read_metrics(workdir) if row.get("step", 0) <= start_step]
-    with open(self._path, "w") as f:
-      f.writelines(json.dumps(row) + "\n" for row in self.rows)
+    write_atomically(self._path, "".join(json.dumps(row) + "\n" for row in self.rows))  # a kill keeps the old file
     self._file = open(self._path, "a")
     self._tb = SummaryWriter(os.path.join(workdir, TB_DIR), purge_step=start_step + 1 if start_step else None)
 
