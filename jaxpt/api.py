@@ -66,7 +66,8 @@ class Model:
     """token_ids int [batch, seq] (right-padded rows are fine: causal) -> float32 logits [batch, seq, vocab]."""
     self._need("lm", "logits")
     token_ids = np.asarray(token_ids)
-    self._check_ids("logits", token_ids, "token_ids")
+    if not isinstance(token_ids, jax.core.Tracer) and getattr(token_ids, "is_fully_addressable", True):
+      self._check_ids("logits", token_ids, "token_ids")  # not inside jit / grad, nor on another host's shards
     return self._forward(self.params, jnp.asarray(token_ids, jnp.int32))
 
   @functools.cached_property

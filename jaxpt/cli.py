@@ -317,15 +317,20 @@ class Stopped(BaseException):
   swallows it."""
 
   def __init__(self, signum: int):
+    from jaxpt.train.loop import signal_name
+
     self.signum = signum
-    self.name = "Ctrl-C (SIGINT)" if signum == signal.SIGINT else signal.Signals(signum).name
+    self.name = signal_name(signum)
     super().__init__(self.name)
 
 
 @contextlib.contextmanager
 def _signals_stop_the_command():
-  """SIGTERM and SIGINT raise `Stopped` (once: another signal while it unwinds is ignored) while the subcommand runs
-  outside the training loop: the loop installs its own handlers (checkpoint, then stop) and restores these after."""
+  """SIGTERM and SIGINT raise `Stopped` while the subcommand runs outside the training loop (a second one while it
+  unwinds exits at once: `stop_now`); the loop installs its own handlers (checkpoint, then stop) and restores these
+  after. An ignored signal (a background job's SIGINT) stays ignored."""
+  from jaxpt.train.loop import install_handlers, stop_now
+
   if threading.current_thread() is not threading.main_thread():  # Python handlers belong to the main thread
     yield
     return
@@ -333,11 +338,12 @@ def _signals_stop_the_command():
 
   def handle(signum, frame):
     del frame
-    if not stopped:
-      stopped.append(signum)
-      raise Stopped(signum)
+    if stopped:
+      stop_now(signum)
+    stopped.append(signum)
+    raise Stopped(signum)
 
-  previous = {signum: signal.signal(signum, handle) for signum in (signal.SIGTERM, signal.SIGINT)}
+  previous = install_handlers(handle, (signal.SIGTERM, signal.SIGINT))
   try:
     yield
   finally:

@@ -14,7 +14,9 @@ tests launch (notebook kernels, CLI runs). The multi-device suites (tests/multid
 """
 
 import os
+import subprocess
 
+import pytest
 from hypothesis import settings
 
 FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
@@ -25,3 +27,24 @@ settings.register_profile("ci", max_examples=1000, derandomize=True, deadline=No
 settings.register_profile("thorough", parent=settings.get_profile("default"), max_examples=10_000, deadline=None,
                           print_blob=True)
 settings.load_profile("ci")  # `--hypothesis-profile=NAME` (hypothesis' pytest plugin) loads NAME after this
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """mount_small_disk(size) -> a fresh tmpfs of `size` (mount's units: '1m', '150k') under tmp_path, unmounted at
+  teardown; the test is skipped where mounting is not permitted (not root, no CAP_SYS_ADMIN)."""
+  mounted = []
+
+  def mount_small_disk(size):
+    folder = tmp_path / f"disk_{size}"
+    folder.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+      pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    mounted.append(folder)
+    return folder
+
+  yield mount_small_disk
+  for folder in mounted:
+    subprocess.run(["umount", str(folder)], check=True)

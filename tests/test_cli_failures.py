@@ -35,27 +35,6 @@ def test_a_full_disk_is_one_line_naming_the_cause_and_path(tmp_path):
   assert glob.glob(os.path.join(workdir, "checkpoints", "*")) == []  # the failed save's temporary folder removed
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-  """mount_small_disk(size) -> a fresh tmpfs of `size` (mount's units: '1m', '150k') under tmp_path, unmounted at
-  teardown; the test is skipped where mounting is not permitted (not root, no CAP_SYS_ADMIN)."""
-  mounted = []
-
-  def mount_small_disk(size):
-    folder = tmp_path / f"disk_{size}"
-    folder.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True,
-                          text=True)
-    if done.returncode != 0:
-      pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    mounted.append(folder)
-    return folder
-
-  yield mount_small_disk
-  for folder in mounted:
-    subprocess.run(["umount", str(folder)], check=True)
-
-
 # Where the MICRO run's data preparation fills a disk of each size (measured with tfds 4.9.10, sentencepiece 0.2):
 # the TFDS array_record files need ~265 KB, the tokenizer ~25 KB more, the packed arrays ~700 KB more.
 @pytest.mark.parametrize("size, filled_at", [("150k", os.path.join("run", "tfds", "jaxpt_local_text")),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import signal
 import subprocess
-import time
+import threading
 
 from jaxpt.train.metrics import read_metrics
 from jaxpt.train.record import checkpoint_steps
@@ -17,17 +17,19 @@ from tests.test_train_pretrain import ROOT, _cli
 def _signal_after(command: list[str], signum: int, line_start: str) -> tuple[int, str, str]:
   """Starts `command`, sends it `signum` once a stderr line starts with `line_start`; (exit code, stdout, stderr)."""
   proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+  watchdog = threading.Timer(240, proc.kill)  # a run that stalls silently ends the wait for its next line
+  watchdog.start()
   seen = []
-  deadline = time.time() + 240
   try:
     for line in proc.stderr:
       seen.append(line)
       if line.startswith(line_start):
         proc.send_signal(signum)
         break
-      assert time.time() < deadline, f"no line {line_start!r} within 240 s"
+    assert any(line.startswith(line_start) for line in seen), f"no line {line_start!r} within 240 s"
     out, err = proc.communicate(timeout=240)
   finally:
+    watchdog.cancel()
     if proc.poll() is None:
       proc.kill()
   return proc.returncode, out, "".join(seen) + err
@@ -67,3 +69,29 @@ def test_a_signal_before_training_is_one_line_naming_the_stage(tmp_path):
                         "nothing was trained or saved since the last checkpoint; rerun the same command to continue",
                         last), err[-3000:]
     assert "Traceback" not in err and not checkpoint_steps(workdir), err[-3000:]
+
+
+def test_an_ignored_ctrl_c_stays_ignored(tmp_path):
+  """A background job (`jaxpt pretrain ... &` in a script, nohup) inherits SIGINT ignored, on purpose: a Ctrl-C in
+  the parent's terminal must not stop it. Neither the CLI nor the loop installs a handler for it then."""
+  workdir = str(tmp_path)
+  ignore = lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)
+  long_run = {"steps": 100_000, "eval_every": 0, "log_every": 1, "progress": True}
+  proc = subprocess.Popen(_cli(workdir, **long_run), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          cwd=ROOT, preexec_fn=ignore)
+  watchdog = threading.Timer(240, proc.kill)
+  watchdog.start()
+  try:
+    steps = 0
+    for line in proc.stderr:
+      if line.startswith("jaxpt pretrain: preparing data in ") or line.startswith("train: step "):
+        proc.send_signal(signal.SIGINT)  # before the loop (the CLI's handlers) and in it (the loop's)
+        steps += line.startswith("train: step ")
+      if steps == 3:
+        proc.send_signal(signal.SIGTERM)
+        break
+    out, err = proc.communicate(timeout=240)
+  finally:
+    watchdog.cancel()
+  assert proc.returncode == 75, err[-3000:]  # SIGTERM's: the SIGINTs did nothing
+  assert re.match(r"jaxpt pretrain: SIGTERM at step \d+; checkpoint saved", out.strip().splitlines()[-1]), out

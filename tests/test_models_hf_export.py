@@ -7,6 +7,7 @@ scanned or not. The live check that `transformers` itself loads an export to the
 """
 
 import dataclasses
+import errno
 import json
 import os
 import subprocess
@@ -275,3 +276,34 @@ def test_overwrite_replaces_only_a_previous_export(tmp_path):
   (out / hf_export.EXPORT_MARKER).unlink()  # an export without its marker (or from before markers): refused
   with pytest.raises(FileExistsError, match=r"holds files no jaxpt export wrote \(config\.json, model\.safetensors"):
     hf_export.save_hf(params, config, str(out), overwrite=True)
+
+
+def test_a_file_added_while_the_export_is_written_is_never_lost(tmp_path, monkeypatch):
+  """--overwrite checks `out` at the start and again once the old export is moved aside: a file a user put there
+  in between is refused, and the old export comes back with it."""
+  config, params = random_model()
+  out = tmp_path / "out"
+  hf_export.save_hf(params, config, str(out))
+  write_marker = hf_export._write_marker
+
+  def marker_then_a_user_file(directory, format):
+    write_marker(directory, format)
+    (out / "late.txt").write_text("mine")
+
+  monkeypatch.setattr(hf_export, "_write_marker", marker_then_a_user_file)
+  before = snapshot(str(out))
+  with pytest.raises(FileExistsError, match=r"out: holds files no jaxpt export wrote \(late\.txt\)"):
+    hf_export.save_hf(jax.tree.map(lambda p: p + 1, params), config, str(out), overwrite=True)
+  after = snapshot(str(out))
+  assert (out / "late.txt").read_text() == "mine" and {k: v for k, v in after.items() if k != "late.txt"} == before
+  assert sorted(os.listdir(tmp_path)) == ["out"]
+
+
+def test_a_full_disk_is_an_oserror_naming_the_file_and_leaves_nothing(small_disk):
+  """safetensors reports a full disk as its own SafetensorError (a traceback from `jaxpt export-hf`); it leaves as
+  OSError(ENOSPC, ..., the shard's path), which the CLI prints as one line, and the work folder is removed."""
+  config, params = random_model()
+  disk = small_disk("20k")
+  with pytest.raises(OSError, match=r"No space left on device: .*/new/part-0\.safetensors") as raised:
+    hf_export.save_hf(params, config, str(disk / "out"))
+  assert raised.value.errno == errno.ENOSPC and os.listdir(disk) == []

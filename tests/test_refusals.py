@@ -111,8 +111,10 @@ CASES = [
     # Launches that fail their config checks.
     Case("unknown field", lambda run, _: _train(run, **{"model.d_modle": 64}), EXIT_CONFIG,
          "no config field 'model.d_modle' (did you mean 'model.d_model'?)"),
-    Case("invalid value", lambda run, _: _train(run, **{"model.num_heads": 3}), EXIT_CONFIG, "model."),
-    Case("batch not divisible by the mesh", lambda run, _: _train(run, **{"mesh.data": 3}), EXIT_CONFIG, "mesh"),
+    Case("invalid value", lambda run, _: _train(run, **{"model.num_heads": 3}), EXIT_CONFIG,
+         "config.model.d_model=32: not divisible by model.num_heads=3"),
+    Case("a mesh larger than the devices", lambda run, _: _train(run, **{"mesh.data": 3}), EXIT_CONFIG,
+         "the mesh has 3 devices but there are 1"),
     Case("a flag of another subcommand", lambda run, _: _train(run) + ["--out", "/tmp/x"], EXIT_CONFIG,
          "--out is not a flag of jaxpt pretrain"),
     Case("workdir is a file", lambda run, target: _train(target), EXIT_IO, "is a file, not a folder",
@@ -146,7 +148,8 @@ CASES = [
         "export-hf", "--workdir", run, "--out", target, "--step", "3"), EXIT_CONFIG, "step 3",
          prepare=_an_empty_folder),
     Case("export of a folder that is no run", lambda run, target: _jaxpt(
-        "export-hf", "--workdir", target, "--out", target + "-out"), EXIT_CONFIG, "", prepare=_a_checkout),
+        "export-hf", "--workdir", target, "--out", target + "-out"), EXIT_CONFIG,
+         "no config.json there (not the workdir of a jaxpt run)", prepare=_a_checkout),
     Case("eval of a step that was not saved", lambda run, _: _jaxpt("eval", "--workdir", run, "--step", "3"),
          EXIT_CONFIG, "step 3"),
 ]

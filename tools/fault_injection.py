@@ -263,7 +263,7 @@ def run_trainer(trainer: str, faults: dict[str, int], seed: int, root: str) -> d
     if tally["unexpected"] and disk is not None:  # keep the evidence: the tmpfs goes with the unmount
       shutil.copytree(faulty, os.path.join(root, trainer, "faulty_kept"), symlinks=True)
     ref_step, ref = final_arrays(reference)
-    got_step, got = final_arrays(faulty)
+    got_step, got = final_arrays(faulty) if os.path.isdir(os.path.join(faulty, "checkpoints")) else (None, {})
     skipped = os.path.join(faulty, "checkpoints_skipped")
     tally["skipped_checkpoints"] = sorted(os.listdir(skipped)) if os.path.isdir(skipped) else []
   differing = sorted(k for k in ref if k not in got or ref[k].shape != got[k].shape or
@@ -304,7 +304,10 @@ def relaunch_through_faults(trainer: str, faulty: str, faults: dict[str, int], r
       continue
     if done_faults == corrupt_at and not tally["corruptions"] and has_checkpoint():
       tally["corruptions"].append(truncate_newest(faulty))
-    if done_faults in refuse_after and has_checkpoint():
+    if done_faults in refuse_after and not has_checkpoint():  # nothing to refuse yet: after the next fault
+      refuse_after.discard(done_faults)
+      refuse_after.add(done_faults + 1)
+    if done_faults in refuse_after:
       refuse_after.discard(done_faults)
       refused = refuse(trainer, faulty, tally["refusals"])
       tally["refusals"] += 1

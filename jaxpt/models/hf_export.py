@@ -33,6 +33,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from safetensors.numpy import save_file
 
+from jaxpt import oserrors
 from jaxpt.config import ConfigError
 from jaxpt.data.tokenizer import copy_tokenizer
 from jaxpt.models import hf
@@ -143,8 +144,10 @@ def _write_tensors(tensors: Iterator[tuple[str, np.ndarray]], directory: str, ma
   def flush():
     nonlocal buffer, size, error
     if buffer and error is None:
+      path = os.path.join(directory, f"part-{len(shards)}.safetensors")
       try:
-        save_file(buffer, os.path.join(directory, f"part-{len(shards)}.safetensors"), metadata={"format": "pt"})
+        with oserrors.writing(path):  # safetensors' SafetensorError for a full disk -> OSError(ENOSPC, ..., path)
+          save_file(buffer, path, metadata={"format": "pt"})
       except OSError as e:  # a full disk: keep drawing tensors so the other processes' gathers complete
         error = e
       shards.append(list(buffer))
@@ -211,11 +214,32 @@ def _check_out_dir(out_dir: str, overwrite: bool) -> None:
   if not overwrite:
     raise FileExistsError(f"{out_dir}: exists and is not empty (choose a new directory, or overwrite=True / "
                           "--overwrite)")
-  foreign = _previous_export(out_dir)
+  _refuse_foreign(out_dir, _previous_export(out_dir))
+
+
+def _refuse_foreign(out_dir: str, foreign: list[str]) -> None:
+  """FileExistsError naming the `foreign` files of `out_dir` (those no export wrote), if there are any."""
   if foreign:
     shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
     raise FileExistsError(f"{out_dir}: holds files no jaxpt export wrote ({shown}); --overwrite replaces only a "
                           f"previous export (one with its {EXPORT_MARKER}): choose another directory")
+
+
+def _replace(out_dir: str, new: str, old: str) -> None:
+  """Moves the finished export `new` to `out_dir`. An `out_dir` there (checked at the start: empty, or a previous
+  export) is first moved to `old` and checked again there, where nothing can be added to it any more: if it holds
+  files no export wrote (added while the tensors were written), or the move of `new` fails, it is moved back. The
+  caller removes `old` once `new` is in place; a kill in between leaves both, nothing lost."""
+  if os.path.isdir(out_dir):
+    os.rename(out_dir, old)
+    try:
+      _refuse_foreign(out_dir, _previous_export(old) if os.listdir(old) else [])
+      os.rename(new, out_dir)
+    except BaseException:
+      os.rename(old, out_dir)
+      raise
+  else:
+    os.rename(new, out_dir)
 
 
 def _write_marker(directory: str, format: str) -> None:
@@ -282,10 +306,7 @@ def save_hf(params: Any, config: ModelConfig, out_dir: str, *, format: str = "au
     if tokenizer_dir is not None:
       copy_tokenizer(tokenizer_dir, partial)
     _write_marker(partial, "jaxpt" if native else "transformers")
-    _check_out_dir(out_dir, overwrite)  # again: nothing may have been added to it while the tensors were written
-    if os.path.isdir(out_dir):  # empty, or a previous export: set aside (a kill now loses neither), then removed
-      os.rename(out_dir, os.path.join(work[0], "old"))
-    os.rename(partial, out_dir)
+    _replace(out_dir, partial, os.path.join(work[0], "old"))
 
   _on_process_0(start)  # before any gather: a refused out_dir stops every process
   try:

@@ -125,6 +125,7 @@ class Checkpointer:
     except OSError as e:
       raise CheckpointError(f"cannot open {self.directory}: {describe(e)}") from None
     self._unverified: list[int] = []  # saved steps whose manifest is not written yet
+    self._unrestorable: tuple[list[int], int | None] = ([], None)  # skipped by restore_latest, the step restored
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -145,12 +146,13 @@ class Checkpointer:
       self._unverified.append(step)
     return started
 
-  def restore_latest(self, template: TrainState) -> TrainState | None:
+  def restore_latest(self, template: TrainState, set_aside: bool = True) -> TrainState | None:
     """The newest checkpoint that restores into `template`'s structure/dtypes/shardings, or None if there is none.
 
     A newer checkpoint that is corrupt or truncated (its manifest does not match, or orbax cannot read it) is
     skipped with a warning naming the step and the cause, and once an older one restores, moved to
-    `workdir/checkpoints_skipped/` (kept for inspection, out of the way of the next save). CheckpointError when
+    `workdir/checkpoints_skipped/` (kept for inspection, out of the way of the next save); with set_aside=False
+    only once `set_aside_unrestorable()` is called (after the launch is accepted). CheckpointError when
     checkpoints exist but none restores, or the newest does not fit the config (a parameter's shape differs).
     """
     failures: list[tuple[int, str]] = []
@@ -167,13 +169,21 @@ class Checkpointer:
                         problem)
         failures.append((step, problem))
         continue
-      if failures:
-        self._set_aside([s for s, _ in failures], step)
+      self._unrestorable = ([s for s, _ in failures], step)
+      if set_aside:
+        self.set_aside_unrestorable()
       return restored.state
     if failures:
       listed = "; ".join(f"step {s}: {p}" for s, p in failures)
       raise CheckpointError(f"no checkpoint in {self.directory} restores into this run ({listed})")
     return None
+
+  def set_aside_unrestorable(self) -> None:
+    """Moves the checkpoints the last `restore_latest` skipped to workdir/checkpoints_skipped/ (if any)."""
+    skipped, restored = self._unrestorable
+    if skipped:
+      self._set_aside(skipped, restored)
+    self._unrestorable = ([], None)
 
   def restore_params(self, template: Any, step: int | None = None) -> Any:
     """Only the `params` of a saved TrainState (latest step by default), restored into `template`'s structure,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import signal
 import sys
 import threading
@@ -127,6 +128,26 @@ class LoopResult:
   signal: str | None = None  # the signal that stopped it: 'SIGTERM' or 'SIGINT' (Ctrl-C); None when not preempted
 
 
+def signal_name(signum: int) -> str:
+  """'Ctrl-C (SIGINT)' or 'SIGTERM', as the one-line messages name them."""
+  return "Ctrl-C (SIGINT)" if signum == signal.SIGINT else signal.Signals(signum).name
+
+
+def stop_now(signum: int) -> None:
+  """A second SIGTERM / Ctrl-C while the first is being handled (a long compile, a hung save): one line, then exit
+  128 + signum at once, without saving (the last committed checkpoint is kept; a half-written one is skipped on
+  the next launch)."""
+  print(f"jaxpt: a second {signal_name(signum)}: stopping now without saving; the last checkpoint is kept",
+        file=sys.stderr, flush=True)
+  os._exit(128 + signum)
+
+
+def install_handlers(handler: Callable[[int, Any], None], signums: Sequence[int]) -> dict[int, Any]:
+  """`handler` for each of `signums` except one the process was told to ignore (a background job's SIGINT is
+  SIG_IGN on purpose: a Ctrl-C in the parent's terminal must not stop it); the previous handlers, to restore."""
+  return {signum: signal.signal(signum, handler) for signum in signums if signal.getsignal(signum) != signal.SIG_IGN}
+
+
 class _Preemption:
   """Turns SIGTERM and SIGINT (Ctrl-C) into a flag the loop checks between steps, naming the signal.
 
@@ -151,7 +172,7 @@ class _Preemption:
     if self.multi_process or threading.current_thread() is not threading.main_thread():
       yield self
       return
-    previous = {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS}
+    previous = install_handlers(self._handle, self.SIGNALS)
     try:
       yield self
     finally:
@@ -165,7 +186,9 @@ class _Preemption:
 
   def _handle(self, signum, frame):
     del frame
-    self.signal = self.signal or signal.Signals(signum).name
+    if self.signal is not None:
+      stop_now(signum)
+    self.signal = signal.Signals(signum).name
 
 
 def _mean_metrics(pending: list[dict]) -> dict:
@@ -217,11 +240,16 @@ def train_loop(state: TrainState, train_step: TrainStep, batches: BatchesFn, con
   """
   with workdir_lock(workdir):  # one writer per workdir
     checkpointer = Checkpointer(workdir, keep=config.keep_checkpoints, async_save=config.async_checkpoints)
-    restored = checkpointer.restore_latest(state)
+    try:
+      restored = checkpointer.restore_latest(state, set_aside=False)
+      if record is not None:
+        record()
+      checkpointer.set_aside_unrestorable()  # the launch is accepted: corrupt newer steps out of the way
+    except BaseException:
+      checkpointer.close()
+      raise
     if restored is not None:
       state = restored
-    if record is not None:
-      record()
     start = int(jax.device_get(state.step))
     end = config.steps if stop_at is None else min(config.steps, stop_at)
     if start:
