@@ -214,7 +214,8 @@ def refuse(trainer: str, workdir: str, which: int) -> dict:
   changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k) and
                    not (stale and k == LOCK_FILE))
   return {"overrides": extra, "returncode": done.returncode, "expected": expected, "changed": changed[:5],
-          "untouched": not changed, "one_line": _one_line(done.stderr), "stale_lock": stale}
+          "untouched": not changed, "one_line": _one_line(done.stderr), "stale_lock": stale,
+          "stderr_tail": done.stderr.strip().splitlines()[-3:]}
 
 
 def _stale_lock(workdir: str) -> bool:
