@@ -279,7 +279,7 @@ def relaunch_through_faults(trainer: str, faulty: str, faults: dict[str, int], r
   """Launches `trainer` in `faulty` until it finishes, injecting `faults` ({kills, interrupts, disk_fulls,
   refusals}: how many of each) in a seeded order; the tally of what happened."""
   tally = {"trainer": trainer, "launches": 0, "sigkills": 0, "sigkills_during_save": 0, "interrupts": 0,
-           "disk_fulls": 0, "disk_full_exits": {}, "refusals": 0, "refusals_untouched": 0, "corruptions": [],
+           "disk_fulls": 0, "refusals": 0, "refusals_untouched": 0, "corruptions": [],
            "quota_exit": None, "unexpected": []}
   argv = command(trainer, faulty)
   plan = ["kill"] * faults["kills"] + ["interrupt"] * faults["interrupts"] + ["disk_full"] * faults["disk_fulls"]
@@ -321,32 +321,29 @@ def relaunch_through_faults(trainer: str, faulty: str, faults: dict[str, int], r
       mode = KILL_MODES[tally["sigkills"] % len(KILL_MODES)]
       outcome = launch_and_kill(argv, faulty, rng, mode)
       hit, expected = outcome["killed"], outcome["returncode"] == -signal.SIGKILL
-      if hit:
-        tally["sigkills"] += 1
-        tally["sigkills_during_save"] += outcome["during_save"]
-        tally[f"sigkills_{mode}"] = tally.get(f"sigkills_{mode}", 0) + 1
     elif kind == "interrupt":
       outcome = interrupt(argv, faulty, rng)
       hit = outcome["interrupted"]
       expected = outcome["returncode"] == EXIT_INTERRUPTED and outcome["one_line"]
-      tally["interrupts"] += hit
     else:
       outcome = starve(argv, ballast, rng)
       hit = outcome["filled_while_running"]
       said = outcome["stderr"][-1] if outcome["stderr"] else ""
-      expected = outcome["returncode"] == 0 or (outcome["returncode"] == 5 and "ENOSPC" in said and
-                                               _one_line("\n".join(outcome["stderr"])))
-      tally["disk_fulls"] += hit
-      exits = tally["disk_full_exits"]
-      exits[str(outcome["returncode"])] = exits.get(str(outcome["returncode"]), 0) + 1
-    if not expected and not (kind != "disk_full" and not hit and outcome["returncode"] == 0):
-      tally["unexpected"].append(f"{kind}: exit {outcome['returncode']}: {outcome.get('stderr', [])[-1:]}"
-                                 f"{outcome.get('stderr_tail', '')}")
-      break
-    if outcome["returncode"] == 0 and not hit:  # finished before the fault: start over, keep the tally
+      expected = outcome["returncode"] == 5 and "ENOSPC" in said and _one_line("\n".join(outcome["stderr"]))
+    if outcome["returncode"] == 0:  # finished before the fault landed: start over, keep the tally
       tally["finished_before_fault"] = tally.get("finished_before_fault", 0) + 1
       shutil.rmtree(faulty)  # made by this tool
       continue
+    if not (hit and expected):
+      tally["unexpected"].append(f"{kind}: exit {outcome['returncode']}: {outcome.get('stderr', [])[-1:]}"
+                                 f"{outcome.get('stderr_tail', '')}")
+      break
+    if kind == "kill":
+      tally["sigkills"] += 1
+      tally["sigkills_during_save"] += outcome["during_save"]
+      tally[f"sigkills_{mode}"] = tally.get(f"sigkills_{mode}", 0) + 1
+    else:
+      tally["interrupts" if kind == "interrupt" else "disk_fulls"] += 1
     done_faults += 1
   finished = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
   if finished.returncode != 0:
