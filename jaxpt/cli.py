@@ -386,17 +386,20 @@ def _run(name: str) -> Callable[[list[str]], int]:
 
     multi_process = initialize(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value,
                                _PROCESS_ID.value)  # before any jax work
+    workdir_command = isinstance(command, WorkdirSubcommand)
     try:
-      if isinstance(command, WorkdirSubcommand):
-        return command(_WORKDIR.value, _STEP.value)
       # jax's preemption service handles SIGTERM in a multi-process run (a Python handler would replace its own)
       with contextlib.nullcontext() if multi_process else _signals_stop_the_command():
+        if workdir_command:
+          return command(_WORKDIR.value, _STEP.value)
         return command(_CONFIG.value, _WORKDIR.value)
     except Stopped as e:  # outside the training loop, whose own handlers save a checkpoint and stop
       from jaxpt import progress
 
-      print(f"jaxpt {name}: {e.name} while {progress.doing()}; nothing was trained or saved since the last "
-            "checkpoint; rerun the same command to continue", file=sys.stderr, flush=True)
+      outcome = ("the run is untouched and nothing half-written is kept" if workdir_command else
+                 "nothing was trained or saved since the last checkpoint")
+      print(f"jaxpt {name}: {e.name} while {progress.doing()}; {outcome}; rerun the same command to continue",
+            file=sys.stderr, flush=True)
       sys.stdout.flush()
       os._exit(128 + e.signum)  # not sys.exit: data preparation's or orbax's threads must not hold the exit up
     except ConfigError as e:

@@ -14,7 +14,7 @@ from jaxpt.train.record import checkpoint_steps
 from tests.test_train_pretrain import ROOT, _cli
 
 
-def _signal_after(command: list[str], signum: int, line_start: str) -> tuple[int, str, str]:
+def signal_after(command: list[str], signum: int, line_start: str) -> tuple[int, str, str]:
   """Starts `command`, sends it `signum` once a stderr line starts with `line_start`; (exit code, stdout, stderr)."""
   proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
   watchdog = threading.Timer(240, proc.kill)  # a run that stalls silently ends the wait for its next line
@@ -39,7 +39,7 @@ def test_ctrl_c_while_training_saves_that_step_exits_130_and_a_rerun_resumes(tmp
   """Before: a KeyboardInterrupt traceback, nothing saved since the last checkpoint."""
   workdir = str(tmp_path)
   long_run = {"steps": 100_000, "eval_every": 0, "log_every": 1, "progress": True}  # a plain line per step
-  code, out, err = _signal_after(_cli(workdir, **long_run), signal.SIGINT, "train: step ")
+  code, out, err = signal_after(_cli(workdir, **long_run), signal.SIGINT, "train: step ")
   assert code == 130, err[-3000:]
   assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
   found = re.fullmatch(rf"jaxpt pretrain: Ctrl-C \(SIGINT\) at step (\d+); checkpoint saved in {workdir}, rerun to "
@@ -61,7 +61,7 @@ def test_a_signal_before_training_is_one_line_naming_the_stage(tmp_path):
   KeyboardInterrupt traceback for Ctrl-C."""
   for signum, code in ((signal.SIGTERM, 143), (signal.SIGINT, 130)):
     workdir = str(tmp_path / signum.name)
-    returncode, out, err = _signal_after(_cli(workdir, progress=True), signum, "jaxpt pretrain: preparing data in ")
+    returncode, out, err = signal_after(_cli(workdir, progress=True), signum, "jaxpt pretrain: preparing data in ")
     assert returncode == code, err[-3000:]
     last = err.strip().splitlines()[-1]
     name = "SIGTERM" if signum == signal.SIGTERM else r"Ctrl-C \(SIGINT\)"

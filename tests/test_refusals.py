@@ -10,7 +10,9 @@ rewritten config.json and config_history.jsonl, and `export-hf --overwrite` empt
 import dataclasses
 import json
 import os
+import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -19,6 +21,7 @@ from typing import Callable
 import pytest
 
 from tools.file_tree import snapshot
+from tests.test_cli_signals import signal_after
 from tests.test_train_pretrain import MICRO, ROOT, TINY
 
 RUN = {**MICRO, "steps": 4, "log_every": 2, "eval_every": 0, "checkpoint_every": 2}
@@ -187,3 +190,17 @@ def test_the_fault_injection_tool_explains_its_options_and_writes_only_into_a_ne
   refused = subprocess.run([sys.executable, tool, "--root", root], capture_output=True, text=True, timeout=120)
   assert refused.returncode == 2 and "not a new or empty folder" in refused.stderr.splitlines()[-1]
   assert snapshot(root) == before
+
+
+def test_a_ctrl_c_during_an_export_leaves_the_run_and_out_as_they_were(finished_run, tmp_path):
+  """Before: a KeyboardInterrupt traceback. Now one line naming the stage, exit 130, nothing half-written."""
+  run, out = str(tmp_path / "run"), str(tmp_path / "out")
+  shutil.copytree(finished_run, run, symlinks=True)
+  before = snapshot(run)
+  code, _, err = signal_after(_jaxpt("export-hf", "--workdir", run, "--out", out), signal.SIGINT,
+                               "jaxpt export-hf: loading ")
+  assert code == 130, err[-3000:]
+  assert re.fullmatch(rf"jaxpt export-hf: Ctrl-C \(SIGINT\) while (loading {run}|writing {out}); the run is "
+                      "untouched and nothing half-written is kept; rerun the same command to continue",
+                      err.strip().splitlines()[-1]), err[-3000:]
+  assert "Traceback" not in err and snapshot(run) == before and sorted(os.listdir(tmp_path)) == ["run"]
