@@ -44,12 +44,13 @@ import orbax.checkpoint as ocp
 
 if __package__ in (None, ""):  # run as a script (python tools/fault_injection.py): the repository root on the path
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from jaxpt.train.lock import LOCK_FILE  # noqa: E402
+from jaxpt.train.record import checkpoint_steps  # noqa: E402
 from tools.file_tree import snapshot  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUOTA = ("import os, resource, sys; limit = int(sys.argv[1]); resource.setrlimit(resource.RLIMIT_FSIZE, "
          "(limit, limit)); os.execv(sys.argv[2], sys.argv[2:])")
-LOCK_FILE = ".lock"  # jaxpt.train.lock.LOCK_FILE
 EXIT_INTERRUPTED = 130  # jaxpt's exit code after a Ctrl-C (SIGINT): saved, rerun to resume
 QUOTA_BYTES = 50_000  # below the micro model's checkpoint files: the next save fails as on a full disk
 MICRO_MODEL = {"model.vocab_size": 512, "model.d_model": 32, "model.num_layers": 1, "model.num_heads": 2,
@@ -88,7 +89,7 @@ def saving(workdir: str, since: float) -> bool:
 
 
 def final_arrays(workdir: str) -> tuple[int, dict]:
-  steps = sorted(int(n) for n in os.listdir(os.path.join(workdir, "checkpoints")) if n.isdigit())
+  steps = checkpoint_steps(workdir)
   with ocp.PyTreeCheckpointer() as reader:
     tree = reader.restore(os.path.join(workdir, "checkpoints", str(steps[-1]), "state"))
   return steps[-1], {k: np.asarray(v) for k, v in _flat(tree).items()}
@@ -137,7 +138,7 @@ def launch_and_kill(argv: list[str], workdir: str, rng: random.Random, mode: str
 
 
 def truncate_newest(workdir: str) -> str:
-  steps = sorted(int(n) for n in os.listdir(os.path.join(workdir, "checkpoints")) if n.isdigit())
+  steps = checkpoint_steps(workdir)
   files = [f for f in glob.glob(os.path.join(workdir, "checkpoints", str(steps[-1]), "state", "**", "*"),
                                 recursive=True) if os.path.isfile(f)]
   victim = max(files, key=os.path.getsize)
@@ -288,13 +289,9 @@ def relaunch_through_faults(trainer: str, faulty: str, faults: dict[str, int], r
   corrupt_at, quota_at = len(plan) // 3, 2 * len(plan) // 3
   done_faults = 0
 
-  def has_checkpoint() -> bool:  # a committed one: a killed save leaves `<step>.orbax-checkpoint-tmp-*` folders
-    folder = os.path.join(faulty, "checkpoints")
-    return os.path.isdir(folder) and any(name.isdigit() for name in os.listdir(folder))
-
   while done_faults < len(plan):
     tally["launches"] += 1
-    if done_faults == quota_at and tally["quota_exit"] is None and has_checkpoint():
+    if done_faults == quota_at and tally["quota_exit"] is None and checkpoint_steps(faulty):
       starved = subprocess.run([sys.executable, "-c", QUOTA, str(QUOTA_BYTES), *argv], cwd=ROOT,
                                capture_output=True, text=True)
       lines = starved.stderr.strip().splitlines()
@@ -303,9 +300,9 @@ def relaunch_through_faults(trainer: str, faulty: str, faults: dict[str, int], r
       if starved.returncode not in (0, 5) or starved.returncode == 5 and not _one_line(starved.stderr):
         tally["unexpected"].append(f"quota launch exited {starved.returncode}: {lines[-1:]}")
       continue
-    if done_faults == corrupt_at and not tally["corruptions"] and has_checkpoint():
+    if done_faults == corrupt_at and not tally["corruptions"] and checkpoint_steps(faulty):
       tally["corruptions"].append(truncate_newest(faulty))
-    if done_faults in refuse_after and not has_checkpoint():  # nothing to refuse yet: after the next fault
+    if done_faults in refuse_after and not checkpoint_steps(faulty):  # nothing to refuse yet: after the next fault
       refuse_after.discard(done_faults)
       refuse_after.add(done_faults + 1)
     if done_faults in refuse_after:

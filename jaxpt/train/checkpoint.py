@@ -291,20 +291,30 @@ def check_run_params(workdir: str, template: Any, field: str = "config.init_from
   """ConfigError naming `field` when the jaxpt run in `workdir` has no checkpoint, or the params of its latest one
   lack a parameter of `template` or hold it in another shape. Reads only the checkpoint's metadata, so a trainer
   checks its `init_from` before any data work; nothing is written in `workdir`."""
-  workdir = os.path.expanduser(workdir)
-  if not os.path.isdir(os.path.join(workdir, CHECKPOINT_DIR)):
-    raise ConfigError(field, f"no checkpoint under {os.path.join(workdir, CHECKPOINT_DIR)}", workdir)
-  checkpointer = Checkpointer(workdir, async_save=False, create=False)
+  checkpointer = _open_run(workdir, field)
   try:
-    step = checkpointer.latest_step()
-    if step is None:
-      raise ConfigError(field, f"no checkpoint under {checkpointer.directory}", workdir)
-    try:
-      misfit = checkpointer.params_misfit(template, step)
-    except Exception as e:  # an unreadable checkpoint: orbax raises ValueError, FileNotFoundError, ...
-      raise ConfigError(field, f"the checkpoint at step {step} does not read ({describe(e)})", workdir) from None
+    _check_params(checkpointer, template, field, workdir)
   finally:
     checkpointer.close()
+
+
+def _open_run(workdir: str, field: str) -> Checkpointer:
+  """A reader of the jaxpt run in `workdir` (nothing created there); ConfigError naming `field` without checkpoints."""
+  if not os.path.isdir(os.path.join(os.path.expanduser(workdir), CHECKPOINT_DIR)):
+    raise ConfigError(field, f"no checkpoint under {os.path.join(os.path.expanduser(workdir), CHECKPOINT_DIR)}",
+                      workdir)
+  return Checkpointer(os.path.expanduser(workdir), async_save=False, create=False)
+
+
+def _check_params(checkpointer: Checkpointer, template: Any, field: str, workdir: str) -> None:
+  """`check_run_params` on an open reader."""
+  step = checkpointer.latest_step()
+  if step is None:
+    raise ConfigError(field, f"no checkpoint under {checkpointer.directory}", workdir)
+  try:
+    misfit = checkpointer.params_misfit(template, step)
+  except Exception as e:  # an unreadable checkpoint: orbax raises ValueError, FileNotFoundError, ...
+    raise ConfigError(field, f"the checkpoint at step {step} does not read ({describe(e)})", workdir) from None
   if misfit is not None:
     raise ConfigError(field, f"its params do not fit config.model: {misfit}", workdir)
 
@@ -315,9 +325,9 @@ def load_run_params(workdir: str, template: Any, field: str = "config.init_from"
   a reward model's backbone). ConfigError naming `field` when the run has no checkpoint or its parameter tree or
   shapes differ from `template`'s (`check_run_params`).
   """
-  check_run_params(workdir, template, field)
-  checkpointer = Checkpointer(os.path.expanduser(workdir), async_save=False, create=False)
+  checkpointer = _open_run(workdir, field)
   try:
+    _check_params(checkpointer, template, field, workdir)
     return checkpointer.restore_params(template)
   except (ValueError, KeyError, TypeError) as e:
     raise ConfigError(field, f"its params do not restore into config.model's ({describe(e)})", workdir) from None

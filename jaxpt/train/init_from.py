@@ -17,16 +17,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
 from jax.experimental import multihost_utils
 
 from jaxpt.config import ConfigError, DataError
 from jaxpt.data import tokenizer as tokenizer_lib
 from jaxpt.models import hf
 from jaxpt.models.config import ModelConfig
-from jaxpt.models.transformer import TransformerLM
+from jaxpt.models.transformer import init_params as init_params_of
 from jaxpt.train.checkpoint import check_run_params, load_run_params
 
 FIELD = "config.init_from"
@@ -61,9 +59,7 @@ def check_fits(init_from: str, model_config: ModelConfig) -> None:
   needs no check here: its model config is read from the checkpoint's own config.json."""
   if not init_from or hf_directory(init_from) is not None:
     return
-  model = TransformerLM(model_config)
-  boxed = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 1), jnp.int32)))["params"]
-  check_run_params(init_from, nn.meta.unbox(boxed), FIELD)
+  check_run_params(init_from, jax.eval_shape(lambda: init_params_of(model_config, jax.random.PRNGKey(0))), FIELD)
 
 
 def init_tokenizer(init_from: str, workdir: str, resuming: bool, model_config: ModelConfig):

@@ -123,9 +123,13 @@ class _NonFiniteWatch:
 @dataclasses.dataclass
 class LoopResult:
   state: TrainState
-  preempted: bool  # stopped by SIGTERM or SIGINT (a checkpoint at state.step was saved)
   last_row: dict  # the last metrics row written
   signal: str | None = None  # the signal that stopped it: 'SIGTERM' or 'SIGINT' (Ctrl-C); None when not preempted
+
+  @property
+  def preempted(self) -> bool:
+    """Stopped by SIGTERM or SIGINT (a checkpoint at state.step was saved)."""
+    return self.signal is not None
 
 
 def signal_name(signum: int) -> str:
@@ -314,4 +318,4 @@ def train_loop(state: TrainState, train_step: TrainStep, batches: BatchesFn, con
         writer.plot()
         writer.close()
         progress.set_doing("finishing up after training")  # for the CLI's line on a signal once these handlers go
-    return LoopResult(state=state, preempted=preemption.requested, last_row=last_row, signal=preemption.signal)
+    return LoopResult(state=state, last_row=last_row, signal=preemption.signal)
