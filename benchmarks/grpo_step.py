@@ -85,6 +85,17 @@ def timed_trainer(trainer: GRPOTrainer, clock: collections.Counter, rollout_dtyp
   return timed
 
 
+def timed_step(trainer: GRPOTrainer, clock: collections.Counter, state, batch) -> dict:
+  """Seconds of one `trainer.train_step` (a `timed_trainer`): step, rollout, update and scoring (the rest), and its
+  mean response length."""
+  clock.clear()
+  start = time.perf_counter()
+  _, metrics = trainer.train_step(state, batch)
+  total = time.perf_counter() - start
+  return {"step": total, "rollout": clock["rollout"], "update": clock["update"],
+          "scoring": total - clock["rollout"] - clock["update"], "response_length": float(metrics["response_length"])}
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--rounds", type=int, default=3)
@@ -107,13 +118,7 @@ def main(argv=None) -> None:
     tunix_seconds = []
     for r in range(args.rounds):
       for dtype, trainer in trainers.items():
-        clock.clear()
-        start = time.perf_counter()
-        _, metrics = trainer.train_step(state, batch)
-        total = time.perf_counter() - start
-        results[dtype].append({"step": total, "rollout": clock["rollout"], "update": clock["update"],
-                            "scoring": total - clock["rollout"] - clock["update"],
-                            "response_length": metrics["response_length"]})
+        results[dtype].append(timed_step(trainer, clock, state, batch))
       if tunix:
         tunix_seconds.append(tunix.seconds(r + 1))
     if tunix:

@@ -84,13 +84,13 @@ def read_run(mib: int = 256) -> tuple[int, Callable[[], object]]:
 
 class Peer:
   """A persistent peer process (`argv`, e.g. `sampler_peers.py`, speaking its protocol): `seconds(seed)` runs one
-  call there and returns its time."""
+  call there and returns its time. `stderr`: where the process's stderr goes (a file to keep it)."""
 
-  def __init__(self, name: str, argv: list[str]):
+  def __init__(self, name: str, argv: list[str], stderr=subprocess.DEVNULL):
     env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", OMP_WAIT_POLICY="PASSIVE")
     self.name = name
-    self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                 text=True, env=env)
+    self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True,
+                                 env=env)
     self.params, self.setting = None, ""
 
   def wait_ready(self) -> None:

@@ -72,6 +72,19 @@ def tunix_peer(batch: int, prompt: int, new: int, tied: bool):
   return params, call
 
 
+def serve(call, ready: str) -> None:
+  """The protocol: prints `ready <ready>`, then answers each `run <seed>` line with `seconds <wall time of
+  call(seed)>` until `quit` or EOF."""
+  print(f"ready {ready}", flush=True)
+  for line in sys.stdin:
+    words = line.split()
+    if not words or words[0] == "quit":
+      break
+    start = time.perf_counter()
+    call(int(words[1]))
+    print("seconds", time.perf_counter() - start, flush=True)
+
+
 def main() -> None:
   peer, batch, prompt, new = sys.argv[1], *map(int, sys.argv[2:5])
   if peer == "hf":
@@ -93,14 +106,7 @@ def main() -> None:
       seconds[threads] = time.perf_counter() - start
     torch.set_num_threads(min(seconds, key=seconds.get))
     setting = f" torch_threads={torch.get_num_threads()}"
-  print(f"ready {params}{setting}", flush=True)
-  for line in sys.stdin:
-    words = line.split()
-    if not words or words[0] == "quit":
-      break
-    start = time.perf_counter()
-    call(int(words[1]))
-    print("seconds", time.perf_counter() - start, flush=True)
+  serve(call, f"{params}{setting}")
 
 
 if __name__ == "__main__":

@@ -1,13 +1,18 @@
 """Fused two-stream-norm boundary (kernels/two_stream_norm) vs the unfused XLA path, side by side.
 
     python -m benchmarks.two_stream_norm [--rows 16384] [--dims 1024,2048,4096] [--dtype bfloat16]
-                                         [--norm rmsnorm] [--repeats 20]
+                                         [--norm rmsnorm] [--repeats 20] [--chain 10] [--tokamax]
 
 The boundary (siamese_post_pre / hybrid_pre middle): p = xh_prev + z/c ; xh = LN_post(p) ; y = y_prev + z ;
 h = LN_in(xh + LN_pre(y)), on `[rows, d]` rows. Per d it reports forward and forward+backward:
 - `xla`: the reference op sequence under jit (XLA fuses what it can); bytes = XLA's compiled cost_analysis();
 - `pallas`: the fused kernels; bytes = the kernels' own reads/writes (rows, row statistics, weight partials);
+- `tokamax` (with --tokamax, GPU only): the same boundary with tokamax's Triton norm (`tokamax.layer_norm`, the JAX
+  team's Pallas kernel library) for each of the three norms and XLA for the adds, as a peer;
 - on GPU/TPU: median times, achieved bytes/s, % of the device's peak memory bandwidth, and xla/pallas ratios.
+A timed call runs the boundary `--chain` times in one jitted `fori_loop`, each iteration's outputs (forward) or
+input gradients (forward+backward) feeding the next (as layers do), so a sub-millisecond kernel is not timed
+together with the host's dispatch; the time reported is per boundary.
 On CPU the kernels run in interpret mode, whose timings mean nothing: it prints the byte counts only.
 Prints one JSON object.
 """
@@ -49,15 +54,51 @@ def inputs(rows: int, d: int, dtype, norm: str):
   return rows_in, [params(k) for k in keys[:3]], jnp.float32(2.0), cotangents
 
 
+def tokamax_boundary(xh_prev, y_prev, z, c, post, pre, in_norm, *, eps: float):
+  """The boundary with tokamax's Triton norms (RMSNorm, or LayerNorm when the params hold a bias)."""
+  import tokamax
+
+  def norm(params, x):
+    return tokamax.layer_norm(x, params["scale"], params.get("bias"), epsilon=eps, subtract_mean="bias" in params,
+                              implementation="triton")
+
+  inv_c = (1.0 / jnp.asarray(c, jnp.float32)).astype(xh_prev.dtype)
+  xh, y = norm(post, xh_prev + z * inv_c), y_prev + z
+  return xh, y, norm(in_norm, xh + norm(pre, y))
+
+
 def paths(impl: str):
+  """(forward, forward_backward) of the boundary by `impl` ('reference' = XLA, 'pallas', 'tokamax'), unjitted."""
   def forward(xp, yp, z, c, norms):
+    if impl == "tokamax":
+      return tokamax_boundary(xp, yp, z, c, *norms, eps=EPS)
     return post_pre_boundary(xp, yp, z, c, *norms, eps=EPS, impl=impl)
 
   def forward_backward(xp, yp, z, c, norms, cts):
     outs, vjp = jax.vjp(forward, xp, yp, z, c, norms)
     return outs, vjp(tuple(cts))
 
-  return jax.jit(forward), jax.jit(forward_backward)
+  return forward, forward_backward
+
+
+def chained(impl: str, iterations: int):
+  """(forward, forward_backward), jitted, each running the boundary `iterations` times in a `fori_loop`: the
+  forward's outputs (xh, y, h) are the next iteration's (xh_prev, y_prev, z); forward+backward feeds the input
+  gradients (dxh_prev, dy_prev, dz) back as inputs. Returns the last iteration's row arrays."""
+  forward, forward_backward = paths(impl)
+
+  def run_forward(xp, yp, z, c, norms):
+    return jax.lax.fori_loop(0, iterations, lambda _, rows: tuple(forward(*rows, c, norms)), (xp, yp, z))
+
+  def run_forward_backward(xp, yp, z, c, norms, cts):
+    def body(_, carry):  # the norm-weight gradients are summed, so none of the backward is dead code
+      rows, weight_grads = carry
+      grads = forward_backward(*rows, c, norms, cts)[1]
+      return tuple(grads[:3]), jax.tree_util.tree_map(jnp.add, weight_grads, grads[4])
+
+    return jax.lax.fori_loop(0, iterations, body, ((xp, yp, z), jax.tree_util.tree_map(jnp.zeros_like, norms)))
+
+  return jax.jit(run_forward), jax.jit(run_forward_backward)
 
 
 def kernel_bytes(rows: int, d: int, itemsize: int, platform: str) -> dict:
@@ -78,12 +119,13 @@ def xla_bytes(fn, *args) -> float:
   return float(analysis.get("bytes accessed", float("nan")))
 
 
-def bench_dim(rows: int, d: int, dtype, norm: str, repeats: int, timed: bool) -> dict:
+def bench_dim(rows: int, d: int, dtype, norm: str, repeats: int, timed: bool, chain: int = 10,
+              peers: tuple[str, ...] = ()) -> dict:
+  """Bytes (and, when `timed`, times) of the boundary on `[rows, d]` for XLA, Pallas and each of `peers`."""
   rows_in, norms, c, cts = inputs(rows, d, dtype, norm)
   itemsize = jnp.dtype(dtype).itemsize
   row_bytes = rows * d * itemsize
-  xla_fwd, xla_fb = paths("reference")
-  pallas_fwd, pallas_fb = paths("pallas")
+  xla_fwd, xla_fb = map(jax.jit, paths("reference"))
   xla = {"fwd": xla_bytes(xla_fwd, *rows_in, c, norms), "fwd_bwd": xla_bytes(xla_fb, *rows_in, c, norms, cts)}
   fused = kernel_bytes(rows, d, itemsize, None)
   result = {"d": d, "bytes": {
@@ -94,19 +136,22 @@ def bench_dim(rows: int, d: int, dtype, norm: str, repeats: int, timed: bool) ->
   if not timed:
     return result
   peak = peak_bandwidth(jax.devices()[0])
-  times = {
-      "xla": {"fwd": median_seconds(lambda: xla_fwd(*rows_in, c, norms), repeats, warmup=2),
-              "fwd_bwd": median_seconds(lambda: xla_fb(*rows_in, c, norms, cts), repeats, warmup=2)},
-      "pallas": {"fwd": median_seconds(lambda: pallas_fwd(*rows_in, c, norms), repeats, warmup=2),
-                 "fwd_bwd": median_seconds(lambda: pallas_fb(*rows_in, c, norms, cts), repeats, warmup=2)},
-  }
+  times = {}
+  for path, impl in [("xla", "reference"), ("pallas", "pallas"), *[(p, p) for p in peers]]:
+    fwd, fwd_bwd = chained(impl, chain)
+    times[path] = {"fwd": median_seconds(lambda: fwd(*rows_in, c, norms), repeats, warmup=2) / chain,
+                   "fwd_bwd": median_seconds(lambda: fwd_bwd(*rows_in, c, norms, cts), repeats, warmup=2) / chain}
   result["time_ms"] = {p: {k: round(v * 1e3, 4) for k, v in t.items()} for p, t in times.items()}
+  # a peer's bytes are not its own count: it is given the fused kernels' (the least any implementation must move)
   achieved = {p: {k: (xla if p == "xla" else fused)[k] / t[k] / 1e9 for k in t} for p, t in times.items()}
   result["achieved_GBps"] = {p: {k: round(v, 1) for k, v in a.items()} for p, a in achieved.items()}
   if peak:
     result["pct_of_peak_bandwidth"] = {p: {k: round(100 * v / peak, 1) for k, v in a.items()}
                                        for p, a in achieved.items()}
-  result["speedup_xla_over_pallas"] = {k: round(times["xla"][k] / times["pallas"][k], 3) for k in times["xla"]}
+  for path in times:
+    if path != "pallas":
+      result[f"speedup_{path}_over_pallas"] = {k: round(times[path][k] / times["pallas"][k], 3)
+                                               for k in times[path]}
   return result
 
 
@@ -117,6 +162,8 @@ def main(argv=None) -> None:
   parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
   parser.add_argument("--norm", default="rmsnorm", choices=("rmsnorm", "layernorm"))
   parser.add_argument("--repeats", type=int, default=20)
+  parser.add_argument("--chain", type=int, default=10, help="boundaries per timed call (see above)")
+  parser.add_argument("--tokamax", action="store_true", help="time tokamax's Triton norms too (GPU)")
   args = parser.parse_args(argv)
   platform = layout.resolve_platform()
   device = jax.devices()[0]
@@ -126,7 +173,9 @@ def main(argv=None) -> None:
       "backend": jax.default_backend(), "device": device.device_kind, "kernel_lowering": platform,
       "rows": args.rows, "dtype": args.dtype, "norm": args.norm,
       "peak_bandwidth_GBps": peak_bandwidth(device), "theoretical_row_passes": THEORETICAL_PASSES,
-      "results": [bench_dim(args.rows, int(d), jnp.dtype(args.dtype), args.norm, args.repeats, timed)
+      "chain": args.chain,
+      "results": [bench_dim(args.rows, int(d), jnp.dtype(args.dtype), args.norm, args.repeats, timed, args.chain,
+                            ("tokamax",) if args.tokamax else ())
                   for d in args.dims.split(",")],
   }
   if not timed:

@@ -1,0 +1,58 @@
+"""`tools/device_check --dry-run`: the prepared accelerator check runs end to end at tiny sizes on CPU, so the
+script that runs once on a borrowed GPU cannot rot between borrowings."""
+
+import json
+
+import pytest
+
+from tools import device_check
+
+
+def _read(folder, name):
+  with open(folder / f"{name}.json") as f:
+    return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+  out = tmp_path_factory.mktemp("device_check")
+  return device_check.main(["--dry-run", "--out", str(out)]), out
+
+
+def test_every_section_runs_and_writes_its_json(dry_run):
+  code, out = dry_run
+  summary = _read(out, "summary")
+  assert code == 0, {name: s.get("error") for name, s in summary["sections"].items()}
+  assert list(summary["sections"]) == list(device_check.SECTIONS)
+  assert summary["environment"]["backend"] == "cpu" and summary["environment"]["versions"]["jax"]
+  for name in device_check.SECTIONS:
+    assert "error" not in _read(out, name), name
+
+
+def test_sections_report_their_figures(dry_run):
+  _, out = dry_run
+  numerics = _read(out, "kernel_numerics")
+  assert numerics["all_ok"] and len(numerics["results"]) == 2 * len(device_check.DRY.norm_dims)
+  assert all(0 < r["max_rel_error"]["pallas"] < 1e-2 for r in numerics["results"] if r["dtype"] == "bfloat16")
+  norm = _read(out, "two_stream_norm")
+  assert not norm["timed"] and {r["d"] for r in norm["results"]} == set(device_check.DRY.norm_dims)
+  assert norm["tokamax"] == "not a GPU"
+  variants = _read(out, "train_step")["models"]["tiny"]["variants"]
+  assert set(variants) == set(device_check.TRAIN_VARIANTS) and all(v["tokens_per_sec"] > 0 for v in variants.values())
+  assert _read(out, "sampler")["jaxpt"]["new_tokens_per_sec"] > 0
+  grpo = _read(out, "grpo_step")
+  assert grpo["bfloat16"]["step_s"] > 0 and grpo["float32"]["rollout_s"] > 0
+
+
+def test_a_spent_budget_skips_every_measurement(tmp_path):
+  assert device_check.main(["--dry-run", "--budget-s", "0", "--out", str(tmp_path),
+                            "--sections", "kernel_numerics,two_stream_norm,train_step,sampler"]) == 0
+  assert len(_read(tmp_path, "kernel_numerics")["skipped"]) == 2 * len(device_check.DRY.norm_dims)
+  assert _read(tmp_path, "train_step")["skipped"] == [f"tiny {v}" for v in device_check.TRAIN_VARIANTS]
+  assert _read(tmp_path, "sampler")["skipped"] == ["all"]
+
+
+def test_an_unknown_section_is_refused_naming_it(capsys):
+  with pytest.raises(SystemExit):
+    device_check.main(["--dry-run", "--sections", "train_step,warp_drive"])
+  assert "--sections: unknown warp_drive" in capsys.readouterr().err
