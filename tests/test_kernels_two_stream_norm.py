@@ -188,29 +188,6 @@ def test_plans_pad_to_the_backend_tiling():
                           {"scale": jnp.ones(128)}, eps=EPS, impl="triton")
 
 
-# --- lowering for TPU (Mosaic) and GPU (Triton) without the devices -----------------------------------------
-
-@pytest.mark.parametrize("platform, lowering_platform, marker", [("tpu", "tpu", "tpu_custom_call"),
-                                                                 ("gpu", "cuda", "triton")])
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_forward_and_backward_lower_for_accelerators(platform, lowering_platform, marker, dtype):
-  (xh_prev, y_prev, z), norms, c = boundary_inputs((100, 200), True, dtype)
-  c1 = jnp.ones((200,))
-
-  def loss(xp, yp, z, c, norms, c1):
-    xh, y, h = tsn.post_pre_boundary(xp, yp, z, c, *norms, eps=EPS, platform=platform, block_rows=32,
-                                     chunk_rows=16 if platform == "tpu" else 4)
-    xh0, _, h0 = tsn.post_pre_boundary(xp, yp, None, None, *norms, eps=EPS, platform=platform)
-    e = tsn.hybrid_entry(xh, y, c1, norms[0], eps=EPS, platform=platform)
-    xu, yu, hu = tsn.hybrid_entry_update(xh, y, h, c, c1, norms[1], eps=EPS, platform=platform)
-    return sum(jnp.sum(t.astype(jnp.float32)) for t in (xh, y, h, xh0, h0, e, xu, yu, hu))
-
-  lowered = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4, 5))).trace(
-      xh_prev, y_prev, z, c, list(norms), c1).lower(lowering_platforms=(lowering_platform,))
-  text = lowered.as_text()
-  assert text.count(marker) >= 8, text[:2000]  # four forward and four backward kernels
-
-
 # --- the model's kernel switch ---------------------------------------------------------------------------
 
 TINY = ModelConfig(vocab_size=50, d_model=16, num_layers=2, num_heads=4, num_kv_heads=2, mlp_dim=24,
