@@ -67,12 +67,13 @@ def tokamax_boundary(xh_prev, y_prev, z, c, post, pre, in_norm, *, eps: float):
   return xh, y, norm(in_norm, xh + norm(pre, y))
 
 
-def paths(impl: str):
-  """(forward, forward_backward) of the boundary by `impl` ('reference' = XLA, 'pallas', 'tokamax'), unjitted."""
+def paths(impl: str, **tiling):
+  """(forward, forward_backward) of the boundary by `impl` ('reference' = XLA, 'pallas', 'tokamax'), unjitted;
+  `tiling` (block_rows, chunk_rows, num_warps) goes to the Pallas kernels."""
   def forward(xp, yp, z, c, norms):
     if impl == "tokamax":
       return tokamax_boundary(xp, yp, z, c, *norms, eps=EPS)
-    return post_pre_boundary(xp, yp, z, c, *norms, eps=EPS, impl=impl)
+    return post_pre_boundary(xp, yp, z, c, *norms, eps=EPS, impl=impl, **tiling)
 
   def forward_backward(xp, yp, z, c, norms, cts):
     outs, vjp = jax.vjp(forward, xp, yp, z, c, norms)
@@ -81,11 +82,11 @@ def paths(impl: str):
   return forward, forward_backward
 
 
-def chained(impl: str, iterations: int):
+def chained(impl: str, iterations: int, **tiling):
   """(forward, forward_backward), jitted, each running the boundary `iterations` times in a `fori_loop`: the
   forward's outputs (xh, y, h) are the next iteration's (xh_prev, y_prev, z); forward+backward feeds the input
-  gradients (dxh_prev, dy_prev, dz) back as inputs. Returns the last iteration's row arrays."""
-  forward, forward_backward = paths(impl)
+  gradients (dxh_prev, dy_prev, dz) back as inputs and sums the norm-weight gradients. `tiling`: see `paths`."""
+  forward, forward_backward = paths(impl, **tiling)
 
   def run_forward(xp, yp, z, c, norms):
     return jax.lax.fori_loop(0, iterations, lambda _, rows: tuple(forward(*rows, c, norms)), (xp, yp, z))

@@ -2,6 +2,7 @@
 script that runs once on a borrowed GPU cannot rot between borrowings."""
 
 import json
+import tarfile
 
 import pytest
 
@@ -42,6 +43,17 @@ def test_sections_report_their_figures(dry_run):
   assert _read(out, "sampler")["jaxpt"]["new_tokens_per_sec"] > 0
   grpo = _read(out, "grpo_step")
   assert grpo["bfloat16"]["step_s"] > 0 and grpo["float32"]["rollout_s"] > 0
+  tuning = _read(out, "kernel_tuning")["results"][0]
+  assert tuning["tilings"] and all(t["max_abs_diff_vs_default"] == 0.0 for t in tuning["tilings"])
+
+
+def test_traces_come_back_as_one_file(dry_run):
+  _, out = dry_run
+  with tarfile.open(out / "traces.tar") as tar:
+    assert sorted(tar.getnames()) == ["kernel_trace.json.gz", "train_trace.json.gz"]
+  assert len(list(out.iterdir())) <= 8  # what the device tool returns
+  ops = _read(out, "train_step")["models"]["tiny"]["trace_device_ops_top30"]
+  assert ops and all(op["calls"] > 0 for op in ops.values())
 
 
 def test_a_spent_budget_skips_every_measurement(tmp_path):

@@ -119,6 +119,18 @@ def test_kernel_lowers_to_the_platforms_custom_call(kernel, backward, case, dtyp
   assert calls == expected, calls
 
 
+@pytest.mark.parametrize("kernel", ["post_pre_boundary", "hybrid_entry_update"])
+def test_num_warps_reaches_the_triton_calls(kernel):
+  """The tiling a device check tunes: `num_warps` overrides the plan's warps in every Triton call."""
+  target, _, kwargs = TARGETS["gpu"]
+  fn, args = kernel_and_args(kernel, (256, 1024), "rmsnorm", jnp.bfloat16, "gpu", {})
+  warps = lambda text: set(re.findall(r"num_warps = (\d+)", text))
+  assert warps(exported_text(fn, target, *args, **kwargs)) == {"8"}  # the plan's own choice at d 1024
+  fn, args = kernel_and_args(kernel, (256, 1024), "rmsnorm", jnp.bfloat16, "gpu", {"num_warps": 16})
+  backward, backward_args = with_backward(fn, args)
+  assert warps(exported_text(backward, target, *backward_args, **kwargs)) == {"16"}  # forward and backward calls
+
+
 @pytest.mark.parametrize("target", ["cpu", "tpu"])
 def test_interpret_mode_lowers_to_no_kernel_call(target):
   """Negative check: in interpret mode (platform None on a CPU host; "cpu" here, so on any host) the kernels are

@@ -12,21 +12,28 @@ Sections, in order (what they time is a median over repeated synchronised calls,
   reference, both against the reference evaluated in float32: outputs and every input gradient, relative max error.
 - `two_stream_norm`: `benchmarks/two_stream_norm.py` at d = 1024..8192, bf16 and fp32, forward and
   forward+backward: the Pallas kernels vs XLA's fusion of the reference vs tokamax's Triton norm (if it imports),
-  achieved GB/s and % of the HBM peak.
+  achieved GB/s and % of the HBM peak; a trace of the Pallas and XLA paths at d 4096 (`kernel_trace.json.gz`).
+- `kernel_tuning`: forward+backward at d 4096 and 8192 (bf16) under other Triton tilings (warps, chunk rows) than
+  the default plan's, each checked against the default's outputs.
 - `train_step`: jaxpt's train step (AdamW, fp32 master weights and optimizer state, bf16 compute) at ~350M and
   ~1B parameters: tokens/s and MFU (model FLOPs 6 N + 6 L d T per token over the device's dense bf16 peak),
-  Pre-Norm vs SiameseNorm with the kernel off (`reference`) and on (`pallas`), timed in alternation.
+  Pre-Norm vs SiameseNorm with the kernel off (`reference`) and on (`pallas`), timed in alternation; a trace of
+  one ~350M Pre-Norm step (`train_trace.json.gz`) and its 30 longest device ops.
+- `grpo_step`: one `jaxpt grpo` trainer step (`benchmarks/grpo_step.py`: 8 prompts x 8 rollouts, d512) split into
+  rollout / scoring / update, beside HF `generate` of the same rollouts.
 - `sampler`: jaxpt's KV-cache sampler (bf16 rollouts) on the ~350M Pre-Norm model vs HF transformers `generate`
   on torch CUDA (eager, and the static cache that `generate` compiles), timed in alternation
   (`benchmarks/torch_cuda_peer.py`, persistent processes).
-- `grpo_step`: one `jaxpt grpo` trainer step (`benchmarks/grpo_step.py`: 8 prompts x 8 rollouts, d512) split into
-  rollout / scoring / update, beside HF `generate` of the same rollouts.
+The traces end up in one `traces.tar` (the device returns at most 8 files). Compiles take minutes on a GPU (XLA
+autotunes each new GEMM shape: 111 s for a train step on the H200): `--compile-cache` keeps them for a second
+call on the same machine.
 
 The device lacks some packages: `tools/fetch_device_wheels.sh` fetches them here into `.whl/` (ignored); carry
-`.whl` and install them there first:
+`.whl`, install them there first, and link `kernels/` where `pip install` would put it (`jaxpt.kernels`):
 
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && \\
-      PYTHONPATH=/tmp/site:. python3 -m tools.device_check --out $OUT
+    ln -sfn ../kernels jaxpt/kernels && \
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && \
+      PYTHONPATH=/tmp/site:. python3 -m tools.device_check --out $OUT --compile-cache .jax_cache
 """
 
 from __future__ import annotations
@@ -54,7 +61,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import two_stream_norm as tsn
-from benchmarks.common import alternating_seconds, compiled_step, matmul_gflops
+from benchmarks.common import alternating_seconds, compiled_step, matmul_gflops, median_seconds
 from benchmarks.sampler import Peer, sampler_run, timed
 from benchmarks.train_step import OPTIM
 from jaxpt.models.config import ModelConfig
@@ -82,6 +89,7 @@ class Sizes:
   norm_dims: tuple[int, ...]
   norm_repeats: int
   norm_chain: int
+  tuning_dims: tuple[int, ...]
   train_models: dict  # name -> ModelConfig fields
   train_batch: tuple[int, int]  # batch, seq
   train_repeats: int
@@ -93,14 +101,14 @@ class Sizes:
 
 
 FULL = Sizes(
-    norm_rows=16384, norm_dims=(1024, 2048, 4096, 8192), norm_repeats=10, norm_chain=10,
+    norm_rows=16384, norm_dims=(1024, 2048, 4096, 8192), norm_repeats=10, norm_chain=10, tuning_dims=(4096, 8192),
     train_models={"350m": dict(vocab_size=32768, d_model=1024, num_layers=24, num_heads=16, mlp_dim=2816,
                                attention_query_chunk=512),
                   "1b": dict(vocab_size=32768, d_model=2048, num_layers=18, num_heads=16, mlp_dim=5632,
                              attention_query_chunk=512)},
     train_batch=(4, 2048), train_repeats=5, sampler=(32, 256, 256), rounds=3, grpo_overrides={}, peers=True)
 DRY = Sizes(
-    norm_rows=64, norm_dims=(128, 200), norm_repeats=1, norm_chain=2,
+    norm_rows=64, norm_dims=(128, 200), norm_repeats=1, norm_chain=2, tuning_dims=(128,),
     train_models={"tiny": dict(vocab_size=256, d_model=64, num_layers=2, num_heads=4, mlp_dim=128)},
     train_batch=(2, 32), train_repeats=1, sampler=(2, 8, 4), rounds=1,
     grpo_overrides={"model.d_model": 64, "model.num_layers": 2, "model.num_heads": 4, "model.num_kv_heads": 2,
@@ -197,40 +205,45 @@ def tokamax_runs() -> str:
     return f"{type(e).__name__}: {str(e)[:300]}"
 
 
-def kernel_trace(sizes: Sizes, out_dir: str, d: int = 4096) -> str:
-  """A profiler trace (Perfetto JSON) of three chained forward+backward calls each of the Pallas and XLA paths at
-  bf16, d = `d`, copied to `out_dir/kernel_trace.json.gz`: the device time of each kernel, to see what limits it."""
-  rows_in, norms, c, cts = tsn.inputs(sizes.norm_rows, d, jnp.bfloat16, "rmsnorm")
-  runs = [tsn.chained(impl, sizes.norm_chain)[1] for impl in ("pallas", "reference")]
-  for run in runs:
-    jax.block_until_ready(run(*rows_in, c, norms, cts))
+def perfetto_trace(run: Callable[[], object], path: str) -> str:
+  """A profiler trace (Perfetto JSON) of `run()` (warmed up first) written to `path`; returns its file name."""
+  jax.block_until_ready(run())
   with tempfile.TemporaryDirectory() as trace_dir:
     with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
-      for run in runs:
-        for _ in range(3):
-          jax.block_until_ready(run(*rows_in, c, norms, cts))
+      jax.block_until_ready(run())
     traces = [os.path.join(root, f) for root, _, files in os.walk(trace_dir) for f in files
               if f.endswith(".trace.json.gz")]
     if not traces:
-      return "no Perfetto trace written"
-    shutil.copy(traces[0], os.path.join(out_dir, "kernel_trace.json.gz"))
-  return "kernel_trace.json.gz"
+      raise RuntimeError("the profiler wrote no Perfetto trace")
+    shutil.copy(traces[0], path)
+  return os.path.basename(path)
 
 
-def trace_kernel_times(path: str) -> dict:
-  """{op name: {calls, total_ms}} of the device ops in a Perfetto trace (`kernel_trace`), longest first."""
+def kernel_trace(sizes: Sizes, out_dir: str, d: int = 4096) -> str:
+  """A trace of three chained forward+backward calls each of the Pallas and XLA paths at bf16, d = `d`, in
+  `out_dir/kernel_trace.json.gz`: the device time of each kernel, to see what limits it."""
+  rows_in, norms, c, cts = tsn.inputs(sizes.norm_rows, d, jnp.bfloat16, "rmsnorm")
+  runs = [tsn.chained(impl, sizes.norm_chain)[1] for impl in ("pallas", "reference")]
+  return perfetto_trace(lambda: [run(*rows_in, c, norms, cts) for run in runs for _ in range(3)],
+                        os.path.join(out_dir, "kernel_trace.json.gz"))
+
+
+def trace_kernel_times(path: str, top: int | None = None) -> dict:
+  """{op name: {calls, total_ms}} of the device ops in a Perfetto trace, longest first (the `top` longest); a CPU
+  trace has no device: there, the XLA ops (events naming an `hlo_op`)."""
   import gzip
   with gzip.open(path) as f:
     trace = json.load(f)
   events = trace["traceEvents"] if isinstance(trace, dict) else trace
   devices = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
              and e["args"]["name"].startswith("/device:")}
+  is_op = ((lambda e: e["pid"] in devices) if devices else (lambda e: "hlo_op" in e.get("args", {})))
   times = collections.defaultdict(list)
   for e in events:
-    if e.get("ph") == "X" and e["pid"] in devices:
+    if e.get("ph") == "X" and is_op(e):
       times[e["name"]].append(e["dur"] / 1e3)
   ranked = sorted(times.items(), key=lambda kv: -sum(kv[1]))
-  return {name: {"calls": len(t), "total_ms": round(sum(t), 3)} for name, t in ranked}
+  return {name: {"calls": len(t), "total_ms": round(sum(t), 3)} for name, t in ranked[:top]}
 
 
 def two_stream_norm(sizes: Sizes, budget: Budget) -> dict:
@@ -252,13 +265,59 @@ def two_stream_norm(sizes: Sizes, budget: Budget) -> dict:
   report = {"rows": sizes.norm_rows, "norm": "rmsnorm", "chain": sizes.norm_chain, "timed": timed_here,
             "tokamax": tokamax_error or "ran", "peak_bandwidth_GBps": tsn.peak_bandwidth(jax.devices()[0]),
             "results": results, "skipped": skipped}
-  if sizes.trace_dir and timed_here and not budget.spent():
+  if sizes.trace_dir and not budget.spent():
     try:
       report["trace"] = kernel_trace(sizes, sizes.trace_dir)
       report["trace_device_ops"] = trace_kernel_times(os.path.join(sizes.trace_dir, report["trace"]))
     except Exception:  # noqa: BLE001 -- the figures above stand without the trace
       report["trace"] = traceback.format_exc().strip().splitlines()[-1]
   return report
+
+
+def tuning_configs(rows: int, d: int, itemsize: int) -> list[dict]:
+  """Triton tilings to try beside the default plan: warps 4..32 at the default chunk, and at 4x the chunk rows."""
+  plan = tsn.layout.make_plan(rows, d, itemsize=itemsize)
+  configs = []
+  for chunk in (plan.chunk_rows, 4 * plan.chunk_rows):
+    block = max(chunk, plan.block_rows)
+    configs += [{"chunk_rows": chunk, "block_rows": block, "num_warps": w} for w in (4, 8, 16, 32)]
+  return configs
+
+
+def kernel_tuning(sizes: Sizes, budget: Budget) -> dict:
+  """The fused boundary's forward+backward (bf16) under other Triton tilings than the default plan's: per tiling
+  the time per boundary, its ratio to the default's, and its largest difference from the default's outputs."""
+  timed_here = tsn.layout.resolve_platform() == "gpu"
+  results, skipped = [], []
+  for d in sizes.tuning_dims:
+    rows_in, norms, c, cts = tsn.inputs(sizes.norm_rows, d, jnp.bfloat16, "rmsnorm")
+    default_run = tsn.chained("pallas", sizes.norm_chain)[1]
+    default_out = default_run(*rows_in, c, norms, cts)
+    seconds = lambda run: (median_seconds(lambda: run(*rows_in, c, norms, cts), sizes.norm_repeats, warmup=1)
+                           / sizes.norm_chain) if timed_here else None
+    default_s, xla_s = seconds(default_run), seconds(tsn.chained("reference", sizes.norm_chain)[1])
+    entry = {"d": d, "default_plan": dataclasses.asdict(tsn.layout.make_plan(sizes.norm_rows, d, itemsize=2)),
+             "default_ms": default_s and round(default_s * 1e3, 4), "xla_ms": xla_s and round(xla_s * 1e3, 4),
+             "tilings": []}
+    for tiling in tuning_configs(sizes.norm_rows, d, itemsize=2):
+      if budget.spent():
+        skipped.append(f"d={d} {tiling}")
+        continue
+      try:
+        run = tsn.chained("pallas", sizes.norm_chain, **tiling)[1]
+        out = run(*rows_in, c, norms, cts)
+        diff = max(float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))
+                   for a, b in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(default_out)))
+        took = seconds(run)
+        entry["tilings"].append(dict(tiling, ms=took and round(took * 1e3, 4), max_abs_diff_vs_default=diff,
+                                     vs_default=took and round(took / default_s, 3)))
+      except Exception:  # noqa: BLE001 -- a tiling Triton refuses (too many registers, ...) is a finding
+        entry["tilings"].append(dict(tiling, error=traceback.format_exc().strip().splitlines()[-1][:500]))
+    timed_tilings = [t for t in entry["tilings"] if t.get("ms")]
+    if timed_tilings:
+      entry["best"] = min(timed_tilings, key=lambda t: t["ms"])
+    results.append(entry)
+  return {"rows": sizes.norm_rows, "dtype": "bfloat16", "timed": timed_here, "results": results, "skipped": skipped}
 
 
 # --- train step ------------------------------------------------------------------------------------------------
@@ -321,6 +380,10 @@ def train_model(fields: dict, sizes: Sizes, budget: Budget, peak: float | None, 
   if not runs:
     return model
   times = alternating_seconds(runs, sizes.train_repeats)
+  if sizes.trace_dir and name == next(iter(sizes.train_models)) and "pre" in runs and not budget.spent():
+    trace = os.path.join(sizes.trace_dir, "train_trace.json.gz")
+    model["trace"] = perfetto_trace(runs["pre"], trace)  # one Pre-Norm step: where the time goes
+    model["trace_device_ops_top30"] = trace_kernel_times(trace, top=30)
   del runs
   gc.collect()
   for variant, f in facts.items():
@@ -466,8 +529,8 @@ def grpo_step(sizes: Sizes, budget: Budget) -> dict:
 
 # --- driver --------------------------------------------------------------------------------------------------------
 
-SECTIONS = {"kernel_numerics": kernel_numerics, "two_stream_norm": two_stream_norm, "train_step": train_step,
-            "sampler": sampler, "grpo_step": grpo_step}
+SECTIONS = {"kernel_numerics": kernel_numerics, "two_stream_norm": two_stream_norm, "kernel_tuning": kernel_tuning,
+            "train_step": train_step, "grpo_step": grpo_step, "sampler": sampler}
 
 
 def headline(name: str, report: dict) -> dict:
@@ -477,6 +540,9 @@ def headline(name: str, report: dict) -> dict:
         (r["max_rel_error"]["pallas"] for r in report["results"]), default=None)}
   if name == "two_stream_norm":
     return {f"{r['dtype']} d={r['d']}": {k: r[k] for k in r if k.startswith(("speedup_", "pct_of_peak"))}
+            for r in report["results"]}
+  if name == "kernel_tuning":
+    return {f"d={r['d']}": {"default_ms": r["default_ms"], "xla_ms": r["xla_ms"], "best": r.get("best")}
             for r in report["results"]}
   if name == "train_step":
     return {f"{m} {v}": {k: e.get(k) for k in ("tokens_per_sec", "mfu", "step_ms")}
@@ -489,18 +555,36 @@ def headline(name: str, report: dict) -> dict:
   return {}
 
 
+def pack_traces(out: str) -> list[str]:
+  """Moves the sections' Perfetto traces into one `out/traces.tar` (the device returns at most 8 files)."""
+  import tarfile
+  traces = sorted(f for f in os.listdir(out) if f.endswith(".trace.json.gz") or f.endswith("_trace.json.gz"))
+  if traces:
+    with tarfile.open(os.path.join(out, "traces.tar"), "w") as tar:
+      for name in traces:
+        tar.add(os.path.join(out, name), arcname=name)
+    for name in traces:
+      os.remove(os.path.join(out, name))
+  return traces
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", default=os.environ.get("OUT", "device_check_out"))
   parser.add_argument("--budget-s", type=float, default=450.0, help="no new measurement starts after this")
   parser.add_argument("--sections", default=",".join(SECTIONS))
   parser.add_argument("--dry-run", action="store_true", help="tiny sizes on CPU, no peers (the test suite's run)")
+  parser.add_argument("--compile-cache", default="", help="JAX's persistent compilation cache folder: a later call "
+                      "on the same machine reuses the compiles (e.g. an ignored folder in the repository)")
   args = parser.parse_args(argv)
   os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # before JAX's first allocation: peers share the GPU
   unknown = set(args.sections.split(",")) - set(SECTIONS)
   if unknown:
     parser.error(f"--sections: unknown {', '.join(sorted(unknown))} (known: {', '.join(SECTIONS)})")
-  sizes = DRY if args.dry_run else dataclasses.replace(FULL, trace_dir=args.out)
+  if args.compile_cache:
+    jax.config.update("jax_compilation_cache_dir", os.path.abspath(args.compile_cache))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+  sizes = dataclasses.replace(DRY if args.dry_run else FULL, trace_dir=args.out)
   budget = Budget(args.budget_s)
   os.makedirs(args.out, exist_ok=True)
   summary = {"command": " ".join(["python -m tools.device_check", *(argv if argv is not None else sys.argv[1:])]),
@@ -519,6 +603,7 @@ def main(argv=None) -> int:
       json.dump(dict(report, seconds=status["seconds"]), f, indent=1)
     summary["sections"][name] = status
     print(f"{name}: {status['status']} in {status['seconds']} s", flush=True)
+  summary["traces"] = pack_traces(args.out)
   with open(os.path.join(args.out, "summary.json"), "w") as f:
     json.dump(summary, f, indent=1)
   print(json.dumps(summary, indent=1))

@@ -6,7 +6,8 @@
 #                        lacks: array_record dm-tree promise simple_parsing docstring-parser tensorflow-metadata
 #                        googleapis-common-protos termcolor toml
 # tokamax (kernel peer): tokamax einshape pydantic pydantic-core annotated-types typing-inspection typing-extensions
-#                        qwix immutabledict
+#                        qwix immutabledict, and xprof (32 MB: tokamax imports its kernel-stats tool) gviz_api
+# All together ~48 MB: with the working tree, under the device tool's 64 MiB.
 # Versions: the ones installed where the check was prepared; pydantic-core must be the one pydantic pins.
 set -euo pipefail
 WHEELS=(
@@ -15,7 +16,7 @@ WHEELS=(
   docstring-parser==0.18.0 tensorflow-metadata==1.21.0 googleapis-common-protos==1.76.0 termcolor==3.3.0
   toml==0.10.2
   tokamax==0.0.17 einshape==1.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0
-  typing-inspection==0.4.5 typing-extensions==4.16.0 qwix==0.1.8 immutabledict==4.3.1
+  typing-inspection==0.4.5 typing-extensions==4.16.0 qwix==0.1.8 immutabledict==4.3.1 xprof==2.24.2 gviz_api==1.10.0
 )
 SOURCE_ONLY=(promise==2.3)  # pure Python, published as a source archive only: built into a wheel here
 mkdir -p .whl

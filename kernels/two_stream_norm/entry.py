@@ -132,14 +132,14 @@ def _fused_bwd(static: Static, residuals, cotangents):
 _fused.defvjp(_fused_fwd, _fused_bwd)
 
 
-def _run(rows_in, c, c1, norm_y, eps, platform, block_rows, chunk_rows):
+def _run(rows_in, c, c1, norm_y, eps, platform, block_rows, chunk_rows, num_warps):
   shape, dtype = rows_in[0].shape, rows_in[0].dtype
   if any(a.shape != shape or a.dtype != dtype for a in rows_in):
     raise ValueError(f"row inputs must share shape {shape} and dtype {dtype}")
   d, rows_n = shape[-1], math.prod(shape[:-1])
   has_update = len(rows_in) == 3
   kind = rm.LAYERNORM if "bias" in norm_y else rm.RMSNORM
-  plan = layout.make_plan(rows_n, d, platform, block_rows, chunk_rows, jnp.dtype(dtype).itemsize)
+  plan = layout.make_plan(rows_n, d, platform, block_rows, chunk_rows, jnp.dtype(dtype).itemsize, num_warps)
   inv_c = 1.0 / jnp.asarray(c, jnp.float32) if has_update else 0.0
   params = layout.pack_params([c1, norm_y["scale"], norm_y.get("bias", 0.0), inv_c], plan)
   static = Static(plan, kind, float(eps), has_update, jnp.dtype(dtype).name)
@@ -148,15 +148,16 @@ def _run(rows_in, c, c1, norm_y, eps, platform, block_rows, chunk_rows):
 
 
 def hybrid_entry(x, y, c1, norm_y, *, eps: float, platform: str | None = None, block_rows: int | None = None,
-                 chunk_rows: int | None = None):
+                 chunk_rows: int | None = None, num_warps: int | None = None):
   """Fused `h = c1 * x + N_y(y)`, shaped and typed like x (`[..., d]`).
 
   c1: `[d]`; norm_y: `{"scale": [d]}` (RMSNorm) or `{"scale": [d], "bias": [d]}` (LayerNorm).
   """
-  return _run((x, y), None, c1, norm_y, eps, platform, block_rows, chunk_rows)[0]
+  return _run((x, y), None, c1, norm_y, eps, platform, block_rows, chunk_rows, num_warps)[0]
 
 
 def hybrid_entry_update(x_prev, y_prev, z, c, c1, norm_y, *, eps: float, platform: str | None = None,
-                        block_rows: int | None = None, chunk_rows: int | None = None):
+                        block_rows: int | None = None, chunk_rows: int | None = None,
+                        num_warps: int | None = None):
   """Fused `x = x_prev + z/c ; y = y_prev + z ; h = c1 * x + N_y(y)` -> (x, y, h), each like x_prev."""
-  return _run((x_prev, y_prev, z), c, c1, norm_y, eps, platform, block_rows, chunk_rows)
+  return _run((x_prev, y_prev, z), c, c1, norm_y, eps, platform, block_rows, chunk_rows, num_warps)

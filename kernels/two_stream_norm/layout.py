@@ -53,6 +53,7 @@ class Plan:
   block_rows: int
   chunk_rows: int
   platform: str
+  num_warps: int | None = None  # GPU: Triton warps per program (None: by chunk size, `compiler_params`)
 
   @property
   def grid(self) -> int:
@@ -68,8 +69,9 @@ class Plan:
 
 
 def make_plan(rows: int, d: int, platform: str | None = None, block_rows: int | None = None,
-              chunk_rows: int | None = None, itemsize: int = 4) -> Plan:
-  """Block sizes for `[rows, d]` row arrays; explicit `block_rows`/`chunk_rows` override (tests).
+              chunk_rows: int | None = None, itemsize: int = 4, num_warps: int | None = None) -> Plan:
+  """Block sizes for `[rows, d]` row arrays; explicit `block_rows`/`chunk_rows`/`num_warps` override (tests,
+  tuning on a device).
 
   On TPU the row tiling follows the dtype's native sublane packing: 8 rows for 4-byte, 16 for 2-byte items."""
   platform = resolve_platform(platform)
@@ -88,7 +90,7 @@ def make_plan(rows: int, d: int, platform: str | None = None, block_rows: int | 
   if platform != "gpu" and chunk % sublanes:
     raise ValueError(f"chunk_rows={chunk} must be a multiple of {sublanes} for the TPU tiling")
   return Plan(rows=rows, d=d, rows_pad=round_up(rows, block), d_pad=d_pad, block_rows=block, chunk_rows=chunk,
-              platform=platform)
+              platform=platform, num_warps=num_warps)
 
 
 def pad_rows(a, plan: Plan):
@@ -124,7 +126,7 @@ def compiler_params(plan: Plan, row_arrays: int, itemsize: int, temporaries: int
     limit = int(min(100 * 2 ** 20, max(32 * 2 ** 20, 1.5 * footprint)))
     return {"compiler_params": pltpu.CompilerParams(dimension_semantics=("parallel",), vmem_limit_bytes=limit)}
   from jax.experimental.pallas import triton as pltr
-  warps = 4 if plan.chunk_rows * plan.d_pad <= 4096 else 8
+  warps = plan.num_warps or (4 if plan.chunk_rows * plan.d_pad <= 4096 else 8)
   return {"compiler_params": pltr.CompilerParams(num_warps=warps, num_stages=1)}
 
 

@@ -171,7 +171,7 @@ _fused.defvjp(_fused_fwd, _fused_bwd)
 
 
 def post_pre_boundary(xh_prev, y_prev, z, c, post, pre, in_norm, *, eps: float, platform: str | None = None,
-                      block_rows: int | None = None, chunk_rows: int | None = None):
+                      block_rows: int | None = None, chunk_rows: int | None = None, num_warps: int | None = None):
   """Fused boundary -> (xh, y, h), each shaped and typed like xh_prev (`[..., d]`).
 
   post/pre/in_norm: `{"scale": [d]}` (RMSNorm) or `{"scale": [d], "bias": [d]}` (LayerNorm), all the same kind.
@@ -187,7 +187,7 @@ def post_pre_boundary(xh_prev, y_prev, z, c, post, pre, in_norm, *, eps: float, 
   arrays = (xh_prev, y_prev) if z is None else (xh_prev, y_prev, z)
   if any(a.shape != shape or a.dtype != dtype for a in arrays):
     raise ValueError(f"row inputs must share shape {shape} and dtype {dtype}")
-  plan = layout.make_plan(rows_n, d, platform, block_rows, chunk_rows, jnp.dtype(dtype).itemsize)
+  plan = layout.make_plan(rows_n, d, platform, block_rows, chunk_rows, jnp.dtype(dtype).itemsize, num_warps)
   bias = lambda n: n.get("bias", 0.0) if kind == rm.LAYERNORM else 0.0
   inv_c = 1.0 if z is None else 1.0 / jnp.asarray(c, jnp.float32)
   params = layout.pack_params(
