@@ -1,8 +1,11 @@
-"""Timing helpers shared by the benchmarks: every figure is a median over repeated, synchronised runs."""
+"""Timing helpers shared by the benchmarks: every figure is a median over repeated, synchronised runs; `Peer`, a
+persistent reference process timed in alternation with jaxpt's calls."""
 
 from __future__ import annotations
 
+import os
 import statistics
+import subprocess
 import time
 from typing import Callable
 
@@ -22,20 +25,33 @@ def median_seconds(fn: Callable[[], object], repeats: int, warmup: int = 1) -> f
   return statistics.median(times)
 
 
-def alternating_seconds(runs: dict[str, Callable[[], object]], repeats: int, warmup: int = 1
-                        ) -> dict[str, list[float]]:
+def alternating_seconds(runs: dict[str, Callable[[], object]], repeats: int, warmup: int = 1,
+                        peers: dict[str, Callable[[int], float]] | None = None) -> dict[str, list[float]]:
   """Wall times of each `runs[name]()` (outputs blocked on), timed round-robin: every round calls each once, so
-  a drifting machine load reaches all of them alike. `warmup` untimed rounds first."""
+  a drifting machine load reaches all of them alike. `warmup` untimed rounds first. `peers[name](round)` (round
+  1, 2, ...) are calls that time themselves and return their seconds, e.g. a persistent process's
+  `Peer.seconds`: every timed round calls each once after `runs` (they warm up on their own,
+  so not in the warm-up rounds). `times[name][r]` all come from round r."""
   for _ in range(warmup):
     for fn in runs.values():
       jax.block_until_ready(fn())
-  times = {name: [] for name in runs}
-  for _ in range(repeats):
+  peers = peers or {}
+  times = {name: [] for name in [*runs, *peers]}
+  for r in range(repeats):
     for name, fn in runs.items():
       start = time.perf_counter()
       jax.block_until_ready(fn())
       times[name].append(time.perf_counter() - start)
+    for name, seconds in peers.items():
+      times[name].append(seconds(r + 1))
   return times
+
+
+def median_ratio(numerators: list[float], denominators: list[float]) -> float:
+  """The median over rounds of numerators[r] / denominators[r] (each ratio within one round, so a load swing
+  between rounds cancels out of it)."""
+  assert len(numerators) == len(denominators), (len(numerators), len(denominators))
+  return statistics.median([n / d for n, d in zip(numerators, denominators)])
 
 
 def matmul_gflops(m: int, k: int, n: int, repeats: int = 5, dtype=jnp.float32) -> float:
@@ -79,3 +95,37 @@ def compiled_step(step, state, batch) -> tuple[dict, Callable[[], jax.Array]]:
     return metrics["loss"]
 
   return compiled_memory(compiled), run
+
+
+class Peer:
+  """A persistent peer process (`argv`, e.g. `sampler_peers.py` or `train_peers.py`, speaking the protocol of
+  `sampler_peers.serve`): `wait_ready()` waits for its `ready <params> <setting>` line; `seconds(seed)` runs one
+  call there and returns its time. `stderr`: where the process's stderr goes (a file to keep it, None: ours)."""
+
+  def __init__(self, name: str, argv: list[str], stderr=subprocess.DEVNULL):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", OMP_WAIT_POLICY="PASSIVE")
+    self.name = name
+    self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True,
+                                 env=env)
+    self.params, self.setting = None, ""
+
+  def wait_ready(self) -> None:
+    words = self._line("ready").split()
+    self.params, self.setting = int(words[1]), " ".join(words[2:])
+
+  def _line(self, word: str) -> str:
+    for line in self.proc.stdout:
+      if line.startswith(word + " "):
+        return line
+    raise RuntimeError(f"peer {self.name} ended (exit {self.proc.wait()}) before printing {word!r}")
+
+  def seconds(self, seed: int) -> float:
+    self.proc.stdin.write(f"run {seed}\n")
+    self.proc.stdin.flush()
+    return float(self._line("seconds").split()[1])
+
+  def close(self) -> None:
+    if self.proc.poll() is None:
+      self.proc.stdin.write("quit\n")
+      self.proc.stdin.flush()
+      self.proc.wait(timeout=60)

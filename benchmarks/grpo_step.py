@@ -38,7 +38,7 @@ import time
 
 import jax
 
-from benchmarks.sampler import Peer
+from benchmarks.common import Peer
 from benchmarks.train_step import MODEL
 from experiments.configs import grpo_tiny
 from jaxpt.rl.sampler import make_sampler

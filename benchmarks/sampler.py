@@ -34,7 +34,6 @@ import os
 import pathlib
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from typing import Callable
@@ -43,6 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks.common import Peer
 from benchmarks.train_step import MODEL
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import init_params, param_count
@@ -80,39 +80,6 @@ def read_run(mib: int = 256) -> tuple[int, Callable[[], object]]:
   data = jnp.ones((mib * 2 ** 18,), jnp.float32)
   total = jax.jit(jnp.sum)
   return data.nbytes, lambda: total(data)
-
-
-class Peer:
-  """A persistent peer process (`argv`, e.g. `sampler_peers.py`, speaking its protocol): `seconds(seed)` runs one
-  call there and returns its time. `stderr`: where the process's stderr goes (a file to keep it)."""
-
-  def __init__(self, name: str, argv: list[str], stderr=subprocess.DEVNULL):
-    env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", OMP_WAIT_POLICY="PASSIVE")
-    self.name = name
-    self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True,
-                                 env=env)
-    self.params, self.setting = None, ""
-
-  def wait_ready(self) -> None:
-    words = self._line("ready").split()
-    self.params, self.setting = int(words[1]), " ".join(words[2:])
-
-  def _line(self, word: str) -> str:
-    for line in self.proc.stdout:
-      if line.startswith(word + " "):
-        return line
-    raise RuntimeError(f"peer {self.name} ended (exit {self.proc.wait()}) before printing {word!r}")
-
-  def seconds(self, seed: int) -> float:
-    self.proc.stdin.write(f"run {seed}\n")
-    self.proc.stdin.flush()
-    return float(self._line("seconds").split()[1])
-
-  def close(self) -> None:
-    if self.proc.poll() is None:
-      self.proc.stdin.write("quit\n")
-      self.proc.stdin.flush()
-      self.proc.wait(timeout=60)
 
 
 def timed(fn: Callable[[], object]) -> float:

@@ -29,19 +29,42 @@ from __future__ import annotations
 import sys
 import time
 
-from tunix_model import D_MODEL, HEADS, KV_HEADS, LAYERS, MLP, VOCAB, IdTokenizer, d512_llama3  # beside this script
+from tunix_model import D_MODEL, HEADS, KV_HEADS, LAYERS, VOCAB, IdTokenizer, llama3  # beside this script
+
+
+def qwen2(d_model: int = D_MODEL, layers: int = LAYERS):
+  """transformers' Qwen2ForCausalLM (8 heads, 4 KV heads, SwiGLU 4 * d_model, vocab 8192, tied embeddings, its
+  default attention), random init after `torch.manual_seed(0)`: ../shared/bench/hf_reference.py's model."""
+  import torch
+  from transformers import Qwen2Config, Qwen2ForCausalLM
+
+  torch.manual_seed(0)
+  return Qwen2ForCausalLM(Qwen2Config(
+      vocab_size=VOCAB, hidden_size=d_model, intermediate_size=4 * d_model, num_hidden_layers=layers,
+      num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=2048,
+      tie_word_embeddings=True))
+
+
+def fastest_torch_threads(call) -> str:
+  """Sets torch's intra-op threads to 1 or 2, whichever ran one `call(0)` faster (each timed once); -> the
+  setting's words for the ready line."""
+  import torch
+
+  seconds = {}
+  for threads in (1, 2):
+    torch.set_num_threads(threads)
+    start = time.perf_counter()
+    call(0)
+    seconds[threads] = time.perf_counter() - start
+  torch.set_num_threads(min(seconds, key=seconds.get))
+  return f"torch_threads={torch.get_num_threads()} ({', '.join(f'{n}: {s:.2f} s' for n, s in seconds.items())})"
 
 
 def hf_peer(batch: int, prompt: int, new: int):
   """-> (params, call(seed)) for transformers' generate."""
   import torch
-  from transformers import Qwen2Config, Qwen2ForCausalLM
 
-  torch.manual_seed(0)
-  cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=D_MODEL, intermediate_size=MLP, num_hidden_layers=LAYERS,
-                    num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=2048,
-                    tie_word_embeddings=True)
-  model = Qwen2ForCausalLM(cfg).eval()
+  model = qwen2().eval()
   prompts = torch.randint(0, VOCAB, (batch, prompt))
 
   def call(seed: int) -> None:
@@ -59,7 +82,7 @@ def tunix_peer(batch: int, prompt: int, new: int, tied: bool):
   import numpy as np
   from tunix.generate.sampler import CacheConfig, Sampler
 
-  model, params = d512_llama3(tied)
+  model, params = llama3(tied)
 
   sampler = Sampler(model, IdTokenizer(), CacheConfig(cache_size=prompt + new, num_layers=LAYERS,
                                                        num_kv_heads=KV_HEADS, head_dim=D_MODEL // HEADS))
@@ -94,19 +117,7 @@ def main() -> None:
   else:
     raise SystemExit(f"unknown peer {peer!r}")
   call(0)
-  setting = ""
-  if peer == "hf":
-    import torch
-
-    seconds = {}
-    for threads in (1, 2):
-      torch.set_num_threads(threads)
-      start = time.perf_counter()
-      call(0)
-      seconds[threads] = time.perf_counter() - start
-    torch.set_num_threads(min(seconds, key=seconds.get))
-    setting = f" torch_threads={torch.get_num_threads()}"
-  serve(call, f"{params}{setting}")
+  serve(call, f"{params} {fastest_torch_threads(call)}" if peer == "hf" else str(params))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
-"""Train-step throughput per residual scheme, side by side with the machine's own matmul rate.
+"""Train-step throughput per residual scheme, side by side with the machine's own matmul rate and with PyTorch/HF
+and tunix train steps timed in alternation.
 
-    python -m benchmarks.train_step [--schemes pre,siamese_post_pre] [--hf-python /tmp/hfref/bin/python]
-                                    [--tunix-python /tmp/tunix/bin/python]
+    python -m benchmarks.train_step [--schemes pre,siamese_post_pre] [--dtype float32|bfloat16]
+                                    [--hf-python /tmp/hfref/bin/python] [--tunix-python /tmp/tunix/bin/python]
     python -m benchmarks.train_step --schemes pre,hc:4,hc_dynamic:4,mhc:4,mhc_lite:4,pre+moe,mhc_lite:4+moe
 
 A scheme is `norm_scheme[:n][+moe]`: n residual streams for the multi-stream schemes (`hc_streams`), `+moe` the
@@ -9,14 +10,25 @@ MLPs as 8 routed experts of half the width, top-2, dropless (`MOE`: the same act
 dense model, 4x its MLP parameters).
 
 Configuration (the issue's): d_model 512, 8 layers, 8 heads (4 KV), SwiGLU 2048, vocab 8192 (tied),
-batch 8 x 256 tokens, fp32, AdamW, layers unrolled (`--scan` stacks them with nn.scan: on CPU the scan copies each
+batch 8 x 256 tokens, AdamW, layers unrolled (`--scan` stacks them with nn.scan: on CPU the scan copies each
 layer's saved activations into and out of stacked buffers, ~5% of the step here; on TPU it keeps compile times
-flat in depth). Achieved FLOP/s counts 6 * N * tokens per step (N = all parameters).
-The schemes' steps are timed round-robin, so all see the same load on a shared machine; `ratios_vs_pre` gives each
-scheme's step time and compiled peak memory over Pre-Norm's. FLOP/s count the active parameters (a token's k
-experts, not all of them). Prints one JSON object;
-ratios are what to compare across machines. With --hf-python / --tunix-python, the PyTorch/HF and tunix reference
-programs (`benchmarks/references.py`) run right after, in the same invocation.
+flat in depth). `--dtype` is the model's compute dtype (default float32); parameters and AdamW state stay float32
+(`param_dtype`), so bfloat16 is mixed precision, and the matmul rates are measured in it. Achieved FLOP/s count
+6 * N * tokens per step (N = the active parameters: a token's k experts, not all of them).
+
+What is timed: one train step (jitted, state donated and carried from call to call, compile and a warm-up step
+excluded) per call, the median over `--repeats` rounds. Every round runs each scheme's step once and then each
+reference's step once, so a machine-load swing reaches all of them alike; `ratios_vs_pre` gives each scheme's step
+time and compiled peak memory over Pre-Norm's.
+
+References (`--hf-python` / `--tunix-python`: the python of a venv holding torch + transformers, or
+google-tunix 0.1.7): each runs in a persistent process (`benchmarks/train_peers.py`), started before jaxpt's
+schemes compile (it builds and warms up meanwhile) and fed one step per round: `hf`, the train step of
+../shared/bench/hf_reference.py (Qwen2, eager PyTorch, AdamW; with `--dtype bfloat16` under torch's CPU bf16
+autocast, fp32 weights and AdamW state); `tunix`, tunix's Llama3 with an optax AdamW step (fp32 whatever
+`--dtype` says). `{name}_reference` holds its median tokens/s and its setting (its dtype, versions, torch threads);
+`pre_tokens_per_sec_vs_{name}` is the median over rounds of that round's reference seconds / Pre-Norm seconds.
+Prints one JSON object; ratios are what to compare across machines.
 """
 
 from __future__ import annotations
@@ -28,6 +40,7 @@ allocator_reuse = reuse_freed_host_memory()  # first, before JAX allocates (see 
 import argparse
 import json
 import os
+import pathlib
 import platform
 import resource
 import statistics
@@ -39,7 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import references
-from benchmarks.common import alternating_seconds, compiled_step, matmul_gflops, ratios_vs_pre
+from benchmarks.common import Peer, alternating_seconds, compiled_step, matmul_gflops, median_ratio, ratios_vs_pre
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM, init_params, param_count
 from jaxpt.train.lm import make_lm_loss_fn
@@ -53,6 +66,7 @@ MODEL = dict(vocab_size=8192, d_model=512, num_layers=8, num_heads=8, num_kv_hea
 MOE = dict(num_experts=8, experts_per_token=2)  # the `+moe` suffix (expert width: mlp_dim / 2)
 OPTIM = OptimConfig(learning_rate=1e-3, warmup_steps=10, end_lr_fraction=0.1, b1=0.9, b2=0.95, eps=1e-8,
                     weight_decay=0.1, grad_clip=1.0)
+PEER_SCRIPT = pathlib.Path(__file__).resolve().parent / "train_peers.py"
 
 
 def random_batch(vocab_size: int) -> dict:
@@ -107,10 +121,27 @@ def page_faults(run: Callable[[], jax.Array]) -> int:
   return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
 
-def bench_schemes(schemes: Sequence[str], repeats: int, **overrides) -> dict:
-  """Every scheme's step, timed round-robin (`alternating_seconds`) so all see the same machine load."""
-  compiled = {scheme: compile_scheme(scheme, **overrides) for scheme in schemes}
-  times = alternating_seconds({scheme: run for scheme, (_, run) in compiled.items()}, repeats)
+def peer_dtype(name: str, dtype: str) -> str:
+  """The dtype reference `name` runs in for jaxpt's --dtype: hf follows it (bfloat16: torch's CPU autocast, fp32
+  weights and AdamW state); tunix runs float32 only."""
+  return dtype if name == "hf" else "float32"
+
+
+def start_peers(args: argparse.Namespace) -> list[Peer]:
+  """The reference train steps given a python (`references.add_arguments`), each a persistent `train_peers.py`
+  process, started now: they build and warm up while jaxpt compiles."""
+  return [Peer(name, [getattr(args, f"{name}_python"), str(PEER_SCRIPT), name, str(MODEL["d_model"]),
+                      str(MODEL["num_layers"]), peer_dtype(name, args.dtype)], stderr=None)
+          for name in references.VENVS if getattr(args, f"{name}_python")]
+
+
+def bench_schemes(compiled: dict[str, tuple[dict, Callable[[], jax.Array]]], repeats: int, peers: Sequence[Peer] = ()
+                  ) -> tuple[dict, dict[str, list[float]]]:
+  """(results, times): every compiled scheme's step (`compile_scheme`) and every (ready) peer's step, timed
+  round-robin (`alternating_seconds`) so all see the same machine load; times[name][r]: round r's seconds of
+  scheme or peer `name`."""
+  times = alternating_seconds({scheme: run for scheme, (_, run) in compiled.items()}, repeats,
+                              peers={peer.name: peer.seconds for peer in peers})
   results = {}
   for scheme, (facts, run) in compiled.items():
     seconds = statistics.median(times[scheme])
@@ -118,36 +149,57 @@ def bench_schemes(schemes: Sequence[str], repeats: int, **overrides) -> dict:
     results[scheme] = dict(facts, step_ms=round(seconds * 1e3, 1), tokens_per_sec=round(BATCH * SEQ / seconds, 1),
                            gflops_per_sec=round(flops / seconds / 1e9, 1),
                            minor_page_faults_per_step=page_faults(run))
-  return results
+  return results, times
+
+
+def reference_report(peer: Peer, times: dict[str, list[float]], dtype: str) -> tuple[dict, float | None]:
+  """(`{name}_reference`, `pre_tokens_per_sec_vs_{name}` or None without a `pre` scheme) of one peer run for
+  jaxpt's `dtype`: its median step and tokens/s, and the median over rounds of its seconds / Pre-Norm's seconds
+  in the same round."""
+  seconds = statistics.median(times[peer.name])
+  reference = {"train_tokens_per_sec": round(BATCH * SEQ / seconds, 1), "step_ms": round(seconds * 1e3, 1),
+               "dtype": peer_dtype(peer.name, dtype), "params": peer.params, "setting": peer.setting}
+  vs_pre = round(median_ratio(times[peer.name], times["pre"]), 3) if "pre" in times else None
+  return reference, vs_pre
 
 
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--schemes", default="pre,post,hybrid,siamese_post_pre,siamese_hybrid_pre")
-  parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument("--repeats", type=int, default=5, help="timed rounds")
   parser.add_argument("--remat", default="none")
   parser.add_argument("--scan", action="store_true", help="stack the layers with nn.scan instead of unrolling")
+  parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                      help="compute dtype (params and AdamW state stay float32); hf runs under bf16 autocast")
   references.add_arguments(parser)
   args = parser.parse_args(argv)
 
-  matmul = {f"{m}x{k}x{n}": round(matmul_gflops(m, k, n), 1)
-            for m, k, n in [(2048, 2048, 2048), (BATCH * SEQ, 512, 2048), (BATCH * SEQ, 512, 8192)]}
+  peers = start_peers(args)
+  try:
+    compiled = {scheme: compile_scheme(scheme, remat=args.remat, scan_layers=args.scan, dtype=args.dtype,
+                                       param_dtype="float32") for scheme in args.schemes.split(",")}
+    for peer in peers:
+      peer.wait_ready()
+    matmul = {f"{m}x{k}x{n}": round(matmul_gflops(m, k, n, dtype=jnp.dtype(args.dtype)), 1)  # peers idle now
+              for m, k, n in [(2048, 2048, 2048), (BATCH * SEQ, 512, 2048), (BATCH * SEQ, 512, 8192)]}
+    schemes, times = bench_schemes(compiled, args.repeats, peers)
+  finally:
+    for peer in peers:
+      peer.close()
   peak_matmul = max(matmul.values())
-  schemes = bench_schemes(args.schemes.split(","), args.repeats, remat=args.remat, scan_layers=args.scan)
   for result in schemes.values():
     result["fraction_of_matmul_rate"] = round(result["gflops_per_sec"] / peak_matmul, 3)
-  report = {"benchmark": "train_step", "config": dict(MODEL, batch=BATCH, seq=SEQ, dtype="float32",
-                                                      remat=args.remat, scan_layers=args.scan,
-                                                      host_allocator_reuse=allocator_reuse),
+  report = {"benchmark": "train_step", "config": dict(MODEL, batch=BATCH, seq=SEQ, dtype=args.dtype,
+                                                      param_dtype="float32", remat=args.remat, scan_layers=args.scan,
+                                                      rounds=args.repeats, host_allocator_reuse=allocator_reuse),
             "device": str(jax.devices()[0]), "jax": jax.__version__, "cpu_count": os.cpu_count(),
             "machine": platform.machine(), "matmul_gflops_per_sec": matmul, "schemes": schemes}
   if "pre" in schemes:
     report["ratios_vs_pre"] = ratios_vs_pre(schemes)
-  for name, reference in references.run(args, MODEL["d_model"], MODEL["num_layers"]).items():
-    report[f"{name}_reference"] = reference
-    if "pre" in schemes and reference["train_tokens_per_sec"]:
-      report[f"pre_tokens_per_sec_vs_{name}"] = round(schemes["pre"]["tokens_per_sec"] /
-                                                      reference["train_tokens_per_sec"], 3)
+  for peer in peers:
+    report[f"{peer.name}_reference"], vs_pre = reference_report(peer, times, args.dtype)
+    if vs_pre is not None:
+      report[f"pre_tokens_per_sec_vs_{peer.name}"] = vs_pre
   json.dump(report, sys.stdout, indent=2)
   print()
 

@@ -24,12 +24,12 @@ from flax import nnx
 from tunix.rl.algo_core import grpo_loss_fn
 from tunix.rl.grpo.grpo_learner import GRPOConfig, TrainExample
 
-from tunix_model import VOCAB, d512_llama3  # beside this script
+from tunix_model import VOCAB, llama3  # beside this script
 
 
 def main() -> None:
   rows, prompt, completion = map(int, sys.argv[1:4])
-  model, params = d512_llama3(tied=True)
+  model, params = llama3(tied=True)
   optimizer = nnx.Optimizer(model, optax.adamw(1e-6), wrt=nnx.Param)
   algo = GRPOConfig(num_generations=8, beta=0.001, epsilon=0.2, loss_agg_mode="token-mean")
   algo.temperature = 1.0  # read by grpo_loss_fn (set by the learner from the rollout config)

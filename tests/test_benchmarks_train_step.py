@@ -1,0 +1,124 @@
+"""benchmarks/train_step.py's references, without timing anything: the peers start before jaxpt compiles, every
+round runs each scheme and then each peer once, a ratio to a reference is the median of per-round ratios, and
+`train_peers.py` speaks `sampler_peers.serve`'s protocol through `benchmarks.common.Peer`."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import types
+
+import pytest
+
+from benchmarks import common, train_step
+
+BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+
+
+def test_alternating_seconds_calls_each_peer_once_a_round_after_the_runs():
+  log = []
+  runs = {"a": lambda: log.append("a"), "b": lambda: log.append("b")}
+  peer_seconds = iter([5.0, 7.0])
+
+  def peer(r):
+    log.append(f"peer {r}")
+    return next(peer_seconds)
+
+  times = common.alternating_seconds(runs, repeats=2, peers={"p": peer})
+  assert log == ["a", "b", "a", "b", "peer 1", "a", "b", "peer 2"]  # one warm-up round, without the peer
+  assert times["p"] == [5.0, 7.0] and len(times["a"]) == len(times["b"]) == 2
+
+
+def test_the_ratio_to_a_reference_pairs_seconds_round_by_round():
+  # Per-round ratios 2, 0.5, 2 (median 2); the ratio of the medians would be 2 / 2 = 1.
+  times = {"pre": [1.0, 2.0, 4.0], "hf": [2.0, 1.0, 8.0]}
+  peer = types.SimpleNamespace(name="hf", params=7, setting="torch_threads=2")
+  reference, vs_pre = train_step.reference_report(peer, times, "bfloat16")
+  assert vs_pre == 2.0
+  assert reference == {"train_tokens_per_sec": 1024.0, "step_ms": 2000.0, "dtype": "bfloat16", "params": 7,
+                       "setting": "torch_threads=2"}
+  tunix = types.SimpleNamespace(name="tunix", params=7, setting="")
+  assert train_step.reference_report(tunix, {"tunix": [1.0]}, "bfloat16") == (
+      {"train_tokens_per_sec": 2048.0, "step_ms": 1000.0, "dtype": "float32", "params": 7, "setting": ""}, None)
+
+
+def test_main_starts_the_peers_before_compiling_and_reports_them(monkeypatch, capsys):
+  log = []
+
+  class FakePeer:
+    def __init__(self, name, argv, stderr=None):
+      self.name, self.argv, self.params, self.setting = name, argv, 10, f"{name} setting"
+      log.append(("start", name, tuple(argv[1:])))
+
+    def wait_ready(self):
+      log.append(("ready", self.name))
+
+    def seconds(self, seed):
+      log.append(("run", self.name, seed))
+      return 1.0
+
+    def close(self):
+      log.append(("close", self.name))
+
+  def compile_scheme(scheme, **overrides):
+    log.append(("compile", scheme, overrides["dtype"], overrides["param_dtype"]))
+    facts = {"params": 100, "active_params": 100, "memory": {"peak_mib": 1.0}}
+
+    def run():
+      log.append(("step", scheme))
+      time.sleep(0.002)  # a step_ms that rounds to more than 0
+
+    return facts, run
+
+  monkeypatch.setattr(train_step, "Peer", FakePeer)
+  monkeypatch.setattr(train_step, "compile_scheme", compile_scheme)
+  monkeypatch.setattr(train_step, "matmul_gflops", lambda *args, **kwargs: 100.0)
+  train_step.main(["--schemes", "pre,post", "--repeats", "2", "--dtype", "bfloat16", "--hf-python", "py-hf",
+                   "--tunix-python", "py-tunix"])
+  script = str(train_step.PEER_SCRIPT)
+  assert log[:6] == [("start", "hf", (script, "hf", "512", "8", "bfloat16")),
+                     ("start", "tunix", (script, "tunix", "512", "8", "float32")),
+                     ("compile", "pre", "bfloat16", "float32"), ("compile", "post", "bfloat16", "float32"),
+                     ("ready", "hf"), ("ready", "tunix")]
+  timed = [entry for entry in log[6:] if entry[0] in ("step", "run")]
+  round_ = [("step", "pre"), ("step", "post")]
+  assert timed[:10] == round_ + [*round_, ("run", "hf", 1), ("run", "tunix", 1), *round_, ("run", "hf", 2),
+                                ("run", "tunix", 2)]
+  assert log[-2:] == [("close", "hf"), ("close", "tunix")]
+  report = json.loads(capsys.readouterr().out)
+  assert report["config"]["dtype"] == "bfloat16" and report["config"]["param_dtype"] == "float32"
+  for name, dtype in (("hf", "bfloat16"), ("tunix", "float32")):
+    assert report[f"{name}_reference"]["dtype"] == dtype
+    assert report[f"{name}_reference"]["setting"] == f"{name} setting"
+    assert report[f"pre_tokens_per_sec_vs_{name}"] > 0
+  assert {"schemes", "ratios_vs_pre", "matmul_gflops_per_sec"} <= set(report)
+
+
+def test_a_serving_peer_answers_each_run_with_its_seconds(tmp_path):
+  calls = tmp_path / "calls"
+  code = textwrap.dedent(f"""
+      import sys
+      sys.path.insert(0, {BENCHMARKS!r})
+      from sampler_peers import serve
+      def call(seed):
+        with open({str(calls)!r}, "a") as f:
+          f.write(f"{{seed}}\\n")
+      serve(call, "42 torch_threads=1 (fp32)")
+      """)
+  peer = common.Peer("fake", [sys.executable, "-c", code], stderr=None)
+  peer.wait_ready()
+  assert (peer.params, peer.setting) == (42, "torch_threads=1 (fp32)")
+  assert all(isinstance(peer.seconds(seed), float) for seed in (3, 5))
+  peer.close()
+  assert peer.proc.returncode == 0 and calls.read_text() == "3\n5\n"
+
+
+@pytest.mark.parametrize("argv, message", [(["tunix", "512", "8", "bfloat16"], "runs float32, not 'bfloat16'"),
+                                           (["hf", "512", "8", "float16"], "runs float32 | bfloat16"),
+                                           (["jax", "512", "8"], "unknown peer 'jax'")])
+def test_train_peers_refuses_what_it_does_not_run(argv, message):
+  result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "train_peers.py"), *argv], capture_output=True,
+                          text=True, timeout=60, check=False)
+  assert result.returncode != 0 and message in result.stderr, result.stderr
