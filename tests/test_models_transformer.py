@@ -205,6 +205,29 @@ def test_query_chunked_attention_matches_plain_equations_and_gradients(scheme):
                          chunked, whole)
 
 
+@pytest.mark.parametrize("scheme", ["pre", "siamese_post_pre"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_library_attention_matches_plain_equations_and_gradients(scheme, causal):
+  """attention_impl="jax" (jax.nn.dot_product_attention; XLA's on CPU) gives the plain equations' logits and the
+  jaxpt attention's gradients: GQA (4 heads, 2 KV heads), packed documents, causal or not."""
+  cfg = dataclasses.replace(TINY, norm_scheme=scheme, attention_impl="jax", causal=causal)
+  params = randomise_norms(init_params(cfg, jax.random.PRNGKey(0)))
+  tokens = tokens_for(cfg, seq=7)
+  positions = jnp.array([[0, 1, 2, 0, 1, 2, 3]] * 2)
+  segments = jnp.array([[1, 1, 1, 2, 2, 2, 2], [1, 1, 1, 1, 1, 2, 2]])
+  logits = TransformerLM(cfg).apply({"params": params}, tokens, positions=positions, segment_ids=segments)
+  ref_logits, _ = reference_model.forward(params, tokens, cfg, positions=positions, segment_ids=segments)
+  np.testing.assert_allclose(logits, ref_logits, rtol=2e-5, atol=2e-5)
+
+  def loss(params, impl):
+    model = TransformerLM(dataclasses.replace(cfg, attention_impl=impl))
+    return jnp.sum(jnp.sin(model.apply({"params": params}, tokens, positions=positions, segment_ids=segments)))
+
+  library, own = jax.grad(loss)(params, "jax"), jax.grad(loss)(params, "jaxpt")
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6 * np.abs(b).max()),
+                         library, own)
+
+
 def test_bfloat16_compute_keeps_float32_params_and_tracks_float32():
   cfg = dataclasses.replace(TINY, norm_scheme="siamese_hybrid_pre")
   params = init_params(cfg, jax.random.PRNGKey(0))
@@ -236,6 +259,7 @@ def test_dropout_is_active_only_when_not_deterministic():
     ("num_layers", 0, "model.num_layers=0: must be a positive integer"),
     ("remat", "some", "model.remat='some'"),
     ("attention_query_chunk", -1, "model.attention_query_chunk=-1: must be a non-negative integer"),
+    ("attention_impl", "flash", "model.attention_impl='flash': must be one of jaxpt, jax"),
     ("rope_scaling", "yarn", "model.rope_scaling='yarn': must be one of"),
 ])
 def test_impossible_model_configs_name_the_field(field, value, message):

@@ -17,8 +17,9 @@ Sections, in order (what they time is a median over repeated synchronised calls,
   the default plan's, each checked against the default's outputs.
 - `train_step`: jaxpt's train step (AdamW, fp32 master weights and optimizer state, bf16 compute) at ~350M and
   ~1B parameters: tokens/s and MFU (model FLOPs 6 N + 6 L d T per token over the device's dense bf16 peak),
-  Pre-Norm vs SiameseNorm with the kernel off (`reference`) and on (`pallas`), timed in alternation; a trace of
-  one ~350M Pre-Norm step (`train_trace.json.gz`) and its 30 longest device ops.
+  Pre-Norm (also with `attention_impl=jax`: cuDNN's fused attention) vs SiameseNorm with the kernel off
+  (`reference`) and on (`pallas`), timed in alternation; a trace of one ~350M Pre-Norm step
+  (`train_trace.json.gz`) and its 30 longest device ops.
 - `grpo_step`: one `jaxpt grpo` trainer step (`benchmarks/grpo_step.py`: 8 prompts x 8 rollouts, d512) split into
   rollout / scoring / update, beside HF `generate` of the same rollouts.
 - `sampler`: jaxpt's KV-cache sampler (bf16 rollouts) on the ~350M Pre-Norm model vs HF transformers `generate`
@@ -323,6 +324,7 @@ def kernel_tuning(sizes: Sizes, budget: Budget) -> dict:
 # --- train step ------------------------------------------------------------------------------------------------
 
 TRAIN_VARIANTS = {"pre": dict(norm_scheme="pre"),
+                  "pre_jax_attention": dict(norm_scheme="pre", attention_impl="jax"),  # cuDNN's fused attention
                   "siamese_post_pre": dict(norm_scheme="siamese_post_pre", kernel="reference"),
                   "siamese_post_pre_pallas": dict(norm_scheme="siamese_post_pre", kernel="pallas")}
 

@@ -75,7 +75,8 @@ class ResidualBlock(nn.Module):
     cfg = self.config
     out = Attention(num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.resolved_head_dim,
                     rope_theta=cfg.rope_theta, qk_norm=cfg.qk_norm or qkv_norm, v_norm=cfg.v_norm or qkv_norm,
-                    norm_eps=cfg.norm_eps, query_chunk=cfg.attention_query_chunk, dtype=self.compute_dtype,
+                    norm_eps=cfg.norm_eps, query_chunk=cfg.attention_query_chunk, impl=cfg.attention_impl,
+                    dtype=self.compute_dtype,
                     param_dtype=jnp.dtype(cfg.param_dtype), qkv_bias=cfg.qkv_bias, out_bias=cfg.attn_out_bias,
                     rope_scaling=cfg.rope_scaling_params, causal=cfg.causal, rope=cfg.rope,
                     name="attn")(h, positions, segment_ids, cache)

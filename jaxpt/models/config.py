@@ -16,6 +16,7 @@ MLP_TYPES = ("swiglu", "gelu", "gelu_exact")
 DTYPES = ("float32", "bfloat16")
 REMAT_POLICIES = ("none", "full", "dots")
 KERNELS = ("reference", "pallas")
+ATTENTION_IMPLS = ("jaxpt", "jax")
 ROPE_SCALINGS = ("none", "llama3")
 
 
@@ -67,6 +68,9 @@ class ModelConfig(Section):
     rope_original_max_len: llama3: the pre-training context length the bands are measured in.
     attention_query_chunk: > 0: causal attention computed that many queries at a time, skipping the key blocks
       above the diagonal (same result; see `jaxpt.nn.attention`); 0 = all queries at once.
+    attention_impl: how attention without a KV cache (training, scoring) is computed: `jaxpt` (head-major, in
+      query chunks; `jaxpt.nn.attention`) or `jax` (`jax.nn.dot_product_attention`: cuDNN's fused attention on
+      NVIDIA GPUs in bf16 without packed segments, XLA's otherwise). Same result; decoding always uses `jaxpt`.
     max_seq_len: the longest sequence the model takes (data rows, prompt + response).
     dtype: the compute dtype: float32 | bfloat16.
     param_dtype: the dtype parameters are always kept in: float32 | bfloat16.
@@ -111,6 +115,7 @@ class ModelConfig(Section):
   rope_high_freq_factor: float = 4.0
   rope_original_max_len: int = 8192
   attention_query_chunk: int = 64
+  attention_impl: str = "jaxpt"
   max_seq_len: int = 2048
   dtype: str = "float32"
   param_dtype: str = "float32"
@@ -149,7 +154,8 @@ class ModelConfig(Section):
       if getattr(self, field) <= 0:
         raise fail(self, field, "must be a positive integer")
     choices = {"norm_scheme": NORM_SCHEMES, "norm_type": NORMS, "mlp_type": MLP_TYPES, "dtype": DTYPES,
-               "param_dtype": DTYPES, "remat": REMAT_POLICIES, "kernel": KERNELS, "rope_scaling": ROPE_SCALINGS}
+               "param_dtype": DTYPES, "remat": REMAT_POLICIES, "kernel": KERNELS, "rope_scaling": ROPE_SCALINGS,
+               "attention_impl": ATTENTION_IMPLS}
     for field, allowed in choices.items():
       one_of(self, field, allowed)
     if self.num_experts < 0:

@@ -85,7 +85,7 @@ TRANSFORMERS_FIELDS = (("norm_scheme", "pre"), ("norm_type", "rmsnorm"), ("mlp_t
 SPECIAL_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")  # config.json's special-token ids
 # ModelConfig fields that change how a model runs, not what it computes: a load may set them freely.
 RUNTIME_FIELDS = ("max_seq_len", "dtype", "param_dtype", "remat", "scan_layers", "attention_query_chunk",
-                  "dropout_rate", "kernel")
+                  "attention_impl", "dropout_rate", "kernel")
 
 
 def read_hf_json(path: str) -> dict:
