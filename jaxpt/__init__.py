@@ -4,12 +4,15 @@
     jaxpt.ModelConfig, jaxpt.TransformerLM, jaxpt.RewardModel         models
     jaxpt.get_loss("policy", "ppo_clip"), jaxpt.known_losses("lm")    losses, registered by kind
     jaxpt.pretrain, jaxpt.sft, jaxpt.train_rm, jaxpt.train_dpo, jaxpt.train_grpo, jaxpt.train_vit,
-    jaxpt.train_dit                                                   trainers
-    jaxpt.PretrainRunConfig, ..., jaxpt.from_section, jaxpt.config_dict  run configs
+    jaxpt.train_dit                                                   trainers (`Trainer.train` of each entry of
+                                                                      jaxpt.train.trainers.TRAINERS)
+    jaxpt.PretrainRunConfig, ..., jaxpt.from_section, jaxpt.config_dict  run configs (their `config_class`)
     jaxpt.load(workdir or "hf:DIR") -> Model: logits, generate, score, save_hf (jaxpt.api)
 
 Every name is imported on first use, so `import jaxpt` is cheap and has no side effects.
 """
+
+from jaxpt.train.trainers import TRAINERS as _TRAINERS  # a table of names: imports no jax
 
 __version__ = "0.1.0"
 
@@ -19,13 +22,7 @@ _EXPORTS = {
     "jaxpt.models.transformer": ("TransformerLM",),
     "jaxpt.models.reward": ("RewardModel",),
     "jaxpt.losses": ("LOSS_KINDS", "get_loss", "known_losses", "register_loss"),
-    "jaxpt.train.pretrain": ("PretrainRunConfig", "pretrain"),
-    "jaxpt.train.sft": ("SFTRunConfig", "sft"),
-    "jaxpt.train.rm": ("RMRunConfig", "train_rm"),
-    "jaxpt.train.grpo": ("GRPORunConfig", "train_grpo"),
-    "jaxpt.train.dpo": ("DPORunConfig", "train_dpo"),
-    "jaxpt.train.vit": ("ViTRunConfig", "train_vit"),
-    "jaxpt.train.dit": ("DiTRunConfig", "train_dit"),
+    **{t.module: (t.config_class, t.train) for t in map(_TRAINERS.get, _TRAINERS)},
     "jaxpt.api": ("load", "Model"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}

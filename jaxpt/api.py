@@ -37,8 +37,8 @@ from jaxpt.parallel.rules import get_rules
 from jaxpt.parallel.sharding import param_shardings
 from jaxpt.rl.sampler import SamplingConfig, make_sampler
 from jaxpt.train.checkpoint import Checkpointer
-from jaxpt.train.evaluate import recorded_config, run_kind
-from jaxpt.train.record import CONFIG_FILE, checkpoint_steps
+from jaxpt.train.record import CONFIG_FILE, checkpoint_steps, recorded_config
+from jaxpt.train.trainers import TRAINERS, recorded_trainer, trainer_list
 
 PROMPT_BUCKET = 16  # prompt lengths are padded up to a multiple of this, so nearby lengths share one compiled sampler
 
@@ -230,21 +230,36 @@ def run_tokenizer_dir(workdir: str, recorded: dict) -> str | None:
   return None
 
 
+LOADABLE = ("lm", "reward")  # the `Trainer.model` kinds a Model holds
+
+
+def _loadable_model(workdir: str, trainer: str) -> str:
+  """'lm' or 'reward': what the checkpoints of a run of `trainer` hold; ConfigError naming the path otherwise."""
+  if trainer not in TRAINERS:
+    raise ConfigError("path", f"is the workdir of a run of trainer {trainer!r}, which this jaxpt does not have "
+                      f"(known: {', '.join(TRAINERS)})", workdir)
+  model = TRAINERS.get(trainer).model
+  if model not in LOADABLE:
+    raise ConfigError("path", f"is the workdir of a jaxpt {trainer} run ({TRAINERS.get(trainer).model_kind}); "
+                      f"jaxpt.load takes the run of jaxpt {trainer_list(lambda t: t.model in LOADABLE)}", workdir)
+  return model
+
+
 def _load_run(workdir: str, step: int | None, mesh: Mesh | None, rules: str, overrides: dict) -> Model:
   recorded = recorded_config(workdir)
-  kind = run_kind(recorded)
+  model_kind = _loadable_model(workdir, recorded_trainer(recorded))
   for name, value in overrides.items():
     fixed = name not in hf.RUNTIME_FIELDS or name == "scan_layers"  # scan_layers shapes a checkpoint's tree
     if fixed and recorded["model"].get(name, value) != value:
       raise ConfigError(f"model.{name}", f"contradicts the run's config.json, which gives "
                         f"{recorded['model'][name]!r}", value)
   config = from_section(ModelConfig, {**recorded["model"], **overrides}, "model")
-  if kind == "rm":
+  if model_kind == "reward":
     num_scores = 2 if recorded["rm"].get("loss") == "odin" else 1
-    module, model_kind = RewardModel(config, num_scores=num_scores), "reward"
+    module = RewardModel(config, num_scores=num_scores)
     init_args = (jnp.zeros((1, 1), jnp.int32), jnp.zeros((1,), jnp.int32))
   else:
-    num_scores, module, model_kind = 1, TransformerLM(config), "lm"
+    num_scores, module = 1, TransformerLM(config)
     init_args = (jnp.zeros((1, 1), jnp.int32),)
   boxed = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), *init_args))["params"]
   template = nn.meta.unbox(boxed)
@@ -276,7 +291,8 @@ def _load_run(workdir: str, step: int | None, mesh: Mesh | None, rules: str, ove
 def load(path: str, *, step: int | None = None, mesh: Mesh | None = None, rules: str = "fsdp_tp",
          **model_overrides: Any) -> Model:
   """A `Model` from `path`: `hf:DIR` (a Hugging Face checkpoint directory, or a jaxpt export), or the workdir of
-  a jaxpt run (pretrain, SFT, GRPO, DPO: a language model; rm: a reward model) at its latest checkpoint or `step`.
+  a jaxpt run whose checkpoints hold a language model or a reward model (`Trainer.model` in
+  `jaxpt.train.trainers.TRAINERS`) at its latest checkpoint or `step`.
 
   model_overrides: ModelConfig fields that change how the model runs (dtype, param_dtype, max_seq_len, remat,
   scan_layers, ...); one that contradicts the checkpoint's architecture is a ConfigError naming both values.

@@ -1,11 +1,12 @@
 """`jaxpt <subcommand> --config <file.py> [--config.field=value ...] --workdir DIR`; `jaxpt eval|export-hf ...`.
 
-Each training subcommand names a trainer's run-config dataclass and its `run_*(run_config, workdir) -> exit code`;
-the config file is checked once, here, into that dataclass. They share the `--config` (ml_collections config file,
-Flax-examples style) and `--workdir` flags; `jaxpt <subcommand> --help` (or `jaxpt help <subcommand>`) lists the
-run config's fields with their types, defaults and meanings (`jaxpt.config.describe_fields`). `jaxpt eval --workdir
-DIR [--step N]` evaluates a checkpoint of an existing run (`jaxpt.train.evaluate`); `jaxpt export-hf --workdir DIR
---out OUT` writes one as a Hugging Face checkpoint (`jaxpt.api.run_export_hf`).
+Each training subcommand is a registered trainer (`jaxpt.train.trainers.TRAINERS`: its run-config dataclass and its
+`run_*(run_config, workdir) -> exit code`); the config file is checked once, here, into that dataclass. They share
+the `--config` (ml_collections config file, Flax-examples style) and `--workdir` flags; `jaxpt <subcommand> --help`
+(or `jaxpt help <subcommand>`) lists the run config's fields with their types, defaults and meanings
+(`jaxpt.config.describe_fields`). `jaxpt eval --workdir DIR [--step N]` evaluates a checkpoint of an existing run
+(`jaxpt.train.evaluate`); `jaxpt export-hf --workdir DIR --out OUT` writes one as a Hugging Face checkpoint
+(`jaxpt.api.run_export_hf`).
 
 Exit codes: 0 finished; 2 a config or data error (one line naming the field, or the file and line; no traceback);
 3 a non-finite loss, gradient or parameter stopped the run (nothing of it saved), or on_nonfinite='skip' skipped
@@ -35,6 +36,8 @@ from typing import Any, Callable
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from jaxpt.train.trainers import TRAINERS, Trainer, trainer_list
+
 EXIT_IO = 5  # a checkpoint or filesystem error (CheckpointError, OSError)
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file (experiments/configs/*.py).",
@@ -59,18 +62,9 @@ _OVERWRITE = flags.DEFINE_bool("overwrite", False, "jaxpt export-hf: replace a p
 
 
 @dataclasses.dataclass(frozen=True)
-class Subcommand:
-  """`jaxpt <name>`: `<module>.<run>(run_config, workdir) -> exit code`, its config a `<module>.<config_class>`."""
-
-  name: str
-  help: str
-  module: str
-  config_class: str
-  run: str
-
-  @property
-  def config_type(self) -> type:
-    return getattr(importlib.import_module(self.module), self.config_class)
+class Subcommand(Trainer):
+  """`jaxpt <name>`: a registered trainer (`jaxpt.train.trainers.TRAINERS`) run as `<module>.<run>(run_config,
+  workdir) -> exit code`, its config a `<module>.<config_class>`."""
 
   def __call__(self, config: Any, workdir: str) -> int:
     """Checks `config` once (ConfigError naming the field) and runs the subcommand on the checked run config."""
@@ -81,7 +75,7 @@ class Subcommand:
     run_config = from_section(self.config_type, config, "config")
     progress.enable(self.name if run_config.progress else None)  # start-up lines on stderr
     with workdir_lock(workdir):  # before any data work in the workdir
-      return getattr(importlib.import_module(self.module), self.run)(run_config, workdir)
+      return self.run_function(run_config, workdir)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,29 +108,14 @@ class WorkdirSubcommand:
     return getattr(importlib.import_module(self.module), self.run)(workdir, step, **own)
 
 
-SUBCOMMANDS: dict[str, Subcommand] = {c.name: c for c in (
-    Subcommand("pretrain", "Pretrain a transformer LM (metrics.jsonl, TensorBoard, loss.png, checkpoints in workdir).",
-               "jaxpt.train.pretrain", "PretrainRunConfig", "run_pretrain"),
-    Subcommand("sft", "Supervised fine-tuning on a math task (response-only loss; answer accuracy in the eval).",
-               "jaxpt.train.sft", "SFTRunConfig", "run_sft"),
-    Subcommand("grpo", "GRPO / CLIPO post-training with KV-cache rollouts and verifiable rewards.",
-               "jaxpt.train.grpo", "GRPORunConfig", "run_grpo"),
-    Subcommand("rm", "Train a reward model (Bradley-Terry, DIR, ODIN) and write its evaluation report.",
-               "jaxpt.train.rm", "RMRunConfig", "run_rm"),
-    Subcommand("vit", "Train a ViT image classifier (any residual scheme; top-1 on the test split in the eval).",
-               "jaxpt.train.vit", "ViTRunConfig", "run_vit"),
-    Subcommand("dit", "Train a class-conditional DiT (pre or siamese_post_pre; the diffusion loss in the eval).",
-               "jaxpt.train.dit", "DiTRunConfig", "run_dit"),
-    Subcommand("dpo", "DPO (optionally + DIR) of a language model on preference pairs; implicit-reward eval report.",
-               "jaxpt.train.dpo", "DPORunConfig", "run_dpo"),
-)}
+SUBCOMMANDS: dict[str, Subcommand] = {name: Subcommand(**vars(TRAINERS.get(name))) for name in TRAINERS}
 WORKDIR_SUBCOMMANDS: dict[str, WorkdirSubcommand] = {c.name: c for c in (
     WorkdirSubcommand("eval", "Evaluate a run's latest (or --step N) checkpoint, without training (one JSON line).",
                       "jaxpt.train.evaluate", "run_eval", details=(
                           "Rebuilds the run from its recorded config.json with its trainer's own build function and",
                           "evaluator; the result ({step, run, eval metrics}) is one JSON line on stdout and",
                           "DIR/eval/step_<N>.json.", "",
-                          "  --workdir DIR  the workdir of a jaxpt pretrain, sft, rm, vit, dit, dpo or grpo run",
+                          f"  --workdir DIR  the workdir of a jaxpt {trainer_list()} run",
                           "  --step N       the checkpoint step to evaluate (default: the latest)")),
     WorkdirSubcommand("export-hf", "Write a run's checkpoint as a Hugging Face checkpoint (config.json + safetensors).",
                       "jaxpt.api", "run_export_hf", flags=("out", "format", "overwrite"), details=(
@@ -144,7 +123,8 @@ WORKDIR_SUBCOMMANDS: dict[str, WorkdirSubcommand] = {c.name: c for c in (
                           "in transformers' Llama / Qwen2 / Qwen3 format; SiameseNorm, Post-Norm and HybridNorm",
                           "models, which transformers has no class for, as a jaxpt-native directory that",
                           "jaxpt.load('hf:OUT') reads back. The run's tokenizer files are copied along.", "",
-                          "  --workdir DIR  the workdir of a jaxpt pretrain, sft, grpo or dpo run (or hf:DIR)",
+                          f"  --workdir DIR  the workdir of a jaxpt {trainer_list(lambda t: t.model == 'lm')} run (or "
+                          "hf:DIR)",
                           "  --step N       the checkpoint step to export (default: the latest)",
                           "  --out OUT      the directory to write (new or empty; --overwrite replaces a previous",
                           "                 export, one holding only the files its jaxpt_export.json lists)",

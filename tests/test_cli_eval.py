@@ -9,10 +9,11 @@ import sys
 import pytest
 
 from jaxpt import progress
-from jaxpt.train.evaluate import run_eval, run_kind
+from jaxpt.train.evaluate import run_eval
 from jaxpt.train.metrics import read_metrics
 from jaxpt.train.pretrain import pretrain
 from jaxpt.train.record import HISTORY_FILE, checkpoint_steps
+from jaxpt.train.trainers import legacy_trainer
 from tests.test_train_pretrain import micro_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -99,4 +100,5 @@ def test_eval_of_a_step_without_a_checkpoint_is_one_line(tiny_run, capsys):
                                             ({"task": {}, "decode": {}}, "sft"), ({"data": {}}, "pretrain"),
                                             ({"vit": {}, "data": {}}, "vit"), ({"dit": {}, "data": {}}, "dit")])
 def test_the_recorded_sections_name_the_trainer(sections, kind):
-  assert run_kind(sections) == kind
+  """The legacy rule, for config.json files written before runs recorded their trainer (tests/test_trainers.py)."""
+  assert legacy_trainer(sections) == kind

@@ -46,6 +46,7 @@ if __package__ in (None, ""):  # run as a script (python tools/fault_injection.p
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from jaxpt.train.lock import LOCK_FILE  # noqa: E402
 from jaxpt.train.record import checkpoint_steps  # noqa: E402
+from jaxpt.train.trainers import TRAINERS  # noqa: E402
 from tools.file_tree import snapshot  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -55,7 +56,7 @@ EXIT_INTERRUPTED = 130  # jaxpt's exit code after a Ctrl-C (SIGINT): saved, reru
 QUOTA_BYTES = 50_000  # below the micro model's checkpoint files: the next save fails as on a full disk
 MICRO_MODEL = {"model.vocab_size": 512, "model.d_model": 32, "model.num_layers": 1, "model.num_heads": 2,
                "model.num_kv_heads": 2, "model.mlp_dim": 64}
-COMMANDS = {
+COMMANDS = {  # a tiny run of each registered trainer (jaxpt.train.trainers.TRAINERS) the tool can drive
     "pretrain": ("experiments/configs/tiny.py", {
         **MICRO_MODEL, "steps": 300, "log_every": 1, "eval_every": 50, "checkpoint_every": 7, "progress": False,
         "model.max_seq_len": 32, "data.seq_len": 32, "data.batch_size": 8, "data.eval_batches": 2,
@@ -67,6 +68,16 @@ COMMANDS = {
         "data.eval_prompts": 0, "sampling.max_new_tokens": 16, "grpo.group_size": 4, "grpo.minibatches": 1,
         "optim.learning_rate": 2e-3, "optim.warmup_steps": 0}),
 }
+
+
+def unsupported_trainers(trainers: list[str]) -> str | None:
+  """One line naming the first of `trainers` that is not registered, or has no tiny run here; None when all do."""
+  for trainer in trainers:
+    if trainer not in TRAINERS:
+      return f"--trainers: unknown trainer {trainer!r} (registered: {', '.join(TRAINERS)})"
+    if trainer not in COMMANDS:
+      return f"--trainers: no tiny {trainer} run in this tool yet (it has: {', '.join(COMMANDS)})"
+  return None
 
 
 def command(trainer: str, workdir: str, **extra) -> list[str]:
@@ -360,10 +371,13 @@ def main() -> None:
   parser.add_argument("--refusals", type=int, default=4, help="refused relaunches per trainer (a changed seed; a "
                       "model change whose checkpoint does not fit); each must leave the workdir byte-identical")
   parser.add_argument("--seed", type=int, default=0, help="seeds the order of the faults and their moments")
-  parser.add_argument("--trainers", default="pretrain,grpo", help=f"comma-separated, of {', '.join(COMMANDS)}")
+  parser.add_argument("--trainers", default="pretrain,grpo", help="comma-separated, of the registered trainers "
+                      f"with a tiny run here: {', '.join(t for t in TRAINERS if t in COMMANDS)}")
   parser.add_argument("--root", default=None, help="a new or empty folder for the runs (default: a new temporary "
                       "folder); kept afterwards for inspection")
   args = parser.parse_args()
+  if (unsupported := unsupported_trainers(args.trainers.split(","))) is not None:
+    parser.error(unsupported)
   root = args.root or tempfile.mkdtemp(prefix="jaxpt_faults-")
   if os.path.exists(root) and (not os.path.isdir(root) or os.listdir(root)):
     parser.error(f"--root {root}: not a new or empty folder (the tool writes its runs there and deletes nothing "

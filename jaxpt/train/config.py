@@ -8,7 +8,6 @@ cross-section rules (`check`). The CLI or Python API turns a ConfigDict into one
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 
 from jaxpt.config import ConfigError, DataError, at_least, section_values
@@ -17,6 +16,8 @@ from jaxpt.models.config import ModelConfig
 from jaxpt.parallel.mesh import MeshConfig
 from jaxpt.train.loop import LoopConfig
 from jaxpt.train.optim import OptimConfig
+from jaxpt.train.record import NoRunRecord, recorded_config
+from jaxpt.train.trainers import TRAINER_KEY, TRAINERS, recorded_trainer, trainer_list, trainer_of
 
 __all__ = ["RunConfig", "check_hf_model", "check_init_from", "check_vocab", "config_json"]
 
@@ -48,8 +49,10 @@ class RunConfig(LoopConfig):
 
   @classmethod
   def prepare_values(cls, values: dict, path: str) -> dict:
-    """With `init_from='hf:DIR'`: the model section's fields left at their defaults take DIR's config.json values
-    (architecture and max_seq_len); `check` then refuses a set value that contradicts the checkpoint."""
+    """A recorded config.json's `"trainer"` key is dropped when it names this class's trainer (ConfigError naming it
+    otherwise). With `init_from='hf:DIR'`: the model section's fields left at their defaults take DIR's config.json
+    values (architecture and max_seq_len); `check` then refuses a set value that contradicts the checkpoint."""
+    values = _without_trainer_key(cls, values, path)
     init_from = values.get("init_from") or ""
     if not isinstance(init_from, str) or not init_from.startswith(hf.HF_PREFIX):
       return values
@@ -82,10 +85,22 @@ class RunConfig(LoopConfig):
       raise ConfigError(seq_len_field, f"longer than config.model.max_seq_len={self.model.max_seq_len}", seq_len)
 
 
+def _without_trainer_key(cls: type, values: dict, path: str) -> dict:
+  """`values` without the `"trainer"` key a run's config.json leads with; ConfigError when it names another trainer
+  than the one whose run config `cls` is."""
+  if TRAINER_KEY not in values:
+    return values
+  trainer = trainer_of(cls)
+  if trainer is not None and values[TRAINER_KEY] != trainer.name:
+    raise ConfigError(f"{path}.{TRAINER_KEY}", f"the config of another trainer's run (this is jaxpt {trainer.name}'s)",
+                      values[TRAINER_KEY])
+  return {k: v for k, v in values.items() if k != TRAINER_KEY}
+
+
 def check_init_from(workdir: str) -> None:
-  """ConfigError naming init_from unless `workdir` is 'hf:DIR' with a checkpoint's config.json and weights, or a
-  jaxpt language-model run (pretrain, SFT, GRPO or DPO) with a checkpoints/ folder: a reward model's params
-  (backbone + score head) start no policy or backbone."""
+  """ConfigError naming init_from unless `workdir` is 'hf:DIR' with a checkpoint's config.json and weights, or the
+  workdir of a jaxpt run with a checkpoints/ folder whose trainer's runs may start others (`Trainer.starts_runs`):
+  a reward model's params (backbone + score head) start no policy or backbone."""
   if workdir.startswith(hf.HF_PREFIX):
     try:
       hf.Checkpoint(os.path.expanduser(workdir[len(hf.HF_PREFIX):]))  # finds the weight files, opens none
@@ -97,13 +112,15 @@ def check_init_from(workdir: str) -> None:
     raise ConfigError("init_from", "no checkpoints/ folder there (expected the workdir of a jaxpt run, or '' "
                       "for random init)", workdir)
   try:
-    with open(os.path.join(path, "config.json")) as f:
-      recorded = json.load(f)
-  except (OSError, ValueError):
+    name = recorded_trainer(recorded_config(path))
+  except NoRunRecord:
     return  # no readable record: the restore itself checks the params tree
-  if isinstance(recorded, dict) and "rm" in recorded:
-    raise ConfigError("init_from", "is the workdir of a reward-model run (jaxpt rm); init_from takes a language-model "
-                      "run (jaxpt pretrain, sft, grpo or dpo)", workdir)
+  if name not in TRAINERS:
+    return  # an unknown trainer's run: likewise
+  trainer = TRAINERS.get(name)
+  if not trainer.starts_runs:
+    raise ConfigError("init_from", f"is the workdir of a {trainer.model_kind} run (jaxpt {name}); init_from takes "
+                      f"the run of jaxpt {trainer_list(lambda t: t.starts_runs)}", workdir)
 
 
 def _checkpoint_fields(init_from: str, field: str) -> tuple[dict, tuple[str, ...]]:

@@ -1,11 +1,9 @@
 """`jaxpt eval --workdir W [--step N]`: evaluates a checkpoint of an existing run, without training.
 
-The run's recorded config (`W/config.json`, `jaxpt.train.record`) says which trainer made it: an `rm` section -> the
-reward-model trainer, `vit` -> the ViT trainer, `dit` -> the DiT trainer, `dpo` -> DPO, `grpo` -> GRPO, `task` and
-`decode` -> SFT, else pretraining. That trainer's own build function rebuilds the run from the record (data from the
-workdir's caches, model, evaluator, compiled step), the checkpoint's params are restored into it
-(`Checkpointer.restore_params`) and the trainer's own evaluator runs once (DPO's reference policy is rebuilt from
-`init_from`, as on resume):
+The run's recorded trainer (`jaxpt.train.trainers.recorded_trainer` of `W/config.json`) names its entry in
+`TRAINERS`, whose build function rebuilds the run from the record (data from the workdir's caches, model, evaluator,
+compiled step); the checkpoint's params are restored into it (`Checkpointer.restore_params`) and the trainer's own
+evaluator runs once (DPO's reference policy is rebuilt from `init_from`, as on resume):
 
     pretrain  eval_loss, eval_ppl, eval_accuracy                   (jaxpt.train.lm.make_lm_evaluator)
     sft       those + eval_answer_accuracy (+ eval_sample_accuracy) (jaxpt.train.sft.make_sft_evaluator)
@@ -25,93 +23,50 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import jax
 
 from jaxpt.oserrors import write_atomically
 from jaxpt.progress import say
 from jaxpt.train.checkpoint import CheckpointError, Checkpointer
-from jaxpt.train.record import CONFIG_FILE, checkpoint_steps
+from jaxpt.train.record import CONFIG_FILE, NoRunRecord, checkpoint_steps, recorded_config
 from jaxpt.train.state import TrainState
+from jaxpt.train.trainers import TRAINERS, recorded_trainer
 
 EVAL_DIR = "eval"
 
 
 class EvalError(ValueError):
-  """A workdir with nothing to evaluate (no config.json, no such checkpoint, no eval set): one line."""
+  """A workdir with nothing to evaluate (no such checkpoint, no eval set, an unknown trainer): one line."""
 
 
-def run_kind(recorded: Mapping[str, Any]) -> str:
-  """Which trainer made the run whose config.json is `recorded`: rm | vit | dit | dpo | grpo | sft | pretrain."""
-  for kind in ("rm", "vit", "dit"):
-    if kind in recorded:
-      return kind
-  if "dpo" in recorded:
-    return "dpo"
-  if "grpo" in recorded:
-    return "grpo"
-  if "task" in recorded and "decode" in recorded:
-    return "sft"
-  return "pretrain"
+def _field(config: Any, dotted: str) -> Any:
+  """The value of field `dotted` ('data.eval_batches') of run config `config`."""
+  for name in dotted.split("."):
+    config = getattr(config, name)
+  return config
 
 
-def recorded_config(workdir: str) -> dict:
-  """The run config recorded in `workdir/config.json` (EvalError when there is none or it is unreadable)."""
-  path = os.path.join(workdir, CONFIG_FILE)
-  try:
-    with open(path) as f:
-      recorded = json.load(f)
-  except FileNotFoundError:
-    raise EvalError(f"{workdir}: no {CONFIG_FILE} there (not the workdir of a jaxpt run)") from None
-  except (OSError, ValueError) as e:
-    raise EvalError(f"{path}: unreadable ({type(e).__name__}: {str(e).splitlines()[0]})") from None
-  if not isinstance(recorded, dict):
-    raise EvalError(f"{path}: not a run config (a JSON object)")
-  return recorded
-
-
-def _build(kind: str, config: dict, workdir: str) -> tuple[Any, Callable[[TrainState], dict] | None, str]:
-  """(Training, the trainer's evaluate or None, the field that turned the eval off) of the run, by its trainer."""
-  if kind == "rm":
-    from jaxpt.train.rm import build_rm
-
-    setup = build_rm(config, workdir)
-    return setup.training, setup.evaluate, ""
-  if kind == "vit":
-    from jaxpt.train.vit import build_vit
-
-    setup = build_vit(config, workdir)
-    return setup.training, setup.evaluate, ""
-  if kind == "dit":
-    from jaxpt.train.dit import build_dit
-
-    setup = build_dit(config, workdir)
-    return setup.training, setup.evaluate, ""
-  if kind == "dpo":
-    from jaxpt.train.dpo import build_dpo
-
-    trainer = build_dpo(config, workdir)
-    return trainer.training, trainer.evaluate, ""
-  if kind == "grpo":
-    from jaxpt.train.grpo import build_grpo
-
-    trainer = build_grpo(config, workdir)
-    return trainer.training, trainer.evaluate if trainer.config.data.eval_prompts else None, "data.eval_prompts"
-  if kind == "sft":
-    from jaxpt.train.sft import build_sft as build
-  else:
-    from jaxpt.train.pretrain import build_pretraining as build
-  setup = build(config, workdir)
-  return setup.training, setup.evaluate, "data.eval_batches"
+def _build(name: str, recorded: dict, workdir: str) -> tuple[Any, Callable[[TrainState], dict]]:
+  """(Training, the trainer's evaluate) of the run recorded as `recorded`, rebuilt by its trainer `name`."""
+  if name not in TRAINERS:
+    raise EvalError(f"{workdir}: a run of trainer {name!r}, which this jaxpt does not have (known: "
+                    f"{', '.join(TRAINERS)})")
+  trainer = TRAINERS.get(name)
+  built = trainer.build_function(recorded, workdir)
+  if trainer.eval_set and not _field(built.config, trainer.eval_set):
+    raise EvalError(f"{workdir}: the run has no eval set (config.{trainer.eval_set}=0)")
+  return built.training, built.evaluate
 
 
 def evaluate_run(workdir: str, step: int | None = None) -> dict:
   """{"step", "run", <the trainer's eval metrics>} of the checkpoint at `step` (default: the latest) of the run in
-  `workdir`, also written to `workdir/eval/step_<step>.json` (process 0). EvalError for a workdir without a run
-  record, a checkpoint at `step` or an eval set; CheckpointError when the checkpoint does not restore."""
+  `workdir`, also written to `workdir/eval/step_<step>.json` (process 0). NoRunRecord for a workdir without a run
+  record; EvalError for one without a checkpoint at `step` or an eval set; CheckpointError when the checkpoint
+  does not restore."""
   recorded = recorded_config(workdir)
-  kind = run_kind(recorded)
+  kind = recorded_trainer(recorded)
   steps = checkpoint_steps(workdir)
   if not steps:
     raise EvalError(f"{workdir}: no checkpoint in {os.path.join(workdir, 'checkpoints')}")
@@ -120,9 +75,7 @@ def evaluate_run(workdir: str, step: int | None = None) -> dict:
   elif step not in steps:
     raise EvalError(f"{workdir}: no checkpoint at step {step} (checkpoints at steps {', '.join(map(str, steps))})")
   say(f"evaluating step {step} of the {kind} run in {workdir}; rebuilding the run from its {CONFIG_FILE} ...")
-  training, evaluate, eval_field = _build(kind, recorded, workdir)
-  if evaluate is None:
-    raise EvalError(f"{workdir}: the run has no eval set (config.{eval_field}=0)")
+  training, evaluate = _build(kind, recorded, workdir)
   template = training.sharded.init_state()  # not init_state(): `init_from`'s params would be read for nothing
   say(f"restoring the params of step {step} ...")
   checkpointer = Checkpointer(workdir, async_save=False, create=False)
@@ -149,7 +102,7 @@ def run_eval(workdir: str, step: int | None = None) -> int:
   workdir with nothing to evaluate."""
   try:
     row = evaluate_run(workdir, step)
-  except EvalError as e:
+  except (EvalError, NoRunRecord) as e:
     print(f"jaxpt eval: {e}", file=sys.stderr)
     return 2
   print(json.dumps(row), flush=True)

@@ -24,7 +24,8 @@ from jaxpt.config import ConfigError, Section, at_least, from_section
 from jaxpt.models.vit import ViT, ViTConfig, init_vit_params
 from jaxpt.nn.vision import pool
 from jaxpt.train.checkpoint import load_run_params
-from jaxpt.train.evaluate import recorded_config, run_kind
+from jaxpt.train.record import recorded_config
+from jaxpt.train.trainers import recorded_trainer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +81,7 @@ class ClassifierFeatures:
       recorded = recorded_config(workdir)
     except ValueError as e:
       raise ConfigError(field, str(e), workdir) from None
-    if run_kind(recorded) != "vit":
+    if recorded_trainer(recorded) != "vit":
       raise ConfigError(field, "not the workdir of a `jaxpt vit` run", workdir)
     from jaxpt.train.vit import ViTRunConfig
 

@@ -4,6 +4,10 @@
     workdir/config_history.jsonl  one row per launch (time, host, step resumed from, the changes accepted, the
                                   config and its inputs' digests); appended, never rewritten
 
+config.json's top-level `"trainer"` key names the trainer that made the run (`jaxpt.train.trainers`); a launch of
+another trainer into a workdir holding a checkpoint is refused, whatever `allow_changes` says (a run recorded before
+the key was written is classified by the legacy rule, `trainers.legacy_trainer`).
+
 A launch into a workdir that holds a checkpoint resumes that run, so it must describe the same run. Fields that
 only say how the run is watched or laid out (`FREE_FIELDS`: log/eval/checkpoint cadence, progress, on_nonfinite,
 max_skipped_steps, the mesh) may change freely. Any other difference (model, optim, data, loss, steps, seed, ... and
@@ -15,6 +19,7 @@ any config is accepted (and recorded).
     check_launch(workdir, config)                  # early, before data work (config fields only)
     record_launch(workdir, config, inputs)         # once the inputs are known and the checkpoint restored (the
                                                    # training loop's `record`): check again, then record
+    recorded_config(workdir)                       # config.json as a dict (NoRunRecord: one line)
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import jax
 from jaxpt.config import ConfigError
 from jaxpt.data.tokenizer import save_tokenizer
 from jaxpt.oserrors import write_atomically
+from jaxpt.train.trainers import TRAINER_KEY, recorded_trainer, trainer_of
 
 CONFIG_FILE = "config.json"
 HISTORY_FILE = "config_history.jsonl"
@@ -43,6 +49,25 @@ FREE_FIELDS = ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints"
 
 class RunMismatch(ConfigError):
   """A launch would resume a run whose recorded config or inputs differ, and `allow_changes` does not name them."""
+
+
+class NoRunRecord(ValueError):
+  """A workdir without a readable run record (no config.json, or not a JSON object there): one line."""
+
+
+def recorded_config(workdir: str) -> dict:
+  """The run config recorded in `workdir/config.json` (NoRunRecord when there is none or it is unreadable)."""
+  path = os.path.join(workdir, CONFIG_FILE)
+  try:
+    with open(path) as f:
+      recorded = json.load(f)
+  except FileNotFoundError:
+    raise NoRunRecord(f"{workdir}: no {CONFIG_FILE} there (not the workdir of a jaxpt run)") from None
+  except (OSError, ValueError) as e:
+    raise NoRunRecord(f"{path}: unreadable ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+  if not isinstance(recorded, dict):
+    raise NoRunRecord(f"{path}: not a run config (a JSON object)")
+  return recorded
 
 
 def digest(text: str | bytes) -> str:
@@ -86,9 +111,12 @@ def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _as_json(config: Any) -> dict:
-  """A run-config dataclass (or an already JSON-able dict) as the JSON dict config.json holds."""
+  """A run-config dataclass (or an already JSON-able dict) as the JSON dict config.json holds: a registered
+  trainer's run config leads with its `"trainer": name`."""
+  trainer = trainer_of(type(config))
   config = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
-  return json.loads(json.dumps(config))  # tuples -> lists, as they read back from the file
+  named = {TRAINER_KEY: trainer.name, **config} if trainer is not None else config
+  return json.loads(json.dumps(named))  # tuples -> lists, as they read back from the file
 
 
 def _covered(field: str, names: tuple[str, ...]) -> bool:
@@ -131,7 +159,8 @@ def check_launch(workdir: str, config: Any, inputs: Mapping[str, str] | None = N
   `config.allow_changes`, and ConfigError when `allow_changes` names a field that does not exist."""
   current = _flatten({"config": _as_json(config), "inputs": dict(inputs or {})})
   allowed = _allowed_names(config)
-  known = [k.split(".", 1)[1] for k in current if k.startswith("config.")] + [f"inputs.{n}" for n in INPUTS]
+  known = [k.split(".", 1)[1] for k in current if k.startswith("config.") and k != f"config.{TRAINER_KEY}"]
+  known += [f"inputs.{n}" for n in INPUTS]
   for name in allowed:
     if not any(_covered(field, (name,)) for field in known):
       raise ConfigError("config.allow_changes", f"names {name!r}, which is neither a config field or section nor "
@@ -139,6 +168,7 @@ def check_launch(workdir: str, config: Any, inputs: Mapping[str, str] | None = N
   recorded = _recorded(workdir)
   if not checkpoint_steps(workdir) or recorded is None:
     return {}
+  _check_same_trainer(workdir, recorded.get("config", {}), config)
   before = _flatten({"config": recorded.get("config", {}), "inputs": recorded.get("inputs", {})})
   changes = {k.split(".", 1)[1] if k.startswith("config.") else k: v for k, v in _changes(before, current).items()}
   changes = {k: v for k, v in changes.items() if not _covered(k, FREE_FIELDS)}
@@ -150,6 +180,18 @@ def check_launch(workdir: str, config: Any, inputs: Mapping[str, str] | None = N
         f"unchanged, pass --config.allow_changes={','.join(refused)} to continue it with the new values "
         "(recorded in config_history.jsonl), or use another --workdir")
   return changes
+
+
+def _check_same_trainer(workdir: str, recorded: Mapping[str, Any], config: Any) -> None:
+  """RunMismatch (one line naming both trainers) when `config` is another trainer's than the recorded run's."""
+  trainer = trainer_of(type(config))
+  if trainer is None or not isinstance(recorded, Mapping):
+    return
+  made_by = recorded_trainer(recorded)
+  if made_by != trainer.name:
+    raise RunMismatch("workdir", f"holds a checkpoint of a run with other settings: trainer ({made_by!r} -> "
+                      f"{trainer.name!r}), which no allow_changes changes; resume it with jaxpt {made_by}, or use "
+                      "another --workdir", workdir)
 
 
 def _ends_with_newline(path: str) -> bool:

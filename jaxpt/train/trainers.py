@@ -1,0 +1,134 @@
+"""The one table of trainers: `TRAINERS`, name -> `Trainer`, read by everything that lists or picks a trainer.
+
+    TRAINERS.get("rm").config_type          # RMRunConfig (its module is imported on first use)
+    TRAINERS.get("rm").build(config, W)     # the built run: .config, .training, .evaluate
+    recorded_trainer(json.load(config.json))  # "rm": the run's "trainer" key (the legacy rule for older runs)
+
+The CLI's training subcommands and their help, `jaxpt eval` (the trainer's build and evaluator), `jaxpt.load` (what
+a run's checkpoints hold), `init_from` (which runs may start another), the run record (each run writes its trainer's
+name as the top-level `"trainer"` key of its config.json), `jaxpt`'s exports and `tools/fault_injection.py` all
+read this table; adding a trainer is one `TRAINERS.add` here. Entries name their module and functions by path and
+import nothing until used, so the table is cheap to read (`jaxpt --help`) and adds no import edge of its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any, Callable, Mapping
+
+from jaxpt.registry import Registry
+
+__all__ = ["MODEL_KINDS", "TRAINERS", "TRAINER_KEY", "Trainer", "legacy_trainer", "recorded_trainer", "trainer_list",
+           "trainer_of"]
+
+TRAINER_KEY = "trainer"  # the top-level key of a run's config.json that names its trainer
+MODEL_KINDS = {"lm": "language-model", "reward": "reward-model", "vit": "image-classifier", "dit": "diffusion-model"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Trainer:
+  """A trainer: `jaxpt <name>`, its run config `<module>.<config_class>` and its functions in `<module>`.
+
+  Attributes:
+    name: the subcommand and the name a run records (config.json's "trainer").
+    help: one line for `jaxpt --help`.
+    module: the module holding the trainer ('jaxpt.train.rm'), imported on first use.
+    config_class: its run config dataclass there.
+    run: `run(run_config, workdir) -> exit code`, the CLI's entry.
+    train: `train(config, workdir) -> LoopResult`, the Python API's entry (exported as `jaxpt.<train>`).
+    build: `build(config, workdir)` -> the built run (`.config`, `.training`, `.evaluate(state) -> metrics`), which
+      `jaxpt eval` rebuilds from a recorded config.
+    model: what its checkpoints hold (a key of MODEL_KINDS): 'lm' (TransformerLM), 'reward' (RewardModel), 'vit',
+      'dit'.
+    starts_runs: whether its runs may be another run's `init_from`.
+    eval_set: the config field whose 0 means the run has no eval set ('' = it always has one).
+  """
+
+  name: str
+  help: str
+  module: str
+  config_class: str
+  run: str
+  train: str
+  build: str
+  model: str
+  starts_runs: bool = True
+  eval_set: str = ""
+
+  def _attribute(self, name: str) -> Any:
+    return getattr(importlib.import_module(self.module), name)
+
+  @property
+  def config_type(self) -> type:
+    return self._attribute(self.config_class)
+
+  @property
+  def run_function(self) -> Callable[[Any, str], int]:
+    return self._attribute(self.run)
+
+  @property
+  def build_function(self) -> Callable[[Any, str], Any]:
+    return self._attribute(self.build)
+
+  @property
+  def model_kind(self) -> str:
+    """'language-model', 'reward-model', ...: what its checkpoints hold, in words."""
+    return MODEL_KINDS[self.model]
+
+  def owns(self, config_type: type) -> bool:
+    """Whether `config_type` is this trainer's run config class (exactly: SFTRunConfig extends PretrainRunConfig)."""
+    return (config_type.__module__, config_type.__qualname__) == (self.module, self.config_class)
+
+
+TRAINERS: Registry[Trainer] = Registry("trainer")
+for _trainer in (
+    Trainer("pretrain", "Pretrain a transformer LM (metrics.jsonl, TensorBoard, loss.png, checkpoints in workdir).",
+            "jaxpt.train.pretrain", "PretrainRunConfig", "run_pretrain", "pretrain", "build_pretraining", "lm",
+            eval_set="data.eval_batches"),
+    Trainer("sft", "Supervised fine-tuning on a math task (response-only loss; answer accuracy in the eval).",
+            "jaxpt.train.sft", "SFTRunConfig", "run_sft", "sft", "build_sft", "lm", eval_set="data.eval_batches"),
+    Trainer("grpo", "GRPO / CLIPO post-training with KV-cache rollouts and verifiable rewards.",
+            "jaxpt.train.grpo", "GRPORunConfig", "run_grpo", "train_grpo", "build_grpo", "lm",
+            eval_set="data.eval_prompts"),
+    Trainer("rm", "Train a reward model (Bradley-Terry, DIR, ODIN) and write its evaluation report.",
+            "jaxpt.train.rm", "RMRunConfig", "run_rm", "train_rm", "build_rm", "reward", starts_runs=False),
+    Trainer("vit", "Train a ViT image classifier (any residual scheme; top-1 on the test split in the eval).",
+            "jaxpt.train.vit", "ViTRunConfig", "run_vit", "train_vit", "build_vit", "vit"),
+    Trainer("dit", "Train a class-conditional DiT (pre or siamese_post_pre; the diffusion loss in the eval).",
+            "jaxpt.train.dit", "DiTRunConfig", "run_dit", "train_dit", "build_dit", "dit"),
+    Trainer("dpo", "DPO (optionally + DIR) of a language model on preference pairs; implicit-reward eval report.",
+            "jaxpt.train.dpo", "DPORunConfig", "run_dpo", "train_dpo", "build_dpo", "lm"),
+):
+  TRAINERS.add(_trainer.name, _trainer)
+
+
+def trainer_of(config_type: type) -> Trainer | None:
+  """The trainer whose run config class is `config_type`, or None for an unregistered one."""
+  return next((t for t in map(TRAINERS.get, TRAINERS) if t.owns(config_type)), None)
+
+
+def trainer_list(where: Callable[[Trainer], bool] = lambda trainer: True) -> str:
+  """'pretrain, sft, grpo or dpo': the registered trainers for which `where` holds, for help text and errors."""
+  found = [name for name in TRAINERS if where(TRAINERS.get(name))]
+  return " or ".join(filter(None, [", ".join(found[:-1]), found[-1]])) if found else "none"
+
+
+def recorded_trainer(recorded: Mapping[str, Any]) -> str:
+  """The trainer that made the run whose config.json is `recorded`: its "trainer" key, or for a run recorded before
+  runs named their trainer, `legacy_trainer`."""
+  name = recorded.get(TRAINER_KEY)
+  return name if isinstance(name, str) else legacy_trainer(recorded)
+
+
+def legacy_trainer(recorded: Mapping[str, Any]) -> str:
+  """The legacy rule, only for config.json files without a "trainer" key (runs made before it was written): the
+  trainer guessed from the sections the config holds, in this order: `rm`, `vit`, `dit`, `dpo`, `grpo` name
+  theirs; `task` and `decode` -> sft; anything else -> pretrain. No new trainer is added here: new runs record
+  their trainer."""
+  for section in ("rm", "vit", "dit", "dpo", "grpo"):
+    if section in recorded:
+      return section
+  if "task" in recorded and "decode" in recorded:
+    return "sft"
+  return "pretrain"
