@@ -1,6 +1,7 @@
 """GRPO-family losses against plain numpy re-statements of /work/shared/specs/grpo_clipo.md, plus properties."""
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +19,26 @@ EPS = 1e-6
 
 # ------------------------------------------------------------------ numpy re-statements of the spec
 
+def np_bnpo(r, gs, r_min=0.0, r_max=1.0, max_weight=1e6):
+  """BNPO (jaxpt.losses.advantages): A = clip(1 / Beta(p; alpha, beta) density, 0, max_weight) (s - p), s the
+  rewards mapped to [0, 1], p the group mean (0 for G = 1), alpha / beta = max(1 + a/3, 1) / max(1 + b/3, 1) with
+  (a, b) the method-of-moments Beta fit of the p's (mean, unbiased var; one group: 0, 1; all p equal: 1, 1)."""
+  s = (np.asarray(r, np.float64).reshape(-1, gs) - r_min) / (r_max - r_min)
+  p = s.mean(1) if gs > 1 else np.zeros(s.shape[0])
+  m, v = (p.mean(), p.var(ddof=1)) if p.size > 1 else (0.0, 1.0)
+  k = m * (1 - m) / v - 1 if p.max() > p.min() else 0.0
+  alpha, beta = max(1 + k * m / 3, 1.0), max(1 + k * (1 - m) / 3, 1.0)
+  log_b = math.lgamma(alpha) + math.lgamma(beta) - math.lgamma(alpha + beta)
+  out = np.zeros_like(s)
+  for g, pg in enumerate(np.clip(p, 0.0, 1.0)):
+    density = pg ** (alpha - 1) * (1 - pg) ** (beta - 1) / math.exp(log_b)   # 0 ** 0 = 1
+    out[g] = min(1 / density if density > 0 else np.inf, max_weight) * (s[g] - p[g])
+  return out.reshape(-1)
+
+
 def np_advantages(r, gs, kind):
+  if kind == "bnpo":
+    return np_bnpo(r, gs)
   r = np.asarray(r, np.float64).reshape(-1, gs)
   out = np.zeros_like(r)
   for g in range(r.shape[0]):
@@ -83,6 +103,34 @@ def np_gspo_tokens(logp, old, adv, m, eps_lo, eps_hi):
   s = np.exp(np.clip((delta * m).sum(-1) / np.maximum(m.sum(-1), 1), -20, 20))[:, None] * np.ones_like(delta)
   a = np.asarray(adv, np.float64)[:, None]
   return np.maximum(-a * s, -a * np.clip(s, 1 - eps_lo, 1 + eps_hi)), s
+
+
+def gapped_batch(seed, gap, masked):
+  """random_batch [B, S] with old_logp and ref_logp at gaps ~ N(0, gap^2) from logp and the rows `masked` empty."""
+  rng = np.random.default_rng(seed)
+  logp, _, _, adv, mask = random_batch(seed, B, S)
+  old = (logp + rng.normal(size=logp.shape) * gap).astype(np.float32)
+  ref = (logp + rng.normal(size=logp.shape) * gap).astype(np.float32)
+  mask[np.array(masked)] = 0.0
+  return logp, old, ref, adv, mask
+
+
+def check_against_statement(loss, metrics, pg, logp, ref, mask, mode, kl_kind, kl_coef=0.1):
+  """loss, metrics["pg_loss"] (and ["kl_ref"]) equal agg of the float64 per-token statements pg and np_kl within
+  2e-5 of agg(size), size = the operands' magnitude (|pg|; |k1|, k2, exp(-d) + |d| + 1 for k3, whose float32
+  value at d ~ 1e-3 is all cancellation): the float32 rounding of sums of terms of either sign."""
+  kl = np.zeros_like(pg) if kl_kind is None else np_kl(logp, ref, kl_kind)
+  d = np.clip(np.asarray(logp, np.float64) - ref, -20, 20)
+  kl_size = np.abs(kl) if kl_kind != "k3" else np.exp(-d) + np.abs(d) + 1
+
+  def close(got, terms, size):
+    want, scale = np_agg(terms, mask, mode), np_agg(size, mask, mode)
+    assert abs(float(got) - want) <= 2e-5 * scale + 1e-7, (float(got), want, scale)
+
+  close(metrics["pg_loss"], pg, np.abs(pg))
+  close(loss, pg + kl_coef * kl, np.abs(pg) + kl_coef * kl_size)
+  if kl_kind is not None:
+    close(metrics["kl_ref"], kl, kl_size)
 
 
 def random_batch(seed, b=4, s=6, scale=0.5):
@@ -410,8 +458,10 @@ def test_property_advantages_match_numpy_and_degenerate_groups_get_zero(ks, expo
   r[degenerate] = r[degenerate, :1]
   r = r.reshape(-1).astype(np.float32)
   got = np.asarray(_advantages(r, gs, kind))
-  want = np_advantages(r, gs, kind)
-  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
+  assert np.all(np.isfinite(got))
+  if kind != "bnpo":  # rewards far outside [0, 1] are outside BNPO's domain: tests/test_losses_policy.py checks it
+    want = np_advantages(r, gs, kind)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
   if gs > 1:
     np.testing.assert_array_equal(got[np.repeat(degenerate, gs)], 0.0)
 
@@ -425,28 +475,13 @@ def test_property_matches_numpy_statement_at_any_log_prob_gap(seed, name, mode, 
   of fully masked rows (all of them: loss 0); the gradient is finite and exactly 0 off the mask. Tolerance: 2e-5
   of agg(size), size = the per-token operands' magnitude (|l|; |k1|, k2, exp(-d) + |d| + 1 for k3, whose float32
   value at d ~ 1e-3 is all cancellation): the float32 rounding of sums of terms of either sign."""
-  rng = np.random.default_rng(seed)
-  logp, _, _, adv, mask = random_batch(seed, B, S)
-  old = (logp + rng.normal(size=logp.shape) * gap).astype(np.float32)
-  ref = (logp + rng.normal(size=logp.shape) * gap).astype(np.float32)
-  mask[np.array(masked)] = 0.0
+  logp, old, ref, adv, mask = gapped_batch(seed, gap, masked)
   (loss, metrics), grad = _grad_fn(name, mode, kl_kind)(logp, old, adv, mask, ref)
   if name == "ppo_clip":
     pg = np_ppo_tokens(logp, old, adv, 0.2, 0.2, 3.0)[0]
   else:
     pg = np_gspo_tokens(logp, old, adv, mask, 3e-4, 4e-4)[0]
-  kl = np.zeros_like(pg) if kl_kind is None else np_kl(logp, ref, kl_kind)
-  d = np.clip(logp.astype(np.float64) - ref, -20, 20)
-  kl_size = np.abs(kl) if kl_kind != "k3" else np.exp(-d) + np.abs(d) + 1
-
-  def close(got, terms, size):
-    want, scale = np_agg(terms, mask, mode), np_agg(size, mask, mode)
-    assert abs(float(got) - want) <= 2e-5 * scale + 1e-7, (float(got), want, scale)
-
-  close(metrics["pg_loss"], pg, np.abs(pg))
-  close(loss, pg + 0.1 * kl, np.abs(pg) + 0.1 * kl_size)
-  if kl_kind is not None:
-    close(metrics["kl_ref"], kl, kl_size)
+  check_against_statement(loss, metrics, pg, logp, ref, mask, mode, kl_kind)
   g = np.asarray(grad)
   assert np.all(np.isfinite(g))
   np.testing.assert_array_equal(g[mask == 0], 0.0)

@@ -7,7 +7,7 @@ import pytest
 
 from jaxpt.data import bias
 from jaxpt.losses import LOSS_KINDS, get_loss, known_losses, loss_kind, register_loss
-from jaxpt.losses import clipo, grpo, lm, preference
+from jaxpt.losses import advantages, clipo, grpo, lm, policy, preference
 from jaxpt.models import blocks
 from jaxpt.models.config import NORM_SCHEMES
 from jaxpt.nn import norms
@@ -18,7 +18,8 @@ EXPECTED = {
     "lm": {"lm_cross_entropy": lm.lm_cross_entropy},
     "preference": {"bt": preference.bradley_terry, "dir": preference.dir_loss, "dpo": preference.dpo,
                    "odin": preference.odin},
-    "policy": {"ppo_clip": grpo.ppo_clip_loss, "gspo": grpo.gspo_loss},
+    "policy": {"ppo_clip": grpo.ppo_clip_loss, "gspo": grpo.gspo_loss, "cispo": policy.cispo_loss,
+               "gppo": policy.gppo_loss, "topr": policy.topr_loss},
     "contrastive": {f"clipo_{o}": None for o in clipo.OBJECTIVES},
 }
 
@@ -71,7 +72,8 @@ def test_duplicate_names_are_refused():
 
 def test_advantage_estimators():
   assert isinstance(grpo.ADVANTAGES, Registry)
-  assert grpo.ADVANTAGES.names() == ("grpo", "drgrpo", "rloo", "reinforce_pp_baseline")
+  assert grpo.ADVANTAGES.names() == ("grpo", "drgrpo", "rloo", "reinforce_pp_baseline", "bnpo")
+  assert grpo.ADVANTAGES.get("bnpo") is advantages.bnpo_advantages
   r = np.array([1.0, 0.0, 2.0, 2.0], np.float32)
   np.testing.assert_allclose(grpo.group_advantages(r, 2, "rloo"), grpo.rloo_advantages(r, 2))
   with pytest.raises(KeyError, match=re.escape("unknown advantage estimator 'ppo' (known: grpo, drgrpo, rloo")):

@@ -12,7 +12,8 @@ Conventions
   t of rollout b under the current policy; `old_logp` under the rollout (behaviour) policy, `ref_logp` under the
   frozen reference. `mask[b, t]` is 1 on real response tokens and 0 on padding / prompt.
 - Everything is computed in float32; losses return `(loss, metrics)` and are registered as `policy` losses
-  (`ppo_clip`, `gspo`); the advantage estimators are the `ADVANTAGES` registry.
+  (`ppo_clip`, `gspo` here; `cispo`, `gppo`, `topr` in `jaxpt.losses.policy`); the advantage estimators are the
+  `ADVANTAGES` registry (`bnpo` in `jaxpt.losses.advantages`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ KL_KINDS = ("k1", "k2", "k3")
 
 ADVANTAGES: Registry = Registry("advantage estimator")   # name -> f(rewards [batch], group_size) -> [batch]
 
-def _grouped(rewards: jax.Array, group_size: int) -> jax.Array:
+def grouped_rewards(rewards: jax.Array, group_size: int) -> jax.Array:
+  """rewards [batch] -> [num_groups, G] float32 (groups contiguous); ValueError for a bad shape or group size."""
   rewards = jnp.asarray(rewards, jnp.float32)
   if rewards.ndim != 1:
     raise ValueError(f"rewards must be flat [batch], got shape {rewards.shape}")
@@ -61,7 +63,7 @@ def grpo_advantages(rewards: jax.Array, group_size: int, eps: float = ADV_EPS) -
   rewards [batch] (groups contiguous, see module doc) -> advantages [batch]. Singleton group (G = 1): mean 0,
   std 1, so A_i = R_i / (1 + eps).
   """
-  r = _grouped(rewards, group_size)
+  r = grouped_rewards(rewards, group_size)
   if group_size == 1:
     return (r / (1.0 + eps)).reshape(-1)
   mean = jnp.mean(r, axis=1, keepdims=True)
@@ -72,14 +74,14 @@ def grpo_advantages(rewards: jax.Array, group_size: int, eps: float = ADV_EPS) -
 @ADVANTAGES.register("drgrpo")
 def drgrpo_advantages(rewards: jax.Array, group_size: int) -> jax.Array:
   """Dr.GRPO: A_i = R_i - mean_g (no std normalisation). [batch] -> [batch]; singleton group: A_i = R_i."""
-  r = _grouped(rewards, group_size)
+  r = grouped_rewards(rewards, group_size)
   return (r - _group_mean(r)).reshape(-1)
 
 
 @ADVANTAGES.register("rloo")
 def rloo_advantages(rewards: jax.Array, group_size: int) -> jax.Array:
   """RLOO: A_i = G/(G-1) (R_i - mean_g) = R_i - mean_{j != i} R_j.  [batch] -> [batch]; singleton: A_i = R_i."""
-  r = _grouped(rewards, group_size)
+  r = grouped_rewards(rewards, group_size)
   if group_size == 1:
     return r.reshape(-1)
   return (group_size / (group_size - 1) * (r - _group_mean(r))).reshape(-1)
@@ -99,7 +101,7 @@ def reinforce_pp_baseline_advantages(rewards: jax.Array, group_size: int, eps: f
 
 
 def group_advantages(rewards: jax.Array, group_size: int, estimator: str = "grpo") -> jax.Array:
-  """Dispatch by name through `ADVANTAGES` (grpo, drgrpo, rloo, reinforce_pp_baseline). [batch] -> [batch];
+  """Dispatch by name through `ADVANTAGES` (grpo, drgrpo, rloo, reinforce_pp_baseline, bnpo). [batch] -> [batch];
   KeyError naming the known estimators for an unknown name."""
   return ADVANTAGES.get(estimator)(rewards, group_size)
 
@@ -191,19 +193,20 @@ def entropy_from_logits(logits: jax.Array) -> jax.Array:
 # Policy losses
 # ---------------------------------------------------------------------------------------------------------------
 
-def _zero_masked(x, m):
+def zero_masked(x, m):
   """x with masked positions replaced by 0 BEFORE any arithmetic, so -inf / nan log-probs on padding give
   neither a nan value nor a nan gradient (a `where` on the output alone would still backprop 0 * nan)."""
   return None if x is None else jnp.where(m != 0, jnp.asarray(x, jnp.float32), 0.0)
 
 
-def _masked_mean(x, m):
+def masked_mean(x, m):
+  """sum(x m) / sum(m) over the unmasked positions (0 when there is none)."""
   n = jnp.sum(m)
   return jnp.sum(jnp.where(m != 0, x * m, 0.0)) / jnp.where(n > 0, n, 1.0)
 
 
-def _regularise(pg_loss, metrics, logp, mask, agg, max_tokens, ref_logp, kl_coef, kl_kind, entropy,
-                entropy_coef):
+def regularise(pg_loss, metrics, logp, mask, agg, max_tokens, ref_logp, kl_coef, kl_kind, entropy,
+               entropy_coef):
   """Adds beta * agg(KL_ref) and subtracts entropy_coef * agg(H); fills the shared metrics."""
   loss = pg_loss
   m = jnp.asarray(mask, jnp.float32)
@@ -215,14 +218,19 @@ def _regularise(pg_loss, metrics, logp, mask, agg, max_tokens, ref_logp, kl_coef
   if entropy is not None:
     ent_agg = aggregate(entropy, m, agg, max_tokens)
     loss = loss - entropy_coef * ent_agg
-    metrics["entropy"] = _masked_mean(jnp.asarray(entropy, jnp.float32), m)
+    metrics["entropy"] = masked_mean(jnp.asarray(entropy, jnp.float32), m)
   metrics["loss"] = loss
   return loss, metrics
 
 
-def _advantage_metrics(advantages):
+def advantage_metrics(advantages):
   a = jnp.asarray(advantages, jnp.float32)
   return {"adv_mean": jnp.mean(a), "adv_std": jnp.std(a), "adv_min": jnp.min(a), "adv_max": jnp.max(a)}
+
+
+# The helpers' former private names (jaxpt.losses.policy and outside callers use the public ones).
+_zero_masked, _masked_mean, _regularise, _advantage_metrics = zero_masked, masked_mean, regularise, advantage_metrics
+_grouped = grouped_rewards
 
 
 @register_loss("policy", "ppo_clip")
@@ -249,7 +257,7 @@ def ppo_clip_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, m
   if dual_clip_c is not None and dual_clip_c <= 1.0:
     raise ValueError(f"dual_clip_c must be > 1, got {dual_clip_c}")
   m = jnp.asarray(mask, jnp.float32)
-  logp, old_logp, ref_logp, entropy = (_zero_masked(x, m) for x in (logp, old_logp, ref_logp, entropy))
+  logp, old_logp, ref_logp, entropy = (zero_masked(x, m) for x in (logp, old_logp, ref_logp, entropy))
   adv = jnp.asarray(advantages, jnp.float32)[:, None]
   delta = jnp.clip(logp - jnp.asarray(old_logp, jnp.float32), -LOG_RATIO_CLIP, LOG_RATIO_CLIP)
   rho = jnp.exp(delta)
@@ -265,14 +273,14 @@ def ppo_clip_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, m
   rho_sg, delta_sg = jax.lax.stop_gradient(rho), jax.lax.stop_gradient(delta)
   metrics = {
       "pg_loss": pg_loss,
-      "clip_frac": _masked_mean((l2 > l1).astype(jnp.float32), m),
-      "clip_frac_dual": _masked_mean(dual.astype(jnp.float32), m),
-      "ratio_mean": _masked_mean(rho_sg, m),
-      "approx_kl": _masked_mean(rho_sg - 1.0 - delta_sg, m),
-      "ppo_kl": _masked_mean(-delta_sg, m),
-      **_advantage_metrics(advantages),
+      "clip_frac": masked_mean((l2 > l1).astype(jnp.float32), m),
+      "clip_frac_dual": masked_mean(dual.astype(jnp.float32), m),
+      "ratio_mean": masked_mean(rho_sg, m),
+      "approx_kl": masked_mean(rho_sg - 1.0 - delta_sg, m),
+      "ppo_kl": masked_mean(-delta_sg, m),
+      **advantage_metrics(advantages),
   }
-  return _regularise(pg_loss, metrics, logp, m, agg, max_tokens, ref_logp, kl_coef, kl_kind, entropy,
+  return regularise(pg_loss, metrics, logp, m, agg, max_tokens, ref_logp, kl_coef, kl_kind, entropy,
                      entropy_coef)
 
 
@@ -293,7 +301,7 @@ def gspo_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mask:
   non-empty sequences clipped. Other metrics as `ppo_clip_loss`.
   """
   m = jnp.asarray(mask, jnp.float32)
-  logp, old_logp, ref_logp, entropy = (_zero_masked(x, m) for x in (logp, old_logp, ref_logp, entropy))
+  logp, old_logp, ref_logp, entropy = (zero_masked(x, m) for x in (logp, old_logp, ref_logp, entropy))
   adv = jnp.asarray(advantages, jnp.float32)[:, None]
   delta = logp - jnp.asarray(old_logp, jnp.float32)
   lengths = jnp.sum(m, axis=-1)
@@ -312,12 +320,12 @@ def gspo_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mask:
   token_delta = jax.lax.stop_gradient(jnp.clip(delta, -LOG_RATIO_CLIP, LOG_RATIO_CLIP))
   metrics = {
       "pg_loss": pg_loss,
-      "clip_frac": _masked_mean(clipped, m),
+      "clip_frac": masked_mean(clipped, m),
       "seq_clip_frac": jnp.sum(jnp.max(clipped * m, axis=-1) * row_valid) / jnp.where(n_rows > 0, n_rows, 1.0),
       "ratio_mean": jnp.sum(s_seq * row_valid) / jnp.where(n_rows > 0, n_rows, 1.0),
-      "approx_kl": _masked_mean(jnp.exp(token_delta) - 1.0 - token_delta, m),
-      "ppo_kl": _masked_mean(-token_delta, m),
-      **_advantage_metrics(advantages),
+      "approx_kl": masked_mean(jnp.exp(token_delta) - 1.0 - token_delta, m),
+      "ppo_kl": masked_mean(-token_delta, m),
+      **advantage_metrics(advantages),
   }
-  return _regularise(pg_loss, metrics, logp, m, agg, max_tokens, ref_logp, kl_coef, kl_kind, entropy,
+  return regularise(pg_loss, metrics, logp, m, agg, max_tokens, ref_logp, kl_coef, kl_kind, entropy,
                      entropy_coef)

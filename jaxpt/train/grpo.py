@@ -26,6 +26,7 @@ fold_in(state.rng, t), so a resumed run draws exactly what an uninterrupted one 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any, Callable, Iterator
 
 import jax
@@ -62,11 +63,14 @@ class GRPOConfig(Section):
 
   Attributes:
     group_size: G, rollouts sampled per prompt (one group).
-    advantage: a registered advantage estimator: grpo | drgrpo | rloo | reinforce_pp_baseline.
-    policy_loss: a registered `policy` loss: ppo_clip | gspo.
-    eps_lo: lower clip range: the ratio is clipped below at 1 - eps_lo.
-    eps_hi: upper clip range: the ratio is clipped above at 1 + eps_hi (> eps_lo: DAPO clip-higher).
-    dual_clip_c: dual-clip PPO bound c (> 1) for negative advantages; 0 = off (ppo_clip only).
+    advantage: a registered advantage estimator: grpo | drgrpo | rloo | reinforce_pp_baseline | bnpo.
+    policy_loss: a registered `policy` loss: ppo_clip | gspo | cispo | gppo | topr. The fields below reach a loss
+      as the keyword arguments it declares: topr takes neither eps nor dual_clip_c (its [0, 1] taper is fixed).
+    eps_lo: lower clip range: the ratio is clipped below at 1 - eps_lo (cispo: the IS weight; its paper sets no
+      lower bound, i.e. eps_lo >= 1).
+    eps_hi: upper clip range: the ratio is clipped above at 1 + eps_hi (> eps_lo: DAPO clip-higher; cispo: the
+      IS weight's cap; gppo: clipped tokens keep the gradient -A (1 + eps_hi)).
+    dual_clip_c: dual-clip PPO bound c (> 1) for negative advantages; 0 = off (ppo_clip and gppo).
     agg: token aggregation of the loss: token-mean | seq-mean-token-sum | seq-mean-token-mean |
       seq-mean-token-sum-norm.
     kl_coef: beta, weight of the KL to the reference (initial) policy; 0 = no reference policy.
@@ -107,11 +111,13 @@ class GRPOConfig(Section):
       raise fail(self, "dual_clip_c", "must be > 1 (or 0 = off)")
 
   def loss_kwargs(self) -> dict:
-    kwargs = dict(eps_lo=self.eps_lo, eps_hi=self.eps_hi, agg=self.agg, kl_kind=self.kl_kind,
-                  kl_coef=0.0 if self.kl_in_reward else self.kl_coef, entropy_coef=self.entropy_coef)
-    if self.policy_loss == "ppo_clip":
-      kwargs["dual_clip_c"] = self.dual_clip_c or None
-    return kwargs
+    kwargs = dict(eps_lo=self.eps_lo, eps_hi=self.eps_hi, dual_clip_c=self.dual_clip_c or None, agg=self.agg,
+                  kl_kind=self.kl_kind, kl_coef=0.0 if self.kl_in_reward else self.kl_coef,
+                  entropy_coef=self.entropy_coef)
+    declared = inspect.signature(get_loss("policy", self.policy_loss)).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in declared.values()):
+      return kwargs
+    return {k: v for k, v in kwargs.items() if k in declared}
 
   @property
   def uses_reference(self) -> bool:
