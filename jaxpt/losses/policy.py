@@ -9,10 +9,10 @@ first, so whatever they hold they get exactly zero gradient. sg[.] is `jax.lax.s
 exp(clip(logp_t - old_logp_t, -20, 20)) the token importance ratio. The three losses differ in what each token's
 gradient is weighted by (d l_t / d logp_t, with agg's weights on top):
 
-  loss    A > 0                                   A < 0
-  CISPO   -A clip(rho, 1-eps_lo, 1+eps_hi)        the same
-  GPPO    -A rho, or -A (1+eps_hi) if rho > 1+eps_hi   -A rho, or -A (1-eps_lo) if rho < 1-eps_lo (dual: 0 if rho > c)
-  TOPR    -A                                      -A min(pi(y)/mu(y), 1), the SEQUENCE ratio
+  loss    A > 0                                          A < 0
+  CISPO   -A clip(rho, 1-eps_lo, 1+eps_hi)               the same
+  GPPO    -A rho; -A beta2 (1+eps_hi) if rho > 1+eps_hi  -A rho; -A beta1 (1-eps_lo) if rho < 1-eps_lo; 0 past dual c
+  TOPR    -A                                             -A min(pi(y)/mu(y), 1), pi/mu the SEQUENCE ratio
 """
 
 from __future__ import annotations
