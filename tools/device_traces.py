@@ -1,0 +1,58 @@
+"""Profiler traces for `tools/device_check`: take one (Perfetto JSON), sum its ops, pack them for the trip back."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import shutil
+import tempfile
+from typing import Callable
+
+import jax
+
+
+def perfetto_trace(run: Callable[[], object], path: str) -> str:
+  """A profiler trace (Perfetto JSON) of `run()` (warmed up first) written to `path`; returns its file name."""
+  jax.block_until_ready(run())
+  with tempfile.TemporaryDirectory() as trace_dir:
+    with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+      jax.block_until_ready(run())
+    traces = [os.path.join(root, f) for root, _, files in os.walk(trace_dir) for f in files
+              if f.endswith(".trace.json.gz")]
+    if not traces:
+      raise RuntimeError("the profiler wrote no Perfetto trace")
+    shutil.copy(traces[0], path)
+  return os.path.basename(path)
+
+
+def trace_kernel_times(path: str, top: int | None = None) -> dict:
+  """{op name: {calls, total_ms}} of the device ops in a Perfetto trace, longest first (the `top` longest); a CPU
+  trace has no device: there, the XLA ops (events naming an `hlo_op`)."""
+  import gzip
+  with gzip.open(path) as f:
+    trace = json.load(f)
+  events = trace["traceEvents"] if isinstance(trace, dict) else trace
+  devices = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+             and e["args"]["name"].startswith("/device:")}
+  is_op = ((lambda e: e["pid"] in devices) if devices else (lambda e: "hlo_op" in e.get("args", {})))
+  times = collections.defaultdict(list)
+  for e in events:
+    if e.get("ph") == "X" and is_op(e):
+      times[e["name"]].append(e["dur"] / 1e3)
+  ranked = sorted(times.items(), key=lambda kv: -sum(kv[1]))
+  return {name: {"calls": len(t), "total_ms": round(sum(t), 3)} for name, t in ranked[:top]}
+
+
+def pack_traces(out: str) -> list[str]:
+  """Moves the sections' Perfetto traces into one `out/traces.tar` (the device returns at most 8 files)."""
+  import tarfile
+  traces = sorted(f for f in os.listdir(out) if f.endswith(".trace.json.gz") or f.endswith("_trace.json.gz"))
+  if traces:
+    with tarfile.open(os.path.join(out, "traces.tar"), "w") as tar:
+      for name in traces:
+        tar.add(os.path.join(out, name), arcname=name)
+    for name in traces:
+      os.remove(os.path.join(out, name))
+  return traces
+
