@@ -182,11 +182,9 @@ def test_packed_documents_do_not_see_each_other(scheme):
   np.testing.assert_allclose(logits[:, 3:], model.apply({"params": params}, doc_b), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("scheme", ["pre", "siamese_post_pre"])
-def test_query_chunked_attention_matches_plain_equations_and_gradients(scheme):
-  """Causal attention taken 3 queries at a time (7 = 3 + 3 + 1, packed documents) gives the plain equations'
-  logits and the unchunked model's gradients."""
-  cfg = dataclasses.replace(TINY, norm_scheme=scheme, attention_query_chunk=3)
+def check_packed_attention(cfg, baseline):
+  """On two packed documents per row: `cfg` gives the plain equations' logits, and its gradients are the
+  `baseline` config's."""
   params = randomise_norms(init_params(cfg, jax.random.PRNGKey(0)))
   tokens = tokens_for(cfg, seq=7)
   positions = jnp.array([[0, 1, 2, 0, 1, 2, 3]] * 2)
@@ -195,14 +193,22 @@ def test_query_chunked_attention_matches_plain_equations_and_gradients(scheme):
   ref_logits, _ = reference_model.forward(params, tokens, cfg, positions=positions, segment_ids=segments)
   np.testing.assert_allclose(logits, ref_logits, rtol=2e-5, atol=2e-5)
 
-  def loss(params, chunk):
-    model = TransformerLM(dataclasses.replace(cfg, attention_query_chunk=chunk))
+  def loss(params, model_cfg):
+    model = TransformerLM(model_cfg)
     return jnp.sum(jnp.sin(model.apply({"params": params}, tokens, positions=positions, segment_ids=segments)))
 
-  chunked, whole = jax.grad(loss)(params, 3), jax.grad(loss)(params, 0)
+  tested, expected = jax.grad(loss)(params, cfg), jax.grad(loss)(params, baseline)
   # float32 rounding of an entry is relative to the sums it came from, i.e. to the array's scale (logits ~ 25 here)
   jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6 * np.abs(b).max()),
-                         chunked, whole)
+                         tested, expected)
+
+
+@pytest.mark.parametrize("scheme", ["pre", "siamese_post_pre"])
+def test_query_chunked_attention_matches_plain_equations_and_gradients(scheme):
+  """Causal attention taken 3 queries at a time (7 = 3 + 3 + 1, packed documents) gives the plain equations'
+  logits and the unchunked model's gradients."""
+  cfg = dataclasses.replace(TINY, norm_scheme=scheme, attention_query_chunk=3)
+  check_packed_attention(cfg, dataclasses.replace(cfg, attention_query_chunk=0))
 
 
 @pytest.mark.parametrize("scheme", ["pre", "siamese_post_pre"])
@@ -211,21 +217,7 @@ def test_library_attention_matches_plain_equations_and_gradients(scheme, causal)
   """attention_impl="jax" (jax.nn.dot_product_attention; XLA's on CPU) gives the plain equations' logits and the
   jaxpt attention's gradients: GQA (4 heads, 2 KV heads), packed documents, causal or not."""
   cfg = dataclasses.replace(TINY, norm_scheme=scheme, attention_impl="jax", causal=causal)
-  params = randomise_norms(init_params(cfg, jax.random.PRNGKey(0)))
-  tokens = tokens_for(cfg, seq=7)
-  positions = jnp.array([[0, 1, 2, 0, 1, 2, 3]] * 2)
-  segments = jnp.array([[1, 1, 1, 2, 2, 2, 2], [1, 1, 1, 1, 1, 2, 2]])
-  logits = TransformerLM(cfg).apply({"params": params}, tokens, positions=positions, segment_ids=segments)
-  ref_logits, _ = reference_model.forward(params, tokens, cfg, positions=positions, segment_ids=segments)
-  np.testing.assert_allclose(logits, ref_logits, rtol=2e-5, atol=2e-5)
-
-  def loss(params, impl):
-    model = TransformerLM(dataclasses.replace(cfg, attention_impl=impl))
-    return jnp.sum(jnp.sin(model.apply({"params": params}, tokens, positions=positions, segment_ids=segments)))
-
-  library, own = jax.grad(loss)(params, "jax"), jax.grad(loss)(params, "jaxpt")
-  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6 * np.abs(b).max()),
-                         library, own)
+  check_packed_attention(cfg, dataclasses.replace(cfg, attention_impl="jaxpt"))
 
 
 def test_bfloat16_compute_keeps_float32_params_and_tracks_float32():

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.common import alternating_seconds, compiled_step, matmul_gflops
+from benchmarks.common import alternating_seconds, compiled_step, matmul_gflops, median_ratio
 from benchmarks.sampler import Peer, sampler_run, timed
 from benchmarks.train_step import OPTIM
 from jaxpt.models.config import ModelConfig
@@ -136,14 +136,16 @@ def start_peers(sizes: Sizes, cfg_fields: dict, batch: int, prompt: int, new: in
           cfg_fields.get("num_kv_heads") or cfg_fields["num_heads"], cfg_fields["mlp_dim"], cfg_fields["vocab_size"]]
   peers = []
   for mode in ("eager", "static"):
-    stderr = open(os.path.join(log_dir, f"peer_{mode}.log"), "w")  # noqa: SIM115 -- kept open for the process
-    peers.append(Peer(f"hf_{mode}", [sys.executable, TORCH_PEER, mode, *map(str, [batch, prompt, new, *dims])],
+    name = f"hf_{mode}"
+    stderr = open(os.path.join(log_dir, f"{name}.log"), "w")  # noqa: SIM115 -- kept open for the process
+    peers.append(Peer(name, [sys.executable, TORCH_PEER, mode, *map(str, [batch, prompt, new, *dims])],
                       stderr=stderr))
   return peers
 
 
-def ready_peers(peers: list[Peer], timeout: float, errors: dict) -> list[Peer]:
-  """The peers that printed `ready` within `timeout` seconds (the rest are killed, their reason in `errors`)."""
+def ready_peers(peers: list[Peer], timeout: float, errors: dict, log_dir: str) -> list[Peer]:
+  """The peers that printed `ready` within `timeout` seconds; the rest are killed, their reason and the tail of
+  their stderr (`log_dir/<name>.log`) in `errors`."""
   ready = []
   for peer in peers:
     outcome = {}
@@ -153,11 +155,12 @@ def ready_peers(peers: list[Peer], timeout: float, errors: dict) -> list[Peer]:
     if waiter.is_alive():
       peer.proc.kill()
       waiter.join()
-      errors[peer.name] = f"not ready within {timeout:.0f} s"
-    elif outcome["error"]:
-      errors[peer.name] = outcome["error"]
-    else:
+      outcome["error"] = f"not ready within {timeout:.0f} s"
+    if not outcome["error"]:
       ready.append(peer)
+      continue
+    with open(os.path.join(log_dir, f"{peer.name}.log")) as f:
+      errors[peer.name] = outcome["error"] + " | " + f.read()[-1500:]
   return ready
 
 
@@ -167,12 +170,6 @@ def _ready_error(peer: Peer) -> str:
     return ""
   except RuntimeError as e:
     return str(e)
-
-
-def peer_log_tail(log_dir: str, peer: str) -> str:
-  path = os.path.join(log_dir, f"peer_{peer.removeprefix('hf_')}.log")
-  with open(path) as f:
-    return f.read()[-1500:]
 
 
 def sampler(sizes: Sizes, budget: Budget) -> dict:
@@ -190,9 +187,7 @@ def sampler(sizes: Sizes, budget: Budget) -> dict:
             "prefill": sampler_run(cfg, params, batch, prompt, 1, "bfloat16")}
     for fn in runs.values():
       jax.block_until_ready(fn())
-    peers = ready_peers(peers, min(240.0, budget.left()), report["peer_errors"])
-    for name in report["peer_errors"]:
-      report["peer_errors"][name] += " | " + peer_log_tail(logs, name)
+    peers = ready_peers(peers, min(240.0, budget.left()), report["peer_errors"], logs)
     times = collections.defaultdict(list)
     for r in range(sizes.rounds):
       for key, fn in runs.items():
@@ -208,8 +203,7 @@ def sampler(sizes: Sizes, budget: Budget) -> dict:
                      "prefill_ms": round(med["prefill"] * 1e3, 1), "decode_step_ms": round(step * 1e3, 3),
                      "new_tokens_per_sec": round(batch * new / med["call"])}
   report["peers"] = {p: {"call_ms": round(med[p] * 1e3, 1), "new_tokens_per_sec": round(batch * new / med[p]),
-                         "speedup_jaxpt_over_peer": round(statistics.median(
-                             a / b for a, b in zip(times[p], times["call"])), 2)}
+                         "speedup_jaxpt_over_peer": round(median_ratio(times[p], times["call"]), 2)}
                      for p in med if p.startswith("hf_")}
   return report
 
@@ -233,7 +227,7 @@ def grpo_step(sizes: Sizes, budget: Budget) -> dict:
     trainers = {dtype: grpo_bench.timed_trainer(base, clock, dtype) for dtype in ("bfloat16", "float32")}
     for trainer in trainers.values():  # compiles
       trainer.train_step(state, batch)
-    peers = ready_peers(peers, min(240.0, budget.left()), report["peer_errors"])
+    peers = ready_peers(peers, min(240.0, budget.left()), report["peer_errors"], workdir)
     results = collections.defaultdict(list)
     for r in range(sizes.rounds):
       for dtype, trainer in trainers.items():
