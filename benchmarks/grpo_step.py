@@ -42,7 +42,7 @@ from benchmarks.common import Peer
 from benchmarks.train_step import MODEL
 from experiments.configs import grpo_tiny
 from jaxpt.rl.sampler import make_sampler
-from jaxpt.train.grpo import GRPOTrainer, build_grpo
+from jaxpt.trainers.grpo import GRPOTrainer, build_grpo
 
 PROMPTS, GROUP, PROMPT_LEN, NEW_TOKENS, MINIBATCHES = 8, 8, 64, 128, 2
 TUNIX_SCRIPT = pathlib.Path(__file__).resolve().parent / "tunix_grpo_update.py"

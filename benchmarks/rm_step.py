@@ -33,9 +33,9 @@ from benchmarks.train_step import MODEL, OPTIM
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.reward import RewardModel
 from jaxpt.models.transformer import param_count
-from jaxpt.train import rm
-from jaxpt.train.optim import make_optimizer
-from jaxpt.train.state import TrainState
+from jaxpt.trainers import rm
+from jaxpt.engine.optim import make_optimizer
+from jaxpt.engine.state import TrainState
 
 
 def random_pairs(pairs: int, seq: int, vocab_size: int) -> dict:

@@ -3,7 +3,7 @@
     python -m benchmarks.sharding [--devices 8] [--presets dp,fsdp,tp,fsdp_tp] [--remat none,full,dots]
 
 Compiles (does not run) the AdamW train step of a d_model-512, 4-layer LM (vocab 8192, SwiGLU 2048, batch
-16 x 256, fp32) with `jaxpt.train.sharded.shard_training` and reports XLA's `memory_analysis()` per device, next to
+16 x 256, fp32) with `jaxpt.engine.sharded.shard_training` and reports XLA's `memory_analysis()` per device, next to
 the train state's own bytes per device (params + AdamW moments, from the shardings). FSDP splits the state over
 the `fsdp` axis, so its state per device is about 1/devices of DP's. The remat rows repeat FSDP with each
 `model.remat` policy (activation memory: temp). Prints one JSON object.
@@ -37,11 +37,11 @@ import jax.numpy as jnp  # noqa: E402
 from jaxpt import parallel  # noqa: E402
 from jaxpt.models.config import ModelConfig  # noqa: E402
 from jaxpt.models.transformer import TransformerLM  # noqa: E402
-from jaxpt.train.lm import make_lm_loss_fn  # noqa: E402
-from jaxpt.train.optim import OptimConfig, decay_mask, make_optimizer  # noqa: E402
-from jaxpt.train.sharded import shard_training  # noqa: E402
-from jaxpt.train.state import TrainState  # noqa: E402
-from jaxpt.train.step import make_train_step  # noqa: E402
+from jaxpt.trainers.lm import make_lm_loss_fn  # noqa: E402
+from jaxpt.engine.optim import OptimConfig, decay_mask, make_optimizer  # noqa: E402
+from jaxpt.engine.sharded import shard_training  # noqa: E402
+from jaxpt.engine.state import TrainState  # noqa: E402
+from jaxpt.engine.step import make_train_step  # noqa: E402
 
 BATCH, SEQ = 16, 256
 MODEL = dict(vocab_size=8192, d_model=512, num_layers=4, num_heads=8, num_kv_heads=8, mlp_dim=2048,

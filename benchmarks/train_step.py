@@ -55,10 +55,10 @@ from benchmarks import references
 from benchmarks.common import Peer, alternating_seconds, compiled_step, matmul_gflops, median_ratio, ratios_vs_pre
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM, init_params, param_count
-from jaxpt.train.lm import make_lm_loss_fn
-from jaxpt.train.optim import OptimConfig, make_optimizer
-from jaxpt.train.state import TrainState
-from jaxpt.train.step import make_train_step
+from jaxpt.trainers.lm import make_lm_loss_fn
+from jaxpt.engine.optim import OptimConfig, make_optimizer
+from jaxpt.engine.state import TrainState
+from jaxpt.engine.step import make_train_step
 
 BATCH, SEQ = 8, 256
 MODEL = dict(vocab_size=8192, d_model=512, num_layers=8, num_heads=8, num_kv_heads=4, mlp_dim=2048,

@@ -41,11 +41,11 @@ from jaxpt.models.config import ModelConfig
 from jaxpt.models.dit import DiT, DiTConfig, init_dit_params
 from jaxpt.models.transformer import param_count
 from jaxpt.models.vit import ViT, ViTConfig, init_vit_params
-from jaxpt.train.optim import OptimConfig, make_optimizer
-from jaxpt.train.state import TrainState
-from jaxpt.train.step import make_train_step
-from jaxpt.train.dit import make_dit_loss_fn
-from jaxpt.train.vit import make_vit_loss_fn
+from jaxpt.engine.optim import OptimConfig, make_optimizer
+from jaxpt.engine.state import TrainState
+from jaxpt.engine.step import make_train_step
+from jaxpt.trainers.dit import make_dit_loss_fn
+from jaxpt.trainers.vit import make_vit_loss_fn
 
 DEIT = dict(norm_type="layernorm", norm_eps=1e-6, mlp_type="gelu_exact", mlp_bias=True, qkv_bias=True,
             attn_out_bias=True, causal=False, rope=False, scan_layers=False)

@@ -5,14 +5,14 @@
     jaxpt.get_loss("policy", "ppo_clip"), jaxpt.known_losses("lm")    losses, registered by kind
     jaxpt.pretrain, jaxpt.sft, jaxpt.train_rm, jaxpt.train_dpo, jaxpt.train_grpo, jaxpt.train_vit,
     jaxpt.train_dit                                                   trainers (`Trainer.train` of each entry of
-                                                                      jaxpt.train.trainers.TRAINERS)
+                                                                      jaxpt.engine.trainers.TRAINERS)
     jaxpt.PretrainRunConfig, ..., jaxpt.from_section, jaxpt.config_dict  run configs (their `config_class`)
     jaxpt.load(workdir or "hf:DIR") -> Model: logits, generate, score, save_hf (jaxpt.api)
 
 Every name is imported on first use, so `import jaxpt` is cheap and has no side effects.
 """
 
-from jaxpt.train.trainers import TRAINERS as _TRAINERS  # a table of names: imports no jax
+from jaxpt.engine.trainers import TRAINERS as _TRAINERS  # a table of names: imports no jax
 
 __version__ = "0.1.0"
 

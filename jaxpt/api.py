@@ -36,9 +36,9 @@ from jaxpt.models.transformer import TransformerLM
 from jaxpt.parallel.rules import get_rules
 from jaxpt.parallel.sharding import param_shardings
 from jaxpt.rl.sampler import SamplingConfig, make_sampler
-from jaxpt.train.checkpoint import Checkpointer
-from jaxpt.train.record import CONFIG_FILE, checkpoint_steps, recorded_config
-from jaxpt.train.trainers import TRAINERS, recorded_trainer, trainer_list
+from jaxpt.engine.checkpoint import Checkpointer
+from jaxpt.engine.record import CONFIG_FILE, checkpoint_steps, recorded_config
+from jaxpt.engine.trainers import TRAINERS, recorded_trainer, trainer_list
 
 PROMPT_BUCKET = 16  # prompt lengths are padded up to a multiple of this, so nearby lengths share one compiled sampler
 
@@ -292,7 +292,7 @@ def load(path: str, *, step: int | None = None, mesh: Mesh | None = None, rules:
          **model_overrides: Any) -> Model:
   """A `Model` from `path`: `hf:DIR` (a Hugging Face checkpoint directory, or a jaxpt export), or the workdir of
   a jaxpt run whose checkpoints hold a language model or a reward model (`Trainer.model` in
-  `jaxpt.train.trainers.TRAINERS`) at its latest checkpoint or `step`.
+  `jaxpt.engine.trainers.TRAINERS`) at its latest checkpoint or `step`.
 
   model_overrides: ModelConfig fields that change how the model runs (dtype, param_dtype, max_seq_len, remat,
   scan_layers, ...); one that contradicts the checkpoint's architecture is a ConfigError naming both values.

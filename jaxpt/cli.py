@@ -1,11 +1,11 @@
 """`jaxpt <subcommand> --config <file.py> [--config.field=value ...] --workdir DIR`; `jaxpt eval|export-hf ...`.
 
-Each training subcommand is a registered trainer (`jaxpt.train.trainers.TRAINERS`: its run-config dataclass and its
+Each training subcommand is a registered trainer (`jaxpt.engine.trainers.TRAINERS`: its run-config dataclass and its
 `run_*(run_config, workdir) -> exit code`); the config file is checked once, here, into that dataclass. They share
 the `--config` (ml_collections config file, Flax-examples style) and `--workdir` flags; `jaxpt <subcommand> --help`
 (or `jaxpt help <subcommand>`) lists the run config's fields with their types, defaults and meanings
 (`jaxpt.config.describe_fields`). `jaxpt eval --workdir DIR [--step N]` evaluates a checkpoint of an existing run
-(`jaxpt.train.evaluate`); `jaxpt export-hf --workdir DIR --out OUT` writes one as a Hugging Face checkpoint
+(`jaxpt.engine.evaluate`); `jaxpt export-hf --workdir DIR --out OUT` writes one as a Hugging Face checkpoint
 (`jaxpt.api.run_export_hf`).
 
 Exit codes: 0 finished; 2 a config or data error (one line naming the field, or the file and line; no traceback);
@@ -36,7 +36,7 @@ from typing import Any, Callable
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from jaxpt.train.trainers import TRAINERS, Trainer, trainer_list
+from jaxpt.engine.trainers import TRAINERS, Trainer, trainer_list
 
 EXIT_IO = 5  # a checkpoint or filesystem error (CheckpointError, OSError)
 
@@ -63,14 +63,14 @@ _OVERWRITE = flags.DEFINE_bool("overwrite", False, "jaxpt export-hf: replace a p
 
 @dataclasses.dataclass(frozen=True)
 class Subcommand(Trainer):
-  """`jaxpt <name>`: a registered trainer (`jaxpt.train.trainers.TRAINERS`) run as `<module>.<run>(run_config,
+  """`jaxpt <name>`: a registered trainer (`jaxpt.engine.trainers.TRAINERS`) run as `<module>.<run>(run_config,
   workdir) -> exit code`, its config a `<module>.<config_class>`."""
 
   def __call__(self, config: Any, workdir: str) -> int:
     """Checks `config` once (ConfigError naming the field) and runs the subcommand on the checked run config."""
     from jaxpt import progress
     from jaxpt.config import from_section
-    from jaxpt.train.lock import workdir_lock
+    from jaxpt.engine.lock import workdir_lock
 
     run_config = from_section(self.config_type, config, "config")
     progress.enable(self.name if run_config.progress else None)  # start-up lines on stderr
@@ -111,7 +111,7 @@ class WorkdirSubcommand:
 SUBCOMMANDS: dict[str, Subcommand] = {name: Subcommand(**vars(TRAINERS.get(name))) for name in TRAINERS}
 WORKDIR_SUBCOMMANDS: dict[str, WorkdirSubcommand] = {c.name: c for c in (
     WorkdirSubcommand("eval", "Evaluate a run's latest (or --step N) checkpoint, without training (one JSON line).",
-                      "jaxpt.train.evaluate", "run_eval", details=(
+                      "jaxpt.engine.evaluate", "run_eval", details=(
                           "Rebuilds the run from its recorded config.json with its trainer's own build function and",
                           "evaluator; the result ({step, run, eval metrics}) is one JSON line on stdout and",
                           "DIR/eval/step_<N>.json.", "",
@@ -297,7 +297,7 @@ class Stopped(BaseException):
   swallows it."""
 
   def __init__(self, signum: int):
-    from jaxpt.train.loop import signal_name
+    from jaxpt.engine.loop import signal_name
 
     self.signum = signum
     self.name = signal_name(signum)
@@ -309,7 +309,7 @@ def _signals_stop_the_command():
   """SIGTERM and SIGINT raise `Stopped` while the subcommand runs outside the training loop (a second one while it
   unwinds exits at once: `stop_now`); the loop installs its own handlers (checkpoint, then stop) and restores these
   after. An ignored signal (a background job's SIGINT) stays ignored."""
-  from jaxpt.train.loop import install_handlers, stop_now
+  from jaxpt.engine.loop import install_handlers, stop_now
 
   if threading.current_thread() is not threading.main_thread():  # Python handlers belong to the main thread
     yield
@@ -334,12 +334,12 @@ def _signals_stop_the_command():
 def _run(name: str) -> Callable[[list[str]], int]:
   def run(argv: list[str]) -> int:
     quiet = not flags.FLAGS["verbosity"].present
-    if quiet:  # before the imports below: orbax logs INFO lines when jaxpt.train.checkpoint is first imported
+    if quiet:  # before the imports below: orbax logs INFO lines when jaxpt.engine.checkpoint is first imported
       logging.set_verbosity(logging.WARNING)  # orbax/tfds INFO lines drown the progress bar; -v 0 brings them back
     from jaxpt.config import ConfigError, DataError
-    from jaxpt.train.checkpoint import CheckpointError
-    from jaxpt.train.lock import WorkdirLocked
-    from jaxpt.train.loop import EXIT_NONFINITE, NonFiniteError
+    from jaxpt.engine.checkpoint import CheckpointError
+    from jaxpt.engine.lock import WorkdirLocked
+    from jaxpt.engine.loop import EXIT_NONFINITE, NonFiniteError
 
     command = COMMANDS[name]
     if len(argv) > 1:
@@ -359,7 +359,7 @@ def _run(name: str) -> Callable[[list[str]], int]:
       print(f"jaxpt {name}: {', '.join(foreign)} is not a flag of jaxpt {name}\n\n{_usage()}", file=sys.stderr)
       return 2
     if quiet:
-      from jaxpt.train.checkpoint import quiet_orbax_noise
+      from jaxpt.engine.checkpoint import quiet_orbax_noise
 
       quiet_orbax_noise()  # a failed save is one CheckpointError line, not hundreds of orbax / asyncio lines
     from jaxpt.parallel.distributed import initialize

@@ -2,7 +2,7 @@
 
 Object-oriented matplotlib only (`Figure` + `Figure.savefig`): no pyplot, no `matplotlib.use`, so drawing here
 leaves the global backend (e.g. a notebook's inline one) alone. The library imports this module lazily, inside
-the function that writes a PNG, so importing `jaxpt.train` never imports matplotlib.
+the function that writes a PNG, so importing `jaxpt.engine` or `jaxpt.trainers` never imports matplotlib.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ import signal
 import subprocess
 import time
 
-from jaxpt.train.checkpoint import Checkpointer
+from jaxpt.engine.checkpoint import Checkpointer
 
 
 def sigterm_after_first_row(command, workdir, cwd):

@@ -24,8 +24,8 @@ from jaxpt.data.hf_tokenizer import HFTokenizer
 from jaxpt.data.tokenizer import Tokenizer
 from jaxpt.models.reward import RewardModel
 from jaxpt.models.transformer import TransformerLM
-from jaxpt.train import rm
-from jaxpt.train.pretrain import pretrain
+from jaxpt.trainers import rm
+from jaxpt.trainers.pretrain import pretrain
 from tests.test_models_hf import ASSETS, ROOT
 from tests.test_train_pretrain import micro_config
 from tests.test_train_rm import tiny_config as rm_tiny_config
@@ -70,7 +70,7 @@ def test_logits_are_the_models_forward_on_the_restored_params(lm, lm_run):
   ids = np.array([[5, 9, 17, 3], [40, 2, 2, 8]], np.int32)
   logits = lm.logits(ids)
   assert logits.shape == (2, 4, lm.config.vocab_size) and logits.dtype == jnp.float32
-  from jaxpt.train.checkpoint import Checkpointer
+  from jaxpt.engine.checkpoint import Checkpointer
 
   checkpointer = Checkpointer(lm_run, async_save=False)
   params = checkpointer.restore_params(lm.params)

@@ -9,11 +9,11 @@ import sys
 import pytest
 
 from jaxpt import progress
-from jaxpt.train.evaluate import run_eval
-from jaxpt.train.metrics import read_metrics
-from jaxpt.train.pretrain import pretrain
-from jaxpt.train.record import HISTORY_FILE, checkpoint_steps
-from jaxpt.train.trainers import legacy_trainer
+from jaxpt.engine.evaluate import run_eval
+from jaxpt.engine.metrics import read_metrics
+from jaxpt.trainers.pretrain import pretrain
+from jaxpt.engine.record import HISTORY_FILE, checkpoint_steps
+from jaxpt.engine.trainers import legacy_trainer
 from tests.test_train_pretrain import micro_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

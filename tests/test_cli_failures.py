@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from jaxpt.train.record import checkpoint_steps
+from jaxpt.engine.record import checkpoint_steps
 from tests.test_train_pretrain import ROOT, _cli
 
 # Runs argv[2:] with every file it writes capped at argv[1] bytes (a write past it fails with EFBIG, as on a full

@@ -9,7 +9,7 @@ import pytest
 from experiments.configs import tiny
 from jaxpt import cli
 from jaxpt.config import ConfigError, from_section
-from jaxpt.train.pretrain import PretrainRunConfig
+from jaxpt.trainers.pretrain import PretrainRunConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "experiments", "configs", "tiny.py")

@@ -9,8 +9,8 @@ import signal
 import subprocess
 import threading
 
-from jaxpt.train.metrics import read_metrics
-from jaxpt.train.record import checkpoint_steps
+from jaxpt.engine.metrics import read_metrics
+from jaxpt.engine.record import checkpoint_steps
 from tests.test_train_pretrain import ROOT, _cli
 
 

@@ -102,7 +102,7 @@ def test_every_committed_config_file_converts(path):
 def test_sft_hf_documented_arithmetic_command_checks_clean():
   """experiments/configs/sft_hf.py's docstring gives the arithmetic task's overrides; as written they check clean
   (`--config.task.name=arithmetic` alone kept GSM8K's sizes, 0 = all, which the generator refuses)."""
-  from jaxpt.train.sft import SFTRunConfig
+  from jaxpt.trainers.sft import SFTRunConfig
 
   path = os.path.join(ROOT, "experiments", "configs", "sft_hf.py")
   with open(path) as f:

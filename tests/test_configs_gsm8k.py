@@ -10,8 +10,8 @@ import pytest
 from jaxpt.config import ConfigError, from_section, load_config_file
 from jaxpt.data import sft as sft_data
 from jaxpt.data.arithmetic import Problem
-from jaxpt.train.grpo import GRPORunConfig
-from jaxpt.train.sft import SFTRunConfig
+from jaxpt.trainers.grpo import GRPORunConfig
+from jaxpt.trainers.sft import SFTRunConfig
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "configs")
 

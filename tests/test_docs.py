@@ -57,8 +57,8 @@ def test_every_page_is_in_the_nav_and_every_module_in_the_reference():
   # jaxpt.kernels is kernels/ (a copy under jaxpt/ in Bazel's runfiles): documented as kernels.
   wanted = {m for m in modules("jaxpt", "jaxpt") if not m.startswith("jaxpt.kernels")} | modules("kernels", "kernels")
   wanted -= {
-      "jaxpt.data", "jaxpt.losses", "jaxpt.models", "jaxpt.nn", "jaxpt.parallel", "jaxpt.rl", "jaxpt.train",
-      "kernels"}
+      "jaxpt.data", "jaxpt.losses", "jaxpt.models", "jaxpt.nn", "jaxpt.parallel", "jaxpt.rl", "jaxpt.engine",
+      "jaxpt.trainers", "kernels"}
   assert sorted(wanted - referenced) == [], "modules missing from the docs' API reference"
 
 
@@ -66,7 +66,7 @@ def test_the_readmes_config_dict_example_builds_a_valid_config():
   """The README's inline `jaxpt.config.config_dict(PretrainRunConfig, ...)`, run as written, passes the CLI's check
   (it once left out the data section's seq_len and batch_size, which have no default)."""
   import jaxpt.config
-  from jaxpt.train.pretrain import PretrainRunConfig
+  from jaxpt.trainers.pretrain import PretrainRunConfig
 
   with open(os.path.join(ROOT, "README.md")) as f:
     examples = re.findall(r"`(jaxpt\.config\.config_dict\(PretrainRunConfig,[^`]*)`", f.read())

@@ -14,7 +14,7 @@ from experiments.configs import tiny
 from experiments.toolkit import flags, probes, results, stats
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM, init_params
-from jaxpt.train.lm import make_lm_loss_fn
+from jaxpt.trainers.lm import make_lm_loss_fn
 from tests import reference_model
 
 
@@ -160,7 +160,7 @@ def vit_and_batch(request):
   from experiments.configs import vit_digits
   from jaxpt.config import from_section
   from jaxpt.models.vit import init_vit_params
-  from jaxpt.train.vit import ViTRunConfig
+  from jaxpt.trainers.vit import ViTRunConfig
 
   run = from_section(ViTRunConfig, vit_digits.get_config(), "config")
   config = dataclasses.replace(run.model, d_model=16, num_layers=3, num_heads=2, num_kv_heads=2, mlp_dim=32,
@@ -176,7 +176,7 @@ def vit_and_batch(request):
 def test_vit_block_gradient_norms_equal_the_loss_gradient_per_block(vit_and_batch):
   config, vit, params, batch = vit_and_batch
   from jaxpt.models.vit import ViT
-  from jaxpt.train.vit import make_vit_loss_fn
+  from jaxpt.trainers.vit import make_vit_loss_fn
 
   loss_fn = make_vit_loss_fn(ViT(config, vit), train=False)
   grads = jax.grad(lambda p: loss_fn(p, batch, jax.random.key(0))[0])(params)["encoder"]

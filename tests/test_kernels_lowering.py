@@ -16,10 +16,10 @@ from jaxpt.kernels.two_stream_norm import layout
 from jaxpt.models import fused
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM, init_params
-from jaxpt.train.lm import make_lm_loss_fn
-from jaxpt.train.optim import OptimConfig, make_optimizer
-from jaxpt.train.state import TrainState
-from jaxpt.train.step import make_train_step
+from jaxpt.trainers.lm import make_lm_loss_fn
+from jaxpt.engine.optim import OptimConfig, make_optimizer
+from jaxpt.engine.state import TrainState
+from jaxpt.engine.step import make_train_step
 
 S = jax.ShapeDtypeStruct
 EPS = 1e-5

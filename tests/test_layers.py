@@ -42,13 +42,13 @@ def _add_import_after_future(path: str, line: str) -> None:
 
 def test_an_upward_import_breaks_the_contract(tmp_path):
   _copy_project(str(tmp_path))
-  _add_import_after_future(str(tmp_path / "jaxpt" / "losses" / "lm.py"), "import jaxpt.train")
+  _add_import_after_future(str(tmp_path / "jaxpt" / "losses" / "lm.py"), "import jaxpt.engine")
   _add_import_after_future(str(tmp_path / "kernels" / "two_stream_norm" / "layout.py"), "from jaxpt import config")
   result = _lint(str(tmp_path))
   # The imports exist only in the copy: naming them shows the copy was analysed, not the installed package.
   assert result.returncode == 1, result.stdout[-6000:] + result.stderr[-2000:]
-  assert "jaxpt.losses is not allowed to import jaxpt.train" in result.stdout
-  assert "jaxpt.losses.lm -> jaxpt.train" in result.stdout
+  assert "jaxpt.losses is not allowed to import jaxpt.engine" in result.stdout
+  assert "jaxpt.losses.lm -> jaxpt.engine" in result.stdout
   assert "kernels.two_stream_norm.layout -> jaxpt.config" in result.stdout
 
 

@@ -13,7 +13,7 @@ from jaxpt.config import ConfigError, from_section
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM, init_params
 from jaxpt.nn.moe import MoE, aux_losses
-from jaxpt.train.lm import make_lm_loss_fn
+from jaxpt.trainers.lm import make_lm_loss_fn
 from tests import reference_model
 
 EXPERTS, TOP_K, D_MODEL, MLP_DIM = 4, 2, 16, 24

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import textwrap
 
-from jaxpt.train import metrics
+from jaxpt.engine import metrics
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -23,8 +23,8 @@ def _run(code: str) -> subprocess.CompletedProcess:
 def test_importing_the_train_package_does_not_import_matplotlib():
   _run("""
       import sys
-      import jaxpt.train, jaxpt.train.rm, jaxpt.train.pretrain, jaxpt.train.sft, jaxpt.train.grpo
-      import jaxpt.train.loop, jaxpt.train.metrics, jaxpt.train.rm_eval
+      import jaxpt.engine, jaxpt.trainers.rm, jaxpt.trainers.pretrain, jaxpt.trainers.sft, jaxpt.trainers.grpo
+      import jaxpt.engine.loop, jaxpt.engine.metrics, jaxpt.trainers.rm_eval
       assert 'matplotlib' not in sys.modules, sorted(m for m in sys.modules if m.startswith('matplotlib'))
       """)
 
@@ -35,9 +35,9 @@ def test_plotting_keeps_the_callers_backend(tmp_path):
       import sys
       import matplotlib
       matplotlib.use("svg")
-      import jaxpt.train
+      import jaxpt.engine
       from jaxpt import reports
-      from jaxpt.train import rm_eval
+      from jaxpt.trainers import rm_eval
       assert matplotlib.get_backend() == "svg", matplotlib.get_backend()
       reports.plot_loss([{{"step": 1, "loss": 2.0}}, {{"step": 2, "loss": 1.5, "eval_loss": 1.7}}], {str(loss_png)!r})
       res = rm_eval.evaluate_pairs([1.0, 2.0], [0.0, 3.0], [4, 5], [6, 2])
@@ -81,7 +81,7 @@ def test_import_jaxpt_is_cheap_and_its_names_resolve_on_first_use():
       import jaxpt
       assert not [m for m in ("jax", "flax", "matplotlib", "tensorflow_datasets") if m in sys.modules]
       from jaxpt.models.config import ModelConfig
-      from jaxpt.train.pretrain import PretrainRunConfig, pretrain
+      from jaxpt.trainers.pretrain import PretrainRunConfig, pretrain
       assert jaxpt.ModelConfig is ModelConfig and jaxpt.pretrain is pretrain
       assert jaxpt.PretrainRunConfig is PretrainRunConfig and "TransformerLM" in dir(jaxpt)
       assert jaxpt.get_loss("policy", "ppo_clip") is not None and "bt" in jaxpt.known_losses("preference")

@@ -9,7 +9,7 @@ from experiments.configs import tiny
 from jaxpt import parallel
 from jaxpt.config import ConfigError, config_dict, from_section
 from jaxpt.parallel import distributed
-from jaxpt.train.pretrain import PretrainRunConfig
+from jaxpt.trainers.pretrain import PretrainRunConfig
 
 
 def validate_config(config) -> PretrainRunConfig:
@@ -70,7 +70,7 @@ def test_global_batch_must_split_over_data_and_fsdp():
 
 
 def test_build_fails_on_a_mesh_larger_than_the_devices_before_data_work(tmp_path):
-  from jaxpt.train.pretrain import build_pretraining
+  from jaxpt.trainers.pretrain import build_pretraining
 
   config = tiny.get_config()
   config.mesh = config_dict(parallel.MeshConfig, data=jax.device_count() + 1)

@@ -18,10 +18,10 @@ import time
 import jax
 import numpy as np
 
-from jaxpt.train.checkpoint import Checkpointer
-from jaxpt.train.grpo import build_grpo, train_grpo
-from jaxpt.train.metrics import read_metrics
-from jaxpt.train.pretrain import build_pretraining, pretrain
+from jaxpt.engine.checkpoint import Checkpointer
+from jaxpt.trainers.grpo import build_grpo, train_grpo
+from jaxpt.engine.metrics import read_metrics
+from jaxpt.trainers.pretrain import build_pretraining, pretrain
 from tests.micro_grpo import MULTI_PROCESS, even_length
 from tests.micro_grpo import micro_config as micro_grpo_config
 from tests.test_train_pretrain import MICRO, ROOT, TINY, micro_config

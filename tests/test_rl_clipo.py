@@ -17,8 +17,8 @@ from jaxpt.config import ConfigError, from_section
 from jaxpt.losses import clipo as clipo_loss
 from jaxpt.models.heads import ProjectionHead
 from jaxpt.rl import clipo
-from jaxpt.train.checkpoint import Checkpointer
-from jaxpt.train.state import TrainState
+from jaxpt.engine.checkpoint import Checkpointer
+from jaxpt.engine.state import TrainState
 
 D_MODEL, OUT = 32, 16
 LABELS = np.array([1, 1, 0, 0, 1, 0, 1, 1, 0, 0, 1, 0])
@@ -70,7 +70,7 @@ def test_renamed_values_say_the_new_names(field, value, message):
 
 def test_warmup_boundary_is_the_official_critic_warmup():
   """rt:1516 `if critic_warmup <= global_steps: update_actor`, global_steps = 1 at the first step (rt:1244, 1267);
-  jaxpt's trainer updates at its 0-based step s iff s >= frozen_steps (jaxpt/train/grpo.py)."""
+  jaxpt's trainer updates at its 0-based step s iff s >= frozen_steps (jaxpt/trainers/grpo.py)."""
   for warmup in range(6):
     c = clipo.CLIPOConfig(critic_warmup=warmup)
     official = [warmup <= global_step for global_step in range(1, 9)]

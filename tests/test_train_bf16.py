@@ -11,10 +11,10 @@ import pytest
 
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM, init_params
-from jaxpt.train.lm import make_lm_loss_fn
-from jaxpt.train.optim import OptimConfig, make_optimizer
-from jaxpt.train.state import TrainState
-from jaxpt.train.step import make_train_step
+from jaxpt.trainers.lm import make_lm_loss_fn
+from jaxpt.engine.optim import OptimConfig, make_optimizer
+from jaxpt.engine.state import TrainState
+from jaxpt.engine.step import make_train_step
 
 TINY = ModelConfig(vocab_size=64, d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, mlp_dim=128,
                    max_seq_len=32)

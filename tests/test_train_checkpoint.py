@@ -9,8 +9,8 @@ import numpy as np
 import optax
 import pytest
 
-from jaxpt.train.checkpoint import MANIFEST, SKIPPED_DIR, CheckpointError, Checkpointer
-from jaxpt.train.state import TrainState
+from jaxpt.engine.checkpoint import MANIFEST, SKIPPED_DIR, CheckpointError, Checkpointer
+from jaxpt.engine.state import TrainState
 
 
 def _state(step: int, width: int = 3) -> TrainState:

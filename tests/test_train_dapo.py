@@ -15,8 +15,8 @@ import pytest
 from experiments.configs import dapo_tiny
 from jaxpt.config import ConfigError, from_section
 from jaxpt.rl import dapo
-from jaxpt.train.grpo import GRPORunConfig, build_grpo, train_grpo
-from jaxpt.train.metrics import read_metrics
+from jaxpt.trainers.grpo import GRPORunConfig, build_grpo, train_grpo
+from jaxpt.engine.metrics import read_metrics
 
 G, B, T = 4, 4, 8
 OVERRIDES = {

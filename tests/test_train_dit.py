@@ -15,9 +15,9 @@ import pytest
 
 from experiments.configs import dit_digits
 from jaxpt.config import ConfigError
-from jaxpt.train.dit import build_dit, make_dit_sampler, train_dit
-from jaxpt.train.evaluate import evaluate_run
-from jaxpt.train.metrics import read_metrics
+from jaxpt.trainers.dit import build_dit, make_dit_sampler, train_dit
+from jaxpt.engine.evaluate import evaluate_run
+from jaxpt.engine.metrics import read_metrics
 from tests.runs import latest_state, sigterm_after_first_row
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

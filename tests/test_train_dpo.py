@@ -17,8 +17,8 @@ from jaxpt.config import ConfigError, from_section
 from jaxpt.losses import club
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM
-from jaxpt.train import dir_estimator, dpo
-from jaxpt.train.evaluate import evaluate_run
+from jaxpt.trainers import dir_estimator, dpo
+from jaxpt.engine.evaluate import evaluate_run
 
 CFG = ModelConfig(vocab_size=64, d_model=16, num_layers=1, num_heads=2, num_kv_heads=2, mlp_dim=32, max_seq_len=12)
 B, S = 5, 12

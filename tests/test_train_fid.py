@@ -7,8 +7,8 @@ import pytest
 import scipy.linalg
 
 from jaxpt.config import ConfigError
-from jaxpt.train.fid import ClassifierFeatures, frechet_distance, gaussian_fit
-from jaxpt.train.metrics import read_metrics
+from jaxpt.trainers.fid import ClassifierFeatures, frechet_distance, gaussian_fit
+from jaxpt.engine.metrics import read_metrics
 
 
 def random_covariance(rng, d):
@@ -29,7 +29,7 @@ def test_frechet_distance_matches_the_formula_with_sqrtm():
 
 def test_make_fid_samples_once_and_scores_every_real_set():
   """One draw per call, scored against each real set: the distances equal frechet_distance of the fits."""
-  from jaxpt.train.fid import make_fid
+  from jaxpt.trainers.fid import make_fid
 
   rng = np.random.default_rng(2)
   features = lambda images: jax.numpy.reshape(images, (images.shape[0], -1))[:, :3] * 2.0
@@ -64,8 +64,8 @@ def test_dit_eval_reports_the_fid_of_a_vit_classifiers_features(tmp_path):
   """A micro ViT run gives the features: real test vs validation images are far closer than test vs noise, and a
   micro DiT run with fid.classifier reports a finite eval_fid."""
   from tests import test_train_dit, test_train_vit
-  from jaxpt.train.dit import train_dit
-  from jaxpt.train.vit import train_vit
+  from jaxpt.trainers.dit import train_dit
+  from jaxpt.trainers.vit import train_vit
 
   classifier_dir = str(tmp_path / "vit")
   train_vit(test_train_vit.micro_config(steps=100, eval_every=0, checkpoint_every=100), classifier_dir)

@@ -20,10 +20,10 @@ from jaxpt.data import sft as sft_data
 from jaxpt.data.tokenizer import load_tokenizer
 from jaxpt.models import hf
 from jaxpt.models.config import ModelConfig
-from jaxpt.train import rm
-from jaxpt.train.grpo import GRPORunConfig, build_grpo, train_grpo
-from jaxpt.train.metrics import read_metrics
-from jaxpt.train.sft import SFTRunConfig, build_sft, sft
+from jaxpt.trainers import rm
+from jaxpt.trainers.grpo import GRPORunConfig, build_grpo, train_grpo
+from jaxpt.engine.metrics import read_metrics
+from jaxpt.trainers.sft import SFTRunConfig, build_sft, sft
 from tests.test_models_hf import ASSETS, ROOT
 from tests.test_train_rm import tiny_config as rm_tiny_config
 
@@ -171,7 +171,7 @@ def test_reward_model_backbone_from_the_checkpoint(tmp_path):
 
 
 def test_dpo_policy_and_reference_from_the_checkpoint(checkpoint, tmp_path):
-  from jaxpt.train.dpo import build_dpo
+  from jaxpt.trainers.dpo import build_dpo
 
   config = load_config_file(os.path.join(CONFIGS, "dpo_tiny.py"))
   config.model = config_dict(ModelConfig)
@@ -204,8 +204,8 @@ def test_preference_prompts_in_the_chat_template(checkpoint, tmp_path):
 
 
 def test_a_run_config_built_in_python_is_checked_against_the_checkpoint(checkpoint):
-  from jaxpt.train.dpo import DPORunConfig
-  from jaxpt.train.optim import OptimConfig
+  from jaxpt.trainers.dpo import DPORunConfig
+  from jaxpt.engine.optim import OptimConfig
 
   with pytest.raises(ConfigError, match=r"^model\.d_model=128: contradicts .*/config\.json, which gives 64$"):
     DPORunConfig(init_from=f"hf:{checkpoint}", model=ModelConfig(), optim=OptimConfig())
@@ -213,7 +213,7 @@ def test_a_run_config_built_in_python_is_checked_against_the_checkpoint(checkpoi
 
 
 def test_a_tokenizer_without_eos_is_refused(tmp_path):
-  from jaxpt.train.init_from import init_tokenizer
+  from jaxpt.engine.init_from import init_tokenizer
 
   source = tmp_path / "src"
   shutil.copytree(os.path.join(ASSETS, "qwen2"), source)

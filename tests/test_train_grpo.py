@@ -11,9 +11,9 @@ import pytest
 from experiments.configs import grpo_tiny, sft_tiny
 from jaxpt.config import ConfigError, from_section
 from jaxpt.rl.sampler import make_sampler
-from jaxpt.train.grpo import GRPORunConfig, _split_groups, build_grpo, train_grpo
-from jaxpt.train.metrics import read_metrics
-from jaxpt.train.sft import sft
+from jaxpt.trainers.grpo import GRPORunConfig, _split_groups, build_grpo, train_grpo
+from jaxpt.engine.metrics import read_metrics
+from jaxpt.trainers.sft import sft
 
 # An easy task (one addition of numbers below 10) and a micro model, so that a short SFT gives a policy that is
 # right some of the time when sampling: the signal GRPO needs.

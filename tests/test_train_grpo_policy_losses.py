@@ -8,8 +8,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from jaxpt.train.grpo import build_grpo, train_grpo
-from jaxpt.train.metrics import read_metrics
+from jaxpt.trainers.grpo import build_grpo, train_grpo
+from jaxpt.engine.metrics import read_metrics
 from tests.micro_grpo import even_length, micro_config
 
 VARIANTS = {"cispo": {"grpo.policy_loss": "cispo", "grpo.eps_lo": 1.0, "grpo.eps_hi": 0.28},

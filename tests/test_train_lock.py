@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from jaxpt.train.lock import LOCK_FILE, WorkdirLocked, workdir_lock
+from jaxpt.engine.lock import LOCK_FILE, WorkdirLocked, workdir_lock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -10,12 +10,12 @@ import ml_collections
 import numpy as np
 import pytest
 
-from jaxpt.train.checkpoint import Checkpointer
-from jaxpt.train.loop import LoopConfig, NonFiniteError, train_loop
-from jaxpt.train.metrics import MetricWriter, read_metrics
-from jaxpt.train.optim import make_optimizer
-from jaxpt.train.state import TrainState
-from jaxpt.train.step import make_train_step
+from jaxpt.engine.checkpoint import Checkpointer
+from jaxpt.engine.loop import LoopConfig, NonFiniteError, train_loop
+from jaxpt.engine.metrics import MetricWriter, read_metrics
+from jaxpt.engine.optim import make_optimizer
+from jaxpt.engine.state import TrainState
+from jaxpt.engine.step import make_train_step
 from tests.test_train_fixtures import batches_from, tiny_loss_fn, tiny_params
 
 STEPS = 12
@@ -122,7 +122,7 @@ def test_finished_run_restarts_as_a_no_op(setup, uninterrupted):
 
 def test_restore_params_reads_only_the_params(uninterrupted):
   """A different optimizer's template: only `params` are read, equal to the run's final params."""
-  from jaxpt.train.checkpoint import Checkpointer
+  from jaxpt.engine.checkpoint import Checkpointer
 
   workdir, result = uninterrupted
   checkpointer = Checkpointer(workdir)

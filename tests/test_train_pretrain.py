@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from experiments.configs import tiny
-from jaxpt.train.checkpoint import Checkpointer
-from jaxpt.train.lm import make_lm_loss_fn
-from jaxpt.train.metrics import read_metrics
-from jaxpt.train.pretrain import build_pretraining, pretrain
-from jaxpt.train.step import accumulate_gradients
+from jaxpt.engine.checkpoint import Checkpointer
+from jaxpt.trainers.lm import make_lm_loss_fn
+from jaxpt.engine.metrics import read_metrics
+from jaxpt.trainers.pretrain import build_pretraining, pretrain
+from jaxpt.engine.step import accumulate_gradients
 from tests.runs import latest_state, sigterm_after_first_row
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

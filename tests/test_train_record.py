@@ -9,8 +9,8 @@ import pytest
 from jaxpt.config import ConfigError, from_section
 from jaxpt.data import corpus
 from jaxpt.data import tokenizer as tokenizer_lib
-from jaxpt.train import record
-from jaxpt.train.pretrain import PretrainRunConfig, build_pretraining, pretrain
+from jaxpt.engine import record
+from jaxpt.trainers.pretrain import PretrainRunConfig, build_pretraining, pretrain
 from tests.test_train_pretrain import micro_config
 
 

@@ -17,10 +17,10 @@ from jaxpt.config import ConfigError, from_section
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.reward import RewardModel
 from jaxpt.data.synthetic_preferences import make_tagged_preferences
-from jaxpt.train import rm, rm_eval
-from jaxpt.train.checkpoint import load_run_params
-from jaxpt.train.loop import LoopConfig, train_loop
-from jaxpt.train.state import TrainState
+from jaxpt.trainers import rm, rm_eval
+from jaxpt.engine.checkpoint import load_run_params
+from jaxpt.engine.loop import LoopConfig, train_loop
+from jaxpt.engine.state import TrainState
 
 CFG = ModelConfig(vocab_size=64, d_model=16, num_layers=1, num_heads=2, num_kv_heads=2, mlp_dim=32, max_seq_len=8)
 B, S, HIDDEN, K = 6, 8, 24, 3
@@ -451,7 +451,7 @@ def test_rm_run_writes_metrics_report_and_checkpoint(bt_and_dir_runs):
 
 def test_backbone_initialised_from_a_language_model_checkpoint(tmp_path):
   from jaxpt.models.transformer import TransformerLM
-  from jaxpt.train.checkpoint import Checkpointer
+  from jaxpt.engine.checkpoint import Checkpointer
 
   lm_init = jax.jit(lambda key: nn.meta.unbox(TransformerLM(CFG).init(key, jnp.zeros((1, S), jnp.int32))["params"]))
   lm_params = lm_init(jax.random.PRNGKey(7))

@@ -10,11 +10,11 @@ import pytest
 from experiments.configs import sft_tiny
 from jaxpt.data import sft as sft_data
 from jaxpt.config import ConfigError, from_section
-from jaxpt.train.checkpoint import Checkpointer
-from jaxpt.train.metrics import read_metrics
+from jaxpt.engine.checkpoint import Checkpointer
+from jaxpt.engine.metrics import read_metrics
 from jaxpt.rl.rewards import extract_answer, math_reward
 from jaxpt.rl.sampler import SamplingConfig, make_sampler
-from jaxpt.train.sft import SFTRunConfig, answer_accuracy, build_sft, run_sft, sft
+from jaxpt.trainers.sft import SFTRunConfig, answer_accuracy, build_sft, run_sft, sft
 
 MICRO = {
     "steps": 30, "log_every": 5, "eval_every": 15, "checkpoint_every": 0, "progress": False,

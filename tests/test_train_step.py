@@ -8,9 +8,9 @@ import numpy as np
 import optax
 import pytest
 
-from jaxpt.train.optim import decay_mask, make_optimizer, make_schedule
-from jaxpt.train.state import TrainState
-from jaxpt.train.step import accumulate_gradients, make_train_step
+from jaxpt.engine.optim import decay_mask, make_optimizer, make_schedule
+from jaxpt.engine.state import TrainState
+from jaxpt.engine.step import accumulate_gradients, make_train_step
 from jaxpt.losses import get_loss
 from tests.test_train_fixtures import TinyLM, batch_for_step, tiny_params
 

@@ -14,9 +14,9 @@ import pytest
 
 from experiments.configs import vit_digits
 from jaxpt.config import ConfigError
-from jaxpt.train.evaluate import evaluate_run
-from jaxpt.train.metrics import read_metrics
-from jaxpt.train.vit import build_vit, train_vit
+from jaxpt.engine.evaluate import evaluate_run
+from jaxpt.engine.metrics import read_metrics
+from jaxpt.trainers.vit import build_vit, train_vit
 from tests.runs import latest_state, sigterm_after_first_row
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

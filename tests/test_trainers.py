@@ -16,13 +16,13 @@ import pytest
 
 import jaxpt
 from jaxpt.config import ConfigError, from_section
-from jaxpt.train import evaluate, record
-from jaxpt.train.config import RunConfig, check_init_from
-from jaxpt.train.evaluate import evaluate_run
-from jaxpt.train.pretrain import PretrainRunConfig, pretrain
-from jaxpt.train.rm import train_rm
-from jaxpt.train.sft import SFTRunConfig
-from jaxpt.train.trainers import (MODEL_KINDS, TRAINER_KEY, TRAINERS, legacy_trainer, recorded_trainer,
+from jaxpt.engine import evaluate, record
+from jaxpt.engine.config import RunConfig, check_init_from
+from jaxpt.engine.evaluate import evaluate_run
+from jaxpt.trainers.pretrain import PretrainRunConfig, pretrain
+from jaxpt.trainers.rm import train_rm
+from jaxpt.trainers.sft import SFTRunConfig
+from jaxpt.engine.trainers import (MODEL_KINDS, TRAINER_KEY, TRAINERS, legacy_trainer, recorded_trainer,
                                   trainer_list, trainer_of)
 from tests.test_train_pretrain import micro_config
 from tests.test_train_rm import tiny_config as rm_config
@@ -31,7 +31,7 @@ from tests.test_train_sft import micro_config as sft_config
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LEGACY_TRAINERS = ("pretrain", "sft", "grpo", "rm", "vit", "dit", "dpo")  # the trainers before runs named theirs
 TRAINER_SECTIONS = ("rm", "vit", "dit", "dpo", "grpo", "task", "decode")  # the sections the legacy rule reads
-LEGACY_RULE = ("jaxpt/train/trainers.py", "legacy_trainer")  # the one place allowed to read them for that
+LEGACY_RULE = ("jaxpt/engine/trainers.py", "legacy_trainer")  # the one place allowed to read them for that
 
 
 @pytest.fixture(scope="module")
@@ -268,7 +268,7 @@ def test_the_guess_detector_finds_the_old_guessing():
   found = _section_guesses(OLD_GUESSES, "old.py")
   assert [f.split(":")[1].split()[0] for f in found] == ["2", "3", "6", "6", "11", "13"], found
   assert _section_guesses(OLD_GUESSES.replace("def run_kind", "def legacy_trainer"), LEGACY_RULE[0]) == [
-      "jaxpt/train/trainers.py:11", "jaxpt/train/trainers.py:13"]
+      "jaxpt/engine/trainers.py:11", "jaxpt/engine/trainers.py:13"]
 
 
 def test_run_kind_style_guessing_is_gone():
@@ -293,4 +293,4 @@ def test_no_import_circle_in_the_library():
             for i in graph.find_modules_that_directly_import(m) if graph.chain_exists(importer=m, imported=i)]
   assert cycles == []
   for name in TRAINERS:
-    assert not graph.chain_exists(importer=TRAINERS.get(name).module, imported="jaxpt.train.evaluate"), name
+    assert not graph.chain_exists(importer=TRAINERS.get(name).module, imported="jaxpt.engine.evaluate"), name

@@ -23,10 +23,10 @@ from benchmarks.sampler import Peer, sampler_run, timed
 from benchmarks.train_step import OPTIM
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM, init_params, param_count
-from jaxpt.train.lm import make_lm_loss_fn
-from jaxpt.train.optim import make_optimizer
-from jaxpt.train.state import TrainState
-from jaxpt.train.step import make_train_step
+from jaxpt.trainers.lm import make_lm_loss_fn
+from jaxpt.engine.optim import make_optimizer
+from jaxpt.engine.state import TrainState
+from jaxpt.engine.step import make_train_step
 from tools.device_traces import perfetto_trace, trace_kernel_times
 
 if TYPE_CHECKING:
@@ -211,7 +211,7 @@ def sampler(sizes: Sizes, budget: Budget) -> dict:
 def grpo_step(sizes: Sizes, budget: Budget) -> dict:
   """`benchmarks/grpo_step.py`'s measurement (bf16 and fp32 rollouts) with HF generate of the same rollouts."""
   from benchmarks import grpo_step as grpo_bench  # the GRPO trainer imports tensorflow_datasets (carried wheels)
-  from jaxpt.train.grpo import build_grpo
+  from jaxpt.trainers.grpo import build_grpo
   if budget.spent():
     return {"skipped": ["all"]}
   config = grpo_bench.grpo_config("pre")

@@ -44,9 +44,9 @@ import orbax.checkpoint as ocp
 
 if __package__ in (None, ""):  # run as a script (python tools/fault_injection.py): the repository root on the path
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from jaxpt.train.lock import LOCK_FILE  # noqa: E402
-from jaxpt.train.record import checkpoint_steps  # noqa: E402
-from jaxpt.train.trainers import TRAINERS  # noqa: E402
+from jaxpt.engine.lock import LOCK_FILE  # noqa: E402
+from jaxpt.engine.record import checkpoint_steps  # noqa: E402
+from jaxpt.engine.trainers import TRAINERS  # noqa: E402
 from tools.file_tree import snapshot  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -56,7 +56,7 @@ EXIT_INTERRUPTED = 130  # jaxpt's exit code after a Ctrl-C (SIGINT): saved, reru
 QUOTA_BYTES = 50_000  # below the micro model's checkpoint files: the next save fails as on a full disk
 MICRO_MODEL = {"model.vocab_size": 512, "model.d_model": 32, "model.num_layers": 1, "model.num_heads": 2,
                "model.num_kv_heads": 2, "model.mlp_dim": 64}
-COMMANDS = {  # a tiny run of each registered trainer (jaxpt.train.trainers.TRAINERS) the tool can drive
+COMMANDS = {  # a tiny run of each registered trainer (jaxpt.engine.trainers.TRAINERS) the tool can drive
     "pretrain": ("experiments/configs/tiny.py", {
         **MICRO_MODEL, "steps": 300, "log_every": 1, "eval_every": 50, "checkpoint_every": 7, "progress": False,
         "model.max_seq_len": 32, "data.seq_len": 32, "data.batch_size": 8, "data.eval_batches": 2,

@@ -128,7 +128,7 @@ for scheme in tqdm(SCHEMES, desc="runs"):
     code('''
 import matplotlib.pyplot as plt
 
-from jaxpt.train.metrics import read_metrics
+from jaxpt.engine.metrics import read_metrics
 
 fig, ax = plt.subplots(figsize=(7, 4))
 for scheme, workdir in runs.items():
@@ -494,7 +494,7 @@ import tempfile
 import matplotlib.pyplot as plt
 from tqdm.auto import tqdm
 
-from jaxpt.train.metrics import read_metrics
+from jaxpt.engine.metrics import read_metrics
 
 MADE_DIR = tempfile.mkdtemp(prefix="jaxpt-grpo-")  # the last cell removes it
 WORKDIR = MADE_DIR  # or a folder of your own (e.g. on Drive), which is kept
@@ -633,7 +633,7 @@ runs) and gives the run the checkpoint's tokenizer. The random model is never ri
 show the pipeline (sampling, verifier, PPO-clip update), not learning.
 """),
     code('''
-from jaxpt.train.metrics import read_metrics
+from jaxpt.engine.metrics import read_metrics
 
 grpo_dir = os.path.join(WORKDIR, "grpo")
 config = jaxpt.config_dict(

@@ -25,9 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.configs import grpo_tiny, sft_tiny
-from jaxpt.train.grpo import build_grpo, train_grpo
-from jaxpt.train.metrics import read_metrics
-from jaxpt.train.sft import sft
+from jaxpt.trainers.grpo import build_grpo, train_grpo
+from jaxpt.engine.metrics import read_metrics
+from jaxpt.trainers.sft import sft
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

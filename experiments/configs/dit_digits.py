@@ -1,6 +1,6 @@
 """A SiameseNorm (post_pre) DiT on scikit-learn's 8x8 digits (offline): 2x2 patches, d_model 64, 2 layers, the
 linear schedule over T = 1000; about a minute on 2 CPU cores. Every field not set here keeps the default of its
-dataclass (`jaxpt.train.dit.DiTRunConfig`); DiT's settings are LayerNorm eps 1e-6, tanh GELU, biases, a fixed 2-D
+dataclass (`jaxpt.trainers.dit.DiTRunConfig`); DiT's settings are LayerNorm eps 1e-6, tanh GELU, biases, a fixed 2-D
 sin-cos position table, label dropout 0.1, and no augmentation here (crop_padding 0).
 
   jaxpt dit --config experiments/configs/dit_digits.py --workdir /tmp/dit [--config.model.norm_scheme=pre ...]
@@ -13,7 +13,7 @@ weight decay, batch 256).
 """
 
 from jaxpt.config import config_dict
-from jaxpt.train.dit import DiTRunConfig
+from jaxpt.trainers.dit import DiTRunConfig
 
 
 def get_config():

@@ -2,7 +2,7 @@
 
 `init_from=hf:DIR` fills the policy's architecture from DIR/config.json and gives the tokenizer; the model section
 holds only how the model runs; prompts go in the model's chat template (data.prompt_format=chat). Every field not
-set here keeps the default of its dataclass (`jaxpt.train.dpo.DPORunConfig`).
+set here keeps the default of its dataclass (`jaxpt.trainers.dpo.DPORunConfig`).
 
   jaxpt dpo --config experiments/configs/dpo_hf.py --workdir /tmp/dpo_qwen \
       --config.init_from=hf:/models/Qwen2.5-0.5B-Instruct \
@@ -10,7 +10,7 @@ set here keeps the default of its dataclass (`jaxpt.train.dpo.DPORunConfig`).
 """
 
 from jaxpt.config import config_dict
-from jaxpt.train.dpo import DPORunConfig
+from jaxpt.trainers.dpo import DPORunConfig
 
 
 def get_config():

@@ -3,14 +3,14 @@ preferences (the chosen answer is also the longer one in 95% of training pairs; 
 'adversarial' has the chosen answer always shorter). The policy and its frozen reference start from `init_from`: ''
 (as here) is a seeded random init, which is enough to exercise the trainer; an LM workdir (e.g. a `jaxpt dpo` or
 `jaxpt sft` run with this model) starts both from its params and tokenizes with its tokenizer. About a minute on
-2 CPU cores. Every field not set here keeps the default of its dataclass (`jaxpt.train.dpo.DPORunConfig`).
+2 CPU cores. Every field not set here keeps the default of its dataclass (`jaxpt.trainers.dpo.DPORunConfig`).
 
   jaxpt dpo --config experiments/configs/dpo_tiny.py --workdir /tmp/dpo [--config.dpo.dir=True]
   jaxpt eval --workdir /tmp/dpo
 """
 
 from jaxpt.config import config_dict
-from jaxpt.train.dpo import DPORunConfig
+from jaxpt.trainers.dpo import DPORunConfig
 
 
 def get_config():

@@ -2,7 +2,7 @@
 
 Sized as a smoke run (a few minutes on 2 CPU cores): it checks rollouts, rewards and updates end to end; the tiny
 policy earns next to no reward on GSM8K. Every field not set here keeps the default of its dataclass
-(`jaxpt.train.grpo.GRPORunConfig`).
+(`jaxpt.trainers.grpo.GRPORunConfig`).
 
   jaxpt sft  --config experiments/configs/sft_gsm8k.py  --workdir /tmp/sft_gsm8k
   jaxpt grpo --config experiments/configs/grpo_gsm8k.py --workdir /tmp/grpo_gsm8k --config.init_from=/tmp/sft_gsm8k

@@ -3,7 +3,7 @@ recipe of the CLIPO paper (Qwen2.5-Instruct), at the sizes one accelerator holds
 
 `init_from=hf:DIR` fills the model's architecture from DIR/config.json and gives the tokenizer; the model section
 holds only how the model runs. Every field not set here keeps the default of its dataclass
-(`jaxpt.train.grpo.GRPORunConfig`).
+(`jaxpt.trainers.grpo.GRPORunConfig`).
 
   jaxpt grpo --config experiments/configs/grpo_hf.py --workdir /tmp/grpo_qwen \
       --config.init_from=hf:/models/Qwen2.5-1.5B-Instruct [--config.clipo.enabled=True]
@@ -12,7 +12,7 @@ holds only how the model runs. Every field not set here keeps the default of its
 import os
 
 from jaxpt.config import config_dict, load_config_file
-from jaxpt.train.grpo import GRPORunConfig
+from jaxpt.trainers.grpo import GRPORunConfig
 
 
 def get_config():

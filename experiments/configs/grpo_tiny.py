@@ -1,6 +1,6 @@
 """Tiny GRPO run on the embedded arithmetic task, starting from a `jaxpt sft` run of `sft_tiny.py` (same model and
 task, read from that file); a few minutes on 2 CPU cores. Every field not set here keeps the default of its
-dataclass (`jaxpt.train.grpo.GRPORunConfig`).
+dataclass (`jaxpt.trainers.grpo.GRPORunConfig`).
 
   jaxpt sft  --config experiments/configs/sft_tiny.py  --workdir /tmp/sft
   jaxpt grpo --config experiments/configs/grpo_tiny.py --workdir /tmp/grpo --config.init_from=/tmp/sft
@@ -10,7 +10,7 @@ dataclass (`jaxpt.train.grpo.GRPORunConfig`).
 import os
 
 from jaxpt.config import config_dict, load_config_file
-from jaxpt.train.grpo import GRPORunConfig
+from jaxpt.trainers.grpo import GRPORunConfig
 
 
 def get_config():

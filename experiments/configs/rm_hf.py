@@ -3,7 +3,7 @@ backbone, hh-rlhf style pairs) at the sizes one accelerator holds.
 
 `init_from=hf:DIR` fills the backbone's architecture from DIR/config.json and gives the tokenizer; the model
 section holds only how the model runs. Every field not set here keeps the default of its dataclass
-(`jaxpt.train.rm.RMRunConfig`).
+(`jaxpt.trainers.rm.RMRunConfig`).
 
   jaxpt rm --config experiments/configs/rm_hf.py --workdir /tmp/rm_llama --config.init_from=hf:/models/Llama-3.2-1B \
       --config.data.source=../shared/data/hh-rlhf/harmless-base-test.jsonl.gz [--config.rm.loss=dir]
@@ -11,7 +11,7 @@ section holds only how the model runs. Every field not set here keeps the defaul
 """
 
 from jaxpt.config import config_dict
-from jaxpt.train.rm import RMRunConfig
+from jaxpt.trainers.rm import RMRunConfig
 
 
 def get_config():

@@ -1,13 +1,13 @@
 """Tiny reward-model run: a 2-layer, d_model 64 Pre-Norm backbone trained with Bradley-Terry on the embedded
 synthetic arithmetic preferences, where the chosen answer is also the longer one in 95% of training pairs (the
 'test' split is de-biased, 'adversarial' has the chosen answer always shorter). About a minute on 2 CPU cores.
-Every field not set here keeps the default of its dataclass (`jaxpt.train.rm.RMRunConfig`).
+Every field not set here keeps the default of its dataclass (`jaxpt.trainers.rm.RMRunConfig`).
 
   jaxpt rm --config experiments/configs/rm_tiny.py --workdir /tmp/rm [--config.rm.loss=dir --config.rm.mi_weight=1.0]
 """
 
 from jaxpt.config import config_dict
-from jaxpt.train.rm import RMRunConfig
+from jaxpt.trainers.rm import RMRunConfig
 
 
 def get_config():

@@ -2,7 +2,7 @@
 
 Sized as a smoke run: the tiny model of `sft_tiny.py` with the lengths GSM8K needs, a few minutes on 2 CPU cores;
 it checks the pipeline end to end and learns the answer format, not the math (answer accuracy stays near 0). Every
-field not set here keeps the default of its dataclass (`jaxpt.train.sft.SFTRunConfig`).
+field not set here keeps the default of its dataclass (`jaxpt.trainers.sft.SFTRunConfig`).
 
   jaxpt sft --config experiments/configs/sft_gsm8k.py --workdir /tmp/sft_gsm8k
   [--config.task.path=/elsewhere/gsm8k]   # a folder with train.jsonl and test.jsonl
@@ -18,7 +18,7 @@ of decode.batch_size) and decode.max_new_tokens (~400 for whole reasoning chains
 import os
 
 from jaxpt.config import config_dict
-from jaxpt.train.sft import SFTRunConfig
+from jaxpt.trainers.sft import SFTRunConfig
 
 GSM8K = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared", "data",
                                       "gsm8k"))

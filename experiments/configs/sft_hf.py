@@ -2,7 +2,7 @@
 
 The model section holds only how the model runs (bfloat16 compute, float32 params, remat): `init_from=hf:DIR`
 fills every architecture field from DIR/config.json and the run uses DIR's tokenizer (copied into the workdir).
-Every field not set here keeps the default of its dataclass (`jaxpt.train.sft.SFTRunConfig`).
+Every field not set here keeps the default of its dataclass (`jaxpt.trainers.sft.SFTRunConfig`).
 
   jaxpt sft --config experiments/configs/sft_hf.py --workdir /tmp/sft_qwen \
       --config.init_from=hf:/models/Qwen2.5-0.5B-Instruct [--config.task.path=/elsewhere/gsm8k]
@@ -19,7 +19,7 @@ its sizes with it (the task section's defaults):
 import os
 
 from jaxpt.config import config_dict
-from jaxpt.train.sft import SFTRunConfig
+from jaxpt.trainers.sft import SFTRunConfig
 
 GSM8K = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared", "data",
                                       "gsm8k"))

@@ -1,13 +1,13 @@
 """Tiny SFT run: a 2-layer, d_model 128 SiameseNorm (post_pre) LM fine-tuned from scratch on the embedded
 arithmetic word problems (no download); a few minutes on 2 CPU cores. The task's difficulty is set so the model
 ends clearly better than chance but far from perfect, which leaves GRPO a learning signal. Every field not set here
-keeps the default of its dataclass (`jaxpt.train.sft.SFTRunConfig`).
+keeps the default of its dataclass (`jaxpt.trainers.sft.SFTRunConfig`).
 
   jaxpt sft --config experiments/configs/sft_tiny.py --workdir /tmp/sft [--config.task.num_steps=3 ...]
 """
 
 from jaxpt.config import config_dict
-from jaxpt.train.sft import SFTRunConfig
+from jaxpt.trainers.sft import SFTRunConfig
 
 MODEL = dict(vocab_size=512, d_model=128, num_layers=2, num_heads=4, num_kv_heads=4, mlp_dim=512, max_seq_len=128,
              norm_scheme="siamese_post_pre")

@@ -1,11 +1,12 @@
 """Tiny pretraining run: a 2-layer, d_model 128 SiameseNorm (post_pre) LM on the embedded corpus; a few minutes
-on 2 CPU cores. Every field not set here keeps the default of its dataclass (`jaxpt.train.pretrain.PretrainRunConfig`).
+on 2 CPU cores. Every field not set here keeps the default of its dataclass
+(`jaxpt.trainers.pretrain.PretrainRunConfig`).
 
   jaxpt pretrain --config experiments/configs/tiny.py --workdir /tmp/tiny [--config.steps=N ...]
 """
 
 from jaxpt.config import config_dict
-from jaxpt.train.pretrain import PretrainRunConfig
+from jaxpt.trainers.pretrain import PretrainRunConfig
 
 
 def get_config():

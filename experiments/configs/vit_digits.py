@@ -1,6 +1,6 @@
 """A DeiT-style SiameseNorm (post_pre) ViT on scikit-learn's 8x8 digits (offline): 2x2 patches, d_model 64, 4
 layers; about a minute on 2 CPU cores. Every field not set here keeps the default of its dataclass
-(`jaxpt.train.vit.ViTRunConfig`); the DeiT settings are LayerNorm eps 1e-6, erf GELU, biases, a class token.
+(`jaxpt.trainers.vit.ViTRunConfig`); the DeiT settings are LayerNorm eps 1e-6, erf GELU, biases, a class token.
 
   jaxpt vit --config experiments/configs/vit_digits.py --workdir /tmp/vit [--config.model.norm_scheme=pre ...]
 
@@ -11,7 +11,7 @@ num_classes 1000, d_model 192, num_layers 12, num_heads 3, mlp_dim 768, label_sm
 """
 
 from jaxpt.config import config_dict
-from jaxpt.train.vit import ViTRunConfig
+from jaxpt.trainers.vit import ViTRunConfig
 
 
 def get_config():

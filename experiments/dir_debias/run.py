@@ -85,7 +85,7 @@ def make_config(run: dict):
 
 def train_one(run: dict, directory: str) -> dict:
   """One reward model; -> its test metrics (balanced, adversarial, length-matched accuracy, correlations)."""
-  from jaxpt.train import rm
+  from jaxpt.trainers import rm
 
   setup = rm.build_rm(make_config(run), directory)
   result = rm.train_rm(setup.config, directory, setup=setup)

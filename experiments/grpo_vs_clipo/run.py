@@ -61,8 +61,8 @@ def grpo_config(run: dict):
 
 def train_sft(run: dict, directory: str) -> dict:
   """The SFT run, then the GRPO trainer's own evaluation of it (the 'start' row: same sets, same decoding)."""
-  from jaxpt.train.grpo import build_grpo
-  from jaxpt.train.sft import sft
+  from jaxpt.trainers.grpo import build_grpo
+  from jaxpt.trainers.sft import sft
 
   sft(sft_config(run["sft_sets"]), directory)
   trainer = build_grpo(grpo_config(dict(run, method="grpo", seed=0, lr=1e-5, sft_dir=directory)),
@@ -75,8 +75,8 @@ def train_sft(run: dict, directory: str) -> dict:
 def train_grpo(run: dict, directory: str) -> dict:
   """One GRPO run, then its held-out evals (the final step's; computed from the final state when the run was
   already at its last step, e.g. resumed after a kill between its last checkpoint and its record)."""
-  from jaxpt.train.grpo import build_grpo
-  from jaxpt.train.grpo import train_grpo as train
+  from jaxpt.trainers.grpo import build_grpo
+  from jaxpt.trainers.grpo import train_grpo as train
 
   trainer = build_grpo(grpo_config(run), directory)
   result = train(trainer.config, directory, trainer=trainer)

@@ -6,7 +6,7 @@ steps of batch 64, DDIM sampling with 50 steps and guidance 1.5) that differ onl
 optim.learning_rate and seed:
 
 0. classifier: one `jaxpt vit` run (`experiments/configs/vit_digits.py`, Pre-Norm, seed 0) in WORKDIR/classifier;
-          every DiT run's metric uses its pooled features (`jaxpt.train.fid`).
+          every DiT run's metric uses its pooled features (`jaxpt.trainers.fid`).
 1. tune:  pre, siamese_post_pre x lr in LRS x the tuning seeds (100, 101). Each eval (every 250 steps) draws one
           set of 500 images (labels cycling through the classes, a fixed key) and scores it against the test split
           (eval_fid) and the validation split (eval_val_fid); each scheme's lr is the one with the lowest mean final

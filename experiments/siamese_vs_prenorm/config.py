@@ -14,7 +14,7 @@ starts a new paragraph, are the test rows (evaluated once, at the end: the repor
 """
 
 from jaxpt.config import config_dict
-from jaxpt.train.pretrain import PretrainRunConfig
+from jaxpt.trainers.pretrain import PretrainRunConfig
 
 STEPS = 200
 

@@ -3,7 +3,7 @@
 `jaxpt dit`, scored by an FID-style metric)).
 
 0. classifier (DiT only): one `jaxpt vit` run in WORKDIR/classifier, trained once, whose features every DiT run's
-          FID-style metric uses (`jaxpt.train.fid`).
+          FID-style metric uses (`jaxpt.trainers.fid`).
 1. tune:  every scheme x lr x the tuning seeds. Each scheme's lr is the one with the best mean final *validation*
           metric (`Experiment.metric`: the eval on the validation split at the last step); the test split is not
           looked at.
@@ -105,7 +105,7 @@ def vit_probe(config, params, batch) -> dict:
 def train_and_read(setup, directory: str, key: str, summary: dict):
   """Trains the built run `setup` in `directory`; -> (its final state, or None if it diverged; `summary` + test_<key>,
   val_<key>, test_loss, val_loss of the last eval: NaN where it diverged or the data has no validation split)."""
-  from jaxpt.train.loop import NonFiniteError
+  from jaxpt.engine.loop import NonFiniteError
 
   try:
     result = setup.train(directory)
@@ -123,7 +123,7 @@ def train_vit_run(run: dict, directory: str) -> dict:
   """One `jaxpt vit` run; -> final validation and test top-1 / loss, and (run['probe']) the probes at init and at
   the end."""
   from jaxpt.models.transformer import param_count
-  from jaxpt.train.vit import build_vit
+  from jaxpt.trainers.vit import build_vit
 
   setup = build_vit(make_config(run), directory)
   init = setup.training.init_state().params
@@ -146,7 +146,7 @@ def train_dit_run(run: dict, directory: str) -> dict:
 
   from jaxpt.models.dit import DiT
   from jaxpt.models.transformer import param_count
-  from jaxpt.train.dit import build_dit, make_dit_sampler
+  from jaxpt.trainers.dit import build_dit, make_dit_sampler
 
   setup = build_dit(make_config(run), directory)
   state, summary = train_and_read(setup, directory, "fid", dict(params=param_count(setup.training.init_state().params)))
@@ -211,8 +211,8 @@ def real_reference(classifier_dir: str, config) -> dict:
   fid.num_samples training images and the validation split, each against the test split."""
   from jaxpt.config import from_section
   from jaxpt.data.images import ImageData
-  from jaxpt.train.dit import DiTRunConfig
-  from jaxpt.train.fid import ClassifierFeatures, frechet_distance
+  from jaxpt.trainers.dit import DiTRunConfig
+  from jaxpt.trainers.fid import ClassifierFeatures, frechet_distance
 
   config = from_section(DiTRunConfig, config, "config")
   classifier = ClassifierFeatures.from_run(classifier_dir)

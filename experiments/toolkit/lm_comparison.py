@@ -130,9 +130,9 @@ def probe(model_config, params, batch) -> dict:
 def train_one(run: dict, directory: str) -> dict:
   """One pretraining run; -> final validation and test loss, the probes at init and at the end."""
   from jaxpt.models.transformer import TransformerLM, param_count
-  from jaxpt.train.lm import make_lm_evaluator
-  from jaxpt.train.loop import NonFiniteError
-  from jaxpt.train.pretrain import build_pretraining, pretrain
+  from jaxpt.trainers.lm import make_lm_evaluator
+  from jaxpt.engine.loop import NonFiniteError
+  from jaxpt.trainers.pretrain import build_pretraining, pretrain
 
   for name in DATA_LINKS:
     link = os.path.join(directory, name)

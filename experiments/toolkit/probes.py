@@ -106,7 +106,7 @@ def vit_block_gradient_norms(config: ModelConfig, vit, params, batch: dict) -> n
   """[num_layers] float64: the L2 norm of the ViT's cross-entropy gradient (no label smoothing) over each block's
   parameters, on `batch` {images, labels, weights}."""
   from jaxpt.models.vit import ViT
-  from jaxpt.train.vit import make_vit_loss_fn
+  from jaxpt.trainers.vit import make_vit_loss_fn
 
   config, params = _unrolled(config, params, "encoder")
   loss = make_vit_loss_fn(ViT(config, vit), label_smoothing=0.0, train=False)

@@ -5,7 +5,7 @@
     scores     = float32(hidden) W,  W [d_model, num_scores]       [batch] (num_scores = 1) or [batch, num_scores]
 
 The backbone is a submodule named `backbone`, so its parameter tree is exactly a `TransformerLM`'s (a pretrain /
-SFT run's params initialise it: `jaxpt.train.rm.load_backbone_params`). The LM logits the backbone also returns
+SFT run's params initialise it: `jaxpt.trainers.rm.load_backbone_params`). The LM logits the backbone also returns
 are never used: under jit XLA removes the [tokens, d] x [d, vocab] head matmul (tests/test_models_reward.py checks
 the compiled FLOP count). ODIN uses num_scores = 2: column 0 is the quality head r_Q, column 1 the length head r_L.
 """

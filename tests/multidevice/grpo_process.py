@@ -20,7 +20,7 @@ from jaxpt import parallel  # noqa: E402
 
 def main(process_id: int, port: int, workdir: str) -> None:
   parallel.initialize("on", f"localhost:{port}", num_processes=2, process_id=process_id)
-  from jaxpt.train.grpo import build_grpo, train_grpo
+  from jaxpt.trainers.grpo import build_grpo, train_grpo
   from tests.micro_grpo import MULTI_PROCESS, even_length, micro_config
 
   trainer = dataclasses.replace(build_grpo(micro_config(**MULTI_PROCESS), workdir), reward_fn=even_length)

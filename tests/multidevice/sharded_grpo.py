@@ -20,8 +20,8 @@ import pytest  # noqa: E402
 
 from jaxpt import parallel  # noqa: E402
 from jaxpt.rl.sampler import make_sampler  # noqa: E402
-from jaxpt.train.grpo import build_grpo, train_grpo  # noqa: E402
-from jaxpt.train.metrics import read_metrics  # noqa: E402
+from jaxpt.trainers.grpo import build_grpo, train_grpo  # noqa: E402
+from jaxpt.engine.metrics import read_metrics  # noqa: E402
 from tests.micro_grpo import DAPO, B, G, T, even_length, micro_config  # noqa: E402
 
 MESHES = {"dp": dict(data=8), "fsdp": dict(data=1, fsdp=8), "fsdp_tp": dict(data=2, fsdp=2, tensor=2)}

@@ -27,12 +27,12 @@ from jaxpt.config import ConfigError, config_dict  # noqa: E402
 from jaxpt.data.packing import make_batch  # noqa: E402
 from jaxpt.models.config import ModelConfig  # noqa: E402
 from jaxpt.models.transformer import TransformerLM  # noqa: E402
-from jaxpt.train.checkpoint import Checkpointer  # noqa: E402
-from jaxpt.train.lm import make_lm_loss_fn  # noqa: E402
-from jaxpt.train.optim import OptimConfig, decay_mask, make_optimizer  # noqa: E402
-from jaxpt.train.sharded import shard_training, sharded_init, train_state_sharding  # noqa: E402
-from jaxpt.train.state import TrainState  # noqa: E402
-from jaxpt.train.step import make_train_step  # noqa: E402
+from jaxpt.engine.checkpoint import Checkpointer  # noqa: E402
+from jaxpt.trainers.lm import make_lm_loss_fn  # noqa: E402
+from jaxpt.engine.optim import OptimConfig, decay_mask, make_optimizer  # noqa: E402
+from jaxpt.engine.sharded import shard_training, sharded_init, train_state_sharding  # noqa: E402
+from jaxpt.engine.state import TrainState  # noqa: E402
+from jaxpt.engine.step import make_train_step  # noqa: E402
 
 BATCH, SEQ, STEPS = 16, 16, 3
 MESHES = {  # preset -> mesh sizes (data, fsdp, tensor) on 8 devices
@@ -236,7 +236,7 @@ def _run_config(**mesh):
 
 
 def test_mesh_not_dividing_devices_fails_naming_fields(tmp_path):
-  from jaxpt.train.pretrain import build_pretraining
+  from jaxpt.trainers.pretrain import build_pretraining
 
   with pytest.raises(ConfigError, match=r"config.mesh.data=3 x config.mesh.fsdp=1 x config.mesh.tensor=1: "
                                         r".*3 devices but there are 8"):
@@ -246,7 +246,7 @@ def test_mesh_not_dividing_devices_fails_naming_fields(tmp_path):
 
 
 def test_batch_not_divisible_by_data_parallel_axes_fails_naming_fields(tmp_path):
-  from jaxpt.train.pretrain import build_pretraining
+  from jaxpt.trainers.pretrain import build_pretraining
 
   with pytest.raises(ConfigError, match=r"config.data.batch_size=12: .*config.mesh.data=1 x config.mesh.fsdp=8 = 8"):
     build_pretraining(_run_config(data=1, fsdp=8), str(tmp_path))

@@ -24,12 +24,12 @@ from jaxpt.losses.noise_schedule import NoiseSchedule  # noqa: E402
 from jaxpt.models.config import ModelConfig  # noqa: E402
 from jaxpt.models.dit import DiT, DiTConfig, dummy_inputs  # noqa: E402
 from jaxpt.models.vit import ViT, ViTConfig, dummy_images  # noqa: E402
-from jaxpt.train.optim import OptimConfig, decay_mask, make_optimizer  # noqa: E402
-from jaxpt.train.sharded import shard_training  # noqa: E402
-from jaxpt.train.state import TrainState  # noqa: E402
-from jaxpt.train.step import make_train_step  # noqa: E402
-from jaxpt.train.dit import make_dit_loss_fn  # noqa: E402
-from jaxpt.train.vit import make_vit_loss_fn  # noqa: E402
+from jaxpt.engine.optim import OptimConfig, decay_mask, make_optimizer  # noqa: E402
+from jaxpt.engine.sharded import shard_training  # noqa: E402
+from jaxpt.engine.state import TrainState  # noqa: E402
+from jaxpt.engine.step import make_train_step  # noqa: E402
+from jaxpt.trainers.dit import make_dit_loss_fn  # noqa: E402
+from jaxpt.trainers.vit import make_vit_loss_fn  # noqa: E402
 
 BATCH, STEPS = 16, 3
 VIT = ViTConfig(image_size=8, patch_size=2, channels=1, num_classes=10)

@@ -13,7 +13,7 @@ One loop step (`GRPOTrainer.train_step`), for a batch of B prompts:
                (+ in_loss_coef * CLIPO contrastive loss on the policy's own hidden states)
                (DAPO overlong filtering: truncated responses masked out of the loss)
 
-Each policy update is the shared train step (`jaxpt.train.step`), compiled by the shared builder for one minibatch
+Each policy update is the shared train step (`jaxpt.engine.step`), compiled by the shared builder for one minibatch
 of `experience_shapes`; `optim.grad_accum_steps` splits a minibatch into micro-batches. Everything runs on the
 run's mesh (`config.mesh`): the sampler and the log-probs are compiled for it too, each process samples and
 verifies its own prompts, and the per-rollout host arrays are all-gathered (`GRPOTrainer`). `state.step` counts loop
@@ -48,13 +48,13 @@ from jaxpt.rl.logprobs import response_logits, response_logprobs, token_logprobs
 from jaxpt.rl.rewards import math_reward
 from jaxpt.rl.rollouts import RewardFn, repeat_prompts, response_texts, verifier_rewards
 from jaxpt.rl.sampler import SamplingConfig, make_sampler
-from jaxpt.train.builder import Training, build_training, training_mesh
-from jaxpt.train.config import RunConfig, check_vocab, config_json
-from jaxpt.train.init_from import init_tokenizer
-from jaxpt.train.loop import LoopResult, print_summary, train_loop
-from jaxpt.train.record import check_launch, digest, launch_recorder, resumes
-from jaxpt.train.state import TrainState
-from jaxpt.train.step import grad_fn_of
+from jaxpt.engine.builder import Training, build_training, training_mesh
+from jaxpt.engine.config import RunConfig, check_vocab, config_json
+from jaxpt.engine.init_from import init_tokenizer
+from jaxpt.engine.loop import LoopResult, print_summary, train_loop
+from jaxpt.engine.record import check_launch, digest, launch_recorder, resumes
+from jaxpt.engine.state import TrainState
+from jaxpt.engine.step import grad_fn_of
 
 
 @dataclasses.dataclass(frozen=True)

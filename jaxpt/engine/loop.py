@@ -22,10 +22,10 @@ from tqdm.auto import tqdm  # in a Jupyter kernel with ipywidgets (Colab): the n
 
 from jaxpt import progress
 from jaxpt.config import Section, at_least, one_of
-from jaxpt.train.checkpoint import Checkpointer
-from jaxpt.train.lock import workdir_lock
-from jaxpt.train.metrics import MetricWriter, NullMetricWriter
-from jaxpt.train.state import TrainState
+from jaxpt.engine.checkpoint import Checkpointer
+from jaxpt.engine.lock import workdir_lock
+from jaxpt.engine.metrics import MetricWriter, NullMetricWriter
+from jaxpt.engine.state import TrainState
 
 NONFINITE_ACTIONS = ("stop", "skip")
 EXIT_PREEMPTED = 75  # sysexits' EX_TEMPFAIL: stopped by SIGTERM after saving; rerunning the command resumes
@@ -38,7 +38,7 @@ EvalFn = Callable[[TrainState], dict]
 
 @dataclasses.dataclass(frozen=True)
 class LoopConfig(Section):
-  """The loop's settings; a run config (`jaxpt.train.config.RunConfig`) holds these fields at its top level.
+  """The loop's settings; a run config (`jaxpt.engine.config.RunConfig`) holds these fields at its top level.
 
   Attributes:
     steps: total loop steps of the run.
@@ -239,7 +239,7 @@ def train_loop(state: TrainState, train_step: TrainStep, batches: BatchesFn, con
   stop_at: stop (and checkpoint) after this step, as if preempted there; for staged runs and tests.
   record(): called once the checkpoint to resume from (if any) has restored into `state`, the last check a relaunch
     can fail (a checkpoint that does not fit the config), and before the loop writes anything: it records the
-    launch (`jaxpt.train.record.record_launch`), so a refused relaunch leaves the workdir as it was.
+    launch (`jaxpt.engine.record.record_launch`), so a refused relaunch leaves the workdir as it was.
   Writes metrics.jsonl rows {step, loss, ..., lr, grad_norm, tokens_per_sec, eval_*}, TensorBoard, loss.png.
   """
   with workdir_lock(workdir):  # one writer per workdir

@@ -20,7 +20,7 @@ from jaxpt.parallel.memory import compiled_memory
 from jaxpt.parallel.rules import Rules
 from jaxpt.parallel.sharding import (batch_sharding, param_shardings, replicated, state_shardings,
                                      with_activation_sharding)
-from jaxpt.train.state import TrainState
+from jaxpt.engine.state import TrainState
 
 
 @dataclasses.dataclass

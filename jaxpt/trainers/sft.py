@@ -31,13 +31,13 @@ from jaxpt.models.transformer import TransformerLM
 from jaxpt.progress import say
 from jaxpt.rl.rewards import math_reward
 from jaxpt.rl.sampler import SampleOutput, SamplingConfig, make_sampler
-from jaxpt.train.builder import training_mesh
-from jaxpt.train.init_from import init_tokenizer
-from jaxpt.train.lm import make_lm_evaluator
-from jaxpt.train.loop import LoopResult, print_summary
-from jaxpt.train.pretrain import LMTraining, PretrainRunConfig, build_lm_training, run_lm_training
-from jaxpt.train.record import check_launch, digest, resumes
-from jaxpt.train.state import TrainState
+from jaxpt.engine.builder import training_mesh
+from jaxpt.engine.init_from import init_tokenizer
+from jaxpt.trainers.lm import make_lm_evaluator
+from jaxpt.engine.loop import LoopResult, print_summary
+from jaxpt.trainers.pretrain import LMTraining, PretrainRunConfig, build_lm_training, run_lm_training
+from jaxpt.engine.record import check_launch, digest, resumes
+from jaxpt.engine.state import TrainState
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,7 +130,7 @@ def make_sft_evaluator(model_config: ModelConfig, eval_batches: Sequence[dict], 
 def build_sft(config: SFTRunConfig | Any, workdir: str) -> LMTraining:
   """Checks `config` (ConfigError naming the field), then builds the task's tokenizer (`init_from`'s, else one
   trained on the task and cached in `workdir/tokenizer`), SFT data and evaluator and hands them to the shared
-  LM-training builder (jaxpt.train.pretrain.build_lm_training: model, optimizer, compiled step, init from
+  LM-training builder (jaxpt.trainers.pretrain.build_lm_training: model, optimizer, compiled step, init from
   `config.init_from`)."""
   config = from_section(SFTRunConfig, config, "config")
   mesh = training_mesh(config, config.data.batch_size)  # before any data work

@@ -21,12 +21,12 @@ from jaxpt.losses.classification import softmax_cross_entropy
 from jaxpt.models import hf
 from jaxpt.models.vit import ViT, ViTConfig, check_vit_model, dummy_images
 from jaxpt.progress import say
-from jaxpt.train.builder import Training, batch_shapes, build_training, training_mesh
-from jaxpt.train.config import RunConfig
-from jaxpt.train.loop import LoopResult, print_summary
-from jaxpt.train.record import check_launch, digest, record_launch
-from jaxpt.train.state import TrainState
-from jaxpt.train.step import LossFn
+from jaxpt.engine.builder import Training, batch_shapes, build_training, training_mesh
+from jaxpt.engine.config import RunConfig
+from jaxpt.engine.loop import LoopResult, print_summary
+from jaxpt.engine.record import check_launch, digest, record_launch
+from jaxpt.engine.state import TrainState
+from jaxpt.engine.step import LossFn
 
 EVAL_PREFIXES = {"test": "eval", "validation": "eval_val"}  # split -> metric prefix
 
@@ -140,7 +140,7 @@ class ImageTraining:
 def build_image_training(config: RunConfig | Any, workdir: str, section: str, model: nn.Module, init_args: tuple,
                          loss_fn: LossFn, make_evaluator: Callable[[ImageData, Callable[[dict], dict]], Any]
                          ) -> ImageTraining:
-  """The shared part of `build_vit` / `jaxpt.train.dit.build_dit` for a checked run `config`: the mesh, the launch
+  """The shared part of `build_vit` / `jaxpt.trainers.dit.build_dit` for a checked run `config`: the mesh, the launch
   check, the image data (checked against the `section` of the config, `vit` or `dit`: image_size, channels,
   num_classes), the compiled step of `loss_fn` and `make_evaluator(data, put)` under the mesh's rules."""
   mesh = training_mesh(config, config.data.batch_size)

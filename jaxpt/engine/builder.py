@@ -3,7 +3,7 @@
     mesh = training_mesh(run, batch_size)        # config.mesh on the devices; before any data work
     training = build_training(run, mesh, model, init_args, batch_shapes, loss_fn=... | grad_fn=..., ...)
     training.init_state() -> sharded TrainState (params from run.init_from); training.train_step: the shared step
-    (`jaxpt.train.step`) compiled for the mesh; training.batches(train_batch, batch_size): global batches
+    (`jaxpt.engine.step`) compiled for the mesh; training.batches(train_batch, batch_size): global batches
 
 Keys: split(PRNGKey(seed)) -> (init, train); init -> (model, aux) when the trainer carries an aux state. Trainers
 differ only in what they pass: model and init arguments, the gradient, batch shapes, an aux state (the DIR
@@ -26,13 +26,13 @@ from absl import logging
 from jaxpt import parallel
 from jaxpt.data import order
 from jaxpt.models.transformer import param_count
-from jaxpt.train.config import RunConfig, config_json
-from jaxpt.train.init_from import init_params
-from jaxpt.train.loop import LoopResult, train_loop
-from jaxpt.train.optim import decay_mask, make_optimizer
-from jaxpt.train.sharded import ShardedTraining, shard_training
-from jaxpt.train.state import TrainState
-from jaxpt.train.step import GradFn, LossFn, make_train_step
+from jaxpt.engine.config import RunConfig, config_json
+from jaxpt.engine.init_from import init_params
+from jaxpt.engine.loop import LoopResult, train_loop
+from jaxpt.engine.optim import decay_mask, make_optimizer
+from jaxpt.engine.sharded import ShardedTraining, shard_training
+from jaxpt.engine.state import TrainState
+from jaxpt.engine.step import GradFn, LossFn, make_train_step
 
 HostBatchFn = Callable[[int, int, int], dict]  # (step, process_index, process_count) -> this process's rows
 
@@ -85,7 +85,7 @@ class Training:
 
   def init_state(self) -> TrainState:
     """A fresh (un-donated) initial state, sharded on the mesh; with `init_from`, its params (or the
-    `init_from_subtree` of them) are that run's latest params or the HF checkpoint's (`jaxpt.train.init_from`),
+    `init_from_subtree` of them) are that run's latest params or the HF checkpoint's (`jaxpt.engine.init_from`),
     and the optimizer state starts fresh."""
     state = self.sharded.init_state()
     init_from, model = self.config.init_from, self.config.model
@@ -142,7 +142,7 @@ def build_training(config: RunConfig, mesh: Mesh, model: nn.Module, init_args: t
   """Model params, optimizer and aux created sharded on `mesh`, and the shared step compiled for it.
 
   init_args: dummy inputs of `model.init` after the rng; shapes: the global batch shapes the step is compiled for;
-  loss_fn / grad_fn: the gradient (see `jaxpt.train.step.make_train_step`); total_steps: optimizer updates of the
+  loss_fn / grad_fn: the gradient (see `jaxpt.engine.step.make_train_step`); total_steps: optimizer updates of the
   schedule (default config.steps); init_aux(rng) -> the TrainState's aux (default None).
   """
   rules = config.mesh.logical_rules

@@ -11,7 +11,7 @@ One step on a batch of B pairs (`data` as for reward models, `jaxpt.data.prefere
   DIR (`dpo.dir`): h = the policy's final-norm hidden state at each row's last token (the EOS) [2B, d], as the
   official DPO+DIR code takes `hidden_states[-1]` at the sequence end; a = the data's bias label (`dpo.bias`,
   default length: 1[len_c > len_r]). At loop steps t > mi_warmup_steps (0-based, the official `global_step > 80`)
-  the estimator moves K steps on X = club_input(sg(h_c), sg(h_r)) (`jaxpt.train.dir_estimator`) and
+  the estimator moves K steps on X = club_input(sg(h_c), sg(h_r)) (`jaxpt.trainers.dir_estimator`) and
     L += lambda I_club(X, a)  (psi held constant); before that neither the term nor the estimator moves.
 
 The reference policy is the initial policy: `init_from`'s params (or the seeded init), copied when the state is
@@ -40,17 +40,17 @@ from jaxpt.losses import get_loss
 from jaxpt.models.transformer import TransformerLM, param_count
 from jaxpt.progress import say
 from jaxpt.rl.logprobs import token_logprobs
-from jaxpt.train import dir_estimator
-from jaxpt.train.builder import Training, batch_shapes, build_training, training_mesh
-from jaxpt.train.config import RunConfig, check_vocab, config_json
-from jaxpt.train.dir_estimator import DIRSettings
-from jaxpt.train.init_from import init_tokenizer
-from jaxpt.train.loop import LoopResult, print_summary, train_loop
-from jaxpt.train.pairs import (BIAS_PREFIX, PairEvaluator, check_bias_label, eval_splits, flatten_batch, pair_tokens,
+from jaxpt.trainers import dir_estimator
+from jaxpt.engine.builder import Training, batch_shapes, build_training, training_mesh
+from jaxpt.engine.config import RunConfig, check_vocab, config_json
+from jaxpt.trainers.dir_estimator import DIRSettings
+from jaxpt.engine.init_from import init_tokenizer
+from jaxpt.engine.loop import LoopResult, print_summary, train_loop
+from jaxpt.trainers.pairs import (BIAS_PREFIX, PairEvaluator, check_bias_label, eval_splits, flatten_batch, pair_tokens,
                                report_when_finished)
-from jaxpt.train.record import check_launch, launch_recorder, resumes
-from jaxpt.train.state import TrainState
-from jaxpt.train.step import GradFn
+from jaxpt.engine.record import check_launch, launch_recorder, resumes
+from jaxpt.engine.state import TrainState
+from jaxpt.engine.step import GradFn
 
 __all__ = ["DPOConfig", "DPORunConfig", "DPOTraining", "build_dpo", "make_dpo_grad_fn", "pair_logps",
            "reference_logps", "response_mask", "run_dpo", "sequence_logps", "train_dpo"]

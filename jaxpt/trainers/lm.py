@@ -14,8 +14,8 @@ import numpy as np
 from jaxpt.config import ConfigError, Section, in_range
 from jaxpt.losses import get_loss
 from jaxpt.nn.moe import aux_losses as moe_aux_losses
-from jaxpt.train.state import TrainState
-from jaxpt.train.step import LossFn
+from jaxpt.engine.state import TrainState
+from jaxpt.engine.step import LossFn
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,14 +23,14 @@ import numpy as np
 from jaxpt.config import ConfigError, Section, at_least, from_section
 from jaxpt.models.vit import ViT, ViTConfig, init_vit_params
 from jaxpt.nn.vision import pool
-from jaxpt.train.checkpoint import load_run_params
-from jaxpt.train.record import recorded_config
-from jaxpt.train.trainers import recorded_trainer
+from jaxpt.engine.checkpoint import load_run_params
+from jaxpt.engine.record import recorded_config
+from jaxpt.engine.trainers import recorded_trainer
 
 
 @dataclasses.dataclass(frozen=True)
 class FIDConfig(Section):
-  """The FID-style metric of a DiT run's eval (the `fid` section; see `jaxpt.train.fid`).
+  """The FID-style metric of a DiT run's eval (the `fid` section; see `jaxpt.trainers.fid`).
 
   Attributes:
     classifier: the workdir of a `jaxpt vit` run on the same image set whose latest params give the features; ''
@@ -83,7 +83,7 @@ class ClassifierFeatures:
       raise ConfigError(field, str(e), workdir) from None
     if recorded_trainer(recorded) != "vit":
       raise ConfigError(field, "not the workdir of a `jaxpt vit` run", workdir)
-    from jaxpt.train.vit import ViTRunConfig
+    from jaxpt.trainers.vit import ViTRunConfig
 
     run = from_section(ViTRunConfig, recorded, "config")
     model = ViT(run.model, run.vit)

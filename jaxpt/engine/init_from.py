@@ -25,7 +25,7 @@ from jaxpt.data import tokenizer as tokenizer_lib
 from jaxpt.models import hf
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import init_params as init_params_of
-from jaxpt.train.checkpoint import check_run_params, load_run_params
+from jaxpt.engine.checkpoint import check_run_params, load_run_params
 
 FIELD = "config.init_from"
 

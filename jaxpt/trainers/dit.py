@@ -8,7 +8,7 @@ loop (orbax checkpoints, bitwise resume, the run record, metrics, the mesh).
     eval   eval_loss on the test split, eval_val_loss on the validation split: the same loss with t and eps drawn
            from fixed keys (one per eval batch) and no label dropout, so every eval of a run reads the same draws;
            with fid.classifier, eval_fid: the FID-style distance between fid.num_samples images drawn as the
-           `sample` section says (a fixed key) and the test split (`jaxpt.train.fid`: features of an in-repo ViT),
+           `sample` section says (a fixed key) and the test split (`jaxpt.trainers.fid`: features of an in-repo ViT),
            and eval_val_fid: the same samples against the validation split (when the data has one)
 
 No EMA of the weights is kept: samples and evals use the trained weights.
@@ -29,12 +29,12 @@ from jaxpt.losses.noise_schedule import NoiseSchedule
 from jaxpt.models import hf
 from jaxpt.models.dit import DiT, DiTConfig, check_dit_model, drop_labels, dummy_inputs
 from jaxpt.models.dit_sampler import SamplerConfig, make_sampler
-from jaxpt.train.config import RunConfig
-from jaxpt.train.fid import ClassifierFeatures, FIDConfig, make_fid
-from jaxpt.train.loop import LoopResult, print_summary
-from jaxpt.train.state import TrainState
-from jaxpt.train.step import LossFn
-from jaxpt.train.vit import EVAL_PREFIXES, ImageTraining, build_image_training, split_means_evaluator
+from jaxpt.engine.config import RunConfig
+from jaxpt.trainers.fid import ClassifierFeatures, FIDConfig, make_fid
+from jaxpt.engine.loop import LoopResult, print_summary
+from jaxpt.engine.state import TrainState
+from jaxpt.engine.step import LossFn
+from jaxpt.trainers.vit import EVAL_PREFIXES, ImageTraining, build_image_training, split_means_evaluator
 
 EVAL_KEY = 0  # eval batch i draws its timesteps and noise from fold_in(PRNGKey(EVAL_KEY), i)
 

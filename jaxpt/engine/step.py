@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxpt.train.state import TrainState
+from jaxpt.engine.state import TrainState
 
 LossFn = Callable[[Any, dict, jax.Array], tuple[jax.Array, dict]]
 GradFn = Callable[[Any, Any, dict, jax.Array], tuple[Any, Any, dict]]  # (params, aux, batch, rng) -> grads, aux, m

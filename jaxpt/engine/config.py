@@ -14,17 +14,17 @@ from jaxpt.config import ConfigError, DataError, at_least, section_values
 from jaxpt.models import hf
 from jaxpt.models.config import ModelConfig
 from jaxpt.parallel.mesh import MeshConfig
-from jaxpt.train.loop import LoopConfig
-from jaxpt.train.optim import OptimConfig
-from jaxpt.train.record import NoRunRecord, recorded_config
-from jaxpt.train.trainers import TRAINER_KEY, TRAINERS, recorded_trainer, trainer_list, trainer_of
+from jaxpt.engine.loop import LoopConfig
+from jaxpt.engine.optim import OptimConfig
+from jaxpt.engine.record import NoRunRecord, recorded_config
+from jaxpt.engine.trainers import TRAINER_KEY, TRAINERS, recorded_trainer, trainer_list, trainer_of
 
 __all__ = ["RunConfig", "check_hf_model", "check_init_from", "check_vocab", "config_json"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RunConfig(LoopConfig):
-  """What every run config holds: the loop's fields (`jaxpt.train.loop.LoopConfig`: steps, log_every, ...) and these.
+  """What every run config holds: the loop's fields (`jaxpt.engine.loop.LoopConfig`: steps, log_every, ...) and these.
 
   Attributes:
     model: the transformer (required section).
@@ -36,7 +36,7 @@ class RunConfig(LoopConfig):
       architecture fields (those left at their defaults; another value is an error naming both) and whose
       tokenizer the run uses.
     allow_changes: comma-separated fields or sections ('steps,optim.learning_rate', 'optim', 'inputs') this launch
-      may change when it resumes a run recorded with other values (`jaxpt.train.record`); '' = resume only the run
+      may change when it resumes a run recorded with other values (`jaxpt.engine.record`); '' = resume only the run
       as recorded.
   """
 

@@ -4,7 +4,7 @@
     workdir/config_history.jsonl  one row per launch (time, host, step resumed from, the changes accepted, the
                                   config and its inputs' digests); appended, never rewritten
 
-config.json's top-level `"trainer"` key names the trainer that made the run (`jaxpt.train.trainers`); a launch of
+config.json's top-level `"trainer"` key names the trainer that made the run (`jaxpt.engine.trainers`); a launch of
 another trainer into a workdir holding a checkpoint is refused, whatever `allow_changes` says (a run recorded before
 the key was written is classified by the legacy rule, `trainers.legacy_trainer`).
 
@@ -38,7 +38,7 @@ import jax
 from jaxpt.config import ConfigError
 from jaxpt.data.tokenizer import save_tokenizer
 from jaxpt.oserrors import write_atomically
-from jaxpt.train.trainers import TRAINER_KEY, recorded_trainer, trainer_of
+from jaxpt.engine.trainers import TRAINER_KEY, recorded_trainer, trainer_of
 
 CONFIG_FILE = "config.json"
 HISTORY_FILE = "config_history.jsonl"

@@ -33,7 +33,7 @@ class Trainer:
   Attributes:
     name: the subcommand and the name a run records (config.json's "trainer").
     help: one line for `jaxpt --help`.
-    module: the module holding the trainer ('jaxpt.train.rm'), imported on first use.
+    module: the module holding the trainer ('jaxpt.trainers.rm'), imported on first use.
     config_class: its run config dataclass there.
     run: `run(run_config, workdir) -> exit code`, the CLI's entry.
     train: `train(config, workdir) -> LoopResult`, the Python API's entry (exported as `jaxpt.<train>`).
@@ -84,21 +84,21 @@ class Trainer:
 TRAINERS: Registry[Trainer] = Registry("trainer")
 for _trainer in (
     Trainer("pretrain", "Pretrain a transformer LM (metrics.jsonl, TensorBoard, loss.png, checkpoints in workdir).",
-            "jaxpt.train.pretrain", "PretrainRunConfig", "run_pretrain", "pretrain", "build_pretraining", "lm",
+            "jaxpt.trainers.pretrain", "PretrainRunConfig", "run_pretrain", "pretrain", "build_pretraining", "lm",
             eval_set="data.eval_batches"),
     Trainer("sft", "Supervised fine-tuning on a math task (response-only loss; answer accuracy in the eval).",
-            "jaxpt.train.sft", "SFTRunConfig", "run_sft", "sft", "build_sft", "lm", eval_set="data.eval_batches"),
+            "jaxpt.trainers.sft", "SFTRunConfig", "run_sft", "sft", "build_sft", "lm", eval_set="data.eval_batches"),
     Trainer("grpo", "GRPO / CLIPO post-training with KV-cache rollouts and verifiable rewards.",
-            "jaxpt.train.grpo", "GRPORunConfig", "run_grpo", "train_grpo", "build_grpo", "lm",
+            "jaxpt.trainers.grpo", "GRPORunConfig", "run_grpo", "train_grpo", "build_grpo", "lm",
             eval_set="data.eval_prompts"),
     Trainer("rm", "Train a reward model (Bradley-Terry, DIR, ODIN) and write its evaluation report.",
-            "jaxpt.train.rm", "RMRunConfig", "run_rm", "train_rm", "build_rm", "reward", starts_runs=False),
+            "jaxpt.trainers.rm", "RMRunConfig", "run_rm", "train_rm", "build_rm", "reward", starts_runs=False),
     Trainer("vit", "Train a ViT image classifier (any residual scheme; top-1 on the test split in the eval).",
-            "jaxpt.train.vit", "ViTRunConfig", "run_vit", "train_vit", "build_vit", "vit"),
+            "jaxpt.trainers.vit", "ViTRunConfig", "run_vit", "train_vit", "build_vit", "vit"),
     Trainer("dit", "Train a class-conditional DiT (pre or siamese_post_pre; the diffusion loss in the eval).",
-            "jaxpt.train.dit", "DiTRunConfig", "run_dit", "train_dit", "build_dit", "dit"),
+            "jaxpt.trainers.dit", "DiTRunConfig", "run_dit", "train_dit", "build_dit", "dit"),
     Trainer("dpo", "DPO (optionally + DIR) of a language model on preference pairs; implicit-reward eval report.",
-            "jaxpt.train.dpo", "DPORunConfig", "run_dpo", "train_dpo", "build_dpo", "lm"),
+            "jaxpt.trainers.dpo", "DPORunConfig", "run_dpo", "train_dpo", "build_dpo", "lm"),
 ):
   TRAINERS.add(_trainer.name, _trainer)
 

@@ -20,7 +20,7 @@ from jax.experimental import multihost_utils
 
 from jaxpt.config import ConfigError
 from jaxpt.oserrors import describe, write_atomically
-from jaxpt.train.state import TrainState
+from jaxpt.engine.state import TrainState
 
 CHECKPOINT_DIR = "checkpoints"
 SKIPPED_DIR = "checkpoints_skipped"  # unrestorable checkpoints are moved here, never deleted

@@ -1,17 +1,17 @@
 """`jaxpt eval --workdir W [--step N]`: evaluates a checkpoint of an existing run, without training.
 
-The run's recorded trainer (`jaxpt.train.trainers.recorded_trainer` of `W/config.json`) names its entry in
+The run's recorded trainer (`jaxpt.engine.trainers.recorded_trainer` of `W/config.json`) names its entry in
 `TRAINERS`, whose build function rebuilds the run from the record (data from the workdir's caches, model, evaluator,
 compiled step); the checkpoint's params are restored into it (`Checkpointer.restore_params`) and the trainer's own
 evaluator runs once (DPO's reference policy is rebuilt from `init_from`, as on resume):
 
-    pretrain  eval_loss, eval_ppl, eval_accuracy                   (jaxpt.train.lm.make_lm_evaluator)
-    sft       those + eval_answer_accuracy (+ eval_sample_accuracy) (jaxpt.train.sft.make_sft_evaluator)
-    rm        eval_* (eval_<split>_* for the other splits)          (jaxpt.train.rm.RMEvaluator)
-    vit       eval_top1, eval_loss (test), eval_val_* (validation)  (jaxpt.train.vit.make_vit_evaluator)
-    dit       eval_loss (test), eval_val_loss (validation)          (jaxpt.train.dit.make_dit_evaluator)
-    dpo       the same, of the implicit reward beta (logp - ref)    (jaxpt.train.dpo.DPOTraining.evaluate)
-    grpo      eval_accuracy_<set>                                   (jaxpt.train.grpo.GRPOTrainer.evaluate)
+    pretrain  eval_loss, eval_ppl, eval_accuracy                   (jaxpt.trainers.lm.make_lm_evaluator)
+    sft       those + eval_answer_accuracy (+ eval_sample_accuracy) (jaxpt.trainers.sft.make_sft_evaluator)
+    rm        eval_* (eval_<split>_* for the other splits)          (jaxpt.trainers.rm.RMEvaluator)
+    vit       eval_top1, eval_loss (test), eval_val_* (validation)  (jaxpt.trainers.vit.make_vit_evaluator)
+    dit       eval_loss (test), eval_val_loss (validation)          (jaxpt.trainers.dit.make_dit_evaluator)
+    dpo       the same, of the implicit reward beta (logp - ref)    (jaxpt.trainers.dpo.DPOTraining.evaluate)
+    grpo      eval_accuracy_<set>                                   (jaxpt.trainers.grpo.GRPOTrainer.evaluate)
 
 so the numbers are those the run's own eval rows in metrics.jsonl hold for that step. The result
 {"step", "run", <metrics>} is one JSON line on stdout and `W/eval/step_<N>.json`; nothing is trained, no checkpoint
@@ -29,10 +29,10 @@ import jax
 
 from jaxpt.oserrors import write_atomically
 from jaxpt.progress import say
-from jaxpt.train.checkpoint import CheckpointError, Checkpointer
-from jaxpt.train.record import CONFIG_FILE, NoRunRecord, checkpoint_steps, recorded_config
-from jaxpt.train.state import TrainState
-from jaxpt.train.trainers import TRAINERS, recorded_trainer
+from jaxpt.engine.checkpoint import CheckpointError, Checkpointer
+from jaxpt.engine.record import CONFIG_FILE, NoRunRecord, checkpoint_steps, recorded_config
+from jaxpt.engine.state import TrainState
+from jaxpt.engine.trainers import TRAINERS, recorded_trainer
 
 EVAL_DIR = "eval"
 

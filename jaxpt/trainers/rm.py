@@ -32,17 +32,17 @@ from jaxpt.models.reward import RewardModel
 from jaxpt.models.transformer import param_count
 from jaxpt.progress import say
 from jaxpt.registry import Registry
-from jaxpt.train import dir_estimator
-from jaxpt.train.builder import Training, batch_shapes, build_training, training_mesh
-from jaxpt.train.dir_estimator import DIRSettings
-from jaxpt.train.config import RunConfig, check_vocab, config_json
-from jaxpt.train.init_from import init_tokenizer
-from jaxpt.train.loop import LoopResult, print_summary, train_loop
-from jaxpt.train.pairs import (BIAS_PREFIX, PairEvaluator, check_bias_label, eval_splits, flatten_batch, pair_tokens,
+from jaxpt.trainers import dir_estimator
+from jaxpt.engine.builder import Training, batch_shapes, build_training, training_mesh
+from jaxpt.trainers.dir_estimator import DIRSettings
+from jaxpt.engine.config import RunConfig, check_vocab, config_json
+from jaxpt.engine.init_from import init_tokenizer
+from jaxpt.engine.loop import LoopResult, print_summary, train_loop
+from jaxpt.trainers.pairs import (BIAS_PREFIX, PairEvaluator, check_bias_label, eval_splits, flatten_batch, pair_tokens,
                                report_when_finished)
-from jaxpt.train.record import check_launch, launch_recorder, resumes
-from jaxpt.train.state import TrainState
-from jaxpt.train.step import make_train_step
+from jaxpt.engine.record import check_launch, launch_recorder, resumes
+from jaxpt.engine.state import TrainState
+from jaxpt.engine.step import make_train_step
 
 __all__ = ["BIAS_PREFIX", "RMConfig", "RMEvaluator", "RMRunConfig", "RewardTraining", "build_rm", "flatten_batch",
            "init_estimator", "make_rm_grad_fn", "make_rm_train_step", "pair_tokens", "rm_objective", "run_rm",
@@ -117,7 +117,7 @@ class _RMLoss(Section):
 
 @dataclasses.dataclass(frozen=True)
 class RMConfig(DIRSettings, _RMLoss):
-  """The `rm` section: the loss and its options (the DIR ones are `jaxpt.train.dir_estimator.DIRSettings`).
+  """The `rm` section: the loss and its options (the DIR ones are `jaxpt.trainers.dir_estimator.DIRSettings`).
 
   Attributes:
     loss: bt (Bradley-Terry) | dir (BT + CLUB mutual-information penalty) | odin (quality and length heads).
@@ -228,7 +228,7 @@ def make_rm_grad_fn(model: RewardModel, settings: RMConfig) -> Callable:
 
 def make_rm_train_step(model: RewardModel, settings: RMConfig, optimizer: optax.GradientTransformation,
                        schedule: optax.Schedule, grad_accum_steps: int = 1) -> Callable:
-  """train_step(state, batch) -> (state, metrics) (un-jitted): the shared step (`jaxpt.train.step`) on
+  """train_step(state, batch) -> (state, metrics) (un-jitted): the shared step (`jaxpt.engine.step`) on
   `make_rm_grad_fn`, batch as from `flatten_batch`. With M = grad_accum_steps > 1 the micro-batches run in order,
   the estimator state carried from one to the next; grads and metrics are pair-weighted means (`num_pairs` the sum).
   """

@@ -17,10 +17,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpt.config import ConfigError
-from jaxpt.train import rm_eval
-from jaxpt.train.builder import Training
-from jaxpt.train.loop import LoopResult
-from jaxpt.train.state import TrainState
+from jaxpt.trainers import rm_eval
+from jaxpt.engine.builder import Training
+from jaxpt.engine.loop import LoopResult
+from jaxpt.engine.state import TrainState
 
 BIAS_PREFIX = "bias/"
 ScoreFn = Callable[[Any, dict], jax.Array]  # (params, device batch of B pairs) -> scores [2B], chosen rows first

@@ -1,6 +1,6 @@
 """Pretraining: run config -> data -> model -> the shared builder and step -> the train loop.
 
-SFT (`jaxpt.train.sft`) is this trainer with other data and evaluation: both go through `build_lm_training`.
+SFT (`jaxpt.trainers.sft`) is this trainer with other data and evaluation: both go through `build_lm_training`.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from jaxpt.data.config import LMDataConfig
 from jaxpt.data.pipeline import LMData, local_corpus_id
 from jaxpt.models.transformer import TransformerLM
 from jaxpt.progress import say
-from jaxpt.train.builder import Training, batch_shapes, build_training, training_mesh
-from jaxpt.train.config import RunConfig, check_vocab
-from jaxpt.train.init_from import init_tokenizer
-from jaxpt.train.lm import LMLossConfig, make_lm_evaluator, make_lm_loss_fn
-from jaxpt.train.loop import LoopResult, print_summary
-from jaxpt.train.record import check_launch, digest, launch_recorder, resumes
-from jaxpt.train.state import TrainState
+from jaxpt.engine.builder import Training, batch_shapes, build_training, training_mesh
+from jaxpt.engine.config import RunConfig, check_vocab
+from jaxpt.engine.init_from import init_tokenizer
+from jaxpt.trainers.lm import LMLossConfig, make_lm_evaluator, make_lm_loss_fn
+from jaxpt.engine.loop import LoopResult, print_summary
+from jaxpt.engine.record import check_launch, digest, launch_recorder, resumes
+from jaxpt.engine.state import TrainState
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
