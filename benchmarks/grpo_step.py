@@ -8,8 +8,8 @@ random init) in `jaxpt grpo`'s own trainer (`build_grpo` on `experiments/configs
 8 prompts x 8 rollouts (64 rows), prompts left-padded to 64 tokens, 128 new tokens at temperature 1, two
 minibatches (two updates of 32 rows, as grpo_tiny; one update of all 64 rows took > 9 GB here and was killed),
 KL to the reference policy (kl_coef 0.001). One step is
-`GRPOTrainer.train_step` from the same initial state every time (so every round does the same work):
-- rollout: the sampler call (`trainer.sample`, blocked on);
+`GRPOHooks.train_step` from the same initial state every time (so every round does the same work):
+- rollout: the sampler call (`trainer.hooks.sample`, blocked on);
 - update: the policy update(s) (`_policy_updates`: the shared, jitted train step);
 - scoring: the rest: decoding texts, verifier rewards, reference log-probs (teacher forcing), advantages, and with
   bf16 rollouts the fp32 old log-probs (teacher forcing).
@@ -21,6 +21,7 @@ google-tunix 0.1.7), `benchmarks/tunix_grpo_update.py` times tunix's update of o
 
 from __future__ import annotations
 
+import jaxpt
 from jaxpt.host_allocator import reuse_freed_host_memory
 
 allocator_reuse = reuse_freed_host_memory()  # first, before JAX allocates (see jaxpt/host_allocator.py)
@@ -42,7 +43,8 @@ from benchmarks.common import Peer
 from benchmarks.train_step import MODEL
 from experiments.configs import grpo_tiny
 from jaxpt.rl.sampler import make_sampler
-from jaxpt.trainers.grpo import GRPOTrainer, build_grpo
+from jaxpt.engine.run import BuiltRun
+from jaxpt.trainers.grpo import replace_hooks
 
 PROMPTS, GROUP, PROMPT_LEN, NEW_TOKENS, MINIBATCHES = 8, 8, 64, 128, 2
 TUNIX_SCRIPT = pathlib.Path(__file__).resolve().parent / "tunix_grpo_update.py"
@@ -59,7 +61,7 @@ def grpo_config(scheme: str):
   return config
 
 
-def timed_trainer(trainer: GRPOTrainer, clock: collections.Counter, rollout_dtype: str) -> GRPOTrainer:
+def timed_trainer(trainer: BuiltRun, clock: collections.Counter, rollout_dtype: str) -> BuiltRun:
   """`trainer` sampling in `rollout_dtype`, whose sampler calls and policy updates add their seconds to `clock`."""
   sampling = dataclasses.replace(trainer.config.sampling, rollout_dtype=rollout_dtype,
                                  eos_id=trainer.tokenizer.eos_id, pad_id=trainer.tokenizer.pad_id)
@@ -71,8 +73,8 @@ def timed_trainer(trainer: GRPOTrainer, clock: collections.Counter, rollout_dtyp
     clock["rollout"] += time.perf_counter() - start
     return out
 
-  timed = dataclasses.replace(trainer, sample=sample, config=dataclasses.replace(trainer.config, sampling=sampling))
-  updates = timed._policy_updates
+  timed = replace_hooks(trainer, sample=sample, config=dataclasses.replace(trainer.config, sampling=sampling))
+  updates = timed.hooks._policy_updates
 
   def policy_updates(*args):
     start = time.perf_counter()
@@ -81,11 +83,11 @@ def timed_trainer(trainer: GRPOTrainer, clock: collections.Counter, rollout_dtyp
     clock["update"] += time.perf_counter() - start
     return state, metrics
 
-  object.__setattr__(timed, "_policy_updates", policy_updates)
+  object.__setattr__(timed.hooks, "_policy_updates", policy_updates)
   return timed
 
 
-def timed_step(trainer: GRPOTrainer, clock: collections.Counter, state, batch) -> dict:
+def timed_step(trainer: BuiltRun, clock: collections.Counter, state, batch) -> dict:
   """Seconds of one `trainer.train_step` (a `timed_trainer`): step, rollout, update and scoring (the rest), and its
   mean response length."""
   clock.clear()
@@ -106,8 +108,8 @@ def main(argv=None) -> None:
   tunix = (Peer("tunix_update", [args.peer_python, str(TUNIX_SCRIPT), str(rows), str(PROMPT_LEN), str(NEW_TOKENS)])
            if args.peer_python else None)
   with tempfile.TemporaryDirectory() as workdir:
-    base = build_grpo(grpo_config(args.scheme), workdir)
-    state, batch = base.init_state(), base.prompts.batch(0)
+    base = jaxpt.build("grpo", grpo_config(args.scheme), workdir)
+    state, batch = base.init_state(), base.hooks.prompts.batch(0)
     clock = collections.Counter()
     trainers = {dtype: timed_trainer(base, clock, dtype) for dtype in ("float32", "bfloat16")}
     for trainer in trainers.values():  # warm-up: compiles what build_grpo left to the first call

@@ -3,9 +3,8 @@
     import jaxpt
     jaxpt.ModelConfig, jaxpt.TransformerLM, jaxpt.RewardModel         models
     jaxpt.get_loss("policy", "ppo_clip"), jaxpt.known_losses("lm")    losses, registered by kind
-    jaxpt.pretrain, jaxpt.sft, jaxpt.train_rm, jaxpt.train_dpo, jaxpt.train_grpo, jaxpt.train_vit,
-    jaxpt.train_dit                                                   trainers (`Trainer.train` of each entry of
-                                                                      jaxpt.engine.trainers.TRAINERS)
+    jaxpt.train("rm", config, workdir) -> LoopResult                 any trainer of jaxpt.engine.trainers.TRAINERS
+    jaxpt.build("rm", config, workdir) -> BuiltRun                    (pretrain, sft, rm, dpo, grpo, vit, dit)
     jaxpt.PretrainRunConfig, ..., jaxpt.from_section, jaxpt.config_dict  run configs (their `config_class`)
     jaxpt.load(workdir or "hf:DIR") -> Model: logits, generate, score, save_hf (jaxpt.api)
 
@@ -22,7 +21,8 @@ _EXPORTS = {
     "jaxpt.models.transformer": ("TransformerLM",),
     "jaxpt.models.reward": ("RewardModel",),
     "jaxpt.losses": ("LOSS_KINDS", "get_loss", "known_losses", "register_loss"),
-    **{t.module: (t.config_class, t.train) for t in map(_TRAINERS.get, _TRAINERS)},
+    "jaxpt.engine.run": ("build", "train"),
+    **{t.module: (t.config_class,) for t in map(_TRAINERS.get, _TRAINERS)},
     "jaxpt.api": ("load", "Model"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}

@@ -63,19 +63,20 @@ _OVERWRITE = flags.DEFINE_bool("overwrite", False, "jaxpt export-hf: replace a p
 
 @dataclasses.dataclass(frozen=True)
 class Subcommand(Trainer):
-  """`jaxpt <name>`: a registered trainer (`jaxpt.engine.trainers.TRAINERS`) run as `<module>.<run>(run_config,
-  workdir) -> exit code`, its config a `<module>.<config_class>`."""
+  """`jaxpt <name>`: a registered trainer (`jaxpt.engine.trainers.TRAINERS`), its config a
+  `<module>.<config_class>`, run by `jaxpt.engine.run.run_command` (build, start line, train, summary line)."""
 
   def __call__(self, config: Any, workdir: str) -> int:
     """Checks `config` once (ConfigError naming the field) and runs the subcommand on the checked run config."""
     from jaxpt import progress
     from jaxpt.config import from_section
     from jaxpt.engine.lock import workdir_lock
+    from jaxpt.engine.run import run_command
 
     run_config = from_section(self.config_type, config, "config")
     progress.enable(self.name if run_config.progress else None)  # start-up lines on stderr
     with workdir_lock(workdir):  # before any data work in the workdir
-      return self.run_function(run_config, workdir)
+      return run_command(self.name, run_config, workdir)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,8 +24,6 @@ from jaxpt.data.hf_tokenizer import HFTokenizer
 from jaxpt.data.tokenizer import Tokenizer
 from jaxpt.models.reward import RewardModel
 from jaxpt.models.transformer import TransformerLM
-from jaxpt.trainers import rm
-from jaxpt.trainers.pretrain import pretrain
 from tests.test_models_hf import ASSETS, ROOT
 from tests.test_train_pretrain import micro_config
 from tests.test_train_rm import tiny_config as rm_tiny_config
@@ -37,8 +35,8 @@ PROMPTS = ["def main(", "import os\nimport"]
 def lm_run(tmp_path_factory):
   """A 4-step MICRO SiameseNorm pretraining run with checkpoints at steps 2 and 4."""
   workdir = str(tmp_path_factory.mktemp("api_lm"))
-  pretrain(micro_config(steps=4, log_every=2, eval_every=0, checkpoint_every=2,
-                        **{"model.norm_scheme": "siamese_post_pre"}), workdir)
+  jaxpt.train("pretrain", micro_config(steps=4, log_every=2, eval_every=0, checkpoint_every=2,
+                                       **{"model.norm_scheme": "siamese_post_pre"}), workdir)
   return workdir
 
 
@@ -135,7 +133,7 @@ def reward_run(tmp_path_factory):
       "steps": 2, "log_every": 1, "eval_every": 0, "checkpoint_every": 2, "progress": False, "model.d_model": 32,
       "model.num_layers": 1, "model.num_heads": 2, "model.num_kv_heads": 2, "model.mlp_dim": 64,
       "data.synthetic_train_pairs": 64, "data.synthetic_test_pairs": 16, "data.batch_size": 8})
-  rm.train_rm(config, workdir)
+  jaxpt.train("rm", config, workdir)
   return workdir
 
 

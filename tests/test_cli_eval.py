@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
+import jaxpt
 from jaxpt import progress
 from jaxpt.engine.evaluate import run_eval
 from jaxpt.engine.metrics import read_metrics
-from jaxpt.trainers.pretrain import pretrain
 from jaxpt.engine.record import HISTORY_FILE, checkpoint_steps
 from jaxpt.engine.trainers import legacy_trainer
 from tests.test_train_pretrain import micro_config
@@ -31,7 +31,7 @@ def tiny_run(tmp_path_factory):
   progress.enable("pretrain")
   try:
     with open(log, "w") as f, contextlib.redirect_stderr(f):
-      pretrain(config, workdir)
+      jaxpt.train("pretrain", config, workdir)
   finally:
     progress.enable(None)
   with open(log) as f:

@@ -6,6 +6,7 @@ import pytest
 from jax.sharding import AbstractMesh
 
 from experiments.configs import tiny
+import jaxpt
 from jaxpt import parallel
 from jaxpt.config import ConfigError, config_dict, from_section
 from jaxpt.parallel import distributed
@@ -70,12 +71,11 @@ def test_global_batch_must_split_over_data_and_fsdp():
 
 
 def test_build_fails_on_a_mesh_larger_than_the_devices_before_data_work(tmp_path):
-  from jaxpt.trainers.pretrain import build_pretraining
 
   config = tiny.get_config()
   config.mesh = config_dict(parallel.MeshConfig, data=jax.device_count() + 1)
   with pytest.raises(ConfigError, match=rf"config.mesh.data={jax.device_count() + 1} .*there are "):
-    build_pretraining(config, str(tmp_path))
+    jaxpt.build("pretrain", config, str(tmp_path))
   assert not list(tmp_path.iterdir())
 
 

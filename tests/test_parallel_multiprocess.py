@@ -5,7 +5,6 @@ Each process reads only its half of every global batch; both write one shared (s
 one process stops both at the same step (jax's preemption service), with that step checkpointed.
 """
 
-import dataclasses
 import os
 import re
 import shutil
@@ -18,10 +17,10 @@ import time
 import jax
 import numpy as np
 
+import jaxpt
+from jaxpt.trainers.grpo import replace_hooks
 from jaxpt.engine.checkpoint import Checkpointer
-from jaxpt.trainers.grpo import build_grpo, train_grpo
 from jaxpt.engine.metrics import read_metrics
-from jaxpt.trainers.pretrain import build_pretraining, pretrain
 from tests.micro_grpo import MULTI_PROCESS, even_length
 from tests.micro_grpo import micro_config as micro_grpo_config
 from tests.test_train_pretrain import MICRO, ROOT, TINY, micro_config
@@ -47,7 +46,7 @@ def _command(workdir, port, process_id, **extra):
 def test_two_processes_match_one(tmp_path):
   config = micro_config(**RUN)
   single_dir = str(tmp_path / "single")
-  want = pretrain(config, single_dir).state
+  want = jaxpt.train("pretrain", config, single_dir).state
   multi_dir = str(tmp_path / "multi")
   for cached in ("tokenizer", "data", "tfds"):  # prepared data, so the two processes only read it
     shutil.copytree(os.path.join(single_dir, cached), os.path.join(multi_dir, cached))
@@ -88,7 +87,7 @@ def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path):
   """jax's preemption service spreads one host's SIGTERM: both processes checkpoint the same step and exit."""
   config = micro_config(**RUN)
   single_dir = str(tmp_path / "single")
-  build_pretraining(config, single_dir)  # prepares the data cache only
+  jaxpt.build("pretrain", config, single_dir)  # prepares the data cache only
   multi_dir = str(tmp_path / "multi")
   for cached in ("tokenizer", "data", "tfds"):
     shutil.copytree(os.path.join(single_dir, cached), os.path.join(multi_dir, cached))
@@ -156,8 +155,8 @@ def test_two_processes_run_grpo_like_one_and_a_killed_run_resumes_bitwise(tmp_pa
   uninterrupted two-process run does (data position, sampling keys, minibatch order)."""
   single_dir = str(tmp_path / "single")
   config = micro_grpo_config(**dict(MULTI_PROCESS, **{"mesh.data": 1, "mesh.fsdp": 1}))  # one device
-  trainer = dataclasses.replace(build_grpo(config, single_dir), reward_fn=even_length)
-  want = jax.tree.map(np.asarray, train_grpo(trainer.config, single_dir, trainer=trainer).state)
+  trainer = replace_hooks(jaxpt.build("grpo", config, single_dir), reward_fn=even_length)
+  want = jax.tree.map(np.asarray, jaxpt.train("grpo", trainer.config, single_dir, built=trainer).state)
 
   multi_dir, killed_dir = str(tmp_path / "multi"), str(tmp_path / "killed")
   procs = _launch_grpo(multi_dir)

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from experiments.configs import dit_digits
+import jaxpt
 from jaxpt.config import ConfigError
-from jaxpt.trainers.dit import build_dit, make_dit_sampler, train_dit
+from jaxpt.trainers.dit import make_dit_sampler
 from jaxpt.engine.evaluate import evaluate_run
 from jaxpt.engine.metrics import read_metrics
 from tests.runs import latest_state, sigterm_after_first_row
@@ -40,14 +41,14 @@ def micro_config(**extra):
 @pytest.fixture(scope="module")
 def micro_setup(tmp_path_factory):
   config = micro_config()
-  return config, build_dit(config, str(tmp_path_factory.mktemp("dit_setup")))
+  return config, jaxpt.build("dit", config, str(tmp_path_factory.mktemp("dit_setup")))
 
 
 @pytest.fixture(scope="module")
 def micro_run(micro_setup, tmp_path_factory):
   config, setup = micro_setup
   workdir = str(tmp_path_factory.mktemp("dit_run"))
-  return workdir, train_dit(config, workdir, setup=setup)
+  return workdir, jaxpt.train("dit", config, workdir, built=setup)
 
 
 def test_the_diffusion_loss_falls(micro_run):
@@ -72,8 +73,8 @@ def test_jaxpt_eval_reproduces_the_last_eval_row(micro_run):
 def test_resume_gives_bitwise_identical_params(micro_setup, micro_run, tmp_path):
   config, setup = micro_setup
   workdir = str(tmp_path)
-  assert int(train_dit(config, workdir, setup=setup, stop_at=17).state.step) == 17
-  resumed = train_dit(config, workdir, setup=setup).state
+  assert int(jaxpt.train("dit", config, workdir, built=setup, stop_at=17).state.step) == 17
+  resumed = jaxpt.train("dit", config, workdir, built=setup).state
   for got, want in zip(jax.tree.leaves(resumed), jax.tree.leaves(micro_run[1].state), strict=True):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
@@ -112,5 +113,5 @@ def test_cli_killed_and_rerun_finishes_like_uninterrupted(micro_setup, micro_run
 ])
 def test_impossible_config_names_the_field(key, value, message, tmp_path):
   with pytest.raises(ConfigError) as error:
-    build_dit(micro_config(**{key: value}), str(tmp_path))
+    jaxpt.build("dit", micro_config(**{key: value}), str(tmp_path))
   assert str(error.value).startswith(message), str(error.value)

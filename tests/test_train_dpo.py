@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import jaxpt
 from jaxpt.config import ConfigError, from_section
 from jaxpt.losses import club
 from jaxpt.models.config import ModelConfig
@@ -238,7 +239,7 @@ def test_init_from_without_a_tokenizer_names_the_field(tmp_path):
   (tmp_path / "lm" / "checkpoints").mkdir(parents=True)
   with pytest.raises(ConfigError, match=r"config.init_from=.*/lm/tokenizer: no tokenizer \(tokenizer.json or "
                                         r"spm.model"):
-    dpo.build_dpo(tiny_config(init_from=str(tmp_path / "lm")), str(tmp_path / "run"))
+    jaxpt.build("dpo", tiny_config(init_from=str(tmp_path / "lm")), str(tmp_path / "run"))
 
 
 def test_tiny_config_is_valid():
@@ -261,12 +262,12 @@ def runs(tmp_path_factory):
   """One build, then the whole 8-step DPO+DIR run and the same run killed at step 3 and resumed."""
   root = tmp_path_factory.mktemp("dpo")
   config = tiny_config(**RUN)
-  setup = dpo.build_dpo(config, str(root / "whole"))  # the tokenizer is cached in the build's workdir
-  whole = dpo.train_dpo(config, str(root / "whole"), setup=setup)
+  setup = jaxpt.build("dpo", config, str(root / "whole"))  # the tokenizer is cached in the build's workdir
+  whole = jaxpt.train("dpo", config, str(root / "whole"), built=setup)
   initial = jax.device_get(setup.training.init_state().params)
-  reference_after = jax.device_get(setup.ref_params)
-  first = dpo.train_dpo(config, str(root / "split"), setup=setup, stop_at=3)
-  resumed = dpo.train_dpo(config, str(root / "split"), setup=setup)
+  reference_after = jax.device_get(setup.hooks.ref_params)
+  first = jaxpt.train("dpo", config, str(root / "split"), built=setup, stop_at=3)
+  resumed = jaxpt.train("dpo", config, str(root / "split"), built=setup)
   return {"root": root, "config": config, "setup": setup, "whole": whole, "first": first, "resumed": resumed,
           "initial": initial, "reference_after": reference_after}
 
@@ -326,11 +327,11 @@ def test_init_from_a_dpo_run_starts_policy_and_reference(runs, tmp_path):
   """A run with init_from = the whole run: its tokenizer, and its final params as both the start and reference."""
   source = str(runs["root"] / "whole")
   config = tiny_config(**{**RUN, "steps": 1, "dpo.dir": False, "init_from": source})
-  setup = dpo.build_dpo(config, str(tmp_path / "next"))
+  setup = jaxpt.build("dpo", config, str(tmp_path / "next"))
   proto = open(os.path.join(source, "tokenizer", "spm.model"), "rb").read()
   assert setup.data.tokenizer.model_proto == proto
   assert open(tmp_path / "next" / "tokenizer" / "spm.model", "rb").read() == proto  # a later run's init_from
   state = setup.init_state()
   want = runs["whole"].state.params
-  for a, b in zip(jax.tree.leaves((state.params, setup.ref_params)), jax.tree.leaves((want, want))):
+  for a, b in zip(jax.tree.leaves((state.params, setup.hooks.ref_params)), jax.tree.leaves((want, want))):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

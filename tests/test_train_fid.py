@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import scipy.linalg
 
+import jaxpt
 from jaxpt.config import ConfigError
 from jaxpt.trainers.fid import ClassifierFeatures, frechet_distance, gaussian_fit
 from jaxpt.engine.metrics import read_metrics
@@ -64,11 +65,9 @@ def test_dit_eval_reports_the_fid_of_a_vit_classifiers_features(tmp_path):
   """A micro ViT run gives the features: real test vs validation images are far closer than test vs noise, and a
   micro DiT run with fid.classifier reports a finite eval_fid."""
   from tests import test_train_dit, test_train_vit
-  from jaxpt.trainers.dit import train_dit
-  from jaxpt.trainers.vit import train_vit
 
   classifier_dir = str(tmp_path / "vit")
-  train_vit(test_train_vit.micro_config(steps=100, eval_every=0, checkpoint_every=100), classifier_dir)
+  jaxpt.train("vit", test_train_vit.micro_config(steps=100, eval_every=0, checkpoint_every=100), classifier_dir)
   classifier = ClassifierFeatures.from_run(classifier_dir)
   from jaxpt.data.images import ImageData, ImageDataConfig
 
@@ -79,7 +78,7 @@ def test_dit_eval_reports_the_fid_of_a_vit_classifiers_features(tmp_path):
   assert 5 * frechet_distance(*test, *validation) < frechet_distance(*test, *noise)
 
   workdir = str(tmp_path / "dit")
-  train_dit(test_train_dit.micro_config(**{"fid.classifier": classifier_dir, "fid.num_samples": 100}), workdir)
+  jaxpt.train("dit", test_train_dit.micro_config(**{"fid.classifier": classifier_dir, "fid.num_samples": 100}), workdir)
   rows = [r for r in read_metrics(workdir) if "eval_fid" in r]
   assert [r["step"] for r in rows] == [40, 80]
   assert all(np.isfinite(r[k]) and r[k] > 0 for r in rows for k in ("eval_fid", "eval_val_fid"))

@@ -20,10 +20,9 @@ from jaxpt.data import sft as sft_data
 from jaxpt.data.tokenizer import load_tokenizer
 from jaxpt.models import hf
 from jaxpt.models.config import ModelConfig
-from jaxpt.trainers import rm
-from jaxpt.trainers.grpo import GRPORunConfig, build_grpo, train_grpo
+from jaxpt.trainers.grpo import GRPORunConfig
 from jaxpt.engine.metrics import read_metrics
-from jaxpt.trainers.sft import SFTRunConfig, build_sft, sft
+from jaxpt.trainers.sft import SFTRunConfig
 from tests.test_models_hf import ASSETS, ROOT
 from tests.test_train_rm import tiny_config as rm_tiny_config
 
@@ -101,8 +100,8 @@ def test_chat_prompts_are_the_tokenizers_chat_template(checkpoint):
 def sft_run(checkpoint, tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("sft_from_hf"))
   config = hf_config("sft_hf", checkpoint, **SFT)
-  setup = build_sft(config, workdir)
-  return workdir, setup, sft(config, workdir, setup=setup)
+  setup = jaxpt.build("sft", config, workdir)
+  return workdir, setup, jaxpt.train("sft", config, workdir, built=setup)
 
 
 def test_sft_starts_from_the_checkpoints_params_and_tokenizer(sft_run, checkpoint):
@@ -130,14 +129,14 @@ def test_sft_resumes_with_its_own_tokenizer_copy(sft_run, checkpoint, tmp_path):
   """A resumed run reads workdir/tokenizer even when the source checkpoint's tokenizer has changed since."""
   workdir, setup, result = sft_run
   config = hf_config("sft_hf", checkpoint, **SFT)
-  first = sft(config, str(tmp_path), setup=build_sft(config, str(tmp_path)), stop_at=3)
+  first = jaxpt.train("sft", config, str(tmp_path), built=jaxpt.build("sft", config, str(tmp_path)), stop_at=3)
   assert int(first.state.step) == 3
   source = os.path.join(checkpoint, "tokenizer_config.json")
   saved = open(source).read()
   try:
     with open(source, "w") as f:
       f.write(saved.replace('"<|im_end|>"', '"<|endoftext|>"', 1))
-    resumed = sft(config, str(tmp_path), setup=build_sft(config, str(tmp_path)))
+    resumed = jaxpt.train("sft", config, str(tmp_path), built=jaxpt.build("sft", config, str(tmp_path)))
   finally:
     with open(source, "w") as f:
       f.write(saved)
@@ -147,13 +146,13 @@ def test_sft_resumes_with_its_own_tokenizer_copy(sft_run, checkpoint, tmp_path):
 
 def test_grpo_from_the_checkpoint_samples_chat_prompts(checkpoint, tmp_path):
   config = hf_config("grpo_hf", checkpoint, **GRPO)
-  trainer = build_grpo(config, str(tmp_path))
+  trainer = jaxpt.build("grpo", config, str(tmp_path))
   _, want = hf.load(checkpoint, max_seq_len=256)
   jax.tree.map(np.testing.assert_array_equal, trainer.init_state().params, want)
-  result = train_grpo(config, str(tmp_path), trainer=trainer)
+  result = jaxpt.train("grpo", config, str(tmp_path), built=trainer)
   rows = read_metrics(str(tmp_path))
   assert int(result.state.step) == 2 and all(np.isfinite(r["loss"]) for r in rows if "loss" in r)
-  prompt = trainer.prompts.batch(0)
+  prompt = trainer.hooks.prompts.batch(0)
   text = trainer.tokenizer.decode(prompt["prompt_tokens"][0][prompt["prompt_mask"][0] > 0], skip_special_tokens=False)
   assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
 
@@ -164,26 +163,25 @@ def test_reward_model_backbone_from_the_checkpoint(tmp_path):
                              "data.synthetic_train_pairs": 64, "data.synthetic_test_pairs": 16,
                              "data.batch_size": 8})
   config.model = config_dict(ModelConfig)  # every architecture field from the checkpoint
-  setup = rm.build_rm(config, str(tmp_path))
+  setup = jaxpt.build("rm", config, str(tmp_path))
   assert setup.data.tokenizer.bos_id is not None  # Llama-3's HF tokenizer, not a trained sentencepiece
   _, want = hf.load(llama)
   jax.tree.map(np.testing.assert_array_equal, setup.training.init_state().params["backbone"], want)
 
 
 def test_dpo_policy_and_reference_from_the_checkpoint(checkpoint, tmp_path):
-  from jaxpt.trainers.dpo import build_dpo
 
   config = load_config_file(os.path.join(CONFIGS, "dpo_tiny.py"))
   config.model = config_dict(ModelConfig)
   config.update_from_flattened_dict({"init_from": f"hf:{checkpoint}", "steps": 1, "progress": False,
                                      "eval_every": 0, "data.batch_size": 4, "data.synthetic_train_pairs": 16,
                                      "data.synthetic_test_pairs": 8, "data.seq_len": 64, "dpo.dir": True})
-  setup = build_dpo(config, str(tmp_path))
+  setup = jaxpt.build("dpo", config, str(tmp_path))
   assert setup.data.tokenizer.model_proto == load_tokenizer(checkpoint).model_proto
   state = setup.init_state()
   _, want = hf.load(checkpoint)
   jax.tree.map(np.testing.assert_array_equal, state.params, want)
-  jax.tree.map(np.testing.assert_array_equal, setup.reference_params(), want)
+  jax.tree.map(np.testing.assert_array_equal, setup.hooks.reference_params(), want)
 
 
 def test_preference_prompts_in_the_chat_template(checkpoint, tmp_path):

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from experiments.configs import grpo_tiny, sft_tiny
+import jaxpt
 from jaxpt.config import ConfigError, from_section
 from jaxpt.rl.sampler import make_sampler
-from jaxpt.trainers.grpo import GRPORunConfig, _split_groups, build_grpo, train_grpo
+from jaxpt.trainers.grpo import GRPORunConfig, _split_groups, replace_hooks
 from jaxpt.engine.metrics import read_metrics
-from jaxpt.trainers.sft import sft
 
 # An easy task (one addition of numbers below 10) and a micro model, so that a short SFT gives a policy that is
 # right some of the time when sampling: the signal GRPO needs.
@@ -43,7 +43,7 @@ def sft_workdir(tmp_path_factory):
   config = sft_tiny.get_config()
   config.update_from_flattened_dict({**MODEL, **TASK, **SFT})
   workdir = str(tmp_path_factory.mktemp("sft"))
-  sft(config, workdir)
+  jaxpt.train("sft", config, workdir)
   return workdir
 
 
@@ -51,8 +51,8 @@ def sft_workdir(tmp_path_factory):
 def grpo_run(sft_workdir, tmp_path_factory):
   config = grpo_config(sft_workdir)
   workdir = str(tmp_path_factory.mktemp("grpo"))
-  trainer = build_grpo(config, workdir)
-  return config, trainer, workdir, train_grpo(config, workdir, trainer=trainer)
+  trainer = jaxpt.build("grpo", config, workdir)
+  return config, trainer, workdir, jaxpt.train("grpo", config, workdir, built=trainer)
 
 
 def test_grpo_raises_the_mean_reward(grpo_run):
@@ -70,9 +70,9 @@ def test_grpo_raises_the_mean_reward(grpo_run):
 def test_resume_reaches_the_same_parameters(grpo_run, tmp_path):
   config, trainer, _, uninterrupted = grpo_run
   workdir = str(tmp_path)
-  first = train_grpo(config, workdir, trainer=trainer, stop_at=5)
+  first = jaxpt.train("grpo", config, workdir, built=trainer, stop_at=5)
   assert int(first.state.step) == 5
-  second = train_grpo(config, workdir, trainer=trainer)  # restores step 5 from the checkpoint
+  second = jaxpt.train("grpo", config, workdir, built=trainer)  # restores step 5 from the checkpoint
   assert int(second.state.step) == config.steps
   for got, want in zip(jax.tree.leaves(second.state.params), jax.tree.leaves(uninterrupted.state.params)):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
@@ -82,8 +82,9 @@ def test_policy_update_goes_through_the_shared_step_with_grad_accumulation(sft_w
   """grad_accum_steps splits each minibatch into micro-batches: the same update (fp tolerance), `lr` logged."""
   runs = []
   for accum in (1, 2):
-    trainer = build_grpo(grpo_config(sft_workdir, **{"optim.grad_accum_steps": accum}), str(tmp_path / str(accum)))
-    state, metrics = trainer.train_step(trainer.init_state(), trainer.prompts.batch(0))
+    config = grpo_config(sft_workdir, **{"optim.grad_accum_steps": accum})
+    trainer = jaxpt.build("grpo", config, str(tmp_path / str(accum)))
+    state, metrics = trainer.train_step(trainer.init_state(), trainer.hooks.prompts.batch(0))
     assert int(state.step) == 1  # the loop's step; the optimizer's own count is inside opt_state
     assert metrics["lr"] == pytest.approx(2e-3)
     runs.append(metrics)
@@ -97,21 +98,21 @@ def test_clipo_trains_its_head_and_shapes_the_reward(sft_workdir, tmp_path):
                                         "clipo.in_loss_coef": 0.1, "clipo.critic_warmup": 2,
                                         "checkpoint_every": 0, "grpo.minibatches": 2,
                                         "grpo.entropy_coef": 1e-3})
-  trainer = build_grpo(config, str(tmp_path))
+  trainer = jaxpt.build("grpo", config, str(tmp_path))
   state = trainer.init_state()
   head_before = state.aux["clipo"].params
-  state, metrics = trainer.train_step(state, trainer.prompts.batch(0))  # global step 1 < critic_warmup 2: frozen
-  for got, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(trainer.ref_params)):
+  state, metrics = trainer.train_step(state, trainer.hooks.prompts.batch(0))  # global step 1 < critic_warmup 2: frozen
+  for got, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(trainer.hooks.ref_params)):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
   assert "pg_loss" not in metrics and -0.5 <= metrics["clipo_reward_mean"] <= 0.0
   if metrics["clipo_num_anchors"] > 0:
     assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(state.aux["clipo"].params),
                                                          jax.tree.leaves(head_before)))
-  state, metrics = trainer.train_step(state, trainer.prompts.batch(1))  # the policy moves, in-loss term on
+  state, metrics = trainer.train_step(state, trainer.hooks.prompts.batch(1))  # the policy moves, in-loss term on
   assert "clipo_in_loss" in metrics and np.isfinite(metrics["loss"])
   assert metrics["entropy"] > 0  # the entropy bonus is on
   assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(state.params),
-                                                       jax.tree.leaves(trainer.ref_params)))
+                                                       jax.tree.leaves(trainer.hooks.ref_params)))
 
 
 def test_bfloat16_rollouts_train_on_the_fp32_policys_old_logprobs(grpo_run):
@@ -121,13 +122,13 @@ def test_bfloat16_rollouts_train_on_the_fp32_policys_old_logprobs(grpo_run):
   bf16 = dataclasses.replace(trainer.config.sampling, rollout_dtype="bfloat16", eos_id=trainer.tokenizer.eos_id,
                              pad_id=trainer.tokenizer.pad_id)
   sample = make_sampler(trainer.config.model, bf16, trainer.config.data.max_prompt_len)
-  bf16_trainer = dataclasses.replace(trainer, sample=sample,
-                                     config=dataclasses.replace(trainer.config, sampling=bf16))
-  params, batch, rng = result.state.params, trainer.prompts.batch(0), jax.random.PRNGKey(3)
-  ro, _ = bf16_trainer.step_rollouts(params, batch, 0, rng)
+  bf16_trainer = replace_hooks(trainer, sample=sample, config=dataclasses.replace(trainer.config, sampling=bf16))
+  params, batch, rng = result.state.params, trainer.hooks.prompts.batch(0), jax.random.PRNGKey(3)
+  ro, _ = bf16_trainer.hooks.step_rollouts(params, batch, 0, rng)
   out = sample(params, jnp.asarray(ro["prompt_tokens"]), jnp.asarray(ro["prompt_mask"]), rng)
   np.testing.assert_array_equal(ro["tokens"], out.tokens)
-  expected = trainer.logprobs(params, *(jnp.asarray(ro[k]) for k in ("prompt_tokens", "prompt_mask", "tokens", "mask")))
+  inputs = (jnp.asarray(ro[k]) for k in ("prompt_tokens", "prompt_mask", "tokens", "mask"))
+  expected = trainer.hooks.logprobs(params, *inputs)
   np.testing.assert_array_equal(ro["old_logp"], expected)
   assert not np.array_equal(ro["old_logp"], np.asarray(out.logprobs))  # the sampler's bf16 ones differ
 
@@ -173,7 +174,7 @@ def test_sampled_pass1_with_top_k_1_equals_greedy_accuracy(sft_workdir, tmp_path
   """eval_samples draws k samples per held-out problem with the training sampler; keeping only the top token makes
   every sample the greedy decode, so pass@1 must equal greedy accuracy on every set."""
   config = grpo_config(sft_workdir, **{"data.eval_prompts": 8, "data.eval_samples": 2, "sampling.top_k": 1})
-  trainer = build_grpo(config, str(tmp_path))
+  trainer = jaxpt.build("grpo", config, str(tmp_path))
   results = trainer.evaluate(trainer.init_state())
   assert set(results) == {f"eval_{kind}_{name}" for kind in ("accuracy", "pass1")
                           for name in ("test", "test_rename", "test_distractor", "test_numbers")}

@@ -3,12 +3,12 @@ name as `--config.grpo.policy_loss=...` / `--config.grpo.advantage=...` pick the
 (tests/micro_grpo.py: a from-scratch policy, the even-length verifier, so groups mix rewards), 2 epochs x 2
 minibatches a step so the later updates are off-policy and the clipping / tapering acts."""
 
-import dataclasses
 
 import numpy as np
 import pytest
 
-from jaxpt.trainers.grpo import build_grpo, train_grpo
+import jaxpt
+from jaxpt.trainers.grpo import replace_hooks
 from jaxpt.engine.metrics import read_metrics
 from tests.micro_grpo import even_length, micro_config
 
@@ -22,8 +22,8 @@ VARIANTS = {"cispo": {"grpo.policy_loss": "cispo", "grpo.eps_lo": 1.0, "grpo.eps
 def run(request, tmp_path_factory):
   config = micro_config(**{"data.eval_prompts": 0, "eval_every": 0, **VARIANTS[request.param]})
   workdir = str(tmp_path_factory.mktemp(request.param))
-  trainer = dataclasses.replace(build_grpo(config, workdir), reward_fn=even_length)
-  return request.param, trainer, workdir, train_grpo(config, workdir, trainer=trainer)
+  trainer = replace_hooks(jaxpt.build("grpo", config, workdir), reward_fn=even_length)
+  return request.param, trainer, workdir, jaxpt.train("grpo", config, workdir, built=trainer)
 
 
 def test_two_steps_train_the_policy(run):

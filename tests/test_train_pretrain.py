@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from experiments.configs import tiny
+import jaxpt
 from jaxpt.engine.checkpoint import Checkpointer
 from jaxpt.trainers.lm import make_lm_loss_fn
 from jaxpt.engine.metrics import read_metrics
-from jaxpt.trainers.pretrain import build_pretraining, pretrain
 from jaxpt.engine.step import accumulate_gradients
 from tests.runs import latest_state, sigterm_after_first_row
 
@@ -52,7 +52,7 @@ def final_params(workdir, setup):
 @pytest.fixture(scope="session")
 def micro_setup(tmp_path_factory):
   config = micro_config()
-  return config, build_pretraining(config, str(tmp_path_factory.mktemp("micro_data")))
+  return config, jaxpt.build("pretrain", config, str(tmp_path_factory.mktemp("micro_data")))
 
 
 @pytest.fixture(scope="session")
@@ -60,7 +60,7 @@ def micro_run(micro_setup, tmp_path_factory):
   """An uninterrupted MICRO run: (workdir, LoopResult)."""
   config, setup = micro_setup
   workdir = str(tmp_path_factory.mktemp("micro_run"))
-  return workdir, pretrain(config, workdir, setup=setup)
+  return workdir, jaxpt.train("pretrain", config, workdir, built=setup)
 
 
 def test_eval_loss_finite_and_decreasing(micro_run):
@@ -90,8 +90,8 @@ def test_writes_metrics_tensorboard_plot_and_config(micro_run):
 def test_resume_gives_bitwise_identical_params(micro_setup, micro_run, tmp_path):
   config, setup = micro_setup
   workdir = str(tmp_path)
-  assert int(pretrain(config, workdir, setup=setup, stop_at=13).state.step) == 13
-  resumed = pretrain(config, workdir, setup=setup).state
+  assert int(jaxpt.train("pretrain", config, workdir, built=setup, stop_at=13).state.step) == 13
+  resumed = jaxpt.train("pretrain", config, workdir, built=setup).state
   want = micro_run[1].state
   for got, ref in zip(jax.tree.leaves(resumed), jax.tree.leaves(want)):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(ref))

@@ -6,11 +6,12 @@ import os
 
 import pytest
 
+import jaxpt
 from jaxpt.config import ConfigError, from_section
 from jaxpt.data import corpus
 from jaxpt.data import tokenizer as tokenizer_lib
 from jaxpt.engine import record
-from jaxpt.trainers.pretrain import PretrainRunConfig, build_pretraining, pretrain
+from jaxpt.trainers.pretrain import PretrainRunConfig
 from tests.test_train_pretrain import micro_config
 
 
@@ -129,16 +130,16 @@ def test_appending_to_the_corpus_then_resuming_fails_before_any_work(tmp_path):
   text.write_text("\n\n".join(corpus.embedded_documents(200_000)))
   workdir = str(tmp_path / "run")
   config = micro_config(**{"data.path": str(text)})
-  pretrain(config, workdir, stop_at=2)
+  jaxpt.train("pretrain", config, workdir, stop_at=2)
   tokenizer_bytes = (tmp_path / "run" / "tokenizer" / "spm.model").read_bytes()
   builds = os.listdir(tmp_path / "run" / "tfds" / "jaxpt_local_text")
   with open(text, "a") as f:
     f.write("\n\nOne more paragraph, appended after the run started.\n")
   with pytest.raises(record.RunMismatch, match=r"inputs\.corpus \(") as error:
-    build_pretraining(config, workdir)
+    jaxpt.build("pretrain", config, workdir)
   assert "\n" not in str(error.value)
   assert os.listdir(tmp_path / "run" / "tfds" / "jaxpt_local_text") == builds
   config.allow_changes = "inputs.corpus"
-  result = pretrain(config, workdir, stop_at=4)
+  result = jaxpt.train("pretrain", config, workdir, stop_at=4)
   assert int(result.state.step) == 4
   assert (tmp_path / "run" / "tokenizer" / "spm.model").read_bytes() == tokenizer_bytes

@@ -13,6 +13,7 @@ import numpy as np
 import optax
 import pytest
 
+import jaxpt
 from jaxpt.config import ConfigError, from_section
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.reward import RewardModel
@@ -350,10 +351,10 @@ def test_train_rm_with_dir_resumes_bitwise(tmp_path):
       "model.num_layers": 1, "model.num_heads": 2, "model.num_kv_heads": 2, "model.mlp_dim": 64,
       "data.synthetic_train_pairs": 256, "data.synthetic_test_pairs": 64, "data.batch_size": 16, "rm.loss": "dir",
       "rm.estimator_hidden": 32, "optim.grad_accum_steps": 2})
-  setup = rm.build_rm(config, str(tmp_path / "data"))
-  whole = rm.train_rm(config, str(tmp_path / "whole"), setup=setup).state
-  assert int(rm.train_rm(config, str(tmp_path / "split"), setup=setup, stop_at=3).state.step) == 3
-  resumed = rm.train_rm(config, str(tmp_path / "split"), setup=setup).state
+  setup = jaxpt.build("rm", config, str(tmp_path / "data"))
+  whole = jaxpt.train("rm", config, str(tmp_path / "whole"), built=setup).state
+  assert int(jaxpt.train("rm", config, str(tmp_path / "split"), built=setup, stop_at=3).state.step) == 3
+  resumed = jaxpt.train("rm", config, str(tmp_path / "split"), built=setup).state
   assert int(resumed.step) == 6
   for got, want in zip(jax.tree.leaves((resumed.params, resumed.aux)), jax.tree.leaves((whole.params, whole.aux))):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
@@ -385,7 +386,7 @@ def bt_and_dir_runs(tmp_path_factory):
   for loss in ("bt", "dir"):
     workdir = str(tmp_path_factory.mktemp(f"must_show_{loss}"))
     config = tiny_config(**MUST_SHOW, **{"rm.loss": loss})
-    runs[loss] = workdir, rm.train_rm(config, workdir)
+    runs[loss] = workdir, jaxpt.train("rm", config, workdir)
   return runs
 
 

@@ -8,13 +8,15 @@ import numpy as np
 import pytest
 
 from experiments.configs import sft_tiny
+import jaxpt
 from jaxpt.data import sft as sft_data
 from jaxpt.config import ConfigError, from_section
 from jaxpt.engine.checkpoint import Checkpointer
 from jaxpt.engine.metrics import read_metrics
 from jaxpt.rl.rewards import extract_answer, math_reward
 from jaxpt.rl.sampler import SamplingConfig, make_sampler
-from jaxpt.trainers.sft import SFTRunConfig, answer_accuracy, build_sft, run_sft, sft
+from jaxpt.engine.run import run_command
+from jaxpt.trainers.sft import SFTRunConfig, answer_accuracy
 
 MICRO = {
     "steps": 30, "log_every": 5, "eval_every": 15, "checkpoint_every": 0, "progress": False,
@@ -36,14 +38,14 @@ def micro_config(**extra):
 @pytest.fixture(scope="module")
 def micro_setup(tmp_path_factory):
   config = micro_config()
-  return config, build_sft(config, str(tmp_path_factory.mktemp("sft_setup")))
+  return config, jaxpt.build("sft", config, str(tmp_path_factory.mktemp("sft_setup")))
 
 
 @pytest.fixture(scope="module")
 def micro_run(micro_setup, tmp_path_factory):
   config, setup = micro_setup
   workdir = str(tmp_path_factory.mktemp("sft_run"))
-  return workdir, sft(config, workdir, setup=setup)
+  return workdir, jaxpt.train("sft", config, workdir, built=setup)
 
 
 def test_loss_falls_and_eval_reports_answer_accuracy(micro_run):
@@ -62,8 +64,8 @@ def test_loss_falls_and_eval_reports_answer_accuracy(micro_run):
 
 def test_resume_gives_bitwise_identical_params(micro_setup, micro_run, tmp_path):
   config, setup = micro_setup
-  assert int(sft(config, str(tmp_path), setup=setup, stop_at=13).state.step) == 13
-  resumed = sft(config, str(tmp_path), setup=setup).state
+  assert int(jaxpt.train("sft", config, str(tmp_path), built=setup, stop_at=13).state.step) == 13
+  resumed = jaxpt.train("sft", config, str(tmp_path), built=setup).state
   for got, want in zip(jax.tree.leaves(resumed), jax.tree.leaves(micro_run[1].state)):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
@@ -103,7 +105,7 @@ def test_answer_accuracy_equals_reward_of_unpadded_argmax_decoding(micro_setup, 
 def test_init_from_and_run_sft_summary(micro_run, tmp_path, capsys):
   """A steps=0 run started from the micro run's workdir saves its initial state: the micro run's params."""
   run_workdir, result = micro_run
-  assert run_sft(micro_config(init_from=run_workdir, steps=0), str(tmp_path)) == 0
+  assert run_command("sft", micro_config(init_from=run_workdir, steps=0), str(tmp_path)) == 0
   assert f"jaxpt sft: finished step 0 in {tmp_path}" in capsys.readouterr().out
   checkpointer = Checkpointer(str(tmp_path))
   assert checkpointer.latest_step() == 0

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from experiments.configs import vit_digits
+import jaxpt
 from jaxpt.config import ConfigError
 from jaxpt.engine.evaluate import evaluate_run
 from jaxpt.engine.metrics import read_metrics
-from jaxpt.trainers.vit import build_vit, train_vit
 from tests.runs import latest_state, sigterm_after_first_row
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,14 +39,14 @@ def micro_config(**extra):
 @pytest.fixture(scope="module")
 def micro_setup(tmp_path_factory):
   config = micro_config()
-  return config, build_vit(config, str(tmp_path_factory.mktemp("vit_setup")))
+  return config, jaxpt.build("vit", config, str(tmp_path_factory.mktemp("vit_setup")))
 
 
 @pytest.fixture(scope="module")
 def micro_run(micro_setup, tmp_path_factory):
   config, setup = micro_setup
   workdir = str(tmp_path_factory.mktemp("vit_run"))
-  return workdir, train_vit(config, workdir, setup=setup)
+  return workdir, jaxpt.train("vit", config, workdir, built=setup)
 
 
 def test_learns_the_digits_well_above_chance(micro_run):
@@ -71,8 +71,8 @@ def test_jaxpt_eval_reproduces_the_last_eval_row(micro_run):
 def test_resume_gives_bitwise_identical_params(micro_setup, micro_run, tmp_path):
   config, setup = micro_setup
   workdir = str(tmp_path)
-  assert int(train_vit(config, workdir, setup=setup, stop_at=17).state.step) == 17
-  resumed = train_vit(config, workdir, setup=setup).state
+  assert int(jaxpt.train("vit", config, workdir, built=setup, stop_at=17).state.step) == 17
+  resumed = jaxpt.train("vit", config, workdir, built=setup).state
   for got, want in zip(jax.tree.leaves(resumed), jax.tree.leaves(micro_run[1].state)):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
@@ -105,5 +105,5 @@ def test_cli_killed_and_rerun_finishes_like_uninterrupted(micro_setup, micro_run
 ])
 def test_impossible_config_names_the_field(key, value, message, tmp_path):
   with pytest.raises(ConfigError) as error:
-    build_vit(micro_config(**{key: value}), str(tmp_path))
+    jaxpt.build("vit", micro_config(**{key: value}), str(tmp_path))
   assert str(error.value).startswith(message), str(error.value)

@@ -15,12 +15,12 @@ import typing
 import pytest
 
 import jaxpt
+from jaxpt.engine.run import BuiltRun
 from jaxpt.config import ConfigError, from_section
 from jaxpt.engine import evaluate, record
 from jaxpt.engine.config import RunConfig, check_init_from
 from jaxpt.engine.evaluate import evaluate_run
-from jaxpt.trainers.pretrain import PretrainRunConfig, pretrain
-from jaxpt.trainers.rm import train_rm
+from jaxpt.trainers.pretrain import PretrainRunConfig
 from jaxpt.trainers.sft import SFTRunConfig
 from jaxpt.engine.trainers import (MODEL_KINDS, TRAINER_KEY, TRAINERS, legacy_trainer, recorded_trainer,
                                   trainer_list, trainer_of)
@@ -38,7 +38,8 @@ LEGACY_RULE = ("jaxpt/engine/trainers.py", "legacy_trainer")  # the one place al
 def pretrain_run(tmp_path_factory):
   """A 4-step MICRO pretraining run with a checkpoint and an eval set."""
   workdir = str(tmp_path_factory.mktemp("trainers_pretrain"))
-  pretrain(micro_config(steps=4, eval_every=4, checkpoint_every=4, **{"model.norm_scheme": "pre"}), workdir)
+  jaxpt.train("pretrain", micro_config(steps=4, eval_every=4, checkpoint_every=4, **{"model.norm_scheme": "pre"}),
+              workdir)
   return workdir
 
 
@@ -46,10 +47,11 @@ def pretrain_run(tmp_path_factory):
 def rm_run(tmp_path_factory):
   """A 4-step micro reward-model run (Bradley-Terry) with a checkpoint."""
   workdir = str(tmp_path_factory.mktemp("trainers_rm"))
-  train_rm(rm_config(**{"steps": 4, "log_every": 2, "eval_every": 4, "checkpoint_every": 4, "model.d_model": 32,
+  config = rm_config(**{"steps": 4, "log_every": 2, "eval_every": 4, "checkpoint_every": 4, "model.d_model": 32,
                         "model.num_layers": 1, "model.num_heads": 2, "model.mlp_dim": 64, "data.batch_size": 8,
                         "data.synthetic_train_pairs": 64, "data.synthetic_test_pairs": 16,
-                        "rm.estimator_hidden": 16, "optim.warmup_steps": 1}), workdir)
+                        "rm.estimator_hidden": 16, "optim.warmup_steps": 1})
+  jaxpt.train("rm", config, workdir)
   return workdir
 
 
@@ -78,12 +80,9 @@ def test_each_entry_resolves_its_config_functions_and_evaluator(name):
   config_type = trainer.config_type
   assert dataclasses.is_dataclass(config_type) and issubclass(config_type, RunConfig)
   assert trainer_of(config_type) is trainer and trainer.model in MODEL_KINDS
-  assert callable(trainer.run_function) and callable(trainer.build_function)
-  assert getattr(jaxpt, trainer.config_class) is config_type  # the Python API exports both
-  assert getattr(jaxpt, trainer.train) is trainer._attribute(trainer.train)
-  built = typing.get_type_hints(trainer.build_function)["return"]  # what `jaxpt eval` reads off the built run
-  fields = {f.name for f in dataclasses.fields(built)}
-  assert {"config", "training"} <= fields and ("evaluate" in fields or callable(getattr(built, "evaluate", None)))
+  assert callable(trainer.build_function) and trainer.summary
+  assert getattr(jaxpt, trainer.config_class) is config_type  # the Python API exports the config class
+  assert typing.get_type_hints(trainer.build_function)["return"] is BuiltRun  # the one built-run type
   if trainer.eval_set:  # a field of the run config, whose 0 turns the eval off
     section, field = trainer.eval_set.split(".")
     section_type = typing.get_type_hints(config_type)[section]

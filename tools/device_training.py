@@ -21,6 +21,7 @@ import numpy as np
 from benchmarks.common import alternating_seconds, compiled_step, matmul_gflops, median_ratio
 from benchmarks.sampler import Peer, sampler_run, timed
 from benchmarks.train_step import OPTIM
+import jaxpt
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM, init_params, param_count
 from jaxpt.trainers.lm import make_lm_loss_fn
@@ -211,7 +212,6 @@ def sampler(sizes: Sizes, budget: Budget) -> dict:
 def grpo_step(sizes: Sizes, budget: Budget) -> dict:
   """`benchmarks/grpo_step.py`'s measurement (bf16 and fp32 rollouts) with HF generate of the same rollouts."""
   from benchmarks import grpo_step as grpo_bench  # the GRPO trainer imports tensorflow_datasets (carried wheels)
-  from jaxpt.trainers.grpo import build_grpo
   if budget.spent():
     return {"skipped": ["all"]}
   config = grpo_bench.grpo_config("pre")
@@ -221,8 +221,8 @@ def grpo_step(sizes: Sizes, budget: Budget) -> dict:
   with tempfile.TemporaryDirectory() as workdir:
     peers = start_peers(sizes, config.model.to_dict(), rows, config.data.max_prompt_len, config.sampling.max_new_tokens,
                         workdir)
-    base = build_grpo(config, os.path.join(workdir, "run"))
-    state, batch = base.init_state(), base.prompts.batch(0)
+    base = jaxpt.build("grpo", config, os.path.join(workdir, "run"))
+    state, batch = base.init_state(), base.hooks.prompts.batch(0)
     clock = collections.Counter()
     trainers = {dtype: grpo_bench.timed_trainer(base, clock, dtype) for dtype in ("bfloat16", "float32")}
     for trainer in trainers.values():  # compiles

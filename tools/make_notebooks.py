@@ -122,7 +122,7 @@ SCHEMES = ["siamese_post_pre", "pre"]
 runs = {}
 for scheme in tqdm(SCHEMES, desc="runs"):
   runs[scheme] = os.path.join(WORKDIR, scheme)
-  result = jaxpt.pretrain(tiny_pretrain_config(scheme), runs[scheme])
+  result = jaxpt.train("pretrain", tiny_pretrain_config(scheme), runs[scheme])
   print(f"{scheme}: step {int(result.state.step)}, last train loss {result.last_row['loss']:.3f}")
 '''),
     code('''
@@ -413,7 +413,7 @@ def tiny_rm_config(loss: str):
 runs = {}
 for loss in tqdm(["bt", "dir"], desc="reward models"):
   runs[loss] = os.path.join(WORKDIR, loss)
-  jaxpt.train_rm(tiny_rm_config(loss), runs[loss])
+  jaxpt.train("rm", tiny_rm_config(loss), runs[loss])
 '''),
     md("""
 Each run writes `rm_eval.json`: accuracy on the training distribution's test split (`test`: length carries no
@@ -507,7 +507,7 @@ sft_config = jaxpt.config_dict(
     data=dict(seq_len=80, batch_size=16, eval_batches=1), optim=dict(learning_rate=1e-2, warmup_steps=5),
     decode=dict(prompt_len=48, max_new_tokens=24, eval_problems=32, batch_size=32))
 sft_dir = os.path.join(WORKDIR, "sft")
-result = jaxpt.sft(sft_config, sft_dir)
+result = jaxpt.train("sft", sft_config, sft_dir)
 print({k: round(v, 3) for k, v in result.last_row.items() if isinstance(v, float)})
 '''),
     md("""
@@ -531,7 +531,7 @@ def grpo_config(clipo: bool):
 runs = {}
 for name, clipo in tqdm([("GRPO", False), ("GRPO + CLIPO", True)], desc="runs"):
   runs[name] = os.path.join(WORKDIR, name.replace(" + ", "_").lower())
-  jaxpt.train_grpo(grpo_config(clipo), runs[name])
+  jaxpt.train("grpo", grpo_config(clipo), runs[name])
 '''),
     md("""
 Both runs start from the same policy with the same seed, so they sample the same rollouts until their updates
@@ -642,7 +642,7 @@ config = jaxpt.config_dict(
     task=dict(name="arithmetic", num_steps=1, max_value=9, train_size=8, test_size=8, prompt_format="plain"),
     data=dict(prompts_per_step=2, max_prompt_len=96, eval_prompts=0), sampling=dict(max_new_tokens=16),
     grpo=dict(group_size=4, minibatches=1), optim=dict(learning_rate=1e-3, warmup_steps=0))
-result = jaxpt.train_grpo(config, grpo_dir)
+result = jaxpt.train("grpo", config, grpo_dir)
 for row in read_metrics(grpo_dir):
   print({k: round(v, 4) for k, v in row.items() if k in ("step", "loss", "reward_mean", "accuracy", "response_length")})
 '''),

@@ -25,9 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.configs import grpo_tiny, sft_tiny
-from jaxpt.trainers.grpo import build_grpo, train_grpo
+import jaxpt
 from jaxpt.engine.metrics import read_metrics
-from jaxpt.trainers.sft import sft
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -37,8 +36,8 @@ def gap(trainer, params, batch, rng) -> dict:
   settings = trainer.config.grpo
   tokens, mask = np.repeat(batch["prompt_tokens"], settings.group_size, 0), np.repeat(batch["prompt_mask"],
                                                                                       settings.group_size, 0)
-  out = trainer.sample(params, jnp.asarray(tokens), jnp.asarray(mask), rng)
-  fp32 = np.asarray(trainer.logprobs(params, jnp.asarray(tokens), jnp.asarray(mask), out.tokens, out.mask))
+  out = trainer.hooks.sample(params, jnp.asarray(tokens), jnp.asarray(mask), rng)
+  fp32 = np.asarray(trainer.hooks.logprobs(params, jnp.asarray(tokens), jnp.asarray(mask), out.tokens, out.mask))
   sampled, live = np.asarray(out.logprobs), np.asarray(out.mask) > 0
   diff = (sampled - fp32)[live]
   ratio = np.exp(-diff)
@@ -57,7 +56,7 @@ def main() -> None:
   if not os.path.exists(os.path.join(sft_dir, "checkpoints")):
     config = sft_tiny.get_config()
     config.progress = False
-    sft(config, sft_dir)
+    jaxpt.train("sft", config, sft_dir)
   results = {"steps": args.steps, "runs": {}}
   for dtype in ("float32", "bfloat16"):
     config = grpo_tiny.get_config()
@@ -65,10 +64,10 @@ def main() -> None:
                                        "checkpoint_every": 0, "progress": False, "data.eval_prompts": 0,
                                        "sampling.rollout_dtype": dtype})
     workdir = os.path.join(args.workdir, f"grpo_{dtype}")
-    trainer = build_grpo(config, workdir)
+    trainer = jaxpt.build("grpo", config, workdir)
     state = trainer.init_state()
-    measured = gap(trainer, state.params, trainer.prompts.batch(0), jax.random.PRNGKey(0))
-    train_grpo(config, workdir, trainer=trainer)
+    measured = gap(trainer, state.params, trainer.hooks.prompts.batch(0), jax.random.PRNGKey(0))
+    jaxpt.train("grpo", config, workdir, built=trainer)
     rows = read_metrics(workdir)
     mean = lambda key: float(np.mean([r[key] for r in rows if key in r]))
     results["runs"][dtype] = {"gap_at_step_0": measured, "ppo_kl": mean("ppo_kl"), "clip_frac": mean("clip_frac"),

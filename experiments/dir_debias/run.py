@@ -34,6 +34,8 @@ REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
 if REPO_ROOT not in sys.path:
   sys.path.insert(0, REPO_ROOT)
 
+import jaxpt  # noqa: E402
+
 from experiments.toolkit import flags, results, runner, stats  # noqa: E402
 
 BIAS_STRENGTHS = (0.7, 0.8, 0.9)
@@ -85,14 +87,13 @@ def make_config(run: dict):
 
 def train_one(run: dict, directory: str) -> dict:
   """One reward model; -> its test metrics (balanced, adversarial, length-matched accuracy, correlations)."""
-  from jaxpt.trainers import rm
 
-  setup = rm.build_rm(make_config(run), directory)
-  result = rm.train_rm(setup.config, directory, setup=setup)
+  setup = jaxpt.build("rm", make_config(run), directory)
+  result = jaxpt.train("rm", setup.config, directory, built=setup)
   runner.require_finished(result, directory)
   out = dict(train_accuracy=result.last_row.get("accuracy"))
-  for split in setup.evaluator.splits:
-    report, per_pair = setup.training.under_rules(setup.evaluator.results)(result.state, split)
+  for split in setup.hooks.evaluator.splits:
+    report, per_pair = setup.training.under_rules(setup.hooks.evaluator.results)(result.state, split)
     out[split] = split_metrics(report, per_pair)
   return out
 

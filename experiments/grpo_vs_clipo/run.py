@@ -1,7 +1,7 @@
 """GRPO vs GRPO + CLIPO from one SFT'd policy: learning rates tuned equally on validation, 4 seeds paired.
 
-1. sft:   one `sft()` run of `config.sft()` (3-step arithmetic, trained to its plateau; its eval curve is
-          reported); every GRPO run starts from it.
+1. sft:   one `jaxpt.train("sft", ...)` run of `config.sft()` (3-step arithmetic, trained to its plateau; its eval
+          curve is reported); every GRPO run starts from it.
 2. tune:  GRPO and CLIPO, each at every lr in LRS, tuning seed 100. Each method's lr is the one with the highest
           final validation reward: sampled pass@1 (data.eval_samples samples per problem at T = 1, as the training
           rollouts are drawn) on the 'validation' set (training-split problems after the first task.train_size:
@@ -32,6 +32,8 @@ REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
 if REPO_ROOT not in sys.path:
   sys.path.insert(0, REPO_ROOT)
 
+import jaxpt  # noqa: E402
+
 from experiments.grpo_vs_clipo import config as config_lib  # noqa: E402
 from experiments.toolkit import flags, results, runner, stats  # noqa: E402
 
@@ -61,12 +63,9 @@ def grpo_config(run: dict):
 
 def train_sft(run: dict, directory: str) -> dict:
   """The SFT run, then the GRPO trainer's own evaluation of it (the 'start' row: same sets, same decoding)."""
-  from jaxpt.trainers.grpo import build_grpo
-  from jaxpt.trainers.sft import sft
-
-  sft(sft_config(run["sft_sets"]), directory)
-  trainer = build_grpo(grpo_config(dict(run, method="grpo", seed=0, lr=1e-5, sft_dir=directory)),
-                       os.path.join(directory, "_start_eval"))
+  jaxpt.train("sft", sft_config(run["sft_sets"]), directory)
+  trainer = jaxpt.build("grpo", grpo_config(dict(run, method="grpo", seed=0, lr=1e-5, sft_dir=directory)),
+                         os.path.join(directory, "_start_eval"))
   curve = [{k: v for k, v in r.items() if k == "step" or k.startswith("eval_")}
            for r in results.read_metrics(directory) if any(k.startswith("eval_") for k in r)]
   return dict(evals=trainer.evaluate(trainer.init_state()), sft_curve=curve)
@@ -75,11 +74,8 @@ def train_sft(run: dict, directory: str) -> dict:
 def train_grpo(run: dict, directory: str) -> dict:
   """One GRPO run, then its held-out evals (the final step's; computed from the final state when the run was
   already at its last step, e.g. resumed after a kill between its last checkpoint and its record)."""
-  from jaxpt.trainers.grpo import build_grpo
-  from jaxpt.trainers.grpo import train_grpo as train
-
-  trainer = build_grpo(grpo_config(run), directory)
-  result = train(trainer.config, directory, trainer=trainer)
+  trainer = jaxpt.build("grpo", grpo_config(run), directory)
+  result = jaxpt.train("grpo", trainer.config, directory, built=trainer)
   runner.require_finished(result, directory)
   is_eval = lambda key: key.startswith(("eval_accuracy_", "eval_pass1_"))  # noqa: E731
   row = result.last_row if any(map(is_eval, result.last_row)) else trainer.evaluate(result.state)

@@ -1,7 +1,7 @@
 """Pre-Norm vs Post-Norm vs HybridNorm vs SiameseNorm LMs, each at its own validation-tuned learning rate.
 
-Three phases (`experiments.toolkit.lm_comparison`), each a grid of `pretrain()` runs (same steps, batch, tokens,
-width; `config.py`), on tiny Shakespeare:
+Three phases (`experiments.toolkit.lm_comparison`), each a grid of `jaxpt.train("pretrain", ...)` runs (same steps,
+batch, tokens, width; `config.py`), on tiny Shakespeare:
 
 1. tune:  every scheme x lr in LRS x the tuning seeds (100, 101). Each scheme's lr is the one with the lowest
           mean final *validation* loss; the test rows are not looked at.

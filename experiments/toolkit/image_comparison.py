@@ -24,6 +24,8 @@ import os
 
 import numpy as np
 
+import jaxpt
+
 from experiments.toolkit import flags, results, runner, stats, tuning
 from experiments.toolkit.tuning import scheme_color
 
@@ -123,9 +125,8 @@ def train_vit_run(run: dict, directory: str) -> dict:
   """One `jaxpt vit` run; -> final validation and test top-1 / loss, and (run['probe']) the probes at init and at
   the end."""
   from jaxpt.models.transformer import param_count
-  from jaxpt.trainers.vit import build_vit
 
-  setup = build_vit(make_config(run), directory)
+  setup = jaxpt.build("vit", make_config(run), directory)
   init = setup.training.init_state().params
   batch = next(iter(setup.data.eval_batches("validation")))
   summary = dict(params=param_count(init))
@@ -146,9 +147,9 @@ def train_dit_run(run: dict, directory: str) -> dict:
 
   from jaxpt.models.dit import DiT
   from jaxpt.models.transformer import param_count
-  from jaxpt.trainers.dit import build_dit, make_dit_sampler
+  from jaxpt.trainers.dit import make_dit_sampler
 
-  setup = build_dit(make_config(run), directory)
+  setup = jaxpt.build("dit", make_config(run), directory)
   state, summary = train_and_read(setup, directory, "fid", dict(params=param_count(setup.training.init_state().params)))
   if run.get("samples") and state is not None:
     config = setup.config

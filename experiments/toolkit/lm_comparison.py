@@ -1,7 +1,7 @@
 """Residual schemes compared as language models, each at its own validation-tuned learning rate (shared by
 `experiments/siamese_vs_prenorm` and `experiments/residual_schemes_lm`).
 
-Three phases, each a grid of `pretrain()` runs of one config (`Experiment.config`), on one corpus:
+Three phases, each a grid of `jaxpt.train("pretrain", ...)` runs of one config (`Experiment.config`), on one corpus:
 1. tune:  every scheme x lr x the tuning seeds. Each scheme's lr is the one with the lowest mean final
           *validation* loss (the held-out rows the run evaluates every eval_every steps); the test rows are not
           looked at.
@@ -23,6 +23,8 @@ import dataclasses
 import importlib
 import math
 import os
+
+import jaxpt
 
 from experiments.toolkit import flags, results, runner, stats
 from experiments.toolkit import tuning as tuning_lib
@@ -132,20 +134,19 @@ def train_one(run: dict, directory: str) -> dict:
   from jaxpt.models.transformer import TransformerLM, param_count
   from jaxpt.trainers.lm import make_lm_evaluator
   from jaxpt.engine.loop import NonFiniteError
-  from jaxpt.trainers.pretrain import build_pretraining, pretrain
 
   for name in DATA_LINKS:
     link = os.path.join(directory, name)
     if not os.path.lexists(link):
       os.symlink(os.path.join(run["data_dir"], name), link)
   config = make_config(run)
-  setup = build_pretraining(config, directory)
+  setup = jaxpt.build("pretrain", config, directory)
   probe_batch = setup.data.eval_batches()[0]
   init_params = setup.training.init_state().params
   summary = dict(probe_init=probe(setup.config.model, init_params, probe_batch), params=param_count(init_params),
                  vocab_size=setup.config.model.vocab_size)
   try:
-    result = pretrain(config, directory, setup=setup)
+    result = jaxpt.train("pretrain", config, directory, built=setup)
   except NonFiniteError as e:  # diverged: recorded as such (infinite losses), not retried
     return dict(summary, validation_loss=math.inf, test_loss=math.inf, nonfinite_step=e.step, probe_final=None)
   runner.require_finished(result, directory)

@@ -1,8 +1,8 @@
-"""Training: one sharded-training builder (`builder.build_training`), one step (`step.make_train_step`), one loop
-(`loop.train_loop`), and the trainers composed from them, listed in one table (`trainers.TRAINERS`).
+"""The training engine: one sharded-training builder (`builder.build_training`), one step (`step.make_train_step`),
+one loop (`loop.train_loop`), one loop path over them for every trainer (`run.run_built` of a `run.BuiltRun`), and
+the table of trainers (`trainers.TRAINERS`), whose modules live in `jaxpt.trainers`.
 
-The trainers are imported on their own (`from jaxpt.trainers.pretrain import pretrain`): they pull in the model and
-data layers. The names below load on first use, so `import jaxpt.engine.trainers` (the CLI's help) imports no jax.
+The names below load on first use, so `import jaxpt.engine.trainers` (the CLI's help) imports no jax.
 """
 
 _EXPORTS = {
@@ -10,6 +10,7 @@ _EXPORTS = {
     "jaxpt.engine.config": ("RunConfig",),
     "jaxpt.engine.loop": ("LoopConfig", "LoopResult", "train_loop"),
     "jaxpt.engine.optim": ("OptimConfig", "decay_mask", "make_optimizer", "make_schedule"),
+    "jaxpt.engine.run": ("BuiltRun", "Hooks", "run_built"),
     "jaxpt.engine.sharded": ("ShardedTraining", "shard_training", "sharded_init", "train_state_sharding"),
     "jaxpt.engine.state": ("TrainState",),
     "jaxpt.engine.step": ("accumulate", "accumulate_gradients", "grad_fn_of", "make_train_step"),

@@ -21,14 +21,11 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from absl import logging
 
 from jaxpt import parallel
 from jaxpt.data import order
-from jaxpt.models.transformer import param_count
-from jaxpt.engine.config import RunConfig, config_json
+from jaxpt.engine.config import RunConfig
 from jaxpt.engine.init_from import init_params
-from jaxpt.engine.loop import LoopResult, train_loop
 from jaxpt.engine.optim import decay_mask, make_optimizer
 from jaxpt.engine.sharded import ShardedTraining, shard_training
 from jaxpt.engine.state import TrainState
@@ -110,19 +107,6 @@ class Training:
       return parallel.global_batches(local, self.sharded.batch_sharding, batch_size)
 
     return batches
-
-  def run(self, batches: Callable[[int], Iterator[dict]], workdir: str,
-          evaluate: Callable[[TrainState], dict] | None = None, stop_at: int | None = None,
-          record: Callable[[], Any] | None = None) -> LoopResult:
-    """Trains (or resumes) in `workdir` from `init_state()` on the shared loop: `batches(start)` as from
-    `self.batches`, `evaluate` its eval_fn; checkpoints carry the run config. `record()` records the launch once
-    the checkpoint has restored (`train_loop`)."""
-    state = self.init_state()
-    logging.info("model: %.2fM params; training %d steps in %s", param_count(state.params) / 1e6, self.config.steps,
-                 workdir)
-    parallel.log_memory("train_step", self.memory)
-    return train_loop(state, self.train_step, batches, self.config.loop, workdir, eval_fn=evaluate,
-                      meta={"config": config_json(self.config)}, stop_at=stop_at, record=record)
 
   def under_rules(self, fn: Callable[..., Any]) -> Callable[..., Any]:
     """`fn` run with the mesh's activation rules on (its jitted functions trace on the first call)."""

@@ -10,8 +10,8 @@ evaluator runs once (DPO's reference policy is rebuilt from `init_from`, as on r
     rm        eval_* (eval_<split>_* for the other splits)          (jaxpt.trainers.rm.RMEvaluator)
     vit       eval_top1, eval_loss (test), eval_val_* (validation)  (jaxpt.trainers.vit.make_vit_evaluator)
     dit       eval_loss (test), eval_val_loss (validation)          (jaxpt.trainers.dit.make_dit_evaluator)
-    dpo       the same, of the implicit reward beta (logp - ref)    (jaxpt.trainers.dpo.DPOTraining.evaluate)
-    grpo      eval_accuracy_<set>                                   (jaxpt.trainers.grpo.GRPOTrainer.evaluate)
+    dpo       the same, of the implicit reward beta (logp - ref)    (jaxpt.trainers.dpo.build)
+    grpo      eval_accuracy_<set>                                   (jaxpt.trainers.grpo.GRPOHooks.evaluate)
 
 so the numbers are those the run's own eval rows in metrics.jsonl hold for that step. The result
 {"step", "run", <metrics>} is one JSON line on stdout and `W/eval/step_<N>.json`; nothing is trained, no checkpoint

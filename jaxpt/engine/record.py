@@ -26,12 +26,11 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import functools
 import hashlib
 import json
 import os
 import socket
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import jax
 
@@ -78,12 +77,6 @@ def digest(text: str | bytes) -> str:
 def run_inputs(corpus_id: str, tokenizer: Any) -> dict[str, str]:
   """A run's `inputs`: digests of its training corpus's identity (content-based) and of its tokenizer model."""
   return {"corpus": digest(corpus_id), "tokenizer": digest(tokenizer.model_proto)}
-
-
-def launch_recorder(workdir: str, config: Any, corpus_id: str, tokenizer: Any) -> Callable[[], dict[str, list]]:
-  """`record()` for `train_loop(record=...)`: `record_launch` of a run whose inputs are a corpus (its identity) and
-  a tokenizer, called once the run's checkpoint has restored."""
-  return functools.partial(record_launch, workdir, config, run_inputs(corpus_id, tokenizer), tokenizer)
 
 
 def resumes(workdir: str) -> bool:

@@ -1,7 +1,7 @@
 """The one table of trainers: `TRAINERS`, name -> `Trainer`, read by everything that lists or picks a trainer.
 
-    TRAINERS.get("rm").config_type          # RMRunConfig (its module is imported on first use)
-    TRAINERS.get("rm").build(config, W)     # the built run: .config, .training, .evaluate
+    TRAINERS.get("rm").config_type              # RMRunConfig (its module is imported on first use)
+    TRAINERS.get("rm").build_function(config, W)  # the BuiltRun (`jaxpt.engine.run`) that `jaxpt.train` trains
     recorded_trainer(json.load(config.json))  # "rm": the run's "trainer" key (the legacy rule for older runs)
 
 The CLI's training subcommands and their help, `jaxpt eval` (the trainer's build and evaluator), `jaxpt.load` (what
@@ -28,16 +28,16 @@ MODEL_KINDS = {"lm": "language-model", "reward": "reward-model", "vit": "image-c
 
 @dataclasses.dataclass(frozen=True)
 class Trainer:
-  """A trainer: `jaxpt <name>`, its run config `<module>.<config_class>` and its functions in `<module>`.
+  """A trainer: `jaxpt <name>` and `jaxpt.train("<name>", ...)`, its run config `<module>.<config_class>` and its
+  `<module>.build`.
 
   Attributes:
     name: the subcommand and the name a run records (config.json's "trainer").
     help: one line for `jaxpt --help`.
     module: the module holding the trainer ('jaxpt.trainers.rm'), imported on first use.
     config_class: its run config dataclass there.
-    run: `run(run_config, workdir) -> exit code`, the CLI's entry.
-    train: `train(config, workdir) -> LoopResult`, the Python API's entry (exported as `jaxpt.<train>`).
-    build: `build(config, workdir)` -> the built run (`.config`, `.training`, `.evaluate(state) -> metrics`), which
+    summary: the metrics of `jaxpt <name>`'s last line, in order ('eval_accuracy*': all keys with that prefix).
+    build: `build(config, workdir) -> BuiltRun` (`jaxpt.engine.run`): the run `jaxpt.train` trains and
       `jaxpt eval` rebuilds from a recorded config.
     model: what its checkpoints hold (a key of MODEL_KINDS): 'lm' (TransformerLM), 'reward' (RewardModel), 'vit',
       'dit'.
@@ -49,10 +49,9 @@ class Trainer:
   help: str
   module: str
   config_class: str
-  run: str
-  train: str
-  build: str
+  summary: tuple[str, ...]
   model: str
+  build: str = "build"
   starts_runs: bool = True
   eval_set: str = ""
 
@@ -62,10 +61,6 @@ class Trainer:
   @property
   def config_type(self) -> type:
     return self._attribute(self.config_class)
-
-  @property
-  def run_function(self) -> Callable[[Any, str], int]:
-    return self._attribute(self.run)
 
   @property
   def build_function(self) -> Callable[[Any, str], Any]:
@@ -84,21 +79,26 @@ class Trainer:
 TRAINERS: Registry[Trainer] = Registry("trainer")
 for _trainer in (
     Trainer("pretrain", "Pretrain a transformer LM (metrics.jsonl, TensorBoard, loss.png, checkpoints in workdir).",
-            "jaxpt.trainers.pretrain", "PretrainRunConfig", "run_pretrain", "pretrain", "build_pretraining", "lm",
+            "jaxpt.trainers.pretrain", "PretrainRunConfig", ("loss", "eval_loss", "eval_ppl"), "lm",
             eval_set="data.eval_batches"),
     Trainer("sft", "Supervised fine-tuning on a math task (response-only loss; answer accuracy in the eval).",
-            "jaxpt.trainers.sft", "SFTRunConfig", "run_sft", "sft", "build_sft", "lm", eval_set="data.eval_batches"),
+            "jaxpt.trainers.sft", "SFTRunConfig", ("loss", "eval_loss", "eval_answer_accuracy", "eval_sample_accuracy"),
+            "lm",
+            eval_set="data.eval_batches"),
     Trainer("grpo", "GRPO / CLIPO post-training with KV-cache rollouts and verifiable rewards.",
-            "jaxpt.trainers.grpo", "GRPORunConfig", "run_grpo", "train_grpo", "build_grpo", "lm",
+            "jaxpt.trainers.grpo", "GRPORunConfig", ("reward_mean", "accuracy", "eval_accuracy*"), "lm",
             eval_set="data.eval_prompts"),
     Trainer("rm", "Train a reward model (Bradley-Terry, DIR, ODIN) and write its evaluation report.",
-            "jaxpt.trainers.rm", "RMRunConfig", "run_rm", "train_rm", "build_rm", "reward", starts_runs=False),
+            "jaxpt.trainers.rm", "RMRunConfig", ("loss", "accuracy", "eval_accuracy", "eval_pearson_score_length",
+                                                 "eval_spearman_score_length"), "reward", starts_runs=False),
     Trainer("vit", "Train a ViT image classifier (any residual scheme; top-1 on the test split in the eval).",
-            "jaxpt.trainers.vit", "ViTRunConfig", "run_vit", "train_vit", "build_vit", "vit"),
+            "jaxpt.trainers.vit", "ViTRunConfig", ("loss", "eval_loss", "eval_top1", "eval_val_top1"), "vit"),
     Trainer("dit", "Train a class-conditional DiT (pre or siamese_post_pre; the diffusion loss in the eval).",
-            "jaxpt.trainers.dit", "DiTRunConfig", "run_dit", "train_dit", "build_dit", "dit"),
+            "jaxpt.trainers.dit", "DiTRunConfig", ("loss", "eval_loss", "eval_val_loss", "eval_fid", "eval_val_fid"),
+            "dit"),
     Trainer("dpo", "DPO (optionally + DIR) of a language model on preference pairs; implicit-reward eval report.",
-            "jaxpt.trainers.dpo", "DPORunConfig", "run_dpo", "train_dpo", "build_dpo", "lm"),
+            "jaxpt.trainers.dpo", "DPORunConfig", ("loss", "accuracy", "eval_accuracy", "eval_pearson_score_length",
+                                                   "eval_pearson_margin_length"), "lm"),
 ):
   TRAINERS.add(_trainer.name, _trainer)
 

@@ -31,10 +31,10 @@ from jaxpt.models.dit import DiT, DiTConfig, check_dit_model, drop_labels, dummy
 from jaxpt.models.dit_sampler import SamplerConfig, make_sampler
 from jaxpt.engine.config import RunConfig
 from jaxpt.trainers.fid import ClassifierFeatures, FIDConfig, make_fid
-from jaxpt.engine.loop import LoopResult, print_summary
+from jaxpt.engine.run import BuiltRun
 from jaxpt.engine.state import TrainState
 from jaxpt.engine.step import LossFn
-from jaxpt.trainers.vit import EVAL_PREFIXES, ImageTraining, build_image_training, split_means_evaluator
+from jaxpt.trainers.images import EVAL_PREFIXES, build_image_run, split_means_evaluator
 
 EVAL_KEY = 0  # eval batch i draws its timesteps and noise from fold_in(PRNGKey(EVAL_KEY), i)
 
@@ -115,7 +115,7 @@ def make_dit_sampler(config: DiTRunConfig, model: DiT) -> Callable[[Any, jax.Arr
                       sample.eta, sample.guidance_scale, dit.num_classes, sample.clip_x0)
 
 
-def build_dit(config: DiTRunConfig | Any, workdir: str) -> ImageTraining:
+def build(config: DiTRunConfig | Any, workdir: str) -> BuiltRun:
   """Checks `config` (a DiTRunConfig or a ConfigDict; ConfigError naming the field), then builds data, model,
   optimizer, the compiled step and the evaluator. The mesh comes from `config.mesh`."""
   config = from_section(DiTRunConfig, config, "config")
@@ -134,19 +134,5 @@ def build_dit(config: DiTRunConfig | Any, workdir: str) -> ImageTraining:
                    jax.random.PRNGKey(EVAL_KEY))
     return lambda state: {**evaluate(state), **fid(state.params)}
 
-  return build_image_training(config, workdir, "dit", model, dummy_inputs(config.dit),
-                              make_dit_loss_fn(model, config.schedule), make_evaluator)
-
-
-def train_dit(config: DiTRunConfig | Any, workdir: str, *, setup: ImageTraining | None = None,
-              stop_at: int | None = None) -> LoopResult:
-  """Trains (or resumes) the DiT run in `workdir`; returns the loop's result. `setup` reuses compiled functions."""
-  return (setup or build_dit(config, workdir)).train(workdir, stop_at)
-
-
-def run_dit(config: DiTRunConfig, workdir: str) -> int:
-  """`jaxpt dit`: builds, prints the mesh and memory, trains, prints one summary line; the exit code."""
-  setup = build_dit(config, workdir)
-  print(setup.training.describe("dit"), flush=True)
-  return print_summary("dit", train_dit(config, workdir, setup=setup), workdir,
-                       ("loss", "eval_loss", "eval_val_loss", "eval_fid", "eval_val_fid"))
+  return build_image_run("dit", config, workdir, model, dummy_inputs(config.dit),
+                         make_dit_loss_fn(model, config.schedule), make_evaluator)

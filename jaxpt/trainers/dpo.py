@@ -25,35 +25,34 @@ corr(z, len_c - len_r) over pairs; the report (rm_eval.json / .md, score_vs_leng
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import logging
 
 from jaxpt import parallel
 from jaxpt.config import Section, at_least, from_section, in_range
 from jaxpt.data import preference_batches
 from jaxpt.data.preference_batches import PreferenceDataConfig
 from jaxpt.losses import get_loss
-from jaxpt.models.transformer import TransformerLM, param_count
+from jaxpt.models.transformer import TransformerLM
 from jaxpt.progress import say
 from jaxpt.rl.logprobs import token_logprobs
 from jaxpt.trainers import dir_estimator
 from jaxpt.engine.builder import Training, batch_shapes, build_training, training_mesh
-from jaxpt.engine.config import RunConfig, check_vocab, config_json
+from jaxpt.engine.config import RunConfig, check_vocab
 from jaxpt.trainers.dir_estimator import DIRSettings
 from jaxpt.engine.init_from import init_tokenizer
-from jaxpt.engine.loop import LoopResult, print_summary, train_loop
 from jaxpt.trainers.pairs import (BIAS_PREFIX, PairEvaluator, check_bias_label, eval_splits, flatten_batch, pair_tokens,
-                               report_when_finished)
-from jaxpt.engine.record import check_launch, launch_recorder, resumes
+                               PairReport)
+from jaxpt.engine.record import check_launch, resumes, run_inputs
+from jaxpt.engine.run import BuiltRun
 from jaxpt.engine.state import TrainState
 from jaxpt.engine.step import GradFn
 
-__all__ = ["DPOConfig", "DPORunConfig", "DPOTraining", "build_dpo", "make_dpo_grad_fn", "pair_logps",
-           "reference_logps", "response_mask", "run_dpo", "sequence_logps", "train_dpo"]
+__all__ = ["DPOConfig", "DPORunConfig", "ReferenceHooks", "build", "make_dpo_grad_fn", "pair_logps", "reference_logps",
+           "response_mask", "sequence_logps"]
 
 REFERENCE_KEYS = ("ref_chosen_logps", "ref_rejected_logps")  # [B] float32 batch columns the step reads
 
@@ -197,23 +196,17 @@ def make_dpo_grad_fn(model: TransformerLM, settings: DPOConfig) -> GradFn:
 
 
 @dataclasses.dataclass
-class DPOTraining:
-  """A DPO run built once: `training` holds the compiled step (for batches with the reference columns);
-  `train_step` is the loop's step: reference forward, then the shared step. `ref_params` is set by `init_state`
-  (or on first need by `reference_params`)."""
+class ReferenceHooks(PairReport):
+  """The DPO run's loop hooks: each step's batch gets the reference policy's log-probs (`reference`, jitted and laid
+  out like the batch) before the shared step; the reference params are the initial policy's, copied by
+  `init_state` (or made on first need by `reference_params`: `jaxpt eval`), never checkpointed."""
 
-  config: DPORunConfig
-  training: Training
-  model: TransformerLM
-  data: Any  # jaxpt.data.preference_batches.PreferenceData
-  batches: Callable[[int], Iterator[dict]]
-  reference: Callable[[Any, dict], dict]  # jitted reference_logps(ref_params, batch), laid out like the batch
-  evaluator: PairEvaluator  # every eval split of the data ('test' first), implicit rewards
+  reference: Callable[[Any, dict], dict]  # reference_logps(ref_params, batch)
   ref_params: Any = None
 
-  def init_state(self) -> TrainState:
+  def init_state(self, training: Training) -> TrainState:
     """The initial state (params from `init_from`, or the seeded init); its params, copied, are the reference."""
-    state = self.training.init_state()
+    state = training.init_state()
     self.ref_params = jax.tree.map(jnp.copy, state.params)  # the state is donated to the step on accelerators
     return state
 
@@ -222,14 +215,11 @@ class DPOTraining:
       self.ref_params = self.training.init_state().params
     return self.ref_params
 
-  def train_step(self, state: TrainState, batch: dict) -> tuple[TrainState, dict]:
-    return self.training.train_step(state, {**batch, **self.reference(self.reference_params(), batch)})
-
-  def evaluate(self, state: TrainState) -> dict:
-    return self.training.under_rules(self.evaluator)(state)
+  def train_step(self, training: Training, state: TrainState, batch: dict) -> tuple[TrainState, dict]:
+    return training.train_step(state, {**batch, **self.reference(self.reference_params(), batch)})
 
 
-def build_dpo(config: DPORunConfig | Any, workdir: str) -> DPOTraining:
+def build(config: DPORunConfig | Any, workdir: str) -> BuiltRun:
   """Checks `config` (ConfigError naming the field), then builds preference data (tokenized with the `init_from`
   run's tokenizer, else one trained on the pairs), the policy, optimizer, the compiled step, the reference forward
   and the evaluator."""
@@ -268,38 +258,10 @@ def build_dpo(config: DPORunConfig | Any, workdir: str) -> DPOTraining:
     return settings.beta * (pair_logps(model, params, batch)[0] - pair_logps(model, ref_params, batch)[0])
 
   score = jax.jit(implicit_rewards, out_shardings=parallel.replicated(mesh))
-  evaluator = PairEvaluator(lambda params, batch: score(params, trainer.reference_params(), batch),
+  evaluator = PairEvaluator(lambda params, batch: score(params, hooks.reference_params(), batch),
                             eval_splits(data), put=training.put)
-  trainer = DPOTraining(config=config, training=training, model=model, data=data,
-                        batches=training.batches(train_batch, batch_size), reference=reference, evaluator=evaluator)
-  return trainer
-
-
-def train_dpo(config: DPORunConfig | Any, workdir: str, *, setup: Optional[DPOTraining] = None,
-              stop_at: Optional[int] = None) -> LoopResult:
-  """Trains (or resumes) the DPO run in `workdir`. At the end (not on preemption) writes rm_eval.json, rm_eval.md
-  and score_vs_length.png of the implicit reward there (other eval splits in eval_<split>/). `setup` reuses
-  compiled functions."""
-  setup = setup or build_dpo(config, workdir)
-  config = setup.config
-  state = setup.init_state()
-  logging.info("DPO%s: %.2fM params; training %d steps in %s", "+DIR" if config.dpo.dir else "",
-               param_count(state.params) / 1e6, config.steps, workdir)
-  parallel.log_memory("dpo_train_step", setup.training.memory)
-  result = train_loop(state, setup.train_step, setup.batches, config.loop, workdir, eval_fn=setup.evaluate,
-                      meta={"config": config_json(config)}, stop_at=stop_at,
-                      record=launch_recorder(workdir, config, setup.data.corpus_id, setup.data.tokenizer))
-  report_when_finished(setup.training, setup.evaluator, result, config.steps, workdir,
-                       f"DPO{'+DIR' if config.dpo.dir else ''} implicit reward")
-  return result
-
-
-def run_dpo(config: DPORunConfig, workdir: str) -> int:
-  """`jaxpt dpo`: builds, prints the mesh and memory, trains, prints one summary line; the exit code."""
-  setup = build_dpo(config, workdir)
-  print(setup.training.describe(f"dpo{' + DIR' if config.dpo.dir else ''}"), flush=True)
-  return print_summary("dpo", train_dpo(config, workdir, setup=setup), workdir,
-                       ("loss", "accuracy", "eval_accuracy", "eval_pearson_score_length",
-                        "eval_pearson_margin_length"))
-
-
+  name = f"DPO{'+DIR' if settings.dir else ''}"
+  hooks = ReferenceHooks(training, evaluator, f"{name} implicit reward", reference)
+  return BuiltRun("dpo", config, training, training.batches(train_batch, batch_size),
+                  inputs=run_inputs(data.corpus_id, data.tokenizer), tokenizer=data.tokenizer, data=data,
+                  evaluate=training.under_rules(evaluator), hooks=hooks, title=f"dpo{' + DIR' if settings.dir else ''}")

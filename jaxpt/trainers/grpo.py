@@ -1,6 +1,6 @@
 """GRPO (and CLIPO) post-training on the shared loop.
 
-One loop step (`GRPOTrainer.train_step`), for a batch of B prompts:
+One loop step (`GRPOHooks.train_step`), for a batch of B prompts:
 
     prompts [B, P] --repeat G--> [N = B*G, P] --sampler (KV cache)--> responses [N, T], old log-probs, hidden
       --decode + verifier--> rewards R [N]   (+ DAPO: R += soft overlong punishment; dynamic sampling drops
@@ -16,7 +16,7 @@ One loop step (`GRPOTrainer.train_step`), for a batch of B prompts:
 Each policy update is the shared train step (`jaxpt.engine.step`), compiled by the shared builder for one minibatch
 of `experience_shapes`; `optim.grad_accum_steps` splits a minibatch into micro-batches. Everything runs on the
 run's mesh (`config.mesh`): the sampler and the log-probs are compiled for it too, each process samples and
-verifies its own prompts, and the per-rollout host arrays are all-gathered (`GRPOTrainer`). `state.step` counts loop
+verifies its own prompts, and the per-rollout host arrays are all-gathered (`GRPOHooks`). `state.step` counts loop
 steps (the data position); the optimizer's own count runs epochs * minibatches per step.
 The reference policy is the initial policy (the `init_from` run's params, or the seeded init), rebuilt on resume
 rather than checkpointed; the CLIPO head lives in `state.aux["clipo"]`. Randomness of step t comes from
@@ -32,7 +32,6 @@ from typing import Any, Callable, Iterator
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import logging
 
 from jaxpt import parallel
 from jaxpt.config import ConfigError, Section, at_least, fail, from_section, in_range, one_of
@@ -49,10 +48,10 @@ from jaxpt.rl.rewards import math_reward
 from jaxpt.rl.rollouts import RewardFn, repeat_prompts, response_texts, verifier_rewards
 from jaxpt.rl.sampler import SamplingConfig, make_sampler
 from jaxpt.engine.builder import Training, build_training, training_mesh
-from jaxpt.engine.config import RunConfig, check_vocab, config_json
+from jaxpt.engine.config import RunConfig, check_vocab
 from jaxpt.engine.init_from import init_tokenizer
-from jaxpt.engine.loop import LoopResult, print_summary, train_loop
-from jaxpt.engine.record import check_launch, digest, launch_recorder, resumes
+from jaxpt.engine.record import check_launch, digest, resumes, run_inputs
+from jaxpt.engine.run import BuiltRun, Hooks
 from jaxpt.engine.state import TrainState
 from jaxpt.engine.step import grad_fn_of
 
@@ -258,8 +257,8 @@ def make_policy_loss(model: TransformerLM, settings: GRPOConfig, clipo_config: c
 
 
 @dataclasses.dataclass
-class GRPOTrainer:
-  """Everything a GRPO run needs, built once by `build_grpo`; `train_step` is the loop's step function.
+class GRPOHooks(Hooks):
+  """The GRPO run's loop hooks, built once by `build`: `train_step` samples, scores and updates (one loop step).
 
   `training.train_step` is the shared step compiled for one policy-update minibatch; the loop's state is handed to
   it with `step` set to the optimizer's update count (so `lr` is the schedule's) and `rng` to the step's update key.
@@ -300,14 +299,13 @@ class GRPOTrainer:
     return -(-self.config.data.prompts_per_step // dp) * dp
 
   def describe(self) -> str:
-    """The start-up line of `jaxpt grpo`: processes, mesh, and the compiled update's and sampler's memory."""
-    return (self.training.describe("grpo") + ", rollout sampler "
-            f"{self.sampler_memory.get('peak_mib', float('nan')):.1f} MiB")
+    """The start line's addition: the compiled rollout sampler's memory."""
+    return f", rollout sampler {self.sampler_memory.get('peak_mib', float('nan')):.1f} MiB"
 
-  def init_state(self) -> TrainState:
+  def init_state(self, training: Training) -> TrainState:
     """The initial state (params from `init_from`, or the seeded init); keeps a copy of its params as the
     reference policy when the KL term needs one (rebuilt like this on resume, never checkpointed)."""
-    state = self.training.init_state()
+    state = training.init_state()
     if self.config.grpo.uses_reference:
       self.ref_params = jax.tree.map(jnp.copy, state.params)
     return state
@@ -378,7 +376,7 @@ class GRPOTrainer:
       metrics["overlong_penalty_mean"] = float(np.mean(ro["rewards"] - ro["scores"]))
     return ro, metrics
 
-  def train_step(self, state: TrainState, batch: dict) -> tuple[TrainState, dict]:
+  def train_step(self, training: Training, state: TrainState, batch: dict) -> tuple[TrainState, dict]:
     settings, cfg = self.config.grpo, self.config.clipo
     step = int(state.step)
     sample_rng, clipo_rng, update_rng = jax.random.split(state.step_rng(), 3)
@@ -478,7 +476,7 @@ def _tokenizer(config: GRPORunConfig, workdir: str):
   return tokenizer
 
 
-def build_grpo(config: GRPORunConfig | Any, workdir: str) -> GRPOTrainer:
+def build(config: GRPORunConfig | Any, workdir: str) -> BuiltRun:
   """Checks `config` (ConfigError naming the field), then builds the tokenizer, prompts, samplers and the shared
   builder's policy update, compiled for one minibatch of rollouts."""
   config = from_section(GRPORunConfig, config, "config")
@@ -532,30 +530,19 @@ def build_grpo(config: GRPORunConfig | Any, workdir: str) -> GRPOTrainer:
     return clipo.head_step(config.clipo, head, reps, labels, group_ids, rng)
 
   kl_rewards = lambda *arrays: kl_penalized_rewards(*arrays, config.grpo.kl_coef, config.grpo.kl_kind)
-  return GRPOTrainer(config=config, training=training, tokenizer=tokenizer, prompts=prompts, sample=sample,
-                     sample_greedy=sampler(True), sample_eval=sampler(False), logprobs=logprobs, take_rows=take_rows,
-                     clipo_step=layout.jit(clipo_step, replicated), kl_rewards=layout.jit(kl_rewards, replicated),
-                     eval_sets=_first_problems(prompts, config.data.eval_prompts), process_slice=(index, count),
-                     sampler_memory=parallel.compiled_memory(sample))
+  hooks = GRPOHooks(config=config, training=training, tokenizer=tokenizer, prompts=prompts, sample=sample,
+                    sample_greedy=sampler(True), sample_eval=sampler(False), logprobs=logprobs, take_rows=take_rows,
+                    clipo_step=layout.jit(clipo_step, replicated), kl_rewards=layout.jit(kl_rewards, replicated),
+                    eval_sets=_first_problems(prompts, config.data.eval_prompts), process_slice=(index, count),
+                    sampler_memory=parallel.compiled_memory(sample))
+  inputs = run_inputs(f"task|{config.task.train_identity}", tokenizer)
+  return BuiltRun("grpo", config, training, hooks.batches, inputs=inputs, tokenizer=tokenizer, data=prompts,
+                  evaluate=hooks.evaluate if config.data.eval_prompts else None, hooks=hooks)
 
 
-def train_grpo(config: GRPORunConfig | Any, workdir: str, *, trainer: GRPOTrainer | None = None,
-               stop_at: int | None = None) -> LoopResult:
-  """Trains (or resumes) the GRPO run in `workdir`; `trainer` reuses compiled functions across runs."""
-  trainer = trainer or build_grpo(config, workdir)
-  config = trainer.config
-  logging.info("GRPO: %d prompts x %d rollouts per step, %d steps in %s", config.data.prompts_per_step,
-               config.grpo.group_size, config.steps, workdir)
-  return train_loop(trainer.init_state(), trainer.train_step, trainer.batches, config.loop, workdir,
-                    eval_fn=trainer.evaluate if config.data.eval_prompts else None,
-                    meta={"config": config_json(config)}, stop_at=stop_at,
-                    record=launch_recorder(workdir, config, f"task|{config.task.train_identity}", trainer.tokenizer))
-
-
-def run_grpo(config: GRPORunConfig, workdir: str) -> int:
-  """`jaxpt grpo`: builds, prints the mesh and memory, trains, prints one summary line; the exit code."""
-  trainer = build_grpo(config, workdir)
-  print(trainer.describe(), flush=True)
-  result = train_grpo(config, workdir, trainer=trainer)
-  return print_summary("grpo", result, workdir, ["reward_mean", "accuracy"] +
-                       sorted(k for k in result.last_row if k.startswith("eval_accuracy")))
+def replace_hooks(built: BuiltRun, **changes: Any) -> BuiltRun:
+  """`built` with fields of its `GRPOHooks` replaced, its compiled update kept: `reward_fn=` a verifier for another
+  task than math, `sample=` another sampler (with `config=` the config that describes it), ..."""
+  hooks = dataclasses.replace(built.hooks, **changes)
+  return dataclasses.replace(built, config=hooks.config, batches=hooks.batches, hooks=hooks,
+                             evaluate=hooks.evaluate if built.evaluate is not None else None)

@@ -9,6 +9,7 @@ and per-group accuracies).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any, Callable
 
@@ -20,6 +21,7 @@ from jaxpt.config import ConfigError
 from jaxpt.trainers import rm_eval
 from jaxpt.engine.builder import Training
 from jaxpt.engine.loop import LoopResult
+from jaxpt.engine.run import Hooks
 from jaxpt.engine.state import TrainState
 
 BIAS_PREFIX = "bias/"
@@ -120,10 +122,17 @@ class PairEvaluator:
                            s["chosen_response_len"], s["rejected_response_len"], f"{title}, {split}")
 
 
-def report_when_finished(training: Training, evaluator: PairEvaluator, result: LoopResult, steps: int,
-                         workdir: str, title: str) -> None:
-  """The evaluator's report (`PairEvaluator.write_report`, written by process 0) into `workdir` when `result` is the
-  end of the run (step == steps); nothing after a SIGTERM or a `stop_at`."""
-  if result.preempted or int(jax.device_get(result.state.step)) != steps:
-    return
-  training.under_rules(evaluator.write_report)(result.state, workdir, title, write=jax.process_index() == 0)
+@dataclasses.dataclass
+class PairReport(Hooks):
+  """The loop hooks of the pair trainers (reward model, DPO): when the run ends (step == steps; nothing after a
+  SIGTERM or a `stop_at`), the evaluator's report (`PairEvaluator.write_report`, process 0) in the workdir."""
+
+  training: Training
+  evaluator: PairEvaluator
+  title: str  # the report's title: 'reward model (dir)', 'DPO implicit reward'
+
+  def finished(self, result: LoopResult, workdir: str) -> None:
+    if result.preempted or int(jax.device_get(result.state.step)) != self.training.config.steps:
+      return
+    self.training.under_rules(self.evaluator.write_report)(result.state, workdir, self.title,
+                                                           write=jax.process_index() == 0)

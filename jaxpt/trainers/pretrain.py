@@ -1,12 +1,12 @@
 """Pretraining: run config -> data -> model -> the shared builder and step -> the train loop.
 
-SFT (`jaxpt.trainers.sft`) is this trainer with other data and evaluation: both go through `build_lm_training`.
+SFT (`jaxpt.trainers.sft`) is this trainer with other data and evaluation: both go through `build_lm_run`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import jax.numpy as jnp
 
@@ -15,12 +15,12 @@ from jaxpt.data.config import LMDataConfig
 from jaxpt.data.pipeline import LMData, local_corpus_id
 from jaxpt.models.transformer import TransformerLM
 from jaxpt.progress import say
-from jaxpt.engine.builder import Training, batch_shapes, build_training, training_mesh
+from jaxpt.engine.builder import batch_shapes, build_training, training_mesh
 from jaxpt.engine.config import RunConfig, check_vocab
 from jaxpt.engine.init_from import init_tokenizer
 from jaxpt.trainers.lm import LMLossConfig, make_lm_evaluator, make_lm_loss_fn
-from jaxpt.engine.loop import LoopResult, print_summary
-from jaxpt.engine.record import check_launch, digest, launch_recorder, resumes
+from jaxpt.engine.record import check_launch, digest, resumes, run_inputs
+from jaxpt.engine.run import BuiltRun
 from jaxpt.engine.state import TrainState
 
 
@@ -42,19 +42,8 @@ class PretrainRunConfig(RunConfig):
     self.check_batch_split(self.data.batch_size, "config.data.batch_size")
 
 
-@dataclasses.dataclass
-class LMTraining:
-  """An LM run built once (pretraining or SFT): `training` holds the compiled step and can serve several runs."""
-
-  config: PretrainRunConfig
-  training: Training
-  data: LMData
-  batches: Callable[[int], Iterator[dict]]  # global [B, ...] arrays; this process reads only its rows
-  evaluate: Callable[[TrainState], dict] | None
-
-
-def build_lm_training(config: PretrainRunConfig, mesh, data: LMData,
-                      make_evaluate: Callable[[list[dict]], Callable[[TrainState], dict]]) -> LMTraining:
+def build_lm_run(trainer: str, config: PretrainRunConfig, mesh, data: LMData,
+                 make_evaluate: Callable[[list[dict]], Callable[[TrainState], dict]]) -> BuiltRun:
   """What every LM-loss trainer (pretraining, SFT) shares, for a checked `config`, its `data` and its mesh
   (`training_mesh`): the model and the shared builder, global batches, and `make_evaluate(eval_batches)` run under
   the mesh's rules (only when data.eval_batches > 0)."""
@@ -69,11 +58,12 @@ def build_lm_training(config: PretrainRunConfig, mesh, data: LMData,
   evaluate = None
   if config.data.eval_batches:
     evaluate = training.under_rules(make_evaluate([training.put(b) for b in data.eval_batches()]))
-  return LMTraining(config=config, training=training, data=data,
-                    batches=training.batches(data.train_batch, batch_size), evaluate=evaluate)
+  return BuiltRun(trainer, config, training, training.batches(data.train_batch, batch_size),
+                  inputs=run_inputs(data.corpus_id, data.tokenizer), tokenizer=data.tokenizer, data=data,
+                  evaluate=evaluate)
 
 
-def build_pretraining(config: PretrainRunConfig | Any, workdir: str) -> LMTraining:
+def build(config: PretrainRunConfig | Any, workdir: str) -> BuiltRun:
   """Checks `config` (a PretrainRunConfig, or a ConfigDict converted here; ConfigError naming the field), then
   builds data, model, optimizer and the compiled step. The mesh comes from `config.mesh`."""
   config = from_section(PretrainRunConfig, config, "config")
@@ -85,26 +75,5 @@ def build_pretraining(config: PretrainRunConfig | Any, workdir: str) -> LMTraini
                        keep_tokenizer=resumes(workdir),
                        tokenizer=init_tokenizer(config.init_from, workdir, resumes(workdir), config.model))
   model = TransformerLM(config.model)
-  return build_lm_training(config, mesh, data,
-                           lambda eval_batches: make_lm_evaluator(model, eval_batches, config.loss.name))
-
-
-def run_lm_training(setup: LMTraining, workdir: str, stop_at: int | None = None) -> LoopResult:
-  """Trains (or resumes) the LM run `setup` in `workdir` (run record, metrics, checkpoints)."""
-  return setup.training.run(setup.batches, workdir, setup.evaluate, stop_at,
-                            record=launch_recorder(workdir, setup.config, setup.data.corpus_id, setup.data.tokenizer))
-
-
-def pretrain(config: PretrainRunConfig | Any, workdir: str, *, setup: LMTraining | None = None,
-             stop_at: int | None = None) -> LoopResult:
-  """Trains (or resumes) the run in `workdir`; returns the loop's result. `setup` reuses compiled functions."""
-  setup = setup or build_pretraining(config, workdir)
-  return run_lm_training(setup, workdir, stop_at)
-
-
-def run_pretrain(config: PretrainRunConfig, workdir: str) -> int:
-  """`jaxpt pretrain`: builds, prints the mesh and memory, trains, prints one summary line; the exit code."""
-  setup = build_pretraining(config, workdir)
-  print(setup.training.describe("pretrain"), flush=True)
-  return print_summary("pretrain", pretrain(config, workdir, setup=setup), workdir,
-                       ("loss", "eval_loss", "eval_ppl"))
+  return build_lm_run("pretrain", config, mesh, data,
+                      lambda eval_batches: make_lm_evaluator(model, eval_batches, config.loss.name))

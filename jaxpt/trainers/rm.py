@@ -15,7 +15,7 @@ micro-batches, each with its own estimator update (as in the reference), gradien
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Iterator, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -29,24 +29,21 @@ from jaxpt.data.preference_batches import PreferenceDataConfig
 from jaxpt.losses import club as club_lib
 from jaxpt.losses import get_loss
 from jaxpt.models.reward import RewardModel
-from jaxpt.models.transformer import param_count
 from jaxpt.progress import say
 from jaxpt.registry import Registry
 from jaxpt.trainers import dir_estimator
-from jaxpt.engine.builder import Training, batch_shapes, build_training, training_mesh
+from jaxpt.engine.builder import batch_shapes, build_training, training_mesh
 from jaxpt.trainers.dir_estimator import DIRSettings
-from jaxpt.engine.config import RunConfig, check_vocab, config_json
+from jaxpt.engine.config import RunConfig, check_vocab
 from jaxpt.engine.init_from import init_tokenizer
-from jaxpt.engine.loop import LoopResult, print_summary, train_loop
 from jaxpt.trainers.pairs import (BIAS_PREFIX, PairEvaluator, check_bias_label, eval_splits, flatten_batch, pair_tokens,
-                               report_when_finished)
-from jaxpt.engine.record import check_launch, launch_recorder, resumes
-from jaxpt.engine.state import TrainState
+                               PairReport)
+from jaxpt.engine.record import check_launch, resumes, run_inputs
+from jaxpt.engine.run import BuiltRun
 from jaxpt.engine.step import make_train_step
 
-__all__ = ["BIAS_PREFIX", "RMConfig", "RMEvaluator", "RMRunConfig", "RewardTraining", "build_rm", "flatten_batch",
-           "init_estimator", "make_rm_grad_fn", "make_rm_train_step", "pair_tokens", "rm_objective", "run_rm",
-           "train_rm"]
+__all__ = ["BIAS_PREFIX", "RMConfig", "RMEvaluator", "RMRunConfig", "build", "flatten_batch", "init_estimator",
+           "make_rm_grad_fn", "make_rm_train_step", "pair_tokens", "rm_objective"]
 
 
 class RMInputs(NamedTuple):
@@ -89,7 +86,7 @@ def _dir(settings: "RMConfig", x: RMInputs, options: dict) -> tuple[jax.Array, d
 
 def _odin(settings: "RMConfig", x: RMInputs, options: dict) -> tuple[jax.Array, dict]:
   if settings.odin_length_sign not in ODIN_LENGTH_SIGNS:
-    raise ValueError("rm.odin_length_sign='auto' is resolved from the training data by build_rm; outside it pass "
+    raise ValueError("rm.odin_length_sign='auto' is resolved from the training data by build; outside it pass "
                      "'longer' or 'shorter'")
   b, s = x.pairs, x.scores
   return get_loss("preference", "odin")(s[:b, 0], s[b:, 0], s[:b, 1], s[b:, 1], x.batch["chosen_response_len"],
@@ -98,7 +95,7 @@ def _odin(settings: "RMConfig", x: RMInputs, options: dict) -> tuple[jax.Array, 
                                         length_sign=ODIN_LENGTH_SIGNS[settings.odin_length_sign])
 
 
-ODIN_LENGTH_SIGNS = {"longer": 1.0, "shorter": -1.0}  # rm.odin_length_sign ('auto' is resolved by build_rm)
+ODIN_LENGTH_SIGNS = {"longer": 1.0, "shorter": -1.0}  # rm.odin_length_sign ('auto' is resolved by build)
 RM_OBJECTIVES: Registry[RMObjective] = Registry("reward-model loss")  # rm.loss -> how the step calls it
 RM_OBJECTIVES.add("bt", RMObjective(_bt))
 RM_OBJECTIVES.add("dir", RMObjective(_dir, uses_club=True))
@@ -258,20 +255,7 @@ class RMEvaluator(PairEvaluator):
 # Build and run
 
 
-@dataclasses.dataclass
-class RewardTraining:
-  """An RM run built once: `training` holds the compiled step; the evaluator scores every eval split."""
-
-  config: RMRunConfig
-  training: Training
-  model: RewardModel
-  data: Any  # jaxpt.data.preference_batches.PreferenceData
-  batches: Callable[[int], Iterator[dict]]
-  evaluator: RMEvaluator  # every eval split of the data ('test' first)
-  evaluate: Callable[[TrainState], dict]  # the evaluator under the mesh's activation rules
-
-
-def build_rm(config: RMRunConfig | Any, workdir: str) -> RewardTraining:
+def build(config: RMRunConfig | Any, workdir: str) -> BuiltRun:
   """Checks `config` (ConfigError naming the field), then builds preference data, RewardModel, optimizer, the
   compiled step and evaluator. `config.init_from` (a jaxpt pretrain/SFT workdir, or hf:DIR) fills the backbone's
   params and gives the tokenizer."""
@@ -303,32 +287,7 @@ def build_rm(config: RMRunConfig | Any, workdir: str) -> RewardTraining:
       grad_fn=make_rm_grad_fn(model, settings), weight_key="num_pairs",
       init_aux=lambda rng: init_estimator(settings, config.model.d_model, rng), init_from_subtree="backbone")
   evaluator = RMEvaluator(model, eval_splits(data), put=training.put, out_sharding=parallel.replicated(mesh))
-  return RewardTraining(config=config, training=training, model=model, data=data,
-                        batches=training.batches(train_batch, batch_size), evaluator=evaluator,
-                        evaluate=training.under_rules(evaluator))
-
-
-def train_rm(config: RMRunConfig | Any, workdir: str, *, setup: Optional[RewardTraining] = None,
-             stop_at: Optional[int] = None) -> LoopResult:
-  """Trains (or resumes) the RM run in `workdir`. At the end (not on preemption) writes rm_eval.json, rm_eval.md
-  and score_vs_length.png there (other eval splits in eval_<split>/). `setup` reuses compiled functions."""
-  setup = setup or build_rm(config, workdir)
-  config = setup.config
-  state = setup.training.init_state()
-  logging.info("reward model (%s): %.2fM params; training %d steps in %s", config.rm.loss,
-               param_count(state.params) / 1e6, config.steps, workdir)
-  parallel.log_memory("rm_train_step", setup.training.memory)
-  result = train_loop(state, setup.training.train_step, setup.batches, config.loop, workdir, eval_fn=setup.evaluate,
-                      meta={"config": config_json(config)}, stop_at=stop_at,
-                      record=launch_recorder(workdir, config, setup.data.corpus_id, setup.data.tokenizer))
-  report_when_finished(setup.training, setup.evaluator, result, config.steps, workdir,
-                       f"reward model ({config.rm.loss})")
-  return result
-
-
-def run_rm(config: RMRunConfig, workdir: str) -> int:
-  """`jaxpt rm`: builds, prints the mesh and memory, trains, prints one summary line; the exit code."""
-  setup = build_rm(config, workdir)
-  print(setup.training.describe(f"rm ({config.rm.loss})"), flush=True)
-  return print_summary("rm", train_rm(config, workdir, setup=setup), workdir,
-                       ("loss", "accuracy", "eval_accuracy", "eval_pearson_score_length", "eval_spearman_score_length"))
+  return BuiltRun("rm", config, training, training.batches(train_batch, batch_size),
+                  inputs=run_inputs(data.corpus_id, data.tokenizer), tokenizer=data.tokenizer, data=data,
+                  evaluate=training.under_rules(evaluator), title=f"rm ({settings.loss})",
+                  hooks=PairReport(training, evaluator, f"reward model ({settings.loss})"))

@@ -34,8 +34,8 @@ from jaxpt.rl.sampler import SampleOutput, SamplingConfig, make_sampler
 from jaxpt.engine.builder import training_mesh
 from jaxpt.engine.init_from import init_tokenizer
 from jaxpt.trainers.lm import make_lm_evaluator
-from jaxpt.engine.loop import LoopResult, print_summary
-from jaxpt.trainers.pretrain import LMTraining, PretrainRunConfig, build_lm_training, run_lm_training
+from jaxpt.engine.run import BuiltRun
+from jaxpt.trainers.pretrain import PretrainRunConfig, build_lm_run
 from jaxpt.engine.record import check_launch, digest, resumes
 from jaxpt.engine.state import TrainState
 
@@ -127,10 +127,10 @@ def make_sft_evaluator(model_config: ModelConfig, eval_batches: Sequence[dict], 
   return evaluate
 
 
-def build_sft(config: SFTRunConfig | Any, workdir: str) -> LMTraining:
+def build(config: SFTRunConfig | Any, workdir: str) -> BuiltRun:
   """Checks `config` (ConfigError naming the field), then builds the task's tokenizer (`init_from`'s, else one
   trained on the task and cached in `workdir/tokenizer`), SFT data and evaluator and hands them to the shared
-  LM-training builder (jaxpt.trainers.pretrain.build_lm_training: model, optimizer, compiled step, init from
+  LM-run builder (jaxpt.trainers.pretrain.build_lm_run: model, optimizer, compiled step, init from
   `config.init_from`)."""
   config = from_section(SFTRunConfig, config, "config")
   mesh = training_mesh(config, config.data.batch_size)  # before any data work
@@ -145,19 +145,5 @@ def build_sft(config: SFTRunConfig | Any, workdir: str) -> LMTraining:
   problems = sft_data.task_problems(config.task, "test", data_dir)[:config.decode.eval_problems]
   prompt_batches = sft_data.prompt_batches(tokenizer, problems, config.decode.batch_size, config.decode.prompt_len,
                                            prompt_format=config.task.prompt_format)
-  return build_lm_training(config, mesh, data, lambda eval_batches: make_sft_evaluator(
+  return build_lm_run("sft", config, mesh, data, lambda eval_batches: make_sft_evaluator(
       config.model, eval_batches, prompt_batches, tokenizer, config.decode, config.seed))
-
-
-def sft(config: SFTRunConfig | Any, workdir: str, *, setup: LMTraining | None = None,
-        stop_at: int | None = None) -> LoopResult:
-  """Fine-tunes (or resumes) the run in `workdir` on the shared loop; `setup` reuses compiled functions."""
-  return run_lm_training(setup or build_sft(config, workdir), workdir, stop_at)
-
-
-def run_sft(config: SFTRunConfig | Any, workdir: str) -> int:
-  """`jaxpt sft`: builds, prints the mesh and memory, trains, prints one summary line; the exit code."""
-  setup = build_sft(config, workdir)
-  print(setup.training.describe("sft"), flush=True)
-  return print_summary("sft", sft(config, workdir, setup=setup), workdir,
-                       ("loss", "eval_loss", "eval_answer_accuracy", "eval_sample_accuracy"))

@@ -14,18 +14,18 @@ os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + (
     " --xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0"
     " --xla_llvm_disable_expensive_passes=true")
 
-import dataclasses  # noqa: E402
 
+import jaxpt  # noqa: E402
+from jaxpt.trainers.grpo import replace_hooks  # noqa: E402
 from jaxpt import parallel  # noqa: E402
 
 def main(process_id: int, port: int, workdir: str) -> None:
   parallel.initialize("on", f"localhost:{port}", num_processes=2, process_id=process_id)
-  from jaxpt.trainers.grpo import build_grpo, train_grpo
   from tests.micro_grpo import MULTI_PROCESS, even_length, micro_config
 
-  trainer = dataclasses.replace(build_grpo(micro_config(**MULTI_PROCESS), workdir), reward_fn=even_length)
+  trainer = replace_hooks(jaxpt.build("grpo", micro_config(**MULTI_PROCESS), workdir), reward_fn=even_length)
   print(trainer.describe(), flush=True)
-  result = train_grpo(trainer.config, workdir, trainer=trainer)
+  result = jaxpt.train("grpo", trainer.config, workdir, built=trainer)
   print(f"finished step {int(result.state.step)}", flush=True)
 
 

@@ -18,9 +18,10 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+import jaxpt  # noqa: E402
+from jaxpt.trainers.grpo import replace_hooks  # noqa: E402
 from jaxpt import parallel  # noqa: E402
 from jaxpt.rl.sampler import make_sampler  # noqa: E402
-from jaxpt.trainers.grpo import build_grpo, train_grpo  # noqa: E402
 from jaxpt.engine.metrics import read_metrics  # noqa: E402
 from tests.micro_grpo import DAPO, B, G, T, even_length, micro_config  # noqa: E402
 
@@ -44,12 +45,12 @@ def run(variant, preset):
     real = parallel.make_mesh
     with pytest.MonkeyPatch.context() as patch:
       patch.setattr(parallel, "make_mesh", lambda mesh_config: real(mesh_config, jax.devices()[:1]))
-      trainer = build_grpo(variant_config(variant, **{"mesh.data": 1}), workdir)
+      trainer = jaxpt.build("grpo", variant_config(variant, **{"mesh.data": 1}), workdir)
   else:
     mesh = {f"mesh.{axis}": size for axis, size in dict(MESHES[preset], rules=preset).items()}
-    trainer = build_grpo(variant_config(variant, **mesh), workdir)
-  trainer = dataclasses.replace(trainer, reward_fn=even_length)
-  result = train_grpo(trainer.config, workdir, trainer=trainer)
+    trainer = jaxpt.build("grpo", variant_config(variant, **mesh), workdir)
+  trainer = replace_hooks(trainer, reward_fn=even_length)
+  result = jaxpt.train("grpo", trainer.config, workdir, built=trainer)
   return read_metrics(workdir), jax.tree.map(np.asarray, result.state), trainer, result.state
 
 
@@ -69,12 +70,12 @@ def test_two_steps_on_8_devices_equal_one_device(variant, preset):
   kernel = state.params["decoder"]["layers"]["attn"]["query"]["kernel"]  # [layers, embed, heads, kv]
   split = {"dp": (2, 32, 2, 16), "fsdp": (2, 4, 2, 16), "fsdp_tp": (2, 16, 1, 16)}[preset]
   assert {s.data.shape for s in kernel.addressable_shards} == {split}
-  assert trainer.sampler_memory["peak_mib"] > 0
+  assert trainer.hooks.sampler_memory["peak_mib"] > 0
 
 
 def test_rollouts_are_split_over_the_data_parallel_devices():
   _, _, trainer, state = run("grpo", "fsdp_tp")
-  ro = trainer.rollouts(state.params, trainer.prompts.batch(0), jax.random.PRNGKey(0))
+  ro = trainer.hooks.rollouts(state.params, trainer.hooks.prompts.batch(0), jax.random.PRNGKey(0))
   assert {s.data.shape for s in ro["tokens"].addressable_shards} == {(B * G // 4, T)}  # data 2 x fsdp 2
   assert ro["scores"].shape == (B * G,) and isinstance(ro["scores"], np.ndarray)
 
@@ -85,12 +86,12 @@ def test_bf16_rollouts_on_the_mesh_train_on_the_fp32_policys_old_logprobs():
   bf16 = dataclasses.replace(trainer.config.sampling, rollout_dtype="bfloat16", eos_id=trainer.tokenizer.eos_id,
                              pad_id=trainer.tokenizer.pad_id)
   sample = make_sampler(trainer.config.model, bf16, trainer.config.data.max_prompt_len, trainer.training.layout)
-  t = dataclasses.replace(trainer, sample=sample, config=dataclasses.replace(trainer.config, sampling=bf16))
+  t = replace_hooks(trainer, sample=sample, config=dataclasses.replace(trainer.config, sampling=bf16))
   rng = jax.random.PRNGKey(0)
-  ro, _ = t.step_rollouts(state.params, t.prompts.batch(0), 0, rng)
+  ro, _ = t.hooks.step_rollouts(state.params, t.hooks.prompts.batch(0), 0, rng)
   out = sample(state.params, ro["prompt_tokens"], ro["prompt_mask"], rng)
   np.testing.assert_array_equal(ro["tokens"], out.tokens)
-  want = trainer.logprobs(state.params, *(ro[k] for k in ("prompt_tokens", "prompt_mask", "tokens", "mask")))
+  want = trainer.hooks.logprobs(state.params, *(ro[k] for k in ("prompt_tokens", "prompt_mask", "tokens", "mask")))
   np.testing.assert_array_equal(ro["old_logp"], want)
   assert not np.array_equal(ro["old_logp"], out.logprobs)
   assert {s.data.shape for s in ro["old_logp"].addressable_shards} == {(B * G // 4, T)}

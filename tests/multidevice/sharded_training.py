@@ -22,6 +22,7 @@ import pytest  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from experiments.configs import tiny  # noqa: E402
+import jaxpt  # noqa: E402
 from jaxpt import parallel  # noqa: E402
 from jaxpt.config import ConfigError, config_dict  # noqa: E402
 from jaxpt.data.packing import make_batch  # noqa: E402
@@ -236,20 +237,18 @@ def _run_config(**mesh):
 
 
 def test_mesh_not_dividing_devices_fails_naming_fields(tmp_path):
-  from jaxpt.trainers.pretrain import build_pretraining
 
   with pytest.raises(ConfigError, match=r"config.mesh.data=3 x config.mesh.fsdp=1 x config.mesh.tensor=1: "
                                         r".*3 devices but there are 8"):
-    build_pretraining(_run_config(data=3), str(tmp_path))
+    jaxpt.build("pretrain", _run_config(data=3), str(tmp_path))
   with pytest.raises(ConfigError, match=r"config.mesh.tensor=3.*multiply to 3.*8 devices"):
-    build_pretraining(_run_config(data=-1, tensor=3), str(tmp_path))
+    jaxpt.build("pretrain", _run_config(data=-1, tensor=3), str(tmp_path))
 
 
 def test_batch_not_divisible_by_data_parallel_axes_fails_naming_fields(tmp_path):
-  from jaxpt.trainers.pretrain import build_pretraining
 
   with pytest.raises(ConfigError, match=r"config.data.batch_size=12: .*config.mesh.data=1 x config.mesh.fsdp=8 = 8"):
-    build_pretraining(_run_config(data=1, fsdp=8), str(tmp_path))
+    jaxpt.build("pretrain", _run_config(data=1, fsdp=8), str(tmp_path))
   assert not os.listdir(tmp_path)  # failed before any data work
 
 
