@@ -81,8 +81,9 @@ def test_import_jaxpt_is_cheap_and_its_names_resolve_on_first_use():
       import jaxpt
       assert not [m for m in ("jax", "flax", "matplotlib", "tensorflow_datasets") if m in sys.modules]
       from jaxpt.models.config import ModelConfig
-      from jaxpt.trainers.pretrain import PretrainRunConfig, pretrain
-      assert jaxpt.ModelConfig is ModelConfig and jaxpt.pretrain is pretrain
+      from jaxpt.engine.run import train
+      from jaxpt.trainers.pretrain import PretrainRunConfig
+      assert jaxpt.ModelConfig is ModelConfig and jaxpt.train is train
       assert jaxpt.PretrainRunConfig is PretrainRunConfig and "TransformerLM" in dir(jaxpt)
       assert jaxpt.get_loss("policy", "ppo_clip") is not None and "bt" in jaxpt.known_losses("preference")
       for name in jaxpt.__all__:
