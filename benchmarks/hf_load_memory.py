@@ -35,7 +35,7 @@ def rss_kb(field):
   with open("/proc/self/status") as f:
     return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
 
-from jaxpt.models import hf
+from jaxpt.models import hf, hf_layout
 from jaxpt.parallel import rules as rules_lib
 from jaxpt.parallel.mesh import MeshConfig, make_mesh
 path, method = sys.argv[1], sys.argv[2]
@@ -66,14 +66,14 @@ else:
   arrays = []
   for (key_path, leaf), sharding in zip(leaves, treedef.flatten_up_to(shardings)):
     names = tuple(str(getattr(k, "key", k)) for k in key_path)
-    source, stacked = hf.hf_source(names, leaf.ndim)
+    source, stacked = hf_layout.hf_source(names, leaf.ndim)
     layer_shape = leaf.shape[1:] if stacked else leaf.shape
     whole = tuple(slice(None) for _ in layer_shape)
     if stacked:
-      value = np.stack([hf.read_slice(tensors[source.name.format(layer=l)], source, layer_shape, whole)
+      value = np.stack([hf_layout.read_slice(tensors[source.name.format(layer=l)], source, layer_shape, whole)
                         for l in range(leaf.shape[0])])
     else:
-      value = hf.read_slice(tensors[source.name], source, layer_shape, whole)
+      value = hf_layout.read_slice(tensors[source.name], source, layer_shape, whole)
     arrays.append(jax.device_put(value, sharding))
   params = jax.tree_util.tree_unflatten(treedef, arrays)
 jax.block_until_ready(params)

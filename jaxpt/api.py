@@ -29,7 +29,7 @@ from jax.sharding import Mesh
 from jaxpt.config import ConfigError, from_section
 from jaxpt.data.preference_batches import response_sequences
 from jaxpt.data.tokenizer import chat_prompt, encode_prompts_as_trained, load_tokenizer, tokenizer_files
-from jaxpt.models import hf, hf_export
+from jaxpt.models import hf, hf_config, hf_export
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.reward import RewardModel
 from jaxpt.models.transformer import TransformerLM
@@ -212,7 +212,7 @@ def _shardings(abstract: Any, mesh: Mesh | None, rules: str) -> Any:
 def _load_hf(directory: str, mesh: Mesh | None, rules: str, overrides: dict) -> Model:
   config, params = hf.load(directory, mesh=mesh, rules=rules, **overrides)
   return Model(config, params, _maybe_tokenizer(directory), source=f"{hf.HF_PREFIX}{directory}",
-               tokenizer_dir=directory, special_ids=hf.special_ids(directory))
+               tokenizer_dir=directory, special_ids=hf_config.special_ids(directory))
 
 
 def run_tokenizer_dir(workdir: str, recorded: dict) -> str | None:
@@ -249,7 +249,7 @@ def _load_run(workdir: str, step: int | None, mesh: Mesh | None, rules: str, ove
   recorded = recorded_config(workdir)
   model_kind = _loadable_model(workdir, recorded_trainer(recorded))
   for name, value in overrides.items():
-    fixed = name not in hf.RUNTIME_FIELDS or name == "scan_layers"  # scan_layers shapes a checkpoint's tree
+    fixed = name not in hf_config.RUNTIME_FIELDS or name == "scan_layers"  # scan_layers shapes a checkpoint's tree
     if fixed and recorded["model"].get(name, value) != value:
       raise ConfigError(f"model.{name}", f"contradicts the run's config.json, which gives "
                         f"{recorded['model'][name]!r}", value)
@@ -302,8 +302,9 @@ def load(path: str, *, step: int | None = None, mesh: Mesh | None = None, rules:
   workdir = os.path.expanduser(path)
   if not os.path.isdir(workdir):
     raise FileNotFoundError(f"{path}: no such directory (a jaxpt workdir, or hf:DIR for a Hugging Face checkpoint)")
-  if not os.path.isdir(os.path.join(workdir, "checkpoints")) and os.path.isfile(os.path.join(workdir, hf.CONFIG_FILE)):
-    if "model_type" in hf.read_hf_json(workdir):
+  config_file = os.path.join(workdir, hf_config.CONFIG_FILE)
+  if not os.path.isdir(os.path.join(workdir, "checkpoints")) and os.path.isfile(config_file):
+    if "model_type" in hf_config.read_hf_json(workdir):
       raise ConfigError("path", f"is a Hugging Face checkpoint directory: load it as 'hf:{path}'", path)
   return _load_run(workdir, step, mesh, rules, model_overrides)
 

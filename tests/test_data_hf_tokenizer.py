@@ -14,7 +14,8 @@ import pytest
 
 from jaxpt.config import DataError
 from jaxpt.data import tokenizer as tokenizer_lib
-from jaxpt.data.hf_tokenizer import HFTokenizer, compile_chat_template
+from jaxpt.data.chat_template import compile_chat_template
+from jaxpt.data.hf_tokenizer import HFTokenizer
 from jaxpt.data.tokenizer import Tokenizer, load_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -22,7 +22,7 @@ from safetensors import safe_open
 
 import jaxpt
 from jaxpt.config import ConfigError
-from jaxpt.models import hf, hf_export
+from jaxpt.models import hf, hf_config, hf_export
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM
 from tools.file_tree import snapshot
@@ -63,9 +63,9 @@ def test_export_of_an_import_gives_back_transformers_tensors_byte_for_byte(famil
     assert exported[name].dtype == tensor.dtype and exported[name].shape == tensor.shape, name
     np.testing.assert_array_equal(exported[name], tensor, err_msg=name)
   assert hf.read_config(str(tmp_path / "out")) == config
-  written = hf.read_hf_json(str(tmp_path / "out"))
+  written = hf_config.read_hf_json(str(tmp_path / "out"))
   expected_type = {"mistral": "llama"}.get(family, family)  # a window >= max_seq_len is plain causal attention
-  assert written["model_type"] == expected_type and written["architectures"] == [hf.FAMILIES[expected_type][0]]
+  assert written["model_type"] == expected_type and written["architectures"] == [hf_config.FAMILIES[expected_type][0]]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -75,8 +75,8 @@ def test_an_export_keeps_the_special_ids_of_the_checkpoint_it_came_from(family, 
   tokenizer's pad token (Qwen), and to drop Qwen's bos_token_id."""
   source = os.path.join(ASSETS, family)
   jaxpt.load(f"hf:{source}").save_hf(str(tmp_path / "out"))
-  written, original = hf.read_hf_json(str(tmp_path / "out")), hf.read_hf_json(source)
-  assert {k: written.get(k) for k in hf.SPECIAL_IDS} == {k: original.get(k) for k in hf.SPECIAL_IDS}
+  written, original = hf_config.read_hf_json(str(tmp_path / "out")), hf_config.read_hf_json(source)
+  assert {k: written.get(k) for k in hf_config.SPECIAL_IDS} == {k: original.get(k) for k in hf_config.SPECIAL_IDS}
   assert "pad_token_id" not in written and original["pad_token_id"] is None
 
 
@@ -86,7 +86,7 @@ def test_an_export_without_its_source_config_claims_only_the_tokenizers_pad_toke
   pad token (Qwen's <|endoftext|>), and none where it has none (Llama), not the EOS id batches are padded with."""
   model = dataclasses.replace(jaxpt.load(f"hf:{os.path.join(ASSETS, family)}"), special_ids=None)
   model.save_hf(str(tmp_path / "out"))
-  written = hf.read_hf_json(str(tmp_path / "out"))
+  written = hf_config.read_hf_json(str(tmp_path / "out"))
   assert written["eos_token_id"] == model.tokenizer.eos_id
   assert written.get("pad_token_id") == model.tokenizer.configured_pad_id == {"llama": None, "qwen2": 0}[family]
 
@@ -131,7 +131,7 @@ def test_transformers_export_of_a_jaxpt_model_round_trips(fields, tmp_path):
 def test_native_export_round_trips_any_scheme_in_either_layer_layout(scheme, scan, tmp_path):
   config, params = random_model(norm_scheme=scheme, scan_layers=scan, mlp_type="gelu", norm_type="layernorm")
   assert hf_export.save_hf(params, config, str(tmp_path)) == "jaxpt"
-  assert hf.read_hf_json(str(tmp_path))["model_type"] == hf.NATIVE_TYPE
+  assert hf_config.read_hf_json(str(tmp_path))["model_type"] == hf_config.NATIVE_TYPE
   assert "decoder.layers.1.attn.query.kernel" in read_tensors(str(tmp_path))  # one tensor per layer either way
   again_config, again = hf.load(str(tmp_path), scan_layers=scan)
   assert again_config == config
@@ -145,7 +145,7 @@ def test_bf16_params_export_as_bf16(tmp_path):
   hf_export.save_hf(params, config, str(tmp_path))
   tensors = read_tensors(str(tmp_path))
   assert {t.dtype for t in tensors.values()} == {np.dtype(ml_dtypes.bfloat16)}
-  assert hf.read_hf_json(str(tmp_path))["dtype"] == "bfloat16"
+  assert hf_config.read_hf_json(str(tmp_path))["dtype"] == "bfloat16"
   again_config, again = hf.load(str(tmp_path))
   assert again_config.param_dtype == "bfloat16"
   jax.tree.map(np.testing.assert_array_equal, again, params)
@@ -156,7 +156,7 @@ def test_format_transformers_names_the_field_no_class_has(tmp_path):
   with pytest.raises(ConfigError, match=r"^model\.norm_scheme='siamese_post_pre': no transformers class "
                      r"\(transformers' decoder models have norm_scheme='pre'\); use format='jaxpt'$"):
     hf_export.save_hf(params, config, str(tmp_path), format="transformers")
-  assert not os.path.exists(tmp_path / hf.CONFIG_FILE)
+  assert not os.path.exists(tmp_path / hf_config.CONFIG_FILE)
 
 
 def test_never_writes_over_a_checkpoint_or_leaves_half_a_directory(tmp_path, monkeypatch):
@@ -191,13 +191,13 @@ def test_never_writes_over_a_checkpoint_or_leaves_half_a_directory(tmp_path, mon
 def test_native_config_names_an_unknown_field(tmp_path):
   config, params = random_model(norm_scheme="post")
   hf_export.save_hf(params, config, str(tmp_path))
-  written = hf.read_hf_json(str(tmp_path))
+  written = hf_config.read_hf_json(str(tmp_path))
   written["jaxpt_model"]["n_experts"] = 8
-  (tmp_path / hf.CONFIG_FILE).write_text(json.dumps(written))
+  (tmp_path / hf_config.CONFIG_FILE).write_text(json.dumps(written))
   with pytest.raises(Exception, match=r"config\.json: jaxpt_model\.n_experts: not a ModelConfig field"):
     hf.read_config(str(tmp_path))
   written["jaxpt_model"].pop("n_experts")
-  (tmp_path / hf.CONFIG_FILE).write_text(json.dumps(written))
+  (tmp_path / hf_config.CONFIG_FILE).write_text(json.dumps(written))
   with pytest.raises(ConfigError, match=r"model\.d_model.*contradicts"):
     hf.read_config(str(tmp_path), d_model=64)
   assert hf.read_config(str(tmp_path), max_seq_len=32, remat="full") == dataclasses.replace(

@@ -18,7 +18,7 @@ import jaxpt
 from jaxpt.config import ConfigError, config_dict, from_section, load_config_file
 from jaxpt.data import sft as sft_data
 from jaxpt.data.tokenizer import load_tokenizer
-from jaxpt.models import hf
+from jaxpt.models import hf, hf_config
 from jaxpt.models.config import ModelConfig
 from jaxpt.trainers.grpo import GRPORunConfig
 from jaxpt.engine.metrics import read_metrics
@@ -43,15 +43,15 @@ def checkpoint(tmp_path_factory):
   """The Qwen2 fixture with 512 positions."""
   path = str(tmp_path_factory.mktemp("qwen2"))
   shutil.copytree(os.path.join(ASSETS, "qwen2"), path, dirs_exist_ok=True)
-  with open(os.path.join(path, hf.CONFIG_FILE)) as f:
+  with open(os.path.join(path, hf_config.CONFIG_FILE)) as f:
     config = json.load(f)
   config["max_position_embeddings"] = 512
-  with open(os.path.join(path, hf.CONFIG_FILE), "w") as f:
+  with open(os.path.join(path, hf_config.CONFIG_FILE), "w") as f:
     json.dump(config, f)
   return path
 
 
-def hf_config(name: str, checkpoint: str, **overrides):
+def experiment_config(name: str, checkpoint: str, **overrides):
   """experiments/configs/<name>.py started from `checkpoint`, with `overrides` (flattened keys)."""
   config = load_config_file(os.path.join(CONFIGS, f"{name}.py"))
   config.update_from_flattened_dict({"init_from": f"hf:{checkpoint}", **RUNTIME, **overrides})
@@ -59,10 +59,10 @@ def hf_config(name: str, checkpoint: str, **overrides):
 
 
 def test_the_model_section_comes_from_the_checkpoint(checkpoint):
-  run = from_section(SFTRunConfig, hf_config("sft_hf", checkpoint, **SFT), "config")
+  run = from_section(SFTRunConfig, experiment_config("sft_hf", checkpoint, **SFT), "config")
   assert run.model == hf.read_config(checkpoint, **{k.split(".")[1]: v for k, v in RUNTIME.items()})
   assert run.model.qkv_bias and run.model.tie_embeddings and run.model.d_model == 64
-  grpo = from_section(GRPORunConfig, hf_config("grpo_hf", checkpoint, **GRPO), "config")
+  grpo = from_section(GRPORunConfig, experiment_config("grpo_hf", checkpoint, **GRPO), "config")
   assert grpo.model == run.model
 
 
@@ -74,7 +74,7 @@ def test_the_model_section_comes_from_the_checkpoint(checkpoint):
                                      r"checkpoint directory \(no such directory\)$"),
 ])
 def test_a_field_that_contradicts_the_checkpoint_names_both_values(checkpoint, key, value, message):
-  config = hf_config("sft_hf", checkpoint, **SFT, **{key: value})
+  config = experiment_config("sft_hf", checkpoint, **SFT, **{key: value})
   if message is None:
     assert from_section(SFTRunConfig, config, "config").model.qkv_bias
     return
@@ -99,7 +99,7 @@ def test_chat_prompts_are_the_tokenizers_chat_template(checkpoint):
 @pytest.fixture(scope="module")
 def sft_run(checkpoint, tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("sft_from_hf"))
-  config = hf_config("sft_hf", checkpoint, **SFT)
+  config = experiment_config("sft_hf", checkpoint, **SFT)
   setup = jaxpt.build("sft", config, workdir)
   return workdir, setup, jaxpt.train("sft", config, workdir, built=setup)
 
@@ -119,7 +119,7 @@ def test_sft_then_export_then_import_gives_identical_params(sft_run, tmp_path):
   workdir, _, result = sft_run
   model = jaxpt.load(workdir)
   assert model.save_hf(str(tmp_path)) == "transformers"
-  assert hf.read_hf_json(str(tmp_path))["model_type"] == "qwen2"
+  assert hf_config.read_hf_json(str(tmp_path))["model_type"] == "qwen2"
   _, again = hf.load(str(tmp_path))
   jax.tree.map(np.testing.assert_array_equal, again, result.state.params)
   assert load_tokenizer(str(tmp_path)).model_proto == model.tokenizer.model_proto
@@ -128,7 +128,7 @@ def test_sft_then_export_then_import_gives_identical_params(sft_run, tmp_path):
 def test_sft_resumes_with_its_own_tokenizer_copy(sft_run, checkpoint, tmp_path):
   """A resumed run reads workdir/tokenizer even when the source checkpoint's tokenizer has changed since."""
   workdir, setup, result = sft_run
-  config = hf_config("sft_hf", checkpoint, **SFT)
+  config = experiment_config("sft_hf", checkpoint, **SFT)
   first = jaxpt.train("sft", config, str(tmp_path), built=jaxpt.build("sft", config, str(tmp_path)), stop_at=3)
   assert int(first.state.step) == 3
   source = os.path.join(checkpoint, "tokenizer_config.json")
@@ -145,7 +145,7 @@ def test_sft_resumes_with_its_own_tokenizer_copy(sft_run, checkpoint, tmp_path):
 
 
 def test_grpo_from_the_checkpoint_samples_chat_prompts(checkpoint, tmp_path):
-  config = hf_config("grpo_hf", checkpoint, **GRPO)
+  config = experiment_config("grpo_hf", checkpoint, **GRPO)
   trainer = jaxpt.build("grpo", config, str(tmp_path))
   _, want = hf.load(checkpoint, max_seq_len=256)
   jax.tree.map(np.testing.assert_array_equal, trainer.init_state().params, want)

@@ -1,5 +1,6 @@
 """Hugging Face tokenizers: a checkpoint directory's `tokenizer.json` run by the `tokenizers` library, its chat template
-rendered with jinja2 as `transformers` renders it (neither torch nor transformers is imported).
+rendered with jinja2 as `transformers` renders it (`jaxpt.data.chat_template`; neither torch nor transformers is
+imported).
 
 Files read from the directory:
     tokenizer.json           the pipeline (normalizer, pre-tokenizer, model, post-processor, decoder, added tokens);
@@ -25,21 +26,13 @@ pipeline (a tokenizer_class whose transformers class rewrites the pipeline can t
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
-from datetime import datetime
-from functools import lru_cache
 from typing import Any, Iterable, Mapping, Sequence
 
-import jinja2
-import jinja2.ext
-import jinja2.nodes
-import jinja2.utils
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Tokenizer
 
 from jaxpt.config import DataError, read_json_object
+from jaxpt.data.chat_template import render_chat_template
 
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
@@ -53,7 +46,6 @@ TOKENIZER_FILES = (TOKENIZER_FILE, CONFIG_FILE, SPECIAL_TOKENS_MAP_FILE, CHAT_TE
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 EXTRA_SPECIAL_TOKENS = ("additional_special_tokens", "extra_special_tokens")
 _ADDED_TOKEN_FIELDS = ("content", "single_word", "lstrip", "rstrip", "normalized", "special")
-_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # transformers' aliases of a message's reasoning
 
 
 def _added_token(value: Any, where: str) -> AddedToken:
@@ -64,108 +56,6 @@ def _added_token(value: Any, where: str) -> AddedToken:
     fields = {k: bool(v) for k, v in value.items() if k in _ADDED_TOKEN_FIELDS[1:]}
     return AddedToken(value["content"], **{**fields, "special": True})
   raise DataError(f"{where}: expected a string or an AddedToken object with a string content, got {value!r:.80}")
-
-
-class _GenerationTag(jinja2.ext.Extension):
-  """`{% generation %} ... {% endgeneration %}` (transformers' assistant-mask marker): renders its body."""
-  tags = {"generation"}
-
-  def parse(self, parser):
-    lineno = next(parser.stream).lineno
-    body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-    return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
-
-  def _body(self, caller):
-    return caller()
-
-
-class _TemplateDict:
-  """The `dict` global of transformers' templates: dict(...) and dict.fromkeys(...) only."""
-
-  def __call__(self, *args, **kwargs):
-    return dict(*args, **kwargs)
-
-  def fromkeys(self, *args, **kwargs):
-    return dict.fromkeys(*args, **kwargs)
-
-
-class _TemplateNamespace(jinja2.utils.Namespace):
-  """jinja2's namespace() refusing underscore-prefixed attributes, as transformers' is."""
-
-  def __init__(*args, **kwargs):  # jinja2's Namespace signature, so that namespace(self=...) works
-    self, args = args[0], args[1:]
-    attrs = dict(*args, **kwargs)
-    for name in attrs:
-      _TemplateNamespace._check_name(name)
-    jinja2.utils.Namespace.__init__(self, attrs)
-
-  def __setitem__(self, name, value):
-    _TemplateNamespace._check_name(name)
-    jinja2.utils.Namespace.__setitem__(self, name, value)
-
-  @staticmethod
-  def _check_name(name):
-    if isinstance(name, str) and name.startswith("_"):
-      raise jinja2.exceptions.SecurityError(f"chat templates cannot set underscore-prefixed attributes ({name!r})")
-
-
-def _raise_exception(message):
-  raise jinja2.exceptions.TemplateError(message)
-
-
-def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-  """transformers' tojson: json.dumps without jinja2's HTML escaping, with its options."""
-  return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-def _strftime_now(format):
-  return datetime.now().strftime(format)
-
-
-@lru_cache(maxsize=32)
-def compile_chat_template(template: str) -> jinja2.Template:
-  """`template` compiled in transformers' environment: sandboxed, trim_blocks, lstrip_blocks, loop controls,
-  {% generation %}, raise_exception, strftime_now, its tojson, dict and namespace."""
-  env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                      extensions=[_GenerationTag, jinja2.ext.loopcontrols])
-  env.filters["tojson"] = _tojson
-  env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now, dict=_TemplateDict(),
-                     namespace=_TemplateNamespace)
-  return env.from_string(template)
-
-
-def _plain(value: Any) -> Any:
-  """`value` rebuilt from plain JSON types (transformers' _plain_template_data): what a template may see."""
-  if value is None or type(value) in (str, int, float, bool):
-    return value
-  for kind in (bool, str, int, float):  # subclasses (enums, NumPy scalars) back to the base type
-    if isinstance(value, kind):
-      return kind(value)
-  if isinstance(value, Mapping):
-    return {_plain(k): _plain(v) for k, v in value.items()}
-  if isinstance(value, list):
-    return [_plain(v) for v in value]
-  if isinstance(value, tuple):
-    return tuple(_plain(v) for v in value)
-  if hasattr(value, "item") and hasattr(value, "dtype") and getattr(value, "ndim", None) == 0:
-    return _plain(value.item())
-  if dataclasses.is_dataclass(value) and not isinstance(value, type):
-    return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-  return f"<{type(value).__name__}>"
-
-
-def _chat_messages(messages: Sequence[Mapping]) -> list[dict]:
-  """Messages as the template sees them: keys whose value is None dropped, reasoning under all its names."""
-  chat = []
-  for message in messages:
-    if not isinstance(message, Mapping):
-      raise TypeError(f"chat messages must be dicts, got {message!r:.80}")
-    message = _plain({k: v for k, v in message.items() if v is not None})
-    reasoning = next((message[k] for k in _REASONING_FIELDS if message.get(k) is not None), None)
-    if reasoning is not None:
-      message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
-    chat.append(message)
-  return chat
 
 
 class HFTokenizer:
@@ -380,17 +270,8 @@ class HFTokenizer:
       raise TypeError("tools must be JSON schemas (dicts)")
     if documents is not None and not all(isinstance(doc, Mapping) for doc in documents):
       raise TypeError("documents must be dicts (with 'title' and 'text' keys)")
-    try:
-      compiled = compile_chat_template(template)
-    except jinja2.TemplateSyntaxError as e:
-      raise DataError(f"{source}: the chat template does not compile ({e.message}, line {e.lineno})") from None
-    variables = {**self.special_tokens, **_plain(kwargs)}
-    try:
-      return compiled.render(messages=_chat_messages(messages), tools=_plain(tools), documents=_plain(documents),
-                             add_generation_prompt=add_generation_prompt, **variables)
-    except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
-      message = " ".join(str(e).split()) or type(e).__name__
-      raise DataError(f"{source}: the chat template failed to render ({message})") from None
+    return render_chat_template(template, source, messages, add_generation_prompt, tools, documents,
+                                self.special_tokens, kwargs)
 
   def encode_chat(self, messages: Sequence[Mapping], add_generation_prompt: bool = False, **kwargs) -> list[int]:
     """Ids of the rendered chat (transformers' `apply_chat_template(..., tokenize=True)`: the template writes the

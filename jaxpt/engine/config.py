@@ -11,7 +11,7 @@ import dataclasses
 import os
 
 from jaxpt.config import ConfigError, DataError, at_least, section_values
-from jaxpt.models import hf
+from jaxpt.models import hf, hf_config
 from jaxpt.models.config import ModelConfig
 from jaxpt.parallel.mesh import MeshConfig
 from jaxpt.engine.loop import LoopConfig
@@ -125,7 +125,7 @@ def check_init_from(workdir: str) -> None:
 
 def _checkpoint_fields(init_from: str, field: str) -> tuple[dict, tuple[str, ...]]:
   try:
-    return hf.checkpoint_fields(os.path.expanduser(init_from[len(hf.HF_PREFIX):]))
+    return hf_config.checkpoint_fields(os.path.expanduser(init_from[len(hf.HF_PREFIX):]))
   except DataError as e:
     raise ConfigError(field, str(e), init_from) from None
 
@@ -138,13 +138,13 @@ def check_hf_model(init_from: str, model: ModelConfig) -> None:
   expected = {**fields, "head_dim": fields.get("head_dim") or fields["d_model"] // fields["num_heads"]}
   for name in architecture:
     value = model.resolved_head_dim if name == "head_dim" else getattr(model, name)
-    if (error := hf.contradiction(directory, name, value, expected, architecture)) is not None:
+    if (error := hf_config.contradiction(directory, name, value, expected, architecture)) is not None:
       raise error
   positions = fields.get("max_seq_len")
-  if architecture is hf.ARCHITECTURE_FIELDS:  # a transformers checkpoint: its positions bound max_seq_len
+  if architecture is hf_config.ARCHITECTURE_FIELDS:  # a transformers checkpoint: its positions bound max_seq_len
     if positions is not None and model.max_seq_len > positions:
       raise ConfigError("model.max_seq_len", f"longer than the {positions} positions of "
-                        f"{os.path.join(directory, hf.CONFIG_FILE)}", model.max_seq_len)
+                        f"{os.path.join(directory, hf_config.CONFIG_FILE)}", model.max_seq_len)
 
 
 def check_vocab(model: ModelConfig, tokenizer_vocab_size: int) -> None:

@@ -8,7 +8,7 @@
     jaxpt         every other model (SiameseNorm, Post-Norm, HybridNorm, LayerNorm / GELU models): a jaxpt-native
                   HF-style directory (`model_type: "jaxpt"`), which only jaxpt loads (`jaxpt.models.hf.load`).
 
-Each tensor is the inverse of its import mapping (`hf.Source`: jaxpt = W.transpose(hf axes).reshape(jaxpt shape),
+Each tensor is the inverse of its import mapping (`hf_layout.Source`: jaxpt = W.transpose(hf axes).reshape(jaxpt shape),
 so W = jaxpt.reshape(group sizes).transpose(back)), one layer at a time. Arrays are gathered one parameter at a
 time (`process_allgather` on multi-host meshes; only process 0 writes), so the host holds at most one shard file's
 tensors plus one parameter. The directory is written beside `out_dir` and renamed into place when complete: an
@@ -36,7 +36,7 @@ from safetensors.numpy import save_file
 from jaxpt import oserrors
 from jaxpt.config import ConfigError
 from jaxpt.data.tokenizer import copy_tokenizer
-from jaxpt.models import hf
+from jaxpt.models import hf, hf_config, hf_layout
 from jaxpt.models.config import ModelConfig
 
 MAX_SHARD_BYTES = 4 * 2**30  # 4 GiB per safetensors file, as transformers' save_pretrained writes
@@ -52,7 +52,7 @@ def transformers_family(config: ModelConfig) -> tuple[str | None, str, str]:
       q/k/v biases without an output bias     -> qwen2
       otherwise                               -> llama  (attention_bias: q/k/v and o biases together)
   """
-  for field, value in hf.TRANSFORMERS_FIELDS:
+  for field, value in hf_config.TRANSFORMERS_FIELDS:
     if getattr(config, field) != value:
       return None, field, f"transformers' decoder models have {field}={value!r}"
   if not config.qk_norm and config.qkv_bias and not config.attn_out_bias:
@@ -67,7 +67,7 @@ def transformers_config(config: ModelConfig, model_type: str, special_ids: dict[
   """The config.json of `config`'s model as transformers' `model_type` class (hub form: rope_theta + rope_scaling),
   with the tokenizer's `special_ids` (bos/eos/pad_token_id)."""
   out: dict[str, Any] = dict(
-      architectures=[hf.FAMILIES[model_type][0]], model_type=model_type, vocab_size=config.vocab_size,
+      architectures=[hf_config.FAMILIES[model_type][0]], model_type=model_type, vocab_size=config.vocab_size,
       hidden_size=config.d_model, intermediate_size=config.mlp_dim, num_hidden_layers=config.num_layers,
       num_attention_heads=config.num_heads, num_key_value_heads=config.num_kv_heads,
       head_dim=config.resolved_head_dim, hidden_act="silu", max_position_embeddings=config.max_seq_len,
@@ -89,12 +89,13 @@ def transformers_config(config: ModelConfig, model_type: str, special_ids: dict[
 
 def native_config(config: ModelConfig, special_ids: dict[str, int | None]) -> dict:
   """The config.json of a jaxpt-native directory: the whole ModelConfig under `jaxpt_model`."""
-  return dict(architectures=[hf.NATIVE_ARCHITECTURE], model_type=hf.NATIVE_TYPE, dtype=config.param_dtype,
+  return dict(architectures=[hf_config.NATIVE_ARCHITECTURE], model_type=hf_config.NATIVE_TYPE, dtype=config.param_dtype,
               jaxpt_model=dataclasses.asdict(config), **special_ids)
 
 
-def to_hf_layout(block: np.ndarray, source: hf.Source) -> np.ndarray:
-  """One layer's jaxpt array -> the HF tensor `source` names (the inverse of `hf.read_slice` on the whole array)."""
+def to_hf_layout(block: np.ndarray, source: hf_layout.Source) -> np.ndarray:
+  """One layer's jaxpt array -> the HF tensor `source` names (the inverse of `hf_layout.read_slice` on the whole
+  array)."""
   sizes, start = [], 0
   for _, count in source.groups:
     sizes.append(int(np.prod(block.shape[start:start + count], dtype=np.int64)))
@@ -113,7 +114,7 @@ def hf_tensors(params: Any, native: bool) -> Iterator[tuple[str, np.ndarray]]:
   """(HF tensor name, array) for every tensor of the checkpoint, one parameter gathered at a time."""
   for key_path, leaf in jax.tree_util.tree_flatten_with_path(nn.meta.unbox(params))[0]:
     names = tuple(str(getattr(k, "key", k)) for k in key_path)
-    found = hf.tensor_source(names, np.ndim(leaf), native)
+    found = hf_layout.tensor_source(names, np.ndim(leaf), native)
     if found is None:
       raise ConfigError("model", f"parameter {'/'.join(names)} has no Hugging Face tensor")
     source, stacked = found
@@ -301,7 +302,7 @@ def save_hf(params: Any, config: ModelConfig, out_dir: str, *, format: str = "au
 
   def finish() -> None:
     partial = os.path.join(work[0], "new")
-    with open(os.path.join(partial, hf.CONFIG_FILE), "w") as f:
+    with open(os.path.join(partial, hf_config.CONFIG_FILE), "w") as f:
       json.dump(hf_json, f, indent=2, sort_keys=True)
     if tokenizer_dir is not None:
       copy_tokenizer(tokenizer_dir, partial)

@@ -17,7 +17,7 @@ import pytest  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from jaxpt import parallel  # noqa: E402
-from jaxpt.models import hf  # noqa: E402
+from jaxpt.models import hf, hf_layout  # noqa: E402
 from jaxpt.models.transformer import TransformerLM  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -40,7 +40,7 @@ def test_fsdp_tp_load_is_sharded_and_gives_the_single_device_logits(mesh, monkey
     reads.append((source.name, block.size, int(np.prod(shape))))
     return block
 
-  read_slice = hf.read_slice
+  read_slice = hf_layout.read_slice
   monkeypatch.setattr(hf, "read_slice", recording_read_slice)
   sharded = hf.load_params(path, config, mesh=mesh)
   monkeypatch.undo()
