@@ -94,12 +94,13 @@ def test_eval_and_export_help_name_the_registered_trainers():
                                    text=True, cwd=ROOT, timeout=120).stdout for command in ("eval", "export-hf")}
   assert f"the workdir of a jaxpt {trainer_list()} run" in shown["eval"]
   assert f"the workdir of a jaxpt {trainer_list(lambda t: t.model == 'lm')} run (or hf:DIR)" in shown["export-hf"]
-  assert trainer_list(lambda t: t.model == "lm") == "pretrain, sft, grpo or dpo"
+  assert trainer_list(lambda t: t.model == "lm") == "pretrain, sft, grpo, dpo or kto"
 
 
 def test_the_fault_injection_tool_checks_trainers_against_the_table():
   tool = os.path.join(ROOT, "tools", "fault_injection.py")
-  for asked, says in (("pretrain,kto", "unknown trainer 'kto' (registered: pretrain, sft, grpo, rm, vit, dit, dpo)"),
+  for asked, says in (("pretrain,ppo", "unknown trainer 'ppo' (registered: pretrain, sft, grpo, rm, vit, dit, dpo, "
+                                       "kto)"),
                       ("rm", "no tiny rm run in this tool yet (it has: pretrain, grpo)")):
     refused = subprocess.run([sys.executable, tool, "--trainers", asked], capture_output=True, text=True,
                              timeout=120)
@@ -145,13 +146,14 @@ def test_the_readers_follow_the_key_not_the_sections(tmp_path):
   (tmp_path / "checkpoints").mkdir()
   (tmp_path / "config.json").write_text(json.dumps({TRAINER_KEY: "rm", "model": {}}))  # no rm section
   with pytest.raises(ConfigError, match=re.escape("is the workdir of a reward-model run (jaxpt rm); init_from "
-                                                  "takes the run of jaxpt pretrain, sft, grpo, vit, dit or dpo")):
+                                                  "takes the run of jaxpt pretrain, sft, grpo, vit, dit, dpo or "
+                                                  "kto")):
     check_init_from(str(tmp_path))
   (tmp_path / "config.json").write_text(json.dumps({TRAINER_KEY: "pretrain", "rm": {}, "model": {}}))
   check_init_from(str(tmp_path))  # an rm section, but a pretrain run
   (tmp_path / "config.json").write_text(json.dumps({TRAINER_KEY: "vit", "model": {}}))
   with pytest.raises(ConfigError, match=re.escape("is the workdir of a jaxpt vit run (image-classifier); jaxpt.load "
-                                                  "takes the run of jaxpt pretrain, sft, grpo, rm or dpo")):
+                                                  "takes the run of jaxpt pretrain, sft, grpo, rm, dpo or kto")):
     jaxpt.load(str(tmp_path))
   with pytest.raises(ConfigError, match=re.escape("config.trainer='pretrain': the config of another trainer's run "
                                                   "(this is jaxpt sft's)")):

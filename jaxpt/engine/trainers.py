@@ -99,6 +99,8 @@ for _trainer in (
     Trainer("dpo", "DPO (optionally + DIR) of a language model on preference pairs; implicit-reward eval report.",
             "jaxpt.trainers.dpo", "DPORunConfig", ("loss", "accuracy", "eval_accuracy", "eval_pearson_score_length",
                                                    "eval_pearson_margin_length"), "lm"),
+    Trainer("kto", "KTO of a language model on unpaired desirable / undesirable examples; implicit-reward eval report.",
+            "jaxpt.trainers.kto", "KTORunConfig", ("loss", "kl", "eval_accuracy", "eval_pearson_score_length"), "lm"),
 ):
   TRAINERS.add(_trainer.name, _trainer)
 

@@ -1,4 +1,5 @@
-"""Pairwise preference losses: Bradley-Terry (`bt`), BT + CLUB (`dir`), `dpo` (with the DPO+DIR hook), `odin`.
+"""Preference losses: pairwise Bradley-Terry (`bt`), BT + CLUB (`dir`), `dpo` (with the DPO+DIR hook), `odin`, and
+the unpaired `kto` (each example desirable or not).
 
 Spec: /work/shared/specs/dir.md. All are pure functions of arrays returning `(loss, metrics)`, computed in float32.
 Conventions: scores / log-probs are `[N]` per chosen/rejected pair; optional pair `weights` `[N]` (0 = padding pair,
@@ -194,4 +195,39 @@ def odin(quality_chosen: jax.Array, quality_rejected: jax.Array, length_chosen: 
       "corr_quality_length": rho_q,
       "corr_length_length": rho_l,
       "quality_accuracy": _wmean((qc > qr).astype(jnp.float32), w),
+  }
+
+
+@register_loss("preference", "kto")
+def kto(policy_logps: jax.Array, reference_logps: jax.Array, kl_policy_logps: jax.Array,
+        kl_reference_logps: jax.Array, desirable: jax.Array, beta: float = 0.1, desirable_weight: float = 1.0,
+        undesirable_weight: float = 1.0, weights: Optional[jax.Array] = None) -> tuple[jax.Array, Metrics]:
+  """KTO (Ethayarajh et al. 2024, Kahneman-Tversky Optimization) on unpaired examples, each desirable or not.
+
+  policy_logps / reference_logps [N]: summed log-probs of each example's response under the policy / the frozen
+  reference; kl_policy_logps / kl_reference_logps [N]: the same of mismatched (prompt, response) rows, the prompt of
+  one example with the response of another (the reference point's estimate); desirable [N]: 1 = desirable (y_D),
+  0 = undesirable (y_U); beta > 0; lambda_D, lambda_U = desirable_weight, undesirable_weight.
+    r_i  = pi_i - ref_i                                          implicit reward (log-ratio)
+    z0   = max(0, mean_i (pi'_i - ref'_i)), gradient stopped        the KL reference point, over mismatched rows
+    v_i  = lambda_D sigmoid(beta (r_i - z0))   if desirable_i
+           lambda_U sigmoid(beta (z0 - r_i))   otherwise
+    L    = mean_i (lambda_{y_i} - v_i)
+  Means are w-weighted over the rows (`weights`, 0 = padding). Metrics: `loss`, `kl` (z0), `desirable_reward`,
+  `undesirable_reward` (means of beta r over each kind; 0 where a batch has none), `desirable_share`.
+  """
+  r = _f32(policy_logps) - _f32(reference_logps)
+  w = _pair_weights(r, weights)
+  good = _f32(desirable) > 0
+  z0 = jax.lax.stop_gradient(jnp.maximum(_wmean(_f32(kl_policy_logps) - _f32(kl_reference_logps), w), 0.0))
+  lam = jnp.where(good, desirable_weight, undesirable_weight)
+  value = lam * jax.nn.sigmoid(jnp.where(good, beta * (r - z0), beta * (z0 - r)))
+  loss = _wmean(lam - value, w)
+  w_good, w_bad = w * good, w * (~good)
+  return loss, {
+      "loss": loss,
+      "kl": z0,
+      "desirable_reward": _wmean(beta * r, w_good),
+      "undesirable_reward": _wmean(beta * r, w_bad),
+      "desirable_share": _wmean(good.astype(jnp.float32), w),
   }

@@ -51,8 +51,8 @@ from jaxpt.engine.run import BuiltRun
 from jaxpt.engine.state import TrainState
 from jaxpt.engine.step import GradFn
 
-__all__ = ["DPOConfig", "DPORunConfig", "ReferenceHooks", "build", "make_dpo_grad_fn", "pair_logps", "reference_logps",
-           "response_mask", "sequence_logps"]
+__all__ = ["DPOConfig", "DPORunConfig", "ReferenceHooks", "build", "build_reference_run", "make_dpo_grad_fn",
+           "pair_logps", "reference_logps", "response_mask", "sequence_logps"]
 
 REFERENCE_KEYS = ("ref_chosen_logps", "ref_rejected_logps")  # [B] float32 batch columns the step reads
 
@@ -197,9 +197,10 @@ def make_dpo_grad_fn(model: TransformerLM, settings: DPOConfig) -> GradFn:
 
 @dataclasses.dataclass
 class ReferenceHooks(PairReport):
-  """The DPO run's loop hooks: each step's batch gets the reference policy's log-probs (`reference`, jitted and laid
-  out like the batch) before the shared step; the reference params are the initial policy's, copied by
-  `init_state` (or made on first need by `reference_params`: `jaxpt eval`), never checkpointed."""
+  """The loop hooks of a run over a frozen reference policy (DPO, KTO): each step's batch gets the reference's
+  columns (`reference`, jitted and laid out like the batch: its log-probs) before the shared step; the reference
+  params are the initial policy's, copied by `init_state` (or made on first need by `reference_params`: `jaxpt
+  eval`), never checkpointed."""
 
   reference: Callable[[Any, dict], dict]  # reference_logps(ref_params, batch)
   ref_params: Any = None
@@ -220,11 +221,32 @@ class ReferenceHooks(PairReport):
 
 
 def build(config: DPORunConfig | Any, workdir: str) -> BuiltRun:
-  """Checks `config` (ConfigError naming the field), then builds preference data (tokenized with the `init_from`
-  run's tokenizer, else one trained on the pairs), the policy, optimizer, the compiled step, the reference forward
-  and the evaluator."""
+  """Checks `config` (ConfigError naming the field), then builds the DPO run (`build_reference_run`)."""
   config = from_section(DPORunConfig, config, "config")
-  settings, batch_size = config.dpo, config.data.batch_size
+  settings = config.dpo
+  model = TransformerLM(config.model)
+
+  def init_aux(rng: jax.Array) -> Optional[dict]:  # always given: the policy's init key is the same with or without DIR
+    return dir_estimator.init_estimator(settings, config.model.d_model, rng) if settings.dir else None
+
+  name = f"DPO{'+DIR' if settings.dir else ''}"
+  return build_reference_run("dpo", config, workdir, model, make_dpo_grad_fn(model, settings), settings.beta,
+                             lambda p, batch: reference_logps(model, p, batch), REFERENCE_KEYS,
+                             f"{name} implicit reward", init_aux=init_aux,
+                             title=f"dpo{' + DIR' if settings.dir else ''}")
+
+
+def build_reference_run(trainer: str, config: RunConfig, workdir: str, model: TransformerLM, grad_fn: GradFn,
+                        beta: float, reference: Callable[[Any, dict], dict], reference_keys: tuple[str, ...],
+                        report_title: str, *, columns: Callable[[Any], Callable[[dict], dict]] = lambda data: dict,
+                        init_aux: Callable[[jax.Array], Any] | None = None, title: str = "") -> BuiltRun:
+  """The run of a preference trainer over a frozen reference policy (DPO, KTO), for a checked run `config` with a
+  `data` section of preference pairs: the mesh, the launch check, the pairs (tokenized with the `init_from` run's
+  tokenizer, else one trained on the pairs), the compiled step of `grad_fn` on the flattened pair batches plus
+  `step` [B] and `columns(data)(batch)`'s host columns, the jitted `reference(ref_params, batch)` -> the
+  `reference_keys` columns (float32 [B] each) added before each step (`ReferenceHooks`), and the evaluator of the
+  implicit reward beta (logp - ref) on every eval split (the report titled `report_title` at the end)."""
+  batch_size = config.data.batch_size
   mesh = training_mesh(config, batch_size)  # before any data work
   check_launch(workdir, config)
   say(f"preparing preference data in {workdir} ...")
@@ -233,35 +255,30 @@ def build(config: DPORunConfig | Any, workdir: str) -> BuiltRun:
                                                   seed=config.seed, tokenizer=tokenizer,
                                                   keep_tokenizer=resumes(workdir))
   check_vocab(config.model, data.tokenizer.vocab_size)
-  model = TransformerLM(config.model)
+  add_columns = columns(data)
 
   def train_batch(step: int, index: int, count: int) -> dict:
     batch = flatten_batch(data.train_batch(step, index, count))
-    return dict(batch, step=np.full(len(batch["weights"]), step, np.int32))
+    return add_columns(dict(batch, step=np.full(len(batch["weights"]), step, np.int32)))
 
   sample = train_batch(0, 0, 1)
-  shapes = batch_shapes(dict(sample, **{k: np.zeros(len(sample["weights"]), np.float32) for k in REFERENCE_KEYS}),
+  shapes = batch_shapes(dict(sample, **{k: np.zeros(len(sample["weights"]), np.float32) for k in reference_keys}),
                         batch_size)
-
-  def init_aux(rng: jax.Array) -> Optional[dict]:  # always given: the policy's init key is the same with or without DIR
-    return dir_estimator.init_estimator(settings, config.model.d_model, rng) if settings.dir else None
-
   say("compiling the train step ...")
   training = build_training(config, mesh, model, (jnp.zeros((1, config.data.seq_len), jnp.int32),), shapes,
-                            grad_fn=make_dpo_grad_fn(model, settings), weight_key="num_pairs", init_aux=init_aux)
+                            grad_fn=grad_fn, weight_key="num_pairs", init_aux=init_aux)
   rules, batch_sharding = training.sharded.rules, training.sharded.batch_sharding
-  reference = jax.jit(parallel.with_activation_sharding(lambda p, batch: reference_logps(model, p, batch), mesh, rules),
-                      out_shardings={k: batch_sharding for k in REFERENCE_KEYS})
+  reference = jax.jit(parallel.with_activation_sharding(reference, mesh, rules),
+                      out_shardings={k: batch_sharding for k in reference_keys})
 
   def implicit_rewards(params: Any, ref_params: Any, batch: dict) -> jax.Array:
     """r = beta (logp - ref) [2B] of the batch's [chosen; rejected] rows."""
-    return settings.beta * (pair_logps(model, params, batch)[0] - pair_logps(model, ref_params, batch)[0])
+    return beta * (pair_logps(model, params, batch)[0] - pair_logps(model, ref_params, batch)[0])
 
   score = jax.jit(implicit_rewards, out_shardings=parallel.replicated(mesh))
   evaluator = PairEvaluator(lambda params, batch: score(params, hooks.reference_params(), batch),
                             eval_splits(data), put=training.put)
-  name = f"DPO{'+DIR' if settings.dir else ''}"
-  hooks = ReferenceHooks(training, evaluator, f"{name} implicit reward", reference)
-  return BuiltRun("dpo", config, training, training.batches(train_batch, batch_size),
+  hooks = ReferenceHooks(training, evaluator, report_title, reference)
+  return BuiltRun(trainer, config, training, training.batches(train_batch, batch_size),
                   inputs=run_inputs(data.corpus_id, data.tokenizer), tokenizer=data.tokenizer, data=data,
-                  evaluate=training.under_rules(evaluator), hooks=hooks, title=f"dpo{' + DIR' if settings.dir else ''}")
+                  evaluate=training.under_rules(evaluator), hooks=hooks, title=title)
