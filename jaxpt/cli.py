@@ -1,7 +1,8 @@
 """`jaxpt <subcommand> --config <file.py> [--config.field=value ...] --workdir DIR`; `jaxpt eval|export-hf ...`.
 
 Each training subcommand is a registered trainer (`jaxpt.engine.trainers.TRAINERS`: its run-config dataclass and its
-`run_*(run_config, workdir) -> exit code`); the config file is checked once, here, into that dataclass. They share
+build, run by `jaxpt.engine.run.run_command`); the config file is checked once, here, into that dataclass (what is
+wrong with a file or an override: `jaxpt.cli_config`). They share
 the `--config` (ml_collections config file, Flax-examples style) and `--workdir` flags; `jaxpt <subcommand> --help`
 (or `jaxpt help <subcommand>`) lists the run config's fields with their types, defaults and meanings
 (`jaxpt.config.describe_fields`). `jaxpt eval --workdir DIR [--step N]` evaluates a checkpoint of an existing run
@@ -21,21 +22,19 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import difflib
 import importlib
 import os
-import re
 import shutil
 import signal
 import sys
 import textwrap
 import threading
-import traceback
 from typing import Any, Callable
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from jaxpt.cli_config import OVERRIDE, config_file_problem, config_path, raised_in_config_file, unknown_override
 from jaxpt.engine.trainers import TRAINERS, Trainer, trainer_list
 
 EXIT_IO = 5  # a checkpoint or filesystem error (CheckpointError, OSError)
@@ -132,7 +131,6 @@ WORKDIR_SUBCOMMANDS: dict[str, WorkdirSubcommand] = {c.name: c for c in (
                           "  --format F     auto | transformers | jaxpt (default auto)")),
 )}
 COMMANDS: dict[str, Subcommand | WorkdirSubcommand] = {**SUBCOMMANDS, **WORKDIR_SUBCOMMANDS}
-_OVERRIDE = re.compile(r"--?(?:no)?config\.([^=]+)")  # a --config.<field>=value argument
 _TRAIN_USAGE = ("--config <file.py> [--config.<field>=value ...] --workdir DIR\n"
                 "         [--distributed=auto|on|off --coordinator_address=HOST:PORT --num_processes=N --process_id=I]")
 
@@ -182,82 +180,15 @@ def _subcommand_help(name: str) -> str:
       "overrides one):", *_fields_table(command.config_type, width)])
 
 
-def _unknown_override(name: str, argv: list[str], error: BaseException) -> str:
-  """`no config field 'modle' (did you mean 'model'?)`: the first `--config.<path>` override in `argv` that names
-  no field of the subcommand's run config, with the closest field at that level."""
-  from jaxpt.config import describe_fields
-
-  command = SUBCOMMANDS.get(name)
-  known = {row.path for row in describe_fields(command.config_type)} if command else set()
-  for arg in argv[1:]:
-    match = _OVERRIDE.match(arg)
-    if not match or match[1] in known:
-      continue
-    parts = match[1].split(".")
-    depth = next(i for i in range(len(parts)) if ".".join(parts[:i + 1]) not in known)
-    unknown, parent = ".".join(parts[:depth + 1]), ".".join(parts[:depth])
-    siblings = [k for k in known if k.count(".") == depth and k.startswith(f"{parent}." if parent else "")]
-    close = difflib.get_close_matches(unknown, siblings, n=1)
-    return f"no config field {unknown!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
-  lines = str(error.args[0] if error.args else error).splitlines() or [""]  # the config file lacks a field
-  return f"no config field {lines[0].strip(chr(39) + chr(34) + chr(92))!r} in the config file"
-
-
-def _config_path(argv: list[str]) -> str | None:
-  """The --config file named in `argv` (without a `:get_config argument` suffix), or None when none is."""
-  for i, arg in enumerate(argv):
-    if arg.startswith("--config="):
-      return arg.split("=", 1)[1].split(":", 1)[0]
-    if arg == "--config" and i + 1 < len(argv):
-      return argv[i + 1].split(":", 1)[0]
-  return None
-
-
-def _config_file_problem(path: str) -> tuple[int | None, str] | None:
-  """(line or None, why) config file `path` cannot be run, found before absl runs it (whose own reports are a
-  misleading TypeError or a traceback): it does not exist, is a directory, cannot be read (the OS cause), or is no
-  Python (the SyntaxError's line and message); None when it compiles."""
-  from jaxpt.oserrors import describe
-
-  if not os.path.exists(path):
-    return None, "does not exist"
-  if not os.path.isfile(path):
-    return None, "is a directory, not a file" if os.path.isdir(path) else "is not a regular file"
-  try:
-    with open(path, "rb") as f:
-      compile(f.read(), path, "exec")
-  except OSError as e:
-    return None, describe(e)
-  except SyntaxError as e:
-    return e.lineno, f"{type(e).__name__}: {e.msg}"
-  except ValueError as e:  # null bytes in the source
-    return None, f"ValueError: {e}"
-  return None
-
-
-def _raised_in_config_file(path: str, error: BaseException) -> tuple[int, str] | None:
-  """(line, 'NameError: <first line>') for an error that running config file `path` raised: the innermost of the
-  file's lines in the traceback of `error`, or of an error it was raised from or while handling (absl and
-  ml_collections wrap them); None when no traceback passes through the file (e.g. an unknown override)."""
-  from jaxpt.oserrors import describe
-
-  target, seen, cause = os.path.abspath(path), set(), error
-  while cause is not None and id(cause) not in seen:
-    seen.add(id(cause))
-    lines = [f.lineno for f in traceback.extract_tb(cause.__traceback__) if os.path.abspath(f.filename) == target]
-    if lines:
-      return lines[-1], describe(cause)
-    cause = cause.__cause__ or cause.__context__
-  return None
-
-
 def _flag_error(name: str, argv: list[str], error: Exception) -> None:
   """Reports a flag error not raised by the config file in one line (exit 2): an unknown `--config.<field>`
   override, or absl's own message with the usage; re-raises anything else."""
   if isinstance(error, flags.Error):
     print(f"jaxpt {name}: {error}\n\n{_usage()}", file=sys.stderr)
   elif isinstance(error, (AttributeError, KeyError)):
-    print(f"jaxpt {name}: config error: {_unknown_override(name, argv, error)}", file=sys.stderr)
+    command = SUBCOMMANDS.get(name)
+    print(f"jaxpt {name}: config error: {unknown_override(command and command.config_type, argv, error)}",
+          file=sys.stderr)
   else:
     raise error
   sys.exit(2)
@@ -266,8 +197,8 @@ def _flag_error(name: str, argv: list[str], error: Exception) -> None:
 def _parse_flags(name: str, argv: list[str]) -> list[str]:
   """absl flag parsing, with each failure in one line (exit 2): a config file that cannot be run (the file, and the
   line where it raised), a `--config.<field>` override without --config, an unknown override (the field)."""
-  path = _config_path(argv)
-  override = next((arg.split("=", 1)[0] for arg in argv[1:] if _OVERRIDE.match(arg)), None)
+  path = config_path(argv)
+  override = next((arg.split("=", 1)[0] for arg in argv[1:] if OVERRIDE.match(arg)), None)
   if name in WORKDIR_SUBCOMMANDS and (path is not None or override is not None):
     print(f"jaxpt {name}: {'--config' if path is not None else override}: jaxpt {name} takes no --config and no "
           "--config.<field> overrides (it reads the run's recorded config.json)", file=sys.stderr)
@@ -276,7 +207,7 @@ def _parse_flags(name: str, argv: list[str]) -> list[str]:
     print(f"jaxpt {name}: {override}: --config.<field> overrides need --config FILE (the file they override)",
           file=sys.stderr)
     sys.exit(2)
-  problem = _config_file_problem(path) if path is not None else None
+  problem = config_file_problem(path) if path is not None else None
   if problem is None:
     try:
       rest = flags.FLAGS(argv)
@@ -284,7 +215,7 @@ def _parse_flags(name: str, argv: list[str]) -> list[str]:
         raise vars(_CONFIG.value)["_error"]  # ml_collections defers an OSError of get_config to the config's use
       return rest
     except Exception as e:  # pylint: disable=broad-except
-      problem = _raised_in_config_file(path, e) if path is not None else None
+      problem = raised_in_config_file(path, e) if path is not None else None
       if problem is None:
         _flag_error(name, argv, e)
   line, why = problem
