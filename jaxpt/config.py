@@ -16,26 +16,29 @@ so every error is one line naming the dotted path, the value and the reason:
     config.model.d_model=130: not divisible by model.num_heads=4
 
 `config_dict(cls, **overrides)` goes the other way: every field at its default as a ConfigDict, the form experiment
-config files start from, so defaults are written once, on the dataclass.
+config files start from, so defaults are written once, on the dataclass; `as_dict(instance)` is a checked section's
+JSON-able dict form (config.json).
 
-A field's meaning is written once, in its section's docstring, as a Google-style `Attributes:` block (`name: text`,
-continuation lines indented deeper; a subclass documents the fields it adds). `field_help(cls)` reads it and
-`describe_fields(cls)` lists every field of a run config, nested sections included (dotted path, type, default,
-meaning): `jaxpt <subcommand> --help` prints that list, and a test fails for a field without a meaning.
-This module imports nothing from jaxpt: every layer may use it.
+A section may HOLD another one whose fields live at its own level in every dict form (`inline(default)`, see
+`jaxpt.config_fields`): `RunConfig.loop`'s `steps` is `config.steps`, `RMConfig.dir_settings`' `mi_weight` is
+`rm.mi_weight`, in the conversions above, in config.json, in the holder's constructor keywords (hence
+`dataclasses.replace(config, steps=...)`) and in attribute reads (`config.steps` reads `config.loop.steps`).
+
+A field's meaning is written once, in its section's docstring (an `Attributes:` block); `describe_fields(cls)`
+(`jaxpt.config_fields`, re-exported here) lists every field of a run config for `jaxpt <subcommand> --help`, and a
+test fails for a field without a meaning. This module imports only `jaxpt.config_fields` from jaxpt: every layer
+may use it.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
-import functools
 import importlib.util
-import inspect
 import json
 import numbers
 import os
-import re
 import types
 import typing
 from typing import Any, Mapping, TypeVar
@@ -43,11 +46,14 @@ from typing import Any, Mapping, TypeVar
 import ml_collections
 import numpy as np
 
-__all__ = ["ConfigError", "DataError", "FieldDoc", "Section", "at_least", "config_dict", "describe_fields", "fail",
-           "field_help", "from_section", "in_range", "load_config_file", "one_of", "section_values"]
+from jaxpt.config_fields import _attributes  # noqa: F401 (read here by tests/test_cli_help.py, as before)
+from jaxpt.config_fields import (_NO_VALUE, FieldDoc, _dict_fields, _hints, _inline_fields, _is_section,
+                                 _lifted, describe_fields, field_help, inline)
+
+__all__ = ["ConfigError", "DataError", "FieldDoc", "Section", "as_dict", "at_least", "config_dict", "describe_fields",
+           "fail", "field_help", "from_section", "in_range", "inline", "load_config_file", "one_of", "section_values"]
 
 T = TypeVar("T")
-_NO_VALUE = object()
 
 
 class ConfigError(ValueError):
@@ -90,7 +96,22 @@ def read_json_object(path: str, required: bool = True) -> dict:
   return value
 
 
-class Section:
+class _SectionType(type):
+  """Section's metaclass: `Cls(steps=5)` / `dataclasses.replace(config, steps=5)` with `steps` a field of an inline
+  section sets it there (on the given or default instance)."""
+
+  def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+    if dataclasses.is_dataclass(cls) and _inline_fields(cls):
+      lifted, moved = _lifted(cls), {}
+      for name in [name for name in kwargs if name in lifted]:
+        moved.setdefault(lifted[name], {})[name] = kwargs.pop(name)
+      defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+      for holder, values in moved.items():
+        kwargs[holder] = dataclasses.replace(kwargs.get(holder, defaults[holder]), **values)
+    return super().__call__(*args, **kwargs)
+
+
+class Section(metaclass=_SectionType):
   """Base of config-section dataclasses: `check()` runs when an instance is made (also by dataclasses.replace)."""
 
   def __post_init__(self) -> None:
@@ -99,25 +120,30 @@ class Section:
   def check(self) -> None:
     """Raises ConfigError(field, reason, value) for an impossible value; sections override it."""
 
+  def __getattr__(self, name: str) -> Any:
+    """An attribute of an inline section (`config.steps` is `config.loop.steps`), as if it were the parent's."""
+    if not name.startswith("__"):
+      for holder in _inline_fields(type(self)) if dataclasses.is_dataclass(self) else ():
+        part = self.__dict__.get(holder)
+        if part is not None and hasattr(part, name):
+          return getattr(part, name)
+    raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
 
 def section_values(section: Any) -> dict[str, Any]:
-  """The keys of a ConfigDict / FrozenConfigDict / mapping / dataclass instance as a plain dict (None: {})."""
+  """The keys of a ConfigDict / FrozenConfigDict / mapping / dataclass instance as a plain dict (None: {}); an inline
+  section's fields at the instance's level."""
   if section is None:
     return {}
   if dataclasses.is_dataclass(section) and not isinstance(section, type):
-    return {f.name: getattr(section, f.name) for f in dataclasses.fields(section)}
+    values = {}
+    for f in dataclasses.fields(section):
+      value = getattr(section, f.name)
+      values.update(section_values(value) if f.name in _inline_fields(type(section)) else {f.name: value})
+    return values
   if isinstance(section, (ml_collections.ConfigDict, ml_collections.FrozenConfigDict, Mapping)):
     return {key: section[key] for key in section.keys()}
   raise TypeError(f"a config section must be a ConfigDict, a mapping or a dataclass, got {type(section).__name__}")
-
-
-@functools.cache
-def _hints(cls: type) -> dict[str, Any]:
-  return typing.get_type_hints(cls)
-
-
-def _is_section(kind: Any) -> bool:
-  return isinstance(kind, type) and dataclasses.is_dataclass(kind)
 
 
 def _coerce(kind: Any, value: Any, where: str) -> Any:
@@ -163,13 +189,19 @@ def from_section(cls: type[T], section: Any, path: str) -> T:
   if hasattr(cls, "prepare_values"):  # a section that fills fields from elsewhere (RunConfig: an HF checkpoint)
     values = cls.prepare_values(values, path)
   fields = {f.name: f for f in dataclasses.fields(cls)}
-  unknown = sorted(set(values) - set(fields))
+  inlined, lifted = _inline_fields(cls), _lifted(cls)
+  unknown = sorted(set(values) - set(_dict_fields(cls)))
   if unknown:
-    raise ConfigError(f"{path}.{unknown[0]}", f"unknown field (known: {', '.join(sorted(fields))})")
+    raise ConfigError(f"{path}.{unknown[0]}", f"unknown field (known: {', '.join(sorted(_dict_fields(cls)))})")
   hints = _hints(cls)
   kwargs = {}
   for name, field in fields.items():
-    if name in values:
+    if name in inlined:  # its fields sit among this section's (errors name `path.<field>`); those not given keep
+      # the values of the field's default instance (DPOConfig's mi_weight 1.0, not DIRSettings' 0.1)
+      given = {k: v for k, v in values.items() if lifted.get(k) == name}
+      base = {} if field.default is dataclasses.MISSING else section_values(field.default)
+      kwargs[name] = from_section(inlined[name], {**base, **given}, path)
+    elif name in values:
       kwargs[name] = _coerce(hints[name], values[name], f"{path}.{name}")
     elif _required(field):
       raise ConfigError(f"{path}.{name}", "missing")
@@ -184,13 +216,18 @@ def _required(field: dataclasses.Field) -> bool:
 
 
 def config_dict(cls: type, **overrides: Any) -> ml_collections.ConfigDict:
-  """Every field of section dataclass `cls` at its default (nested sections as ConfigDicts), then `overrides`.
+  """Every field of section dataclass `cls` at its default (nested sections as ConfigDicts, an inline section's
+  fields at this level), then `overrides`.
 
   A field without a default must be given. Fields whose default is None get an ml_collections placeholder of
   their type, so `--config.<field>=value` can still set them from the command line.
   """
+  return ml_collections.ConfigDict(_default_values(cls, overrides))
+
+
+def _default_values(cls: type, overrides: dict[str, Any]) -> dict[str, Any]:
   values: dict[str, Any] = {}
-  hints = _hints(cls)
+  hints, inlined, lifted = _hints(cls), _inline_fields(cls), _lifted(cls)
   for field in dataclasses.fields(cls):
     kind = hints[field.name]
     if field.name in overrides:
@@ -203,6 +240,10 @@ def config_dict(cls: type, **overrides: Any) -> ml_collections.ConfigDict:
       value = None
     else:
       raise TypeError(f"config_dict({cls.__name__}): field {field.name!r} has no default; pass it")
+    if field.name in inlined:
+      given = {k: v for k, v in overrides.items() if lifted.get(k) == field.name}
+      values.update(_default_values(kind, {**section_values(value), **given}))
+      continue
     if _is_section(kind):
       value = config_dict(kind, **section_values(value))
     elif value is None:  # a typed placeholder keeps `--config.<field>=value` possible
@@ -211,12 +252,30 @@ def config_dict(cls: type, **overrides: Any) -> ml_collections.ConfigDict:
     else:
       value = _coerce(kind, value, f"{cls.__name__}.{field.name}")  # e.g. 0 for a float field stays a float
     values[field.name] = value
-  unknown = sorted(set(overrides) - set(values))
+  unknown = sorted(set(overrides) - set(values) - set(inlined))
   if unknown:
     close = difflib.get_close_matches(unknown[0], list(values), n=1)  # a TypeError: absl re-raises it by type
     raise TypeError(f"config_dict({cls.__name__}): unknown field {unknown[0]!r}" +
                     (f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(values)})"))
-  return ml_collections.ConfigDict(values)
+  return values
+
+
+def as_dict(section: Any) -> dict[str, Any]:
+  """Section dataclass instance `section` as `dataclasses.asdict` gives it, but an inline section's fields at its
+  holder's level: the dict form config.json records and `from_section` reads back."""
+  return {name: _plain(value) for name, value in section_values(section).items()}
+
+
+def _plain(value: Any) -> Any:
+  if dataclasses.is_dataclass(value) and not isinstance(value, type):
+    return as_dict(value)
+  if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+    return type(value)(*(_plain(v) for v in value))
+  if isinstance(value, (list, tuple)):
+    return type(value)(_plain(v) for v in value)
+  if isinstance(value, dict):
+    return {k: _plain(v) for k, v in value.items()}
+  return copy.deepcopy(value)
 
 
 def load_config_file(path: str, *args: Any) -> ml_collections.ConfigDict:
@@ -228,86 +287,6 @@ def load_config_file(path: str, *args: Any) -> ml_collections.ConfigDict:
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module.get_config(*args)
-
-
-def _attributes(doc: str) -> dict[str, str]:
-  """{name: text} of the `Attributes:` block of docstring `doc`: entries `name: text` (or `name (type): text`),
-  continuation lines indented deeper (joined with spaces); a blank or dedented line ends the block."""
-  lines = inspect.cleandoc(doc).splitlines()
-  start = next((i for i, line in enumerate(lines) if line.strip() == "Attributes:"), None)
-  if start is None:
-    return {}
-  entries: dict[str, str] = {}
-  head = len(lines[start]) - len(lines[start].lstrip())
-  entry_indent, name = None, None
-  for line in lines[start + 1:]:
-    indent = len(line) - len(line.lstrip())
-    if not line.strip() or indent <= head:
-      break
-    match = re.fullmatch(r"(\w+)(?: \([^)]*\))?: *(.*)", line.strip())
-    if entry_indent is None:
-      entry_indent = indent
-    if indent == entry_indent and match:
-      name = match[1]
-      entries[name] = match[2]
-    elif name is not None and indent > entry_indent:
-      entries[name] = f"{entries[name]} {line.strip()}".strip()
-    else:
-      break
-  return entries
-
-
-def field_help(cls: type) -> dict[str, str]:
-  """{field: its meaning} for every field of section dataclass `cls`, from the `Attributes:` blocks of its
-  docstring and its bases' ('' for a field none of them documents)."""
-  docs: dict[str, str] = {}
-  for klass in reversed(cls.__mro__):
-    docs.update(_attributes(klass.__dict__.get("__doc__") or ""))
-  return {f.name: docs.get(f.name, "") for f in dataclasses.fields(cls)}
-
-
-@dataclasses.dataclass(frozen=True)
-class FieldDoc:
-  """One field of a run config: dotted path, type, default (its repr; '' for a section, None when required),
-  meaning; `section`: the field is a nested section (its own fields follow it)."""
-
-  path: str
-  type: str
-  default: str | None
-  help: str
-  section: bool
-
-
-def _type_name(kind: Any) -> str:
-  if typing.get_origin(kind) in (typing.Union, types.UnionType):
-    return " | ".join(_type_name(option) for option in typing.get_args(kind))
-  if kind is type(None):
-    return "None"
-  return getattr(kind, "__name__", str(kind).replace("typing.", ""))
-
-
-def describe_fields(cls: type, prefix: str = "", defaults: Any = None) -> list[FieldDoc]:
-  """Every field of section dataclass `cls`, nested sections' fields after their section (depth-first, in field
-  order). A nested field's default is its value in the section's default (`defaults`, an instance of `cls`)."""
-  hints, meanings = _hints(cls), field_help(cls)
-  rows = []
-  for field in dataclasses.fields(cls):
-    kind = hints[field.name]
-    if defaults is not None:
-      value = getattr(defaults, field.name)
-    elif field.default is not dataclasses.MISSING:
-      value = field.default
-    elif field.default_factory is not dataclasses.MISSING:
-      value = field.default_factory()
-    else:
-      value = _NO_VALUE
-    path = f"{prefix}{field.name}"
-    section = _is_section(kind)
-    shown = None if value is _NO_VALUE else "" if section else repr(value)
-    rows.append(FieldDoc(path, _type_name(kind), shown, meanings[field.name], section))
-    if section:
-      rows += describe_fields(kind, f"{path}.", None if value is _NO_VALUE else value)
-  return rows
 
 
 # Checks a section's `check()` uses; each raises ConfigError(field, reason, value) with the RELATIVE field name.

@@ -9,7 +9,7 @@ import re
 import ml_collections
 import pytest
 
-from jaxpt.config import ConfigError, Section, at_least, config_dict, from_section, load_config_file
+from jaxpt.config import ConfigError, Section, as_dict, at_least, config_dict, from_section, load_config_file
 from jaxpt.registry import Registry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -96,7 +96,7 @@ def test_every_committed_config_file_converts(path):
   import importlib
   run_config = getattr(importlib.import_module(command.module), command.config_class)
   checked = from_section(run_config, config, "config")
-  assert dataclasses.asdict(checked)["steps"] == config.steps
+  assert as_dict(checked)["steps"] == config.steps  # the loop's fields at the top level of the dict form
 
 
 def test_sft_hf_documented_arithmetic_command_checks_clean():

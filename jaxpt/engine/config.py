@@ -1,4 +1,4 @@
-"""What every trainer's run config holds: `RunConfig` (loop fields, `model`, `optim`, `mesh`, `init_from`).
+"""What every trainer's run config holds: `RunConfig` (the loop's settings, `model`, `optim`, `mesh`, `init_from`).
 
 Each trainer's run config derives from it and adds its own sections (`data`, `loss`, `rm`, `grpo`, ...) and the
 cross-section rules (`check`). The CLI or Python API turns a ConfigDict into one with
@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from jaxpt.config import ConfigError, DataError, at_least, section_values
+from jaxpt.config import ConfigError, DataError, Section, as_dict, at_least, inline, section_values
 from jaxpt.models import hf, hf_config
 from jaxpt.models.config import ModelConfig
 from jaxpt.parallel.mesh import MeshConfig
@@ -23,10 +23,12 @@ __all__ = ["RunConfig", "check_hf_model", "check_init_from", "check_vocab", "con
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class RunConfig(LoopConfig):
-  """What every run config holds: the loop's fields (`jaxpt.engine.loop.LoopConfig`: steps, log_every, ...) and these.
+class RunConfig(Section):
+  """What every run config holds: the loop's settings and these.
 
   Attributes:
+    loop: the loop's settings (`jaxpt.engine.loop.LoopConfig`), held inline: its fields are the run config's own
+      (`config.steps`, `--config.log_every`, config.json's top level); `config.loop` is the LoopConfig.
     model: the transformer (required section).
     optim: the optimizer and its learning-rate schedule (required section).
     mesh: the device mesh and sharding rules (default: every device on `data`).
@@ -40,6 +42,7 @@ class RunConfig(LoopConfig):
       as recorded.
   """
 
+  loop: LoopConfig = inline(LoopConfig())
   model: ModelConfig
   optim: OptimConfig
   mesh: MeshConfig = MeshConfig()
@@ -63,16 +66,11 @@ class RunConfig(LoopConfig):
     return {**values, "model": {**given, **filled}}
 
   def check(self) -> None:
-    super().check()
     at_least(self, "seed", 0)
     if self.init_from:
       check_init_from(self.init_from)
     if self.init_from.startswith(hf.HF_PREFIX):
       check_hf_model(self.init_from, self.model)
-
-  @property
-  def loop(self) -> LoopConfig:
-    return LoopConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(LoopConfig)})
 
   def check_batch_split(self, rows: int, rows_field: str) -> None:
     """ConfigError naming optim.grad_accum_steps when it does not divide the `rows` of a step's batch."""
@@ -155,5 +153,5 @@ def check_vocab(model: ModelConfig, tokenizer_vocab_size: int) -> None:
 
 
 def config_json(config: RunConfig) -> dict:
-  """The run config as a JSON-able dict (config.json, checkpoint metadata)."""
-  return dataclasses.asdict(config)
+  """The run config as a JSON-able dict (config.json, checkpoint metadata): the loop's fields at its top level."""
+  return as_dict(config)

@@ -38,7 +38,8 @@ EvalFn = Callable[[TrainState], dict]
 
 @dataclasses.dataclass(frozen=True)
 class LoopConfig(Section):
-  """The loop's settings; a run config (`jaxpt.engine.config.RunConfig`) holds these fields at its top level.
+  """The loop's settings; a run config (`jaxpt.engine.config.RunConfig`) holds them inline (`config.loop`), so its
+  dict forms have these fields at their top level (`config.steps`).
 
   Attributes:
     steps: total loop steps of the run.

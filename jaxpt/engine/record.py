@@ -34,7 +34,7 @@ from typing import Any, Mapping
 
 import jax
 
-from jaxpt.config import ConfigError
+from jaxpt.config import ConfigError, as_dict
 from jaxpt.data.tokenizer import save_tokenizer
 from jaxpt.oserrors import write_atomically
 from jaxpt.engine.trainers import TRAINER_KEY, recorded_trainer, trainer_of
@@ -107,7 +107,7 @@ def _as_json(config: Any) -> dict:
   """A run-config dataclass (or an already JSON-able dict) as the JSON dict config.json holds: a registered
   trainer's run config leads with its `"trainer": name`."""
   trainer = trainer_of(type(config))
-  config = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
+  config = as_dict(config) if dataclasses.is_dataclass(config) else dict(config)
   named = {TRAINER_KEY: trainer.name, **config} if trainer is not None else config
   return json.loads(json.dumps(named))  # tuples -> lists, as they read back from the file
 

@@ -24,7 +24,7 @@ from jaxpt.losses import club as club_lib
 
 @dataclasses.dataclass(frozen=True)
 class DIRSettings(Section):
-  """The DIR fields of a loss section (`rm`, `dpo`); the section's own `check` runs `check_dir`.
+  """The DIR settings a loss section (`rm`, `dpo`) holds inline: their fields are the section's own (`rm.mi_weight`).
 
   Attributes:
     mi_weight: DIR: lambda, the weight of the CLUB mutual-information term, applied to the estimate over the global
@@ -48,7 +48,7 @@ class DIRSettings(Section):
   estimator_hidden: int = 1024
   bias_classes: int = 2
 
-  def check_dir(self) -> None:
+  def check(self) -> None:
     in_range(self, "mi_weight", 0.0)
     in_range(self, "estimator_weight_decay", 0.0)
     for name, minimum in (("inner_steps", 1), ("estimator_hidden", 1), ("bias_classes", 2)):

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpt import parallel
-from jaxpt.config import Section, at_least, from_section, in_range
+from jaxpt.config import Section, at_least, from_section, in_range, inline
 from jaxpt.data import preference_batches
 from jaxpt.data.preference_batches import PreferenceDataConfig
 from jaxpt.losses import get_loss
@@ -58,17 +58,7 @@ REFERENCE_KEYS = ("ref_chosen_logps", "ref_rejected_logps")  # [B] float32 batch
 
 
 @dataclasses.dataclass(frozen=True)
-class _DPOLoss(Section):
-  """The `dpo` fields that come before the DIR ones (`DIRSettings`) in `DPOConfig`'s field order."""
-
-  beta: float = 0.1
-  label_smoothing: float = 0.0
-  dir: bool = False
-  mi_warmup_steps: int = 80
-
-
-@dataclasses.dataclass(frozen=True)
-class DPOConfig(DIRSettings, _DPOLoss):
+class DPOConfig(Section):
   """The `dpo` section: the DPO objective and the optional DIR term (its settings as for `rm.loss = dir`).
 
   Attributes:
@@ -77,15 +67,21 @@ class DPOConfig(DIRSettings, _DPOLoss):
     dir: add the DIR term lambda * I_club(X, a) on the policy's last-token hidden states (DPO+DIR).
     mi_warmup_steps: DIR: the term and the estimator's updates are on at loop steps > mi_warmup_steps (0-based step
       index; the official DPO+DIR code: 80).
+    dir_settings: the DIR term's options (`jaxpt.trainers.dir_estimator.DIRSettings`), held inline: their fields are
+      the section's own (`dpo.mi_weight`, `dpo.bias`, ...); mi_weight defaults to 1.0 here.
   """
 
-  mi_weight: float = 1.0  # the official DPO+DIR code's default (debias_factor 1; on W GPUs that is 1 / W here)
+  beta: float = 0.1
+  label_smoothing: float = 0.0
+  dir: bool = False
+  mi_warmup_steps: int = 80
+  # mi_weight 1: the official DPO+DIR code's default (debias_factor 1; on W GPUs that is 1 / W here)
+  dir_settings: DIRSettings = inline(DIRSettings(mi_weight=1.0))
 
   def check(self) -> None:
     in_range(self, "beta", 0.0, low_open=True)
     in_range(self, "label_smoothing", 0.0, 0.5)
     at_least(self, "mi_warmup_steps", 0)
-    self.check_dir()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -171,7 +167,8 @@ def make_dpo_grad_fn(model: TransformerLM, settings: DPOConfig) -> GradFn:
     extra, dir_kwargs = {}, {}
     if settings.dir:
       hidden, labels, step = outputs[1], batch[BIAS_PREFIX + settings.bias], jnp.max(batch["step"])
-      updated, extra = dir_estimator.estimator_update(settings, aux, hidden[:b], hidden[b:], labels, batch["weights"])
+      updated, extra = dir_estimator.estimator_update(settings.dir_settings, aux, hidden[:b], hidden[b:], labels,
+                                                      batch["weights"])
       aux = jax.tree.map(lambda new, old: jnp.where(step > settings.mi_warmup_steps, new, old), updated, aux)
       dir_kwargs = dict(q_params=aux["q_params"], bias_labels=labels, step=step,
                         warmup_steps=settings.mi_warmup_steps, mi_weight=settings.mi_weight,
@@ -227,7 +224,7 @@ def build(config: DPORunConfig | Any, workdir: str) -> BuiltRun:
   model = TransformerLM(config.model)
 
   def init_aux(rng: jax.Array) -> Optional[dict]:  # always given: the policy's init key is the same with or without DIR
-    return dir_estimator.init_estimator(settings, config.model.d_model, rng) if settings.dir else None
+    return dir_estimator.init_estimator(settings.dir_settings, config.model.d_model, rng) if settings.dir else None
 
   name = f"DPO{'+DIR' if settings.dir else ''}"
   return build_reference_run("dpo", config, workdir, model, make_dpo_grad_fn(model, settings), settings.beta,

@@ -23,7 +23,7 @@ import optax
 from absl import logging
 
 from jaxpt import parallel
-from jaxpt.config import Section, from_section, in_range, one_of
+from jaxpt.config import Section, from_section, in_range, inline, one_of
 from jaxpt.data import preference_batches
 from jaxpt.data.preference_batches import PreferenceDataConfig
 from jaxpt.losses import club as club_lib
@@ -103,24 +103,16 @@ RM_OBJECTIVES.add("odin", RMObjective(_odin, num_scores=2))
 
 
 @dataclasses.dataclass(frozen=True)
-class _RMLoss(Section):
-  """The `rm` fields that come before the DIR ones (`DIRSettings`) in `RMConfig`'s field order."""
-
-  loss: str = "bt"
-  margin: float = 0.0
-  label_smoothing: float = 0.0
-  center_coef: float = 0.0
-
-
-@dataclasses.dataclass(frozen=True)
-class RMConfig(DIRSettings, _RMLoss):
-  """The `rm` section: the loss and its options (the DIR ones are `jaxpt.trainers.dir_estimator.DIRSettings`).
+class RMConfig(Section):
+  """The `rm` section: the loss and its options.
 
   Attributes:
     loss: bt (Bradley-Terry) | dir (BT + CLUB mutual-information penalty) | odin (quality and length heads).
     margin: Bradley-Terry option (all losses): m in z = r_chosen - r_rejected - m.
     label_smoothing: Bradley-Terry option (all losses): eps in [0, 0.5] of the smoothed logistic loss.
     center_coef: Bradley-Terry option (all losses): weight of reward centering, c * mean (r_chosen + r_rejected)^2.
+    dir_settings: the DIR options (`jaxpt.trainers.dir_estimator.DIRSettings`), held inline: their fields are the
+      section's own (`rm.mi_weight`, `rm.bias`, ...).
     odin_corr_coef: ODIN: weight of the length-correlation term |rho(r_Q, len)| - s rho(r_L, len) (s: the sign below).
     odin_ortho_coef: ODIN: weight of the head-orthogonality term |W_Q^T W_L|.
     odin_length_sign: ODIN: which way the length head must track length: longer (longer responses win, ODIN's
@@ -128,6 +120,11 @@ class RMConfig(DIRSettings, _RMLoss):
       at least half of the chosen responses have more tokens, else shorter; logged at start).
   """
 
+  loss: str = "bt"
+  margin: float = 0.0
+  label_smoothing: float = 0.0
+  center_coef: float = 0.0
+  dir_settings: DIRSettings = inline(DIRSettings())
   odin_corr_coef: float = 1.0
   odin_ortho_coef: float = 1.0
   odin_length_sign: str = "auto"
@@ -138,7 +135,6 @@ class RMConfig(DIRSettings, _RMLoss):
     for name in ("margin", "center_coef", "odin_corr_coef", "odin_ortho_coef"):
       in_range(self, name, 0.0)
     in_range(self, "label_smoothing", 0.0, 0.5)
-    self.check_dir()
 
   @property
   def objective(self) -> RMObjective:
@@ -180,7 +176,7 @@ def rm_objective(settings: RMConfig, scores: jax.Array, hidden: jax.Array, head_
 
 def init_estimator(settings: RMConfig, d_model: int, rng: jax.Array) -> Optional[dict]:
   """`TrainState.aux` for DIR: {"q_params", "q_opt_state"}; None for the other losses."""
-  return dir_estimator.init_estimator(settings, d_model, rng) if settings.objective.uses_club else None
+  return dir_estimator.init_estimator(settings.dir_settings, d_model, rng) if settings.objective.uses_club else None
 
 
 def make_rm_grad_fn(model: RewardModel, settings: RMConfig) -> Callable:
@@ -206,7 +202,7 @@ def make_rm_grad_fn(model: RewardModel, settings: RMConfig) -> Callable:
     q_params = None
     if settings.objective.uses_club:
       b = batch["chosen_tokens"].shape[0]
-      aux, extra = dir_estimator.estimator_update(settings, aux, hidden[:b], hidden[b:],
+      aux, extra = dir_estimator.estimator_update(settings.dir_settings, aux, hidden[:b], hidden[b:],
                                                   batch[BIAS_PREFIX + settings.bias], batch["weights"])
       q_params = aux["q_params"]
 
