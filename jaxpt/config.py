@@ -46,9 +46,8 @@ from typing import Any, Mapping, TypeVar
 import ml_collections
 import numpy as np
 
-from jaxpt.config_fields import _attributes  # noqa: F401 (read here by tests/test_cli_help.py, as before)
-from jaxpt.config_fields import (_NO_VALUE, FieldDoc, _dict_fields, _hints, _inline_fields, _is_section,
-                                 _lifted, describe_fields, field_help, inline)
+from jaxpt.config_fields import (NO_VALUE, FieldDoc, describe_fields, dict_fields, field_help, field_types, inline,
+                                 inline_fields, is_section, lifted_fields)
 
 __all__ = ["ConfigError", "DataError", "FieldDoc", "Section", "as_dict", "at_least", "config_dict", "describe_fields",
            "fail", "field_help", "from_section", "in_range", "inline", "load_config_file", "one_of", "section_values"]
@@ -64,9 +63,9 @@ class ConfigError(ValueError):
       == "config.model.d_model=130: not divisible by model.num_heads=4"
   """
 
-  def __init__(self, where: str, reason: str, value: Any = _NO_VALUE):
+  def __init__(self, where: str, reason: str, value: Any = NO_VALUE):
     self.where, self.reason, self.value = where, reason, value
-    named = where if value is _NO_VALUE else f"{where}={value!r}"
+    named = where if value is NO_VALUE else f"{where}={value!r}"
     super().__init__(f"{named}: {reason}")
 
   def under(self, prefix: str) -> "ConfigError":
@@ -101,8 +100,8 @@ class _SectionType(type):
   section sets it there (on the given or default instance)."""
 
   def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-    if dataclasses.is_dataclass(cls) and _inline_fields(cls):
-      lifted, moved = _lifted(cls), {}
+    if dataclasses.is_dataclass(cls) and inline_fields(cls):
+      lifted, moved = lifted_fields(cls), {}
       for name in [name for name in kwargs if name in lifted]:
         moved.setdefault(lifted[name], {})[name] = kwargs.pop(name)
       defaults = {f.name: f.default for f in dataclasses.fields(cls)}
@@ -123,7 +122,7 @@ class Section(metaclass=_SectionType):
   def __getattr__(self, name: str) -> Any:
     """An attribute of an inline section (`config.steps` is `config.loop.steps`), as if it were the parent's."""
     if not name.startswith("__"):
-      for holder in _inline_fields(type(self)) if dataclasses.is_dataclass(self) else ():
+      for holder in inline_fields(type(self)) if dataclasses.is_dataclass(self) else ():
         part = self.__dict__.get(holder)
         if part is not None and hasattr(part, name):
           return getattr(part, name)
@@ -139,7 +138,7 @@ def section_values(section: Any) -> dict[str, Any]:
     values = {}
     for f in dataclasses.fields(section):
       value = getattr(section, f.name)
-      values.update(section_values(value) if f.name in _inline_fields(type(section)) else {f.name: value})
+      values.update(section_values(value) if f.name in inline_fields(type(section)) else {f.name: value})
     return values
   if isinstance(section, (ml_collections.ConfigDict, ml_collections.FrozenConfigDict, Mapping)):
     return {key: section[key] for key in section.keys()}
@@ -153,7 +152,7 @@ def _coerce(kind: Any, value: Any, where: str) -> Any:
     if value is None and type(None) in options:
       return None
     (kind,) = [option for option in options if option is not type(None)]
-  if _is_section(kind):
+  if is_section(kind):
     return from_section(kind, value, where)
   if kind is bool:
     if not isinstance(value, (bool, np.bool_)):
@@ -189,11 +188,11 @@ def from_section(cls: type[T], section: Any, path: str) -> T:
   if hasattr(cls, "prepare_values"):  # a section that fills fields from elsewhere (RunConfig: an HF checkpoint)
     values = cls.prepare_values(values, path)
   fields = {f.name: f for f in dataclasses.fields(cls)}
-  inlined, lifted = _inline_fields(cls), _lifted(cls)
-  unknown = sorted(set(values) - set(_dict_fields(cls)))
+  inlined, lifted = inline_fields(cls), lifted_fields(cls)
+  unknown = sorted(set(values) - set(dict_fields(cls)))
   if unknown:
-    raise ConfigError(f"{path}.{unknown[0]}", f"unknown field (known: {', '.join(sorted(_dict_fields(cls)))})")
-  hints = _hints(cls)
+    raise ConfigError(f"{path}.{unknown[0]}", f"unknown field (known: {', '.join(sorted(dict_fields(cls)))})")
+  hints = field_types(cls)
   kwargs = {}
   for name, field in fields.items():
     if name in inlined:  # its fields sit among this section's (errors name `path.<field>`); those not given keep
@@ -227,7 +226,7 @@ def config_dict(cls: type, **overrides: Any) -> ml_collections.ConfigDict:
 
 def _default_values(cls: type, overrides: dict[str, Any]) -> dict[str, Any]:
   values: dict[str, Any] = {}
-  hints, inlined, lifted = _hints(cls), _inline_fields(cls), _lifted(cls)
+  hints, inlined, lifted = field_types(cls), inline_fields(cls), lifted_fields(cls)
   for field in dataclasses.fields(cls):
     kind = hints[field.name]
     if field.name in overrides:
@@ -236,7 +235,7 @@ def _default_values(cls: type, overrides: dict[str, Any]) -> dict[str, Any]:
       value = field.default
     elif field.default_factory is not dataclasses.MISSING:
       value = field.default_factory()
-    elif _is_section(kind):
+    elif is_section(kind):
       value = None
     else:
       raise TypeError(f"config_dict({cls.__name__}): field {field.name!r} has no default; pass it")
@@ -244,7 +243,7 @@ def _default_values(cls: type, overrides: dict[str, Any]) -> dict[str, Any]:
       given = {k: v for k, v in overrides.items() if lifted.get(k) == field.name}
       values.update(_default_values(kind, {**section_values(value), **given}))
       continue
-    if _is_section(kind):
+    if is_section(kind):
       value = config_dict(kind, **section_values(value))
     elif value is None:  # a typed placeholder keeps `--config.<field>=value` possible
       options = [o for o in typing.get_args(kind) if o is not type(None)]

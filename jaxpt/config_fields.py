@@ -3,9 +3,10 @@ each field's documented meaning for `jaxpt <subcommand> --help`.
 
 An inline section (`inline(default)`) is a section HELD by another whose fields live at the holder's level in every
 dict form: `RunConfig.loop` (`config.steps`, not `config.loop.steps`), `RMConfig.dir_settings` (`rm.mi_weight`).
-`_lifted(cls)` maps those names to the field holding them; `jaxpt.config` uses it in `from_section`, `config_dict`,
-`as_dict`, `section_values`, `Section`'s constructor keywords and attribute reads, and `describe_fields` lists the
-fields in the holder's place. An inline section keeps its own `check()` and `Attributes:` docs.
+`lifted_fields(cls)` maps those names to the field holding them; `jaxpt.config` uses it in `from_section`,
+`config_dict`, `as_dict`, `section_values`, `Section`'s constructor keywords and attribute reads, and
+`describe_fields` lists the fields in the holder's place. An inline section keeps its own `check()` and
+`Attributes:` docs.
 
 A field's meaning is written once, in its section's docstring, as a Google-style `Attributes:` block (`name: text`,
 continuation lines indented deeper; a subclass documents the fields it adds). `field_help(cls)` reads it and
@@ -23,18 +24,19 @@ import types
 import typing
 from typing import Any
 
-__all__ = ["FieldDoc", "describe_fields", "field_help", "inline"]
+__all__ = ["NO_VALUE", "FieldDoc", "attributes_block", "describe_fields", "dict_fields", "field_help", "field_types",
+           "inline", "inline_fields", "is_section", "lifted_fields"]
 
-_NO_VALUE = object()
+NO_VALUE = object()  # a field without a default
 _INLINE = "jaxpt.config.inline"  # the field metadata key `inline` sets
 
 
 @functools.cache
-def _hints(cls: type) -> dict[str, Any]:
+def field_types(cls: type) -> dict[str, Any]:
   return typing.get_type_hints(cls)
 
 
-def _is_section(kind: Any) -> bool:
+def is_section(kind: Any) -> bool:
   return isinstance(kind, type) and dataclasses.is_dataclass(kind)
 
 
@@ -45,35 +47,35 @@ def inline(default: Any) -> Any:
 
 
 @functools.cache
-def _inline_fields(cls: type) -> dict[str, type]:
+def inline_fields(cls: type) -> dict[str, type]:
   """{field: its section type} of the inline fields of dataclass `cls`."""
   marked = [f.name for f in dataclasses.fields(cls) if f.metadata.get(_INLINE)]
-  return {name: _hints(cls)[name] for name in marked}
+  return {name: field_types(cls)[name] for name in marked}
 
 
 @functools.cache
-def _lifted(cls: type) -> dict[str, str]:
+def lifted_fields(cls: type) -> dict[str, str]:
   """{dict-form field name: the inline field that holds it} for the fields `cls`'s inline sections put at its level
   (TypeError when one repeats a field of `cls` or of another inline section)."""
   lifted: dict[str, str] = {}
   own = {f.name for f in dataclasses.fields(cls)}
-  for holder, kind in _inline_fields(cls).items():
-    for name in _dict_fields(kind):
+  for holder, kind in inline_fields(cls).items():
+    for name in dict_fields(kind):
       if name in own or name in lifted:
         raise TypeError(f"{cls.__name__}.{holder}: inline field {name!r} is already a field of {cls.__name__}")
       lifted[name] = holder
   return lifted
 
 
-def _dict_fields(cls: type) -> list[str]:
+def dict_fields(cls: type) -> list[str]:
   """The field names of `cls`'s dict form, in order: its fields, an inline section's in its place."""
   names: list[str] = []
   for f in dataclasses.fields(cls):
-    names += _dict_fields(_inline_fields(cls)[f.name]) if f.name in _inline_fields(cls) else [f.name]
+    names += dict_fields(inline_fields(cls)[f.name]) if f.name in inline_fields(cls) else [f.name]
   return names
 
 
-def _attributes(doc: str) -> dict[str, str]:
+def attributes_block(doc: str) -> dict[str, str]:
   """{name: text} of the `Attributes:` block of docstring `doc`: entries `name: text` (or `name (type): text`),
   continuation lines indented deeper (joined with spaces); a blank or dedented line ends the block."""
   lines = inspect.cleandoc(doc).splitlines()
@@ -105,7 +107,7 @@ def field_help(cls: type) -> dict[str, str]:
   docstring and its bases' ('' for a field none of them documents)."""
   docs: dict[str, str] = {}
   for klass in reversed(cls.__mro__):
-    docs.update(_attributes(klass.__dict__.get("__doc__") or ""))
+    docs.update(attributes_block(klass.__dict__.get("__doc__") or ""))
   return {f.name: docs.get(f.name, "") for f in dataclasses.fields(cls)}
 
 
@@ -132,11 +134,11 @@ def _type_name(kind: Any) -> str:
 def describe_fields(cls: type, prefix: str = "", defaults: Any = None) -> list[FieldDoc]:
   """Every field of section dataclass `cls`, nested sections' fields after their section (depth-first, in field
   order). A nested field's default is its value in the section's default (`defaults`, an instance of `cls`)."""
-  hints, meanings = _hints(cls), field_help(cls)
+  hints, meanings = field_types(cls), field_help(cls)
   rows = []
   for field in dataclasses.fields(cls):
     kind = hints[field.name]
-    if field.name in _inline_fields(cls):  # its fields are listed at this level, in its place
+    if field.name in inline_fields(cls):  # its fields are listed at this level, in its place
       held = getattr(defaults, field.name) if defaults is not None else field.default
       rows += describe_fields(kind, prefix, None if held is dataclasses.MISSING else held)
       continue
@@ -147,11 +149,11 @@ def describe_fields(cls: type, prefix: str = "", defaults: Any = None) -> list[F
     elif field.default_factory is not dataclasses.MISSING:
       value = field.default_factory()
     else:
-      value = _NO_VALUE
+      value = NO_VALUE
     path = f"{prefix}{field.name}"
-    section = _is_section(kind)
-    shown = None if value is _NO_VALUE else "" if section else repr(value)
+    section = is_section(kind)
+    shown = None if value is NO_VALUE else "" if section else repr(value)
     rows.append(FieldDoc(path, _type_name(kind), shown, meanings[field.name], section))
     if section:
-      rows += describe_fields(kind, f"{path}.", None if value is _NO_VALUE else value)
+      rows += describe_fields(kind, f"{path}.", None if value is NO_VALUE else value)
   return rows

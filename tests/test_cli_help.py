@@ -11,7 +11,10 @@ import typing
 import pytest
 
 from jaxpt import cli
-from jaxpt.config import Section, _attributes, describe_fields, field_help
+from jaxpt.cli_config import unknown_override
+from jaxpt.config import Section, describe_fields, field_help
+from jaxpt.config_fields import attributes_block
+from jaxpt.engine.trainers import TRAINERS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "experiments", "configs", "tiny.py")
@@ -36,7 +39,7 @@ def test_every_config_field_has_a_one_line_meaning(name):
   for cls in _sections(cli.SUBCOMMANDS[name].config_type):  # and no entry names a field that is gone
     for klass in cls.__mro__:
       if issubclass(klass, Section) and klass is not Section:
-        stale = set(_attributes(klass.__dict__.get("__doc__") or "")) - {f.name for f in dataclasses.fields(klass)}
+        stale = set(attributes_block(klass.__dict__.get("__doc__") or "")) - {f.name for f in dataclasses.fields(klass)}
         assert not stale, f"{klass.__name__}'s `Attributes:` names no field: {sorted(stale)}"
 
 
@@ -116,4 +119,5 @@ def test_unknown_override_is_one_clean_line(tmp_path):
 ])
 def test_unknown_override_names_the_field_and_the_closest(override, message):
   argv = ["jaxpt pretrain", "--config", TINY, "--steps=1", override]
-  assert cli._unknown_override("pretrain", argv, KeyError("'x'\nDid you mean ...")) == message
+  config_type = TRAINERS.get("pretrain").config_type
+  assert unknown_override(config_type, argv, KeyError("'x'\nDid you mean ...")) == message
