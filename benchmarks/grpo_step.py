@@ -9,7 +9,7 @@ random init) in `jaxpt grpo`'s own trainer (`build_grpo` on `experiments/configs
 minibatches (two updates of 32 rows, as grpo_tiny; one update of all 64 rows took > 9 GB here and was killed),
 KL to the reference policy (kl_coef 0.001). One step is
 `GRPOHooks.train_step` from the same initial state every time (so every round does the same work):
-- rollout: the sampler call (`trainer.hooks.sample`, blocked on);
+- rollout: the sampler call (`trainer.hooks.collector.sample`, blocked on);
 - update: the policy update(s) (`_policy_updates`: the shared, jitted train step);
 - scoring: the rest: decoding texts, verifier rewards, reference log-probs (teacher forcing), advantages, and with
   bf16 rollouts the fp32 old log-probs (teacher forcing).
@@ -109,7 +109,7 @@ def main(argv=None) -> None:
            if args.peer_python else None)
   with tempfile.TemporaryDirectory() as workdir:
     base = jaxpt.build("grpo", grpo_config(args.scheme), workdir)
-    state, batch = base.init_state(), base.hooks.prompts.batch(0)
+    state, batch = base.init_state(), base.hooks.collector.prompts.batch(0)
     clock = collections.Counter()
     trainers = {dtype: timed_trainer(base, clock, dtype) for dtype in ("float32", "bfloat16")}
     for trainer in trainers.values():  # warm-up: compiles what build_grpo left to the first call

@@ -194,10 +194,10 @@ def test_prompts_are_tokenized_as_the_trainers_tokenize_them(tmp_path):
   bos = llama.tokenizer.bos_id
   plain, chat = llama._prompt_ids(["hi"], chat=False)[0], llama._prompt_ids(["hi"], chat=True)[0]
   assert plain[0] == bos and chat[0] == bos and chat.count(bos) == 1
-  from jaxpt.data import sft as sft_data
+  from jaxpt.data import math_task
 
-  tokens, mask = sft_data.encode_prompts(llama.tokenizer, ["hi"], 16)
-  assert list(tokens[0][mask[0] > 0]) == llama._prompt_ids([sft_data.prompt_text("hi")], chat=False)[0]
+  tokens, mask = math_task.encode_prompts(llama.tokenizer, ["hi"], 16)
+  assert list(tokens[0][mask[0] > 0]) == llama._prompt_ids([math_task.prompt_text("hi")], chat=False)[0]
   with pytest.raises(ValueError, match="temperature=-1.0: must be >= 0"):
     llama.generate(["hi"], temperature=-1.0)
 

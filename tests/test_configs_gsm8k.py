@@ -8,7 +8,7 @@ import typing
 import pytest
 
 from jaxpt.config import ConfigError, from_section, load_config_file
-from jaxpt.data import sft as sft_data
+from jaxpt.data import math_task
 from jaxpt.data.arithmetic import Problem
 from jaxpt.trainers.grpo import GRPORunConfig
 from jaxpt.trainers.sft import SFTRunConfig
@@ -48,9 +48,9 @@ class _Tokenizer:
 
 
 @pytest.mark.parametrize("run_config, call", [
-    (SFTRunConfig, lambda: sft_data.encode_prompts(_Tokenizer(), ["q"], 4)),
-    (SFTRunConfig, lambda: sft_data.prompt_batches(_Tokenizer(), [Problem("q", "1", "", {})], 1, 4)),
-    (GRPORunConfig, lambda: sft_data.encode_prompts(_Tokenizer(), ["q"], 4, sft_data.PROMPT_LEN_FIELD)),
+    (SFTRunConfig, lambda: math_task.encode_prompts(_Tokenizer(), ["q"], 4)),
+    (SFTRunConfig, lambda: math_task.prompt_batches(_Tokenizer(), [Problem("q", "1", "", {})], 1, 4)),
+    (GRPORunConfig, lambda: math_task.encode_prompts(_Tokenizer(), ["q"], 4, math_task.PROMPT_LEN_FIELD)),
 ])
 def test_prompt_too_long_names_a_real_field(run_config, call):
   """A too-long prompt is blamed on a field of the run config (it named `prompt_len`, which no config has)."""

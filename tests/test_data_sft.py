@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from jaxpt.config import ConfigError
-from jaxpt.data import arithmetic, sft
+from jaxpt.data import arithmetic, math_task, sft
 from jaxpt.data.config import LMDataConfig
 from jaxpt.data.math_prompts import format_prompt, format_response
 
@@ -26,7 +26,7 @@ def workdir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tokenizer(workdir):
-  return sft.task_tokenizer(task_config(), 512, workdir)
+  return math_task.task_tokenizer(task_config(), 512, workdir)
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +36,8 @@ def data(tokenizer, workdir):
 
 
 def test_task_problems_follow_the_config():
-  train = sft.task_problems(task_config(), "train")
-  test = sft.task_problems(task_config(), "test")
+  train = math_task.task_problems(task_config(), "train")
+  test = math_task.task_problems(task_config(), "test")
   assert len(train) == 300 and len(test) == 40
   want = arithmetic.generate(arithmetic.ArithmeticConfig(num_steps=2, max_value=15, ops="+-"), 40, 0, "test")
   assert [p.question for p in test] == [p.question for p in want]
@@ -47,9 +47,9 @@ def test_tokenizer_is_cached_in_workdir(tokenizer, workdir):
   model_file = os.path.join(workdir, "tokenizer", "spm.model")
   mtime = os.path.getmtime(model_file)
   for config in (task_config(), task_config(test_size=7)):  # the held-out size does not change the tokenizer
-    again = sft.task_tokenizer(config, 512, workdir)
+    again = math_task.task_tokenizer(config, 512, workdir)
     assert again.model_proto == tokenizer.model_proto and os.path.getmtime(model_file) == mtime
-  text = "".join(sft.example_text(sft.task_problems(task_config(), "test")[0]))
+  text = "".join(math_task.example_text(math_task.task_problems(task_config(), "test")[0]))
   assert tokenizer.decode(tokenizer.encode(text)) == text
   assert tokenizer.vocab_size <= 512
 
@@ -60,7 +60,7 @@ def test_sft_batch_weights_only_on_response_tokens(data, tokenizer):
   assert batch["inputs"].shape == (8, 80) and batch["weights"].dtype == np.float32
   for key in ("inputs", "targets", "positions", "segment_ids"):
     assert batch[key].dtype == np.int32
-  problems = {p.question: p for p in sft.task_problems(task_config(), "train")}
+  problems = {p.question: p for p in math_task.task_problems(task_config(), "train")}
   for row in range(8):
     inputs = batch["inputs"][row]
     n = int((batch["segment_ids"][row] > 0).sum())
@@ -101,7 +101,7 @@ def test_sft_batches_deterministic_and_resumable(data, tokenizer, workdir):
 def test_eval_batches_are_the_held_out_problems(data, tokenizer):
   batches = data.eval_batches()
   assert len(batches) == 2 and all(b["inputs"].shape == (8, 80) for b in batches)
-  test_questions = [p.question for p in sft.task_problems(task_config(), "test")]
+  test_questions = [p.question for p in math_task.task_problems(task_config(), "test")]
   for b in batches:
     for row in range(8):
       text = tokenizer.decode(b["inputs"][row][b["segment_ids"][row] > 0])
@@ -118,18 +118,18 @@ def test_errors_name_the_field(tokenizer, workdir):
   with pytest.raises(ValueError, match=r"data\.eval_batches=6"):
     sft.SFTData.create_for_task(task_config(), many, tokenizer, seed=0, workdir=workdir)
   with pytest.raises(ValueError, match=r"task\.name='mnist'"):
-    sft.task_config(task_config(name="mnist"))
+    math_task.task_config(task_config(name="mnist"))
   with pytest.raises(ValueError, match=r"task\.ops='\+/'"):
-    sft.task_config(task_config(ops="+/"))
+    math_task.task_config(task_config(ops="+/"))
   with pytest.raises(ValueError, match=r"task\.train_size=0"):
-    sft.task_config(task_config(train_size=0))
+    math_task.task_config(task_config(train_size=0))
   with pytest.raises(ValueError, match=r"task\.path='/nonexistent'"):
-    sft.task_config(task_config(name="gsm8k", path="/nonexistent"))
+    math_task.task_config(task_config(name="gsm8k", path="/nonexistent"))
 
 
 @pytest.fixture(scope="module")
 def prompts(tokenizer):
-  return sft.PromptData.create(task_config(), tokenizer, batch_size=6, prompt_len=48, seed=2)
+  return math_task.PromptData.create(task_config(), tokenizer, batch_size=6, prompt_len=48, seed=2)
 
 
 def test_prompt_batches_left_padded(prompts, tokenizer):
@@ -148,13 +148,13 @@ def test_prompt_batches_left_padded(prompts, tokenizer):
 
 
 def test_prompt_batches_deterministic(prompts, tokenizer):
-  other = sft.PromptData.create(task_config(), tokenizer, batch_size=6, prompt_len=48, seed=2)
+  other = math_task.PromptData.create(task_config(), tokenizer, batch_size=6, prompt_len=48, seed=2)
   for step in (0, 3, 70):  # 300 / 6 = 50 steps per epoch
     assert other.batch(step)["questions"] == prompts.batch(step)["questions"]
     np.testing.assert_array_equal(other.batch(step)["prompt_tokens"], prompts.batch(step)["prompt_tokens"])
   epoch = [q for s in range(50) for q in prompts.batch(s)["questions"]]
   assert sorted(epoch) == sorted(p.question for p in prompts.train)
-  reseeded = sft.PromptData.create(task_config(), tokenizer, batch_size=6, prompt_len=48, seed=3)
+  reseeded = math_task.PromptData.create(task_config(), tokenizer, batch_size=6, prompt_len=48, seed=3)
   assert reseeded.batch(0)["questions"] != prompts.batch(0)["questions"]
 
 
@@ -164,7 +164,7 @@ def test_eval_sets_hold_test_problems_and_their_perturbations(prompts):
   flat = {name: [(q, a) for b in batches for q, a in zip(b["questions"], b["answers"])]
           for name, batches in sets.items()}
   assert [len(b["answers"]) for b in sets["test"]] == [6] * 6 + [4]  # 40 problems in batches of 6
-  test = sft.task_problems(task_config(), "test")
+  test = math_task.task_problems(task_config(), "test")
   assert flat["test"] == [(p.question, p.answer) for p in test]
   for kind in ("rename", "distractor"):
     assert [a for _, a in flat[f"test_{kind}"]] == [p.answer for p in test]
@@ -177,18 +177,18 @@ def test_eval_sets_hold_test_problems_and_their_perturbations(prompts):
 
 def test_prompt_too_long_names_the_field(tokenizer):
   with pytest.raises(ValueError, match=r"prompt_len=8: prompt 0"):
-    sft.PromptData.create(task_config(), tokenizer, batch_size=6, prompt_len=8, seed=2)
+    math_task.PromptData.create(task_config(), tokenizer, batch_size=6, prompt_len=8, seed=2)
 
 
 def test_validation_problems_follow_the_training_problems_in_the_training_split(tokenizer):
   task = task_config(validation_size=12)
-  train, validation = sft.task_problems(task, "train"), sft.task_problems(task, "validation")
-  longer = sft.task_problems(task_config(train_size=TASK["train_size"] + 12), "train")
+  train, validation = math_task.task_problems(task, "train"), math_task.task_problems(task, "validation")
+  longer = math_task.task_problems(task_config(train_size=TASK["train_size"] + 12), "train")
   assert [p.question for p in train + validation] == [p.question for p in longer]
   assert len(validation) == 12 and not {p.question for p in validation} & {p.question for p in train}
   assert all(arithmetic.split_of(p.meta["numbers"], p.meta["ops"], task_config().test_fraction) == "train"
              for p in validation)
-  prompts = sft.PromptData.create(task, tokenizer, batch_size=6, prompt_len=64, seed=2)
+  prompts = math_task.PromptData.create(task, tokenizer, batch_size=6, prompt_len=64, seed=2)
   assert [q for b in prompts.eval_sets()["validation"] for q in b["questions"]] == [p.question for p in validation]
   with pytest.raises(ConfigError, match="task.validation_size=3: needs task.train_size > 0"):
-    sft.task_config(ml_collections.ConfigDict(dict(name="gsm8k", train_size=0, validation_size=3, path="/x")))
+    math_task.task_config(ml_collections.ConfigDict(dict(name="gsm8k", train_size=0, validation_size=3, path="/x")))

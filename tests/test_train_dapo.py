@@ -42,12 +42,12 @@ def kind(answer: str) -> str:
 
 
 def script(trainer, log=None):
-  """trainer.hooks.rollouts with scores (and rewards, labels) by `kind`; the overlong punishment kept. Logs each call's
-  answers when `log` is a list."""
-  real = type(trainer.hooks).rollouts
+  """trainer.hooks.collector.rollouts with scores (and rewards, labels) by `kind`; the overlong punishment kept. Logs
+  each call's answers when `log` is a list."""
+  real = type(trainer.hooks.collector).rollouts
 
   def rollouts(params, batch, rng):
-    ro = real(trainer.hooks, params, batch, rng)
+    ro = real(trainer.hooks.collector, params, batch, rng)
     scores = np.asarray([{"wrong": 0, "right": 1, "mixed": 1 - i % 2}[kind(a)] for a in batch["answers"]
                          for i in range(G)], np.float32)
     ro = dict(ro, rewards=ro["rewards"] - ro["scores"] + scores, scores=scores, labels=(scores > 0).astype(np.int32))
@@ -55,7 +55,7 @@ def script(trainer, log=None):
       log.append(dict(ro, answers=list(batch["answers"])))
     return ro
 
-  trainer.hooks.rollouts = rollouts
+  trainer.hooks.collector.rollouts = rollouts
   return trainer
 
 
@@ -72,7 +72,7 @@ def with_dapo(trainer, **fields):
 
 def first_step_with_both_dropped_kinds(trainer):
   for step in range(50):
-    kinds = [kind(a) for a in trainer.hooks.prompts.batch(step)["answers"]]
+    kinds = [kind(a) for a in trainer.hooks.collector.prompts.batch(step)["answers"]]
     if "right" in kinds and "wrong" in kinds and "mixed" in kinds:
       return step
   raise AssertionError("no step mixes the kinds")
@@ -83,12 +83,13 @@ def test_dynamic_sampling_drops_uninformative_groups_and_refills_from_the_refill
   t = script(with_dapo(trainer), log)
   step = first_step_with_both_dropped_kinds(t)
   rng = jax.random.PRNGKey(3)
-  ro, metrics = t.hooks.step_rollouts(t.training.init_state().params, t.hooks.prompts.batch(step), step, rng)
+  ro, metrics = t.hooks.collector.step_rollouts(t.training.init_state().params, t.hooks.collector.prompts.batch(step),
+                                                step, rng)
   rounds = metrics["dapo_rounds"]
   assert rounds == len(log) >= 2 and metrics["dapo_groups_drawn"] == rounds * B
-  assert log[0]["answers"] == t.hooks.prompts.batch(step)["answers"]  # round 0: the step's own prompts
+  assert log[0]["answers"] == t.hooks.collector.prompts.batch(step)["answers"]  # round 0: the step's own prompts
   for r in range(1, rounds):  # round r: the refill stream at its fixed position
-    assert log[r]["answers"] == t.hooks.prompts.refill_batch(step * (4 - 1) + r - 1)["answers"]
+    assert log[r]["answers"] == t.hooks.collector.prompts.refill_batch(step * (4 - 1) + r - 1)["answers"]
   drawn = [(r, g) for r in range(rounds) for g in range(B)]
   informative = [(r, g) for r, g in drawn if kind(log[r]["answers"][g]) == "mixed"]
   assert metrics["dapo_groups_informative"] == len(informative) >= B and metrics["dapo_groups_filled"] == 0
@@ -100,7 +101,8 @@ def test_dynamic_sampling_drops_uninformative_groups_and_refills_from_the_refill
   np.testing.assert_array_equal(ro["group_ids"], np.repeat(np.arange(B), G))
   assert metrics["dapo_step_accuracy"] == pytest.approx(float(log[0]["scores"].mean()))
   # the same call again draws exactly the same (the draws are a function of the step and the key)
-  again, _ = t.hooks.step_rollouts(t.training.init_state().params, t.hooks.prompts.batch(step), step, rng)
+  again, _ = t.hooks.collector.step_rollouts(t.training.init_state().params, t.hooks.collector.prompts.batch(step),
+                                             step, rng)
   np.testing.assert_array_equal(again["tokens"], ro["tokens"])
 
 
@@ -108,20 +110,20 @@ def test_at_the_cap_fill_trains_on_dropped_groups_and_error_stops(trainer):
   t = script(with_dapo(trainer, max_rounds=1, at_cap="fill"))
   step = first_step_with_both_dropped_kinds(t)
   params = t.training.init_state().params
-  state, metrics = t.train_step(t.training.init_state(), t.hooks.prompts.batch(step))
-  mixed = sum(kind(a) == "mixed" for a in t.hooks.prompts.batch(step)["answers"])
+  state, metrics = t.train_step(t.training.init_state(), t.hooks.collector.prompts.batch(step))
+  mixed = sum(kind(a) == "mixed" for a in t.hooks.collector.prompts.batch(step)["answers"])
   assert metrics["dapo_rounds"] == 1 and metrics["dapo_groups_filled"] == B - mixed
   assert np.isfinite(metrics["loss"]) and int(state.step) == 1
   t = script(with_dapo(trainer, max_rounds=1, at_cap="error"))
   with pytest.raises(RuntimeError, match=re.escape(f"gave {mixed} informative groups of the {B} needed")):
-    t.hooks.step_rollouts(params, t.hooks.prompts.batch(step), step, jax.random.PRNGKey(0))
+    t.hooks.collector.step_rollouts(params, t.hooks.collector.prompts.batch(step), step, jax.random.PRNGKey(0))
 
 
 def test_overlong_filtering_masks_exactly_the_truncated_rows_and_the_punishment_follows_the_formula(trainer):
   """The sampler's output is edited so that the lengths are known: row % 3 == 0 stops with EOS after 3 tokens,
   row % 3 == 1 ends with EOS exactly at the cap (complete, not truncated), the others run to the cap without EOS."""
   eos, pad = trainer.tokenizer.eos_id, trainer.tokenizer.pad_id
-  real_sample = trainer.hooks.sample
+  real_sample = trainer.hooks.collector.sample
 
   def sample(params, tokens, mask, rng):
     out = real_sample(params, tokens, mask, rng)
@@ -143,14 +145,14 @@ def test_overlong_filtering_masks_exactly_the_truncated_rows_and_the_punishment_
     return real_updates(state, experience, *args)
 
   t.hooks._policy_updates = policy_updates
-  state, metrics = t.train_step(t.training.init_state(), t.hooks.prompts.batch(0))
+  state, metrics = t.train_step(t.training.init_state(), t.hooks.collector.prompts.batch(0))
   rows = np.arange(B * G)
   want_truncated = rows % 3 == 2
   lengths = np.where(rows % 3 == 0, 3, T)
   np.testing.assert_array_equal(captured["mask"].sum(1) == 0, want_truncated)
   np.testing.assert_array_equal(captured["mask"][~want_truncated].sum(1), lengths[~want_truncated])
   assert metrics["truncated_frac"] == pytest.approx(want_truncated.mean())
-  ro = t.hooks.rollouts(state.params, t.hooks.prompts.batch(0), jax.random.PRNGKey(0))
+  ro = t.hooks.collector.rollouts(state.params, t.hooks.collector.prompts.batch(0), jax.random.PRNGKey(0))
   np.testing.assert_array_equal(ro["truncated"], want_truncated)
   penalty = np.asarray([min(-(n - (T - 4)) / 4, 0.0) for n in lengths])  # L_max 8, L_cache 4: 0 at 3, -1 at 8
   np.testing.assert_allclose(ro["rewards"] - ro["scores"], penalty, rtol=1e-6)

@@ -16,7 +16,7 @@ import pytest
 
 import jaxpt
 from jaxpt.config import ConfigError, config_dict, from_section, load_config_file
-from jaxpt.data import sft as sft_data
+from jaxpt.data import math_task
 from jaxpt.data.tokenizer import load_tokenizer
 from jaxpt.models import hf, hf_config
 from jaxpt.models.config import ModelConfig
@@ -84,16 +84,16 @@ def test_a_field_that_contradicts_the_checkpoint_names_both_values(checkpoint, k
 
 def test_chat_prompts_are_the_tokenizers_chat_template(checkpoint):
   tokenizer = load_tokenizer(checkpoint)
-  tokens, mask = sft_data.encode_prompts(tokenizer, ["What is 2 + 3?"], 160, prompt_format="chat")
-  expected = tokenizer.encode_chat([{"role": "user", "content": f"What is 2 + 3?\n{sft_data.CHAT_INSTRUCTION}"}],
+  tokens, mask = math_task.encode_prompts(tokenizer, ["What is 2 + 3?"], 160, prompt_format="chat")
+  expected = tokenizer.encode_chat([{"role": "user", "content": f"What is 2 + 3?\n{math_task.CHAT_INSTRUCTION}"}],
                                    add_generation_prompt=True)
   assert list(tokens[0][mask[0] > 0]) == expected
   assert tokenizer.decode(expected, skip_special_tokens=False).endswith("<|im_start|>assistant\n")
   with pytest.raises(ConfigError, match=r"^config\.task\.prompt_format='chat': needs a Hugging Face tokenizer"):
-    sft_data.prompt_text("q", object(), "chat")  # e.g. jaxpt's sentencepiece tokenizer
+    math_task.prompt_text("q", object(), "chat")  # e.g. jaxpt's sentencepiece tokenizer
   tokenizer.chat_templates.clear()
   with pytest.raises(Exception, match="chat template"):
-    sft_data.encode_prompts(tokenizer, ["q"], 160, prompt_format="chat")
+    math_task.encode_prompts(tokenizer, ["q"], 160, prompt_format="chat")
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +152,7 @@ def test_grpo_from_the_checkpoint_samples_chat_prompts(checkpoint, tmp_path):
   result = jaxpt.train("grpo", config, str(tmp_path), built=trainer)
   rows = read_metrics(str(tmp_path))
   assert int(result.state.step) == 2 and all(np.isfinite(r["loss"]) for r in rows if "loss" in r)
-  prompt = trainer.hooks.prompts.batch(0)
+  prompt = trainer.hooks.collector.prompts.batch(0)
   text = trainer.tokenizer.decode(prompt["prompt_tokens"][0][prompt["prompt_mask"][0] > 0], skip_special_tokens=False)
   assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
 

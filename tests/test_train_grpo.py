@@ -84,7 +84,7 @@ def test_policy_update_goes_through_the_shared_step_with_grad_accumulation(sft_w
   for accum in (1, 2):
     config = grpo_config(sft_workdir, **{"optim.grad_accum_steps": accum})
     trainer = jaxpt.build("grpo", config, str(tmp_path / str(accum)))
-    state, metrics = trainer.train_step(trainer.init_state(), trainer.hooks.prompts.batch(0))
+    state, metrics = trainer.train_step(trainer.init_state(), trainer.hooks.collector.prompts.batch(0))
     assert int(state.step) == 1  # the loop's step; the optimizer's own count is inside opt_state
     assert metrics["lr"] == pytest.approx(2e-3)
     runs.append(metrics)
@@ -101,14 +101,15 @@ def test_clipo_trains_its_head_and_shapes_the_reward(sft_workdir, tmp_path):
   trainer = jaxpt.build("grpo", config, str(tmp_path))
   state = trainer.init_state()
   head_before = state.aux["clipo"].params
-  state, metrics = trainer.train_step(state, trainer.hooks.prompts.batch(0))  # global step 1 < critic_warmup 2: frozen
+  # global step 1 < critic_warmup 2: frozen
+  state, metrics = trainer.train_step(state, trainer.hooks.collector.prompts.batch(0))
   for got, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(trainer.hooks.ref_params)):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
   assert "pg_loss" not in metrics and -0.5 <= metrics["clipo_reward_mean"] <= 0.0
   if metrics["clipo_num_anchors"] > 0:
     assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(state.aux["clipo"].params),
                                                          jax.tree.leaves(head_before)))
-  state, metrics = trainer.train_step(state, trainer.hooks.prompts.batch(1))  # the policy moves, in-loss term on
+  state, metrics = trainer.train_step(state, trainer.hooks.collector.prompts.batch(1))  # the policy moves, in-loss on
   assert "clipo_in_loss" in metrics and np.isfinite(metrics["loss"])
   assert metrics["entropy"] > 0  # the entropy bonus is on
   assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(state.params),
@@ -123,12 +124,12 @@ def test_bfloat16_rollouts_train_on_the_fp32_policys_old_logprobs(grpo_run):
                              pad_id=trainer.tokenizer.pad_id)
   sample = make_sampler(trainer.config.model, bf16, trainer.config.data.max_prompt_len)
   bf16_trainer = replace_hooks(trainer, sample=sample, config=dataclasses.replace(trainer.config, sampling=bf16))
-  params, batch, rng = result.state.params, trainer.hooks.prompts.batch(0), jax.random.PRNGKey(3)
-  ro, _ = bf16_trainer.hooks.step_rollouts(params, batch, 0, rng)
+  params, batch, rng = result.state.params, trainer.hooks.collector.prompts.batch(0), jax.random.PRNGKey(3)
+  ro, _ = bf16_trainer.hooks.collector.step_rollouts(params, batch, 0, rng)
   out = sample(params, jnp.asarray(ro["prompt_tokens"]), jnp.asarray(ro["prompt_mask"]), rng)
   np.testing.assert_array_equal(ro["tokens"], out.tokens)
   inputs = (jnp.asarray(ro[k]) for k in ("prompt_tokens", "prompt_mask", "tokens", "mask"))
-  expected = trainer.hooks.logprobs(params, *inputs)
+  expected = trainer.hooks.collector.logprobs(params, *inputs)
   np.testing.assert_array_equal(ro["old_logp"], expected)
   assert not np.array_equal(ro["old_logp"], np.asarray(out.logprobs))  # the sampler's bf16 ones differ
 

@@ -9,7 +9,7 @@ import pytest
 
 from experiments.configs import sft_tiny
 import jaxpt
-from jaxpt.data import sft as sft_data
+from jaxpt.data import math_task
 from jaxpt.config import ConfigError, from_section
 from jaxpt.engine.checkpoint import Checkpointer
 from jaxpt.engine.metrics import read_metrics
@@ -76,8 +76,8 @@ def test_answer_accuracy_equals_reward_of_unpadded_argmax_decoding(micro_setup, 
   config, setup = micro_setup
   params = micro_run[1].state.params
   tokenizer = setup.data.tokenizer
-  problems = sft_data.task_problems(config.task, "test")[:4]
-  batch = sft_data.prompt_batches(tokenizer, problems, 4, 48)[0]
+  problems = math_task.task_problems(config.task, "test")[:4]
+  batch = math_task.prompt_batches(tokenizer, problems, 4, 48)[0]
   assert len(set(batch["prompt_mask"].sum(1).tolist())) > 1  # prompts of different lengths
   # Reference: each prompt alone, right-padded to a fixed width (causal, so later padding changes nothing).
   apply = jax.jit(lambda ids: setup.training.model.apply({"params": params}, ids))
@@ -93,7 +93,7 @@ def test_answer_accuracy_equals_reward_of_unpadded_argmax_decoding(micro_setup, 
   # Rows 0 and 2 ask for the answer the reference boxes (reward 1 if the sampler agrees); 1 and 3 keep theirs.
   for row in (0, 2):
     problems[row] = dataclasses.replace(problems[row], answer=extract_answer(texts[row]) or "none")
-  batches = sft_data.prompt_batches(tokenizer, problems, 4, 48)
+  batches = math_task.prompt_batches(tokenizer, problems, 4, 48)
   sample = make_sampler(setup.config.model, SamplingConfig(32, greedy=True, eos_id=tokenizer.eos_id), 48)
   out = jax.device_get(sample(params, batches[0]["prompt_tokens"], batches[0]["prompt_mask"],
                               jax.random.PRNGKey(0)))

@@ -222,7 +222,7 @@ def grpo_step(sizes: Sizes, budget: Budget) -> dict:
     peers = start_peers(sizes, config.model.to_dict(), rows, config.data.max_prompt_len, config.sampling.max_new_tokens,
                         workdir)
     base = jaxpt.build("grpo", config, os.path.join(workdir, "run"))
-    state, batch = base.init_state(), base.hooks.prompts.batch(0)
+    state, batch = base.init_state(), base.hooks.collector.prompts.batch(0)
     clock = collections.Counter()
     trainers = {dtype: grpo_bench.timed_trainer(base, clock, dtype) for dtype in ("bfloat16", "float32")}
     for trainer in trainers.values():  # compiles

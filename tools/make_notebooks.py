@@ -559,7 +559,7 @@ the reward uses.
 """),
     code('''
 from jaxpt.data import arithmetic
-from jaxpt.data.sft import prompt_text
+from jaxpt.data.math_task import prompt_text
 from jaxpt.rl.rewards import math_reward
 
 knobs = arithmetic.ArithmeticConfig(num_steps=TASK["num_steps"], max_value=TASK["max_value"], ops=TASK["ops"])

@@ -36,8 +36,9 @@ def gap(trainer, params, batch, rng) -> dict:
   settings = trainer.config.grpo
   tokens, mask = np.repeat(batch["prompt_tokens"], settings.group_size, 0), np.repeat(batch["prompt_mask"],
                                                                                       settings.group_size, 0)
-  out = trainer.hooks.sample(params, jnp.asarray(tokens), jnp.asarray(mask), rng)
-  fp32 = np.asarray(trainer.hooks.logprobs(params, jnp.asarray(tokens), jnp.asarray(mask), out.tokens, out.mask))
+  out = trainer.hooks.collector.sample(params, jnp.asarray(tokens), jnp.asarray(mask), rng)
+  fp32 = np.asarray(trainer.hooks.collector.logprobs(params, jnp.asarray(tokens), jnp.asarray(mask), out.tokens,
+                                                     out.mask))
   sampled, live = np.asarray(out.logprobs), np.asarray(out.mask) > 0
   diff = (sampled - fp32)[live]
   ratio = np.exp(-diff)
@@ -66,7 +67,7 @@ def main() -> None:
     workdir = os.path.join(args.workdir, f"grpo_{dtype}")
     trainer = jaxpt.build("grpo", config, workdir)
     state = trainer.init_state()
-    measured = gap(trainer, state.params, trainer.hooks.prompts.batch(0), jax.random.PRNGKey(0))
+    measured = gap(trainer, state.params, trainer.hooks.collector.prompts.batch(0), jax.random.PRNGKey(0))
     jaxpt.train("grpo", config, workdir, built=trainer)
     rows = read_metrics(workdir)
     mean = lambda key: float(np.mean([r[key] for r in rows if key in r]))

@@ -4,7 +4,7 @@ Rows are read as one endless stream, epoch after epoch; epoch e visits every row
 from (seed, e). The global batch of step t is stream positions [t B, (t + 1) B); process p of P reads its
 contiguous B / P of them. So a run resumed at step t reads exactly what an uninterrupted one would.
 A second, independent stream of the same rows (`stream` > 0: epoch e's permutation drawn from (seed, e, stream))
-serves extra draws by position, e.g. DAPO's refill prompts (`jaxpt.data.sft.PromptData.refill_batch`).
+serves extra draws by position, e.g. DAPO's refill prompts (`jaxpt.data.math_task.PromptData.refill_batch`).
 """
 
 from __future__ import annotations

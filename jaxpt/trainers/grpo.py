@@ -1,11 +1,10 @@
-"""GRPO (and CLIPO) post-training on the shared loop.
+"""GRPO (and CLIPO) post-training on the shared loop: the run config, the policy loss and the minibatch updates.
 
 One loop step (`GRPOHooks.train_step`), for a batch of B prompts:
 
-    prompts [B, P] --repeat G--> [N = B*G, P] --sampler (KV cache)--> responses [N, T], old log-probs, hidden
-      --decode + verifier--> rewards R [N]   (+ DAPO: R += soft overlong punishment; dynamic sampling drops
-                                              all-equal groups and samples more prompts, `jaxpt.rl.dapo`)
-      (+ CLIPO: R += r_con from the contrastive head, which then steps)
+    prompts [B, P] --`RolloutCollector.step_rollouts` (jaxpt.rl.collect: G samples each, verifier, DAPO)-->
+      rollouts [N = B*G]: tokens, mask, old_logp [N, T], rewards R [N]
+      (+ CLIPO: R += r_con from the contrastive head, which then steps: `RolloutCollector.contrastive_rewards`)
       (+ KL in the reward: R -= beta * sum_t kl_t)
       --group advantages--> A [N]
       --`epochs` passes x `minibatches` (whole groups) of policy updates:
@@ -15,8 +14,7 @@ One loop step (`GRPOHooks.train_step`), for a batch of B prompts:
 
 Each policy update is the shared train step (`jaxpt.engine.step`), compiled by the shared builder for one minibatch
 of `experience_shapes`; `optim.grad_accum_steps` splits a minibatch into micro-batches. Everything runs on the
-run's mesh (`config.mesh`): the sampler and the log-probs are compiled for it too, each process samples and
-verifies its own prompts, and the per-rollout host arrays are all-gathered (`GRPOHooks`). `state.step` counts loop
+run's mesh (`config.mesh`): the collector's sampler and log-probs are compiled for it too. `state.step` counts loop
 steps (the data position); the optimizer's own count runs epochs * minibatches per step.
 The reference policy is the initial policy (the `init_from` run's params, or the seeded init), rebuilt on resume
 rather than checkpointed; the CLIPO head lives in `state.aux["clipo"]`. Randomness of step t comes from
@@ -27,26 +25,23 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpt import parallel
 from jaxpt.config import ConfigError, Section, at_least, fail, from_section, in_range, one_of
-from jaxpt.data import order
-from jaxpt.data.sft import PromptData, TaskConfig, task_tokenizer
+from jaxpt.data.math_task import PromptDataConfig, TaskConfig, task_tokenizer
 from jaxpt.losses import get_loss
 from jaxpt.losses.grpo import (ADVANTAGES, AGG_MODES, KL_KINDS, entropy_from_logits, group_advantages,
                                kl_penalized_rewards)
 from jaxpt.models.transformer import TransformerLM
 from jaxpt.progress import say
 from jaxpt.rl import clipo, dapo
-from jaxpt.rl.logprobs import response_logits, response_logprobs, token_logprobs
-from jaxpt.rl.rewards import math_reward
-from jaxpt.rl.rollouts import RewardFn, repeat_prompts, response_texts, verifier_rewards
-from jaxpt.rl.sampler import SamplingConfig, make_sampler
+from jaxpt.rl.collect import RolloutCollector, check_config
+from jaxpt.rl.logprobs import response_logits, token_logprobs
+from jaxpt.rl.sampler import SamplingConfig
 from jaxpt.engine.builder import Training, build_training, training_mesh
 from jaxpt.engine.config import RunConfig, check_vocab
 from jaxpt.engine.init_from import init_tokenizer
@@ -123,32 +118,6 @@ class GRPOConfig(Section):
     return self.kl_coef > 0
 
 
-@dataclasses.dataclass(frozen=True)
-class PromptDataConfig(Section):
-  """The `data` section of GRPO runs.
-
-  Attributes:
-    prompts_per_step: B, prompts per training step (each sampled group_size times).
-    max_prompt_len: P, tokens prompts are left-padded to.
-    eval_prompts: held-out problems per eval set, each decoded greedily (0 = no eval).
-    eval_samples: k: each of those problems is also sampled k times with the training sampler's settings
-      (sampling.temperature, default 1), giving the sampled pass@1 `eval_pass1_<set>` = the mean correctness over
-      problems and samples (0 = greedy only). The eval keys are fixed, so every checkpoint and every run is
-      scored on the same random draws.
-  """
-
-  prompts_per_step: int = 8
-  max_prompt_len: int = 64
-  eval_prompts: int = 128
-  eval_samples: int = 0
-
-  def check(self) -> None:
-    at_least(self, "prompts_per_step", 1)
-    at_least(self, "max_prompt_len", 1)
-    at_least(self, "eval_prompts", 0)
-    at_least(self, "eval_samples", 0)
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class GRPORunConfig(RunConfig):
   """A GRPO run: `RunConfig` plus these sections. `optim` steps once per minibatch update (steps x epochs x
@@ -172,10 +141,7 @@ class GRPORunConfig(RunConfig):
 
   def check(self) -> None:
     super().check()
-    prompt_len, new_tokens = self.data.max_prompt_len, self.sampling.max_new_tokens
-    if prompt_len + new_tokens > self.model.max_seq_len:
-      raise ConfigError("sampling.max_new_tokens", f"prompt ({prompt_len}) + response longer than "
-                        f"config.model.max_seq_len={self.model.max_seq_len}", new_tokens)
+    check_config(self)  # prompt + response length, DAPO's overlong settings
     if self.data.prompts_per_step % self.grpo.minibatches:
       raise ConfigError("grpo.minibatches", f"must divide config.data.prompts_per_step={self.data.prompts_per_step}",
                         self.grpo.minibatches)
@@ -186,12 +152,6 @@ class GRPORunConfig(RunConfig):
       raise ConfigError("optim.grad_accum_steps", f"leaves {micro_rows} rollouts per micro-batch, not whole groups "
                         f"of config.grpo.group_size={self.grpo.group_size} (the in-loss CLIPO term needs them)",
                         self.optim.grad_accum_steps)
-    if self.dapo.overlong_buffer > new_tokens:
-      raise ConfigError("dapo.overlong_buffer", f"must be <= config.sampling.max_new_tokens={new_tokens}",
-                        self.dapo.overlong_buffer)
-    if self.dapo.overlong_filtering and self.clipo.enabled and self.clipo.in_loss_coef > 0:
-      raise ConfigError("dapo.overlong_filtering", "cannot be combined with config.clipo.in_loss_coef > 0 (the "
-                        "in-loss CLIPO term reads the loss mask it empties)", True)
 
   @property
   def minibatch_rows(self) -> int:
@@ -208,11 +168,6 @@ def _split_groups(num_rows: int, group_size: int, minibatches: int, rng: np.rand
   groups = rng.permutation(num_rows // group_size)
   return [np.concatenate([np.arange(g * group_size, (g + 1) * group_size) for g in part])
           for part in np.array_split(groups, minibatches)]
-
-
-_FILTER_KEYS = {"score": "scores", "reward": "rewards"}  # dapo.filter_metric -> the rollouts' key
-EXPERIENCE_KEYS = ("prompt_tokens", "prompt_mask", "tokens", "mask", "old_logp", "advantages", "labels",
-                   "group_ids")  # + "ref_logp" with a KL term: the minibatch of one policy update
 
 
 def experience_shapes(config: GRPORunConfig) -> dict[str, jax.ShapeDtypeStruct]:
@@ -258,49 +213,23 @@ def make_policy_loss(model: TransformerLM, settings: GRPOConfig, clipo_config: c
 
 @dataclasses.dataclass
 class GRPOHooks(Hooks):
-  """The GRPO run's loop hooks, built once by `build`: `train_step` samples, scores and updates (one loop step).
+  """The GRPO run's loop hooks, built once by `build`: `train_step` collects rollouts (`collector`), then updates.
 
   `training.train_step` is the shared step compiled for one policy-update minibatch; the loop's state is handed to
   it with `step` set to the optimizer's update count (so `lr` is the schedule's) and `rng` to the step's update key.
-
-  On a mesh (`training.layout`): the sampler, the teacher-forced log-probs and the update are compiled for it, and
-  rollouts live as global device arrays whose rows are split over data x fsdp. Each process reads only its own
-  prompts (`batches`) and decodes and verifies only the rows its devices sampled; the per-rollout numbers the step
-  needs whole (scores, rewards, lengths: [N] each) are then all-gathered, so the group statistics, DAPO's choices
-  and the minibatch order are computed identically on every process.
+  The rollouts' per-rollout host arrays are whole on every process (`jaxpt.rl.collect`), so the advantages and the
+  minibatch order are computed identically on every process.
   """
 
   config: GRPORunConfig
   training: Training
-  tokenizer: Any  # jaxpt's sentencepiece Tokenizer, or an HFTokenizer (init_from='hf:DIR')
-  prompts: PromptData
-  sample: Callable  # (params, prompt_tokens, prompt_mask, rng) -> SampleOutput, temperature sampling, [N, P]
-  sample_greedy: Callable  # the same, greedy, for eval batches of `eval_batch_size` prompts
-  sample_eval: Callable  # the same as `sample`, for eval batches (sampled pass@1, data.eval_samples)
-  logprobs: Callable  # response_logprobs(params, prompt_tokens, prompt_mask, tokens, mask), compiled on the mesh
-  take_rows: Callable  # (pytree of global [M, ...] arrays, rows int [n]) -> the rows, split like a batch
-  clipo_step: Callable  # (head state, hidden, mask, labels, group_ids, rng) -> (head state, r_con [N], metrics)
+  collector: RolloutCollector  # samplers, tokenizer, prompts, verifier: the rollouts of each step and the eval
   kl_rewards: Callable  # (rewards [N], old_logp, ref_logp, mask [N, T]) -> kl_penalized_rewards [N]
-  eval_sets: dict  # name -> the prompt batches holding its first `data.eval_prompts` problems (encoded once)
-  process_slice: tuple[int, int] = (0, 1)  # this process reads prompt block `index` of `count` of each batch
-  reward_fn: RewardFn = math_reward  # the verifier: (response text, answer) -> score (replace for another task)
-  sampler_memory: dict = dataclasses.field(default_factory=dict)  # compiled per-device memory of `sample` (MiB)
   ref_params: Any = None  # the initial policy, set by `init_state` when the KL term needs it
-
-  @property
-  def rollout_rows(self) -> int:
-    """N = prompts_per_step x group_size: rollouts sampled per generation round."""
-    return self.config.data.prompts_per_step * self.config.grpo.group_size
-
-  @property
-  def eval_batch_size(self) -> int:
-    """Prompts per eval batch: prompts_per_step rounded up to a multiple of the data-parallel devices."""
-    dp = parallel.data_parallel_size(self.training.layout.mesh)
-    return -(-self.config.data.prompts_per_step // dp) * dp
 
   def describe(self) -> str:
     """The start line's addition: the compiled rollout sampler's memory."""
-    return f", rollout sampler {self.sampler_memory.get('peak_mib', float('nan')):.1f} MiB"
+    return f", rollout sampler {self.collector.sampler_memory.get('peak_mib', float('nan')):.1f} MiB"
 
   def init_state(self, training: Training) -> TrainState:
     """The initial state (params from `init_from`, or the seeded init); keeps a copy of its params as the
@@ -310,90 +239,23 @@ class GRPOHooks(Hooks):
       self.ref_params = jax.tree.map(jnp.copy, state.params)
     return state
 
-  def batches(self, start: int) -> Iterator[dict]:
-    """This process's prompts of steps start, start + 1, ... (host arrays, block `process_slice` of each)."""
-    index, count = self.process_slice
-    return order.step_batches(self.prompts.batch, self.prompts.batch_size, start, index, count)
-
-  def verify(self, out: Any, answers: list[str], group_size: int) -> dict[str, np.ndarray]:
-    """Decodes and verifies this process's rows of a sampler output (global [M, T]; `answers` are its prompts'
-    answers, G rows each) -> every process's {scores float32, lengths int32, truncated bool} [M], whole. Every
-    process must get here: one whose decode or reward_fn raises leaves the others waiting in the all-gather."""
-    tokens, mask = parallel.process_rows(out.tokens), parallel.process_rows(out.mask)
-    lengths = parallel.process_rows(out.lengths)
-    texts = response_texts(self.tokenizer.decode, tokens, mask, self.tokenizer.eos_id, self.tokenizer.vocab_size)
-    local = {"scores": verifier_rewards(texts, answers, group_size, self.reward_fn), "lengths": lengths,
-             "truncated": dapo.truncated(lengths, tokens[:, -1], self.config.sampling.max_new_tokens,
-                                         self.tokenizer.eos_id)}
-    return parallel.all_rows(local, self.training.layout.batch, out.tokens.shape[0])
-
-  def rollouts(self, params: Any, batch: dict, rng: jax.Array) -> dict:
-    """Samples G responses per prompt of the global batch whose process block is `batch` and scores them.
-
-    Device arrays (global, rows split like a batch): prompt_tokens, prompt_mask [N, P], tokens, mask, old_logp
-    [N, T] (the sampler's log-probs), hidden [N, T, d] (None without CLIPO). Host arrays, whole on every process:
-    scores, rewards (+ the overlong punishment), labels, truncated, lengths, group_ids [N].
-    """
-    g, n = self.config.grpo.group_size, self.rollout_rows
-    tokens, mask, _ = repeat_prompts(batch["prompt_tokens"], batch["prompt_mask"], g)
-    prompts = parallel.global_batch({"prompt_tokens": tokens, "prompt_mask": mask}, self.training.layout.batch, n)
-    out = self.sample(params, prompts["prompt_tokens"], prompts["prompt_mask"], rng)
-    host = self.verify(out, batch["answers"], g)
-    settings = self.config.dapo
-    rewards = host["scores"] + dapo.overlong_penalty(host["lengths"], self.config.sampling.max_new_tokens,
-                                                     settings.overlong_buffer, settings.overlong_penalty_factor)
-    return {**prompts, "tokens": out.tokens, "mask": out.mask, "old_logp": out.logprobs, "hidden": out.hidden,
-            **host, "rewards": rewards, "labels": (host["scores"] > 0).astype(np.int32),
-            "group_ids": np.repeat(np.arange(self.config.data.prompts_per_step, dtype=np.int32), g)}
-
-  def step_rollouts(self, params: Any, batch: dict, step: int, rng: jax.Array) -> tuple[dict, dict]:
-    """The rollouts trained on at `step` (`rollouts` of `batch`, key `rng`), and their DAPO metrics; with
-    `dapo.dynamic_sampling`, round r >= 1 samples `prompts.refill_batch(step * (max_rounds - 1) + r - 1)` with
-    key fold_in(rng, r) until the batch holds data.prompts_per_step informative groups (`jaxpt.rl.dapo`).
-    With bf16 rollouts (`sampling.rollout_dtype`) the trained rows' old_logp are then recomputed by the fp32 policy
-    (teacher forcing), once, after any refills; CLIPO's hidden states stay the sampler's.
-    Metrics: truncated_frac, overlong_penalty_mean (the trained batch); with dynamic sampling dapo_rounds,
-    dapo_groups_drawn / _informative / _filled and dapo_step_accuracy (the step's own prompts: comparable across
-    runs, where the loop's `accuracy` is the trained batch's, which dynamic sampling biases)."""
-    settings = self.config.dapo
-    first = self.rollouts(params, batch, rng)
-    ro, metrics = first, {}
-    if settings.dynamic_sampling:
-      def draw(r: int) -> dict:
-        if r == 0:
-          return first
-        extra = self.prompts.refill_batch(step * (settings.max_rounds - 1) + r - 1, *self.process_slice)
-        return self.rollouts(params, extra, jax.random.fold_in(rng, r))
-
-      ro, metrics = dapo.dynamic_sampling(draw, self.config.data.prompts_per_step, self.config.grpo.group_size,
-                                          settings.max_rounds, settings.at_cap, _FILTER_KEYS[settings.filter_metric],
-                                          take=self.take_rows)
-      metrics["dapo_step_accuracy"] = float(first["scores"].mean())
-    if self.config.sampling.rollout_dtype != "float32":  # the bf16 sampler's log-probs -> the fp32 policy's
-      ro["old_logp"] = self.logprobs(params, *(ro[k] for k in ("prompt_tokens", "prompt_mask", "tokens", "mask")))
-    metrics["truncated_frac"] = float(ro["truncated"].mean())
-    if settings.overlong_buffer:
-      metrics["overlong_penalty_mean"] = float(np.mean(ro["rewards"] - ro["scores"]))
-    return ro, metrics
-
   def train_step(self, training: Training, state: TrainState, batch: dict) -> tuple[TrainState, dict]:
     settings, cfg = self.config.grpo, self.config.clipo
     step = int(state.step)
     sample_rng, clipo_rng, update_rng = jax.random.split(state.step_rng(), 3)
-    ro, dapo_metrics = self.step_rollouts(state.params, batch, step, sample_rng)
+    ro, dapo_metrics = self.collector.step_rollouts(state.params, batch, step, sample_rng)
     metrics: dict[str, Any] = {"accuracy": float(ro["scores"].mean()), "response_length": float(ro["lengths"].mean()),
                                "num_tokens": float(ro["lengths"].sum()), **dapo_metrics}
     rewards = ro["rewards"]
     aux = state.aux
     if cfg.enabled:
-      head, contrastive, head_metrics = self.clipo_step(aux["clipo"], ro["hidden"], ro["mask"], ro["labels"],
-                                                        ro["group_ids"], clipo_rng)
+      head, contrastive, head_metrics = self.collector.contrastive_rewards(aux["clipo"], ro, clipo_rng)
       aux = dict(aux, clipo=head)
-      rewards = rewards + np.asarray(contrastive)
-      metrics.update({f"clipo_{k}": float(v) for k, v in head_metrics.items() if jnp.ndim(v) == 0})
+      rewards = rewards + contrastive
+      metrics.update(head_metrics)
     experience = {k: ro[k] for k in ("prompt_tokens", "prompt_mask", "tokens", "mask", "old_logp")}  # on the mesh
     if settings.uses_reference:
-      experience["ref_logp"] = self.logprobs(self.ref_params, *(
+      experience["ref_logp"] = self.collector.logprobs(self.ref_params, *(
           experience[k] for k in ("prompt_tokens", "prompt_mask", "tokens", "mask")))
       if settings.kl_in_reward:
         rewards = np.asarray(self.kl_rewards(rewards, experience["old_logp"], experience["ref_logp"],
@@ -422,8 +284,8 @@ class GRPOHooks(Hooks):
     state = state.replace(step=jnp.asarray(first_update, jnp.int32), rng=rng)
     update_metrics = []
     for _ in range(settings.epochs):
-      for rows in _split_groups(self.rollout_rows, settings.group_size, settings.minibatches, shuffle):
-        minibatch = dict(self.take_rows(experience, rows),
+      for rows in _split_groups(self.collector.rollout_rows, settings.group_size, settings.minibatches, shuffle):
+        minibatch = dict(self.collector.take_rows(experience, rows),
                          **self.training.put({k: np.asarray(v[rows], shapes[k].dtype) for k, v in host.items()}))
         state, m = self.training.train_step(state, minibatch)
         update_metrics.append(m)
@@ -431,49 +293,8 @@ class GRPOHooks(Hooks):
     return state, {k: v for k, v in means.items() if k not in ("num_tokens", "num_rows")}
 
   def evaluate(self, state: TrainState) -> dict:
-    """Greedy accuracy on the first `data.eval_prompts` problems of each held-out set (`eval_accuracy_<name>`),
-    and with data.eval_samples = k the sampled pass@1 (`eval_pass1_<name>`, sample j of batch b drawn with the
-    fixed key fold_in(fold_in(PRNGKey(1), b), j)). Every process holds each eval batch whole (padded to
-    `eval_batch_size` with copies of its last prompt) and verifies the rows its devices decoded."""
-    size, samples = self.eval_batch_size, self.config.data.eval_samples
-    index, count = parallel.process_batch_slice(self.training.layout.batch, size)
-    mine = slice(index * size // count, (index + 1) * size // count)
-    results = {}
-    for name, batches in self.eval_sets.items():
-      greedy, sampled = [], [[] for _ in range(samples)]
-      for b, batch in enumerate(batches):
-        real = len(batch["answers"])
-        pad = lambda x: np.concatenate([x, np.repeat(x[-1:], size - real, axis=0)])
-        prompts = self.training.put({k: pad(np.asarray(batch[k])) for k in ("prompt_tokens", "prompt_mask")})
-        answers = (list(batch["answers"]) + [batch["answers"][-1]] * (size - real))[mine]
-        out = self.sample_greedy(state.params, prompts["prompt_tokens"], prompts["prompt_mask"],
-                                 jax.random.PRNGKey(0))
-        greedy.extend(self.verify(out, answers, 1)["scores"][:real])
-        for j in range(samples):
-          key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(1), b), j)
-          out = self.sample_eval(state.params, prompts["prompt_tokens"], prompts["prompt_mask"], key)
-          sampled[j].extend(self.verify(out, answers, 1)["scores"][:real])
-      first = self.config.data.eval_prompts
-      results[f"eval_accuracy_{name}"] = float(np.mean(greedy[:first]))
-      if samples:
-        results[f"eval_pass1_{name}"] = float(np.mean([scores[:first] for scores in sampled]))
-    return results
-
-
-def _first_problems(prompts: PromptData, count: int) -> dict[str, list[dict]]:
-  """Each held-out set's prompt batches, cut to the batches that hold its first `count` problems."""
-  size = prompts.batch_size
-  return {name: batches[:-(-count // size)] for name, batches in prompts.eval_sets().items()} if count else {}
-
-
-def _tokenizer(config: GRPORunConfig, workdir: str):
-  """The `init_from` run's tokenizer as it is (never retrained: the policy's embedding rows are its ids; copied
-  into `workdir/tokenizer`), else the task's tokenizer trained in (or loaded from) `workdir`."""
-  tokenizer = init_tokenizer(config.init_from, workdir, resumes(workdir), config.model)
-  if tokenizer is None:
-    tokenizer = task_tokenizer(config.task, config.model.vocab_size, workdir, config.task.data_dir(workdir),
-                               keep_existing=resumes(workdir))
-  return tokenizer
+    """eval_accuracy_<set> (and eval_pass1_<set>) of the state's policy (`RolloutCollector.evaluate`)."""
+    return self.collector.evaluate(state.params)
 
 
 def build(config: GRPORunConfig | Any, workdir: str) -> BuiltRun:
@@ -484,14 +305,15 @@ def build(config: GRPORunConfig | Any, workdir: str) -> BuiltRun:
                        "config.grpo.minibatches")
   check_launch(workdir, config, {"corpus": digest(f"task|{config.task.train_identity}")})
   say(f"preparing the task's prompts and tokenizer in {workdir} ...")
-  tokenizer = _tokenizer(config, workdir)
+  # the init_from run's tokenizer as it is (never retrained: the policy's embedding rows are its ids; copied into
+  # workdir/tokenizer), else the task's tokenizer trained in (or loaded from) workdir
+  tokenizer = init_tokenizer(config.init_from, workdir, resumes(workdir), config.model)
+  if tokenizer is None:
+    tokenizer = task_tokenizer(config.task, config.model.vocab_size, workdir, config.task.data_dir(workdir),
+                               keep_existing=resumes(workdir))
   check_vocab(config.model, tokenizer.vocab_size)
-  prompts = PromptData.create(config.task, tokenizer, batch_size=config.data.prompts_per_step,
-                              prompt_len=config.data.max_prompt_len, seed=config.seed,
-                              data_dir=config.task.data_dir(workdir))
   model = TransformerLM(config.model)
-  temperature = config.sampling.temperature
-  loss_fn = make_policy_loss(model, config.grpo, config.clipo, temperature)
+  loss_fn = make_policy_loss(model, config.grpo, config.clipo, config.sampling.temperature)
   weight_key = "num_tokens" if config.grpo.agg == "token-mean" else "num_rows"
   def init_aux(rng: jax.Array) -> dict | None:  # always given: the policy's init key is the same with or without CLIPO
     return {"clipo": clipo.init_head_state(config.clipo, config.model.d_model, rng)} if config.clipo.enabled else None
@@ -502,47 +324,23 @@ def build(config: GRPORunConfig | Any, workdir: str) -> BuiltRun:
                             weight_key=weight_key, total_steps=max(1, config.steps * config.updates_per_step),
                             init_aux=init_aux)
 
-  layout = training.layout
-  replicated = layout.replicated
-
-  def sampler(greedy: bool) -> Callable:
-    sampling = dataclasses.replace(config.sampling, greedy=greedy, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
-                                   return_hidden=config.clipo.enabled)
-    return make_sampler(config.model, sampling, config.data.max_prompt_len, layout)
-
-  rows, prompt_shape = config.data.prompts_per_step * config.grpo.group_size, (config.data.max_prompt_len,)
-  index, count = parallel.process_batch_slice(layout.batch, rows)
-  if config.data.prompts_per_step % count:
-    raise ConfigError("data.prompts_per_step", f"must be divisible by the {count} processes that read distinct "
-                      "prompts", config.data.prompts_per_step)
-  say("compiling the rollout sampler ...")
-  params = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
-                        jax.eval_shape(training.sharded.init_state).params, layout.params)
-  prompts_abstract = jax.ShapeDtypeStruct((rows,) + prompt_shape, jnp.int32, sharding=layout.batch)
-  sample = sampler(False).lower(params, prompts_abstract, prompts_abstract,
-                                jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated)).compile()
-  logprobs = layout.jit(lambda params, *arrays: response_logprobs(model, params, *arrays, temperature=temperature),
-                        layout.batch, in_shardings=(layout.params,) + (layout.batch,) * 4)
-  take_rows = layout.jit(lambda tree, rows: jax.tree.map(lambda x: jnp.take(x, rows, axis=0), tree), layout.batch)
-
-  def clipo_step(head, hidden, mask, labels, group_ids, rng):
-    reps = clipo.rollout_representation(hidden, mask)
-    return clipo.head_step(config.clipo, head, reps, labels, group_ids, rng)
-
+  params = jax.eval_shape(training.sharded.init_state).params
+  collector = RolloutCollector.create(config, model, training.layout, params, tokenizer, config.task.data_dir(workdir))
   kl_rewards = lambda *arrays: kl_penalized_rewards(*arrays, config.grpo.kl_coef, config.grpo.kl_kind)
-  hooks = GRPOHooks(config=config, training=training, tokenizer=tokenizer, prompts=prompts, sample=sample,
-                    sample_greedy=sampler(True), sample_eval=sampler(False), logprobs=logprobs, take_rows=take_rows,
-                    clipo_step=layout.jit(clipo_step, replicated), kl_rewards=layout.jit(kl_rewards, replicated),
-                    eval_sets=_first_problems(prompts, config.data.eval_prompts), process_slice=(index, count),
-                    sampler_memory=parallel.compiled_memory(sample))
+  hooks = GRPOHooks(config=config, training=training, collector=collector,
+                    kl_rewards=training.layout.jit(kl_rewards, training.layout.replicated))
   inputs = run_inputs(f"task|{config.task.train_identity}", tokenizer)
-  return BuiltRun("grpo", config, training, hooks.batches, inputs=inputs, tokenizer=tokenizer, data=prompts,
-                  evaluate=hooks.evaluate if config.data.eval_prompts else None, hooks=hooks)
+  return BuiltRun("grpo", config, training, collector.batches, inputs=inputs, tokenizer=tokenizer,
+                  data=collector.prompts, evaluate=hooks.evaluate if config.data.eval_prompts else None, hooks=hooks)
 
 
 def replace_hooks(built: BuiltRun, **changes: Any) -> BuiltRun:
-  """`built` with fields of its `GRPOHooks` replaced, its compiled update kept: `reward_fn=` a verifier for another
-  task than math, `sample=` another sampler (with `config=` the config that describes it), ..."""
-  hooks = dataclasses.replace(built.hooks, **changes)
-  return dataclasses.replace(built, config=hooks.config, batches=hooks.batches, hooks=hooks,
+  """`built` with fields of its `GRPOHooks` or of their `RolloutCollector` replaced (`config=` goes to both), its
+  compiled update kept: `reward_fn=` a verifier for another task than math, `sample=` another sampler (with
+  `config=` the config that describes it), ..."""
+  mine = {f.name for f in dataclasses.fields(RolloutCollector)}
+  collector = dataclasses.replace(built.hooks.collector, **{k: v for k, v in changes.items() if k in mine})
+  hooks = dataclasses.replace(built.hooks, collector=collector,
+                              **{k: v for k, v in changes.items() if k not in mine or k == "config"})
+  return dataclasses.replace(built, config=hooks.config, batches=collector.batches, hooks=hooks,
                              evaluate=hooks.evaluate if built.evaluate is not None else None)

@@ -9,7 +9,7 @@ for one sampled response each at that temperature (fixed key, so comparable acro
 the KV-cache sampler (jaxpt.rl.sampler) on left-padded prompts, at most `decode.max_new_tokens` tokens.
 
 Config (`SFTRunConfig`): a pretraining run config plus
-    task       the task (`jaxpt.data.sft.TaskConfig`); data.path is unused
+    task       the task (`jaxpt.data.math_task.TaskConfig`); data.path is unused
     decode     prompt_len, max_new_tokens, eval_problems, batch_size, temperature (eval decoding)
 and `init_from` ('' = random init, else a workdir whose latest checkpoint's params start the run).
 """
@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpt.config import ConfigError, Section, at_least, from_section
+from jaxpt.data import math_task
 from jaxpt.data import sft as sft_data
 from jaxpt.data.tokenizer import Tokenizer
 from jaxpt.models.config import ModelConfig
@@ -78,7 +79,7 @@ class SFTRunConfig(PretrainRunConfig):
     decode: eval decoding: prompt and response lengths, problems, temperature.
   """
 
-  task: sft_data.TaskConfig = sft_data.TaskConfig()
+  task: math_task.TaskConfig = math_task.TaskConfig()
   decode: DecodeConfig = DecodeConfig()
 
   def check(self) -> None:
@@ -139,11 +140,11 @@ def build(config: SFTRunConfig | Any, workdir: str) -> BuiltRun:
   say(f"preparing the task's data and tokenizer in {workdir} ...")
   tokenizer = init_tokenizer(config.init_from, workdir, resumes(workdir), config.model)
   if tokenizer is None:
-    tokenizer = sft_data.task_tokenizer(config.task, config.model.vocab_size, workdir, data_dir,
+    tokenizer = math_task.task_tokenizer(config.task, config.model.vocab_size, workdir, data_dir,
                                         keep_existing=resumes(workdir))
   data = sft_data.SFTData.create_for_task(config.task, config.data, tokenizer, config.seed, workdir, data_dir)
-  problems = sft_data.task_problems(config.task, "test", data_dir)[:config.decode.eval_problems]
-  prompt_batches = sft_data.prompt_batches(tokenizer, problems, config.decode.batch_size, config.decode.prompt_len,
+  problems = math_task.task_problems(config.task, "test", data_dir)[:config.decode.eval_problems]
+  prompt_batches = math_task.prompt_batches(tokenizer, problems, config.decode.batch_size, config.decode.prompt_len,
                                            prompt_format=config.task.prompt_format)
   return build_lm_run("sft", config, mesh, data, lambda eval_batches: make_sft_evaluator(
       config.model, eval_batches, prompt_batches, tokenizer, config.decode, config.seed))

@@ -70,12 +70,12 @@ def test_two_steps_on_8_devices_equal_one_device(variant, preset):
   kernel = state.params["decoder"]["layers"]["attn"]["query"]["kernel"]  # [layers, embed, heads, kv]
   split = {"dp": (2, 32, 2, 16), "fsdp": (2, 4, 2, 16), "fsdp_tp": (2, 16, 1, 16)}[preset]
   assert {s.data.shape for s in kernel.addressable_shards} == {split}
-  assert trainer.hooks.sampler_memory["peak_mib"] > 0
+  assert trainer.hooks.collector.sampler_memory["peak_mib"] > 0
 
 
 def test_rollouts_are_split_over_the_data_parallel_devices():
   _, _, trainer, state = run("grpo", "fsdp_tp")
-  ro = trainer.hooks.rollouts(state.params, trainer.hooks.prompts.batch(0), jax.random.PRNGKey(0))
+  ro = trainer.hooks.collector.rollouts(state.params, trainer.hooks.collector.prompts.batch(0), jax.random.PRNGKey(0))
   assert {s.data.shape for s in ro["tokens"].addressable_shards} == {(B * G // 4, T)}  # data 2 x fsdp 2
   assert ro["scores"].shape == (B * G,) and isinstance(ro["scores"], np.ndarray)
 
@@ -88,10 +88,11 @@ def test_bf16_rollouts_on_the_mesh_train_on_the_fp32_policys_old_logprobs():
   sample = make_sampler(trainer.config.model, bf16, trainer.config.data.max_prompt_len, trainer.training.layout)
   t = replace_hooks(trainer, sample=sample, config=dataclasses.replace(trainer.config, sampling=bf16))
   rng = jax.random.PRNGKey(0)
-  ro, _ = t.hooks.step_rollouts(state.params, t.hooks.prompts.batch(0), 0, rng)
+  ro, _ = t.hooks.collector.step_rollouts(state.params, t.hooks.collector.prompts.batch(0), 0, rng)
   out = sample(state.params, ro["prompt_tokens"], ro["prompt_mask"], rng)
   np.testing.assert_array_equal(ro["tokens"], out.tokens)
-  want = trainer.hooks.logprobs(state.params, *(ro[k] for k in ("prompt_tokens", "prompt_mask", "tokens", "mask")))
+  want = trainer.hooks.collector.logprobs(state.params, *(ro[k] for k in ("prompt_tokens", "prompt_mask", "tokens",
+                                                                          "mask")))
   np.testing.assert_array_equal(ro["old_logp"], want)
   assert not np.array_equal(ro["old_logp"], out.logprobs)
   assert {s.data.shape for s in ro["old_logp"].addressable_shards} == {(B * G // 4, T)}

@@ -1,0 +1,234 @@
+"""Rollout collection of an RL run: the compiled samplers, the tokenizer, the prompts and the verifier in one object.
+
+`RolloutCollector.step_rollouts(params, batch, step, rng)`, for a batch of B prompts (rows p*G .. p*G + G-1 of every
+[N = B*G, ...] array are prompt p's group, `jaxpt.rl.rollouts`):
+
+    prompts [B, P] --repeat G--> [N, P] --sampler (KV cache)--> tokens, mask, old_logp [N, T], hidden [N, T, d]
+      --decode + verifier (`reward_fn`)--> scores [N]; rewards = scores + DAPO's soft overlong punishment
+      (+ DAPO dynamic sampling: all-equal groups dropped, refill prompts sampled, `jaxpt.rl.dapo`)
+      (+ bf16 rollouts: old_logp recomputed by the fp32 policy, teacher forcing)
+
+`contrastive_rewards` is CLIPO's head step and reward r_con [N] on those rollouts (`jaxpt.rl.clipo`); `evaluate`
+the greedy accuracy and sampled pass@1 on held-out prompts. The update that trains on the rollouts is the trainer's
+(`jaxpt.trainers.grpo`). On a mesh (`layout`) the sampler and the log-probs are compiled for it; each process reads
+and verifies only its own prompts' rows, and the per-rollout host numbers (scores, rewards, lengths: [N] each) are
+all-gathered, so that group statistics and DAPO's choices are the same on every process. The run config
+(`jaxpt.trainers.grpo.GRPORunConfig`) is read for `task`, `seed`, `data`, `sampling`, `grpo.group_size`, `dapo`,
+`clipo` and `model`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxpt import parallel
+from jaxpt.config import ConfigError
+from jaxpt.data import order
+from jaxpt.data.math_task import PromptData
+from jaxpt.progress import say
+from jaxpt.rl import clipo, dapo
+from jaxpt.rl.logprobs import response_logprobs
+from jaxpt.rl.rewards import math_reward
+from jaxpt.rl.rollouts import RewardFn, repeat_prompts, response_texts, verifier_rewards
+from jaxpt.rl.sampler import make_sampler
+
+_FILTER_KEYS = {"score": "scores", "reward": "rewards"}  # dapo.filter_metric -> the rollouts' key
+
+
+def check_config(config: Any) -> None:
+  """The run config's checks across the sections collection reads (ConfigError naming the field): prompt +
+  response within the model's max_seq_len, DAPO's overlong buffer within the response cap, and no overlong
+  filtering with an in-loss CLIPO term (which reads the loss mask the filtering empties)."""
+  prompt_len, new_tokens = config.data.max_prompt_len, config.sampling.max_new_tokens
+  if prompt_len + new_tokens > config.model.max_seq_len:
+    raise ConfigError("sampling.max_new_tokens", f"prompt ({prompt_len}) + response longer than "
+                      f"config.model.max_seq_len={config.model.max_seq_len}", new_tokens)
+  if config.dapo.overlong_buffer > new_tokens:
+    raise ConfigError("dapo.overlong_buffer", f"must be <= config.sampling.max_new_tokens={new_tokens}",
+                      config.dapo.overlong_buffer)
+  if config.dapo.overlong_filtering and config.clipo.enabled and config.clipo.in_loss_coef > 0:
+    raise ConfigError("dapo.overlong_filtering", "cannot be combined with config.clipo.in_loss_coef > 0 (the "
+                      "in-loss CLIPO term reads the loss mask it empties)", True)
+
+
+def first_problems(prompts: PromptData, count: int) -> dict[str, list[dict]]:
+  """Each held-out set's prompt batches, cut to the batches that hold its first `count` problems."""
+  size = prompts.batch_size
+  return {name: batches[:-(-count // size)] for name, batches in prompts.eval_sets().items()} if count else {}
+
+
+@dataclasses.dataclass
+class RolloutCollector:
+  """Samples, decodes and verifies an RL run's rollouts (see the module docstring); built once by `create`."""
+
+  config: Any  # the run config (GRPORunConfig): task, seed, data, sampling, grpo.group_size, dapo, clipo, model
+  layout: parallel.MeshLayout  # the run's mesh: params' and batch shardings
+  tokenizer: Any  # jaxpt's sentencepiece Tokenizer, or an HFTokenizer (init_from='hf:DIR')
+  prompts: PromptData
+  sample: Callable  # (params, prompt_tokens, prompt_mask, rng) -> SampleOutput, temperature sampling, [N, P]
+  sample_greedy: Callable  # the same, greedy, for eval batches of `eval_batch_size` prompts
+  sample_eval: Callable  # the same as `sample`, for eval batches (sampled pass@1, data.eval_samples)
+  logprobs: Callable  # response_logprobs(params, prompt_tokens, prompt_mask, tokens, mask), compiled on the mesh
+  take_rows: Callable  # (pytree of global [M, ...] arrays, rows int [n]) -> the rows, split like a batch
+  clipo_step: Callable  # (head state, hidden, mask, labels, group_ids, rng) -> (head state, r_con [N], metrics)
+  eval_sets: dict  # name -> the prompt batches holding its first `data.eval_prompts` problems (encoded once)
+  process_slice: tuple[int, int] = (0, 1)  # this process reads prompt block `index` of `count` of each batch
+  reward_fn: RewardFn = math_reward  # the verifier: (response text, answer) -> score (replace for another task)
+  sampler_memory: dict = dataclasses.field(default_factory=dict)  # compiled per-device memory of `sample` (MiB)
+
+  @classmethod
+  def create(cls, config: Any, model: Any, layout: parallel.MeshLayout, abstract_params: Any, tokenizer: Any,
+             data_dir: str) -> "RolloutCollector":
+    """Encodes the task's prompts (`PromptData.create`, TFDS data under `data_dir`) and compiles the samplers, the
+    teacher-forced log-probs and the row gather for `layout`; `abstract_params`: the policy's params as shapes
+    (jax.eval_shape). ConfigError when the processes cannot split the prompts."""
+    prompts = PromptData.create(config.task, tokenizer, batch_size=config.data.prompts_per_step,
+                                prompt_len=config.data.max_prompt_len, seed=config.seed, data_dir=data_dir)
+
+    def sampler(greedy: bool) -> Callable:
+      sampling = dataclasses.replace(config.sampling, greedy=greedy, eos_id=tokenizer.eos_id,
+                                     pad_id=tokenizer.pad_id, return_hidden=config.clipo.enabled)
+      return make_sampler(config.model, sampling, config.data.max_prompt_len, layout)
+
+    rows = config.data.prompts_per_step * config.grpo.group_size
+    index, count = parallel.process_batch_slice(layout.batch, rows)
+    if config.data.prompts_per_step % count:
+      raise ConfigError("data.prompts_per_step", f"must be divisible by the {count} processes that read distinct "
+                        "prompts", config.data.prompts_per_step)
+    say("compiling the rollout sampler ...")
+    params = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh), abstract_params,
+                          layout.params)
+    prompts_abstract = jax.ShapeDtypeStruct((rows, config.data.max_prompt_len), jnp.int32, sharding=layout.batch)
+    sample = sampler(False).lower(params, prompts_abstract, prompts_abstract,
+                                  jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=layout.replicated)).compile()
+    temperature = config.sampling.temperature
+    logprobs = layout.jit(lambda params, *arrays: response_logprobs(model, params, *arrays, temperature=temperature),
+                          layout.batch, in_shardings=(layout.params,) + (layout.batch,) * 4)
+    take_rows = layout.jit(lambda tree, rows: jax.tree.map(lambda x: jnp.take(x, rows, axis=0), tree), layout.batch)
+
+    def clipo_step(head, hidden, mask, labels, group_ids, rng):
+      reps = clipo.rollout_representation(hidden, mask)
+      return clipo.head_step(config.clipo, head, reps, labels, group_ids, rng)
+
+    return cls(config=config, layout=layout, tokenizer=tokenizer, prompts=prompts, sample=sample,
+               sample_greedy=sampler(True), sample_eval=sampler(False), logprobs=logprobs, take_rows=take_rows,
+               clipo_step=layout.jit(clipo_step, layout.replicated),
+               eval_sets=first_problems(prompts, config.data.eval_prompts), process_slice=(index, count),
+               sampler_memory=parallel.compiled_memory(sample))
+
+  @property
+  def rollout_rows(self) -> int:
+    """N = prompts_per_step x group_size: rollouts sampled per generation round."""
+    return self.config.data.prompts_per_step * self.config.grpo.group_size
+
+  @property
+  def eval_batch_size(self) -> int:
+    """Prompts per eval batch: prompts_per_step rounded up to a multiple of the data-parallel devices."""
+    dp = parallel.data_parallel_size(self.layout.mesh)
+    return -(-self.config.data.prompts_per_step // dp) * dp
+
+  def batches(self, start: int) -> Iterator[dict]:
+    """This process's prompts of steps start, start + 1, ... (host arrays, block `process_slice` of each)."""
+    index, count = self.process_slice
+    return order.step_batches(self.prompts.batch, self.prompts.batch_size, start, index, count)
+
+  def verify(self, out: Any, answers: list[str], group_size: int) -> dict[str, np.ndarray]:
+    """Decodes and verifies this process's rows of a sampler output (global [M, T]; `answers` are its prompts'
+    answers, G rows each) -> every process's {scores float32, lengths int32, truncated bool} [M], whole. Every
+    process must get here: one whose decode or reward_fn raises leaves the others waiting in the all-gather."""
+    tokens, mask = parallel.process_rows(out.tokens), parallel.process_rows(out.mask)
+    lengths = parallel.process_rows(out.lengths)
+    texts = response_texts(self.tokenizer.decode, tokens, mask, self.tokenizer.eos_id, self.tokenizer.vocab_size)
+    local = {"scores": verifier_rewards(texts, answers, group_size, self.reward_fn), "lengths": lengths,
+             "truncated": dapo.truncated(lengths, tokens[:, -1], self.config.sampling.max_new_tokens,
+                                         self.tokenizer.eos_id)}
+    return parallel.all_rows(local, self.layout.batch, out.tokens.shape[0])
+
+  def rollouts(self, params: Any, batch: dict, rng: jax.Array) -> dict:
+    """Samples G responses per prompt of the global batch whose process block is `batch` and scores them.
+
+    Device arrays (global, rows split like a batch): prompt_tokens, prompt_mask [N, P], tokens, mask, old_logp
+    [N, T] (the sampler's log-probs), hidden [N, T, d] (None without CLIPO). Host arrays, whole on every process:
+    scores, rewards (+ the overlong punishment), labels, truncated, lengths, group_ids [N].
+    """
+    g, n = self.config.grpo.group_size, self.rollout_rows
+    tokens, mask, _ = repeat_prompts(batch["prompt_tokens"], batch["prompt_mask"], g)
+    prompts = parallel.global_batch({"prompt_tokens": tokens, "prompt_mask": mask}, self.layout.batch, n)
+    out = self.sample(params, prompts["prompt_tokens"], prompts["prompt_mask"], rng)
+    host = self.verify(out, batch["answers"], g)
+    settings = self.config.dapo
+    rewards = host["scores"] + dapo.overlong_penalty(host["lengths"], self.config.sampling.max_new_tokens,
+                                                     settings.overlong_buffer, settings.overlong_penalty_factor)
+    return {**prompts, "tokens": out.tokens, "mask": out.mask, "old_logp": out.logprobs, "hidden": out.hidden,
+            **host, "rewards": rewards, "labels": (host["scores"] > 0).astype(np.int32),
+            "group_ids": np.repeat(np.arange(self.config.data.prompts_per_step, dtype=np.int32), g)}
+
+  def step_rollouts(self, params: Any, batch: dict, step: int, rng: jax.Array) -> tuple[dict, dict]:
+    """The rollouts trained on at `step` (`rollouts` of `batch`, key `rng`), and their DAPO metrics; with
+    `dapo.dynamic_sampling`, round r >= 1 samples `prompts.refill_batch(step * (max_rounds - 1) + r - 1)` with
+    key fold_in(rng, r) until the batch holds data.prompts_per_step informative groups (`jaxpt.rl.dapo`).
+    With bf16 rollouts (`sampling.rollout_dtype`) the trained rows' old_logp are then recomputed by the fp32 policy
+    (teacher forcing), once, after any refills; CLIPO's hidden states stay the sampler's.
+    Metrics: truncated_frac, overlong_penalty_mean (the trained batch); with dynamic sampling dapo_rounds,
+    dapo_groups_drawn / _informative / _filled and dapo_step_accuracy (the step's own prompts: comparable across
+    runs, where the loop's `accuracy` is the trained batch's, which dynamic sampling biases)."""
+    settings = self.config.dapo
+    first = self.rollouts(params, batch, rng)
+    ro, metrics = first, {}
+    if settings.dynamic_sampling:
+      def draw(r: int) -> dict:
+        if r == 0:
+          return first
+        extra = self.prompts.refill_batch(step * (settings.max_rounds - 1) + r - 1, *self.process_slice)
+        return self.rollouts(params, extra, jax.random.fold_in(rng, r))
+
+      ro, metrics = dapo.dynamic_sampling(draw, self.config.data.prompts_per_step, self.config.grpo.group_size,
+                                          settings.max_rounds, settings.at_cap, _FILTER_KEYS[settings.filter_metric],
+                                          take=self.take_rows)
+      metrics["dapo_step_accuracy"] = float(first["scores"].mean())
+    if self.config.sampling.rollout_dtype != "float32":  # the bf16 sampler's log-probs -> the fp32 policy's
+      ro["old_logp"] = self.logprobs(params, *(ro[k] for k in ("prompt_tokens", "prompt_mask", "tokens", "mask")))
+    metrics["truncated_frac"] = float(ro["truncated"].mean())
+    if settings.overlong_buffer:
+      metrics["overlong_penalty_mean"] = float(np.mean(ro["rewards"] - ro["scores"]))
+    return ro, metrics
+
+  def contrastive_rewards(self, head: Any, ro: dict, rng: jax.Array) -> tuple[Any, np.ndarray, dict]:
+    """CLIPO on rollouts `ro`: one step of the contrastive head on their hidden states -> (the new head state,
+    r_con float32 [N] on the host, the head's scalar metrics as clipo_<name>)."""
+    head, contrastive, metrics = self.clipo_step(head, ro["hidden"], ro["mask"], ro["labels"], ro["group_ids"], rng)
+    return head, np.asarray(contrastive), {f"clipo_{k}": float(v) for k, v in metrics.items() if jnp.ndim(v) == 0}
+
+  def evaluate(self, params: Any) -> dict:
+    """Greedy accuracy on the first `data.eval_prompts` problems of each held-out set (`eval_accuracy_<name>`),
+    and with data.eval_samples = k the sampled pass@1 (`eval_pass1_<name>`, sample j of batch b drawn with the
+    fixed key fold_in(fold_in(PRNGKey(1), b), j)). Every process holds each eval batch whole (padded to
+    `eval_batch_size` with copies of its last prompt) and verifies the rows its devices decoded."""
+    size, samples = self.eval_batch_size, self.config.data.eval_samples
+    index, count = parallel.process_batch_slice(self.layout.batch, size)
+    mine = slice(index * size // count, (index + 1) * size // count)
+    results = {}
+    for name, batches in self.eval_sets.items():
+      greedy, sampled = [], [[] for _ in range(samples)]
+      for b, batch in enumerate(batches):
+        real = len(batch["answers"])
+        pad = lambda x: np.concatenate([x, np.repeat(x[-1:], size - real, axis=0)])
+        prompts = parallel.full_batch({k: pad(np.asarray(batch[k])) for k in ("prompt_tokens", "prompt_mask")},
+                                      self.layout.batch)
+        answers = (list(batch["answers"]) + [batch["answers"][-1]] * (size - real))[mine]
+        out = self.sample_greedy(params, prompts["prompt_tokens"], prompts["prompt_mask"], jax.random.PRNGKey(0))
+        greedy.extend(self.verify(out, answers, 1)["scores"][:real])
+        for j in range(samples):
+          key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(1), b), j)
+          out = self.sample_eval(params, prompts["prompt_tokens"], prompts["prompt_mask"], key)
+          sampled[j].extend(self.verify(out, answers, 1)["scores"][:real])
+      first = self.config.data.eval_prompts
+      results[f"eval_accuracy_{name}"] = float(np.mean(greedy[:first]))
+      if samples:
+        results[f"eval_pass1_{name}"] = float(np.mean([scores[:first] for scores in sampled]))
+    return results
