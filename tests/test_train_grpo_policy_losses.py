@@ -1,7 +1,9 @@
-"""The GRPO trainer with each policy loss of jaxpt.losses.policy (cispo, gppo, topr) and the bnpo advantage, picked by
-name as `--config.grpo.policy_loss=...` / `--config.grpo.advantage=...` pick them: 2 steps of the micro run
-(tests/micro_grpo.py: a from-scratch policy, the even-length verifier, so groups mix rewards), 2 epochs x 2
-minibatches a step so the later updates are off-policy and the clipping / tapering acts."""
+"""The GRPO trainer with each policy loss of jaxpt.losses.policy (cispo, gppo, topr) and jaxpt.losses.entropy_control
+(clip_cov, kl_cov) and the bnpo advantage, picked by name as `--config.grpo.policy_loss=...` /
+`--config.grpo.advantage=...` pick them: 2 steps of the micro run (tests/micro_grpo.py: a from-scratch policy, the
+even-length verifier, so groups mix rewards), 2 epochs x 2 minibatches a step so the later updates are off-policy
+and the clipping / tapering acts. clip_cov and kl_cov select 5% of the tokens (the papers' 2e-4 / 2e-3 would select
+one token of a micro batch), clip_cov from the band (0, 5) so that the micro run's small covariances reach it."""
 
 
 import numpy as np
@@ -15,6 +17,8 @@ from tests.micro_grpo import even_length, micro_config
 VARIANTS = {"cispo": {"grpo.policy_loss": "cispo", "grpo.eps_lo": 1.0, "grpo.eps_hi": 0.28},
             "gppo": {"grpo.policy_loss": "gppo", "grpo.eps_hi": 0.28, "grpo.dual_clip_c": 10.0},
             "topr": {"grpo.policy_loss": "topr", "grpo.kl_coef": 0.0, "grpo.agg": "seq-mean-token-sum"},
+            "clip_cov": {"grpo.policy_loss": "clip_cov", "grpo.clip_cov_ratio": 0.05, "grpo.clip_cov_lb": 0.0},
+            "kl_cov": {"grpo.policy_loss": "kl_cov", "grpo.kl_cov_ratio": 0.05},
             "bnpo": {"grpo.advantage": "bnpo"}}
 
 
@@ -36,6 +40,8 @@ def test_two_steps_train_the_policy(run):
       assert np.isfinite(row[key]), (name, key, row)
     assert 0.0 <= row["clip_frac"] <= 1.0
     assert row["grad_norm"] > 0.0, (name, row)  # the policy moves: the groups mix rewards
+  if name in ("clip_cov", "kl_cov"):   # tokens were selected (kl_cov: always at least one per update)
+    assert all(0.0 < row["cov_frac"] <= 0.05 + 1e-6 for row in rows), (name, rows)
   if name != "bnpo":
     assert trainer.config.grpo.policy_loss == name
   else:

@@ -2,6 +2,7 @@
 
 from jaxpt.losses import advantages  # noqa: F401  (advantage estimator: bnpo, in grpo.ADVANTAGES)
 from jaxpt.losses import clipo  # noqa: F401  (contrastive: clipo_infonce, _supcon_out, _supcon_in, _soft_nn)
+from jaxpt.losses import entropy_control  # noqa: F401  (policy: clip_cov, kl_cov)
 from jaxpt.losses import grpo  # noqa: F401  (policy: ppo_clip, gspo)
 from jaxpt.losses import lm  # noqa: F401  (lm: lm_cross_entropy)
 from jaxpt.losses import policy  # noqa: F401  (policy: cispo, gppo, topr)

@@ -12,8 +12,9 @@ Conventions
   t of rollout b under the current policy; `old_logp` under the rollout (behaviour) policy, `ref_logp` under the
   frozen reference. `mask[b, t]` is 1 on real response tokens and 0 on padding / prompt.
 - Everything is computed in float32; losses return `(loss, metrics)` and are registered as `policy` losses
-  (`ppo_clip`, `gspo` here; `cispo`, `gppo`, `topr` in `jaxpt.losses.policy`); the advantage estimators are the
-  `ADVANTAGES` registry (`bnpo` in `jaxpt.losses.advantages`).
+  (`ppo_clip`, `gspo` here; `cispo`, `gppo`, `topr` in `jaxpt.losses.policy`; `clip_cov`, `kl_cov` in
+  `jaxpt.losses.entropy_control`); the advantage estimators are the `ADVANTAGES` registry (`bnpo` in
+  `jaxpt.losses.advantages`).
 """
 
 from __future__ import annotations

@@ -58,8 +58,10 @@ class GRPOConfig(Section):
   Attributes:
     group_size: G, rollouts sampled per prompt (one group).
     advantage: a registered advantage estimator: grpo | drgrpo | rloo | reinforce_pp_baseline | bnpo.
-    policy_loss: a registered `policy` loss: ppo_clip | gspo | cispo | gppo | topr. The fields below reach a loss
-      as the keyword arguments it declares: topr takes neither eps nor dual_clip_c (its [0, 1] taper is fixed).
+    policy_loss: a registered `policy` loss: ppo_clip | gspo | cispo | gppo | topr | clip_cov | kl_cov. The fields
+      below reach a loss as the keyword arguments it declares: topr takes neither eps nor dual_clip_c (its [0, 1]
+      taper is fixed), kl_cov no clip at all, clip_cov eps but no dual clip; a loss that declares `rng` (clip_cov)
+      gets a key of its own from each update's key.
     eps_lo: lower clip range: the ratio is clipped below at 1 - eps_lo (cispo: the IS weight; its paper sets no
       lower bound, i.e. eps_lo >= 1).
     eps_hi: upper clip range: the ratio is clipped above at 1 + eps_hi (> eps_lo: DAPO clip-higher; cispo: the
@@ -71,6 +73,13 @@ class GRPOConfig(Section):
     kl_kind: the KL estimator: k1 | k2 | k3.
     kl_in_reward: the KL goes into the reward instead of the loss.
     entropy_coef: weight of the entropy bonus (0 = off).
+    clip_cov_ratio: clip_cov: the fraction of the valid tokens (at least one) drawn at random, among those of
+      covariance in (clip_cov_lb, clip_cov_ub) not clipped by PPO, and taken out of the gradient (paper: 2e-4).
+    clip_cov_lb: clip_cov: the covariance band's lower bound (paper: 1).
+    clip_cov_ub: clip_cov: the covariance band's upper bound (paper: 5).
+    kl_cov_ratio: kl_cov: the fraction of the valid tokens (at least one), those of largest covariance, that get
+      the |logp - old_logp| penalty (paper: 2e-3 at 7B, i.e. the official k_percent 0.2).
+    kl_cov_coef: kl_cov: the penalty's weight (paper: 1).
     epochs: passes of policy updates over each step's rollouts.
     minibatches: policy updates per pass, each on whole groups (must divide data.prompts_per_step).
   """
@@ -86,14 +95,23 @@ class GRPOConfig(Section):
   kl_kind: str = "k3"
   kl_in_reward: bool = False
   entropy_coef: float = 0.0
+  clip_cov_ratio: float = 2e-4
+  clip_cov_lb: float = 1.0
+  clip_cov_ub: float = 5.0
+  kl_cov_ratio: float = 2e-3
+  kl_cov_coef: float = 1.0
   epochs: int = 1
   minibatches: int = 1
 
   def check(self) -> None:
     for name in ("group_size", "epochs", "minibatches"):
       at_least(self, name, 1)
-    for name in ("eps_lo", "eps_hi", "kl_coef", "entropy_coef", "dual_clip_c"):
+    for name in ("eps_lo", "eps_hi", "kl_coef", "entropy_coef", "dual_clip_c", "kl_cov_coef"):
       in_range(self, name, 0.0)
+    for name in ("clip_cov_ratio", "kl_cov_ratio"):
+      in_range(self, name, 0.0, 1.0)
+    if not self.clip_cov_lb < self.clip_cov_ub:
+      raise fail(self, "clip_cov_ub", f"must be > clip_cov_lb = {self.clip_cov_lb}")
     one_of(self, "advantage", ADVANTAGES)
     one_of(self, "agg", AGG_MODES)
     one_of(self, "kl_kind", KL_KINDS)
@@ -107,7 +125,8 @@ class GRPOConfig(Section):
   def loss_kwargs(self) -> dict:
     kwargs = dict(eps_lo=self.eps_lo, eps_hi=self.eps_hi, dual_clip_c=self.dual_clip_c or None, agg=self.agg,
                   kl_kind=self.kl_kind, kl_coef=0.0 if self.kl_in_reward else self.kl_coef,
-                  entropy_coef=self.entropy_coef)
+                  entropy_coef=self.entropy_coef, clip_cov_ratio=self.clip_cov_ratio, clip_cov_lb=self.clip_cov_lb,
+                  clip_cov_ub=self.clip_cov_ub, kl_cov_ratio=self.kl_cov_ratio, kl_cov_coef=self.kl_cov_coef)
     declared = inspect.signature(get_loss("policy", self.policy_loss)).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in declared.values()):
       return kwargs
@@ -182,6 +201,9 @@ def experience_shapes(config: GRPORunConfig) -> dict[str, jax.ShapeDtypeStruct]:
   return {k: jax.ShapeDtypeStruct(shape, dtype) for k, (shape, dtype) in shapes.items()}
 
 
+POLICY_LOSS_KEY = 0x5eed   # fold_in(update key, this): the policy loss's own key (the CLIPO term uses the key itself)
+
+
 def make_policy_loss(model: TransformerLM, settings: GRPOConfig, clipo_config: clipo.CLIPOConfig,
                      temperature: float) -> Callable[[Any, dict, jax.Array, Any], tuple[jax.Array, dict]]:
   """loss_fn(params, minibatch, rng, aux) -> (loss, metrics) of one policy update.
@@ -191,6 +213,7 @@ def make_policy_loss(model: TransformerLM, settings: GRPOConfig, clipo_config: c
   """
   policy_loss = get_loss("policy", settings.policy_loss)
   kwargs = settings.loss_kwargs()
+  draws = "rng" in inspect.signature(policy_loss).parameters   # clip_cov: its random tokens, a key per update
   in_loss = clipo_config.enabled and clipo_config.in_loss_coef > 0
 
   def loss_fn(params: Any, mb: dict, rng: jax.Array, aux: Any) -> tuple[jax.Array, dict]:
@@ -199,7 +222,8 @@ def make_policy_loss(model: TransformerLM, settings: GRPOConfig, clipo_config: c
     logp = token_logprobs(logits, mb["tokens"], mb["mask"])
     entropy = entropy_from_logits(logits) if settings.entropy_coef > 0 else None
     loss, metrics = policy_loss(logp, mb["old_logp"], mb["advantages"], mb["mask"], ref_logp=mb.get("ref_logp"),
-                                entropy=entropy, **kwargs)
+                                entropy=entropy, **kwargs,
+                                **({"rng": jax.random.fold_in(rng, POLICY_LOSS_KEY)} if draws else {}))
     if in_loss:
       term, _ = clipo.in_loss_term(clipo_config, aux["clipo"].params, hidden, mb["mask"], mb["labels"],
                                    mb["group_ids"], rng)
