@@ -2,17 +2,9 @@
 
 The run's recorded trainer (`jaxpt.engine.trainers.recorded_trainer` of `W/config.json`) names its entry in
 `TRAINERS`, whose build function rebuilds the run from the record (data from the workdir's caches, model, evaluator,
-compiled step); the checkpoint's params are restored into it (`Checkpointer.restore_params`) and the trainer's own
-evaluator runs once (DPO's reference policy is rebuilt from `init_from`, as on resume):
-
-    pretrain  eval_loss, eval_ppl, eval_accuracy                   (jaxpt.trainers.lm.make_lm_evaluator)
-    sft       those + eval_answer_accuracy (+ eval_sample_accuracy) (jaxpt.trainers.sft.make_sft_evaluator)
-    rm        eval_* (eval_<split>_* for the other splits)          (jaxpt.trainers.rm.RMEvaluator)
-    vit       eval_top1, eval_loss (test), eval_val_* (validation)  (jaxpt.trainers.vit.make_vit_evaluator)
-    dit       eval_loss (test), eval_val_loss (validation)          (jaxpt.trainers.dit.make_dit_evaluator)
-    dpo       the same, of the implicit reward beta (logp - ref)    (jaxpt.trainers.dpo.build)
-    grpo      eval_accuracy_<set>                                   (jaxpt.trainers.grpo.GRPOHooks.evaluate)
-
+compiled step); the checkpoint's params are restored into it (`Checkpointer.restore_params`) and the built run's own
+`evaluate` runs once (a reference policy, DPO's or KTO's, is rebuilt from `init_from`, as on resume; each trainer's
+module docstring says what its eval reports),
 so the numbers are those the run's own eval rows in metrics.jsonl hold for that step. The result
 {"step", "run", <metrics>} is one JSON line on stdout and `W/eval/step_<N>.json`; nothing is trained, no checkpoint
 or run record is written, and no workdir lock is taken (a run that is still training may be evaluated).
