@@ -4,7 +4,8 @@ object.
     python -m benchmarks.grpo_step [--peer-python /tmp/peers-venv/bin/python] [--rounds 3] [--scheme pre]
 
 The d512 model of the other benchmarks (8 layers, 8 heads with 4 KV heads, SwiGLU 2048, vocab 8192, tied;
-random init) in `jaxpt grpo`'s own trainer (`jaxpt.build("grpo", ...)` on `experiments/configs/grpo_tiny.py` with these sizes):
+random init) in `jaxpt grpo`'s own trainer (`jaxpt.build("grpo", ...)` on `experiments/configs/grpo_tiny.py` with
+these sizes):
 8 prompts x 8 rollouts (64 rows), prompts left-padded to 64 tokens, 128 new tokens at temperature 1, two
 minibatches (two updates of 32 rows, as grpo_tiny; one update of all 64 rows took > 9 GB here and was killed),
 KL to the reference policy (kl_coef 0.001). One step is
