@@ -7,6 +7,7 @@
     model.generate(["2 + 3 ="], max_new_tokens=8)        # -> list[str], through the KV-cache sampler
     model.score(prompts, responses)                      # reward models: float32 [n]
     model.save_hf("/tmp/export")                         # config.json + safetensors (jaxpt.models.hf_export)
+                                                         # (a reward model: transformers' ...ForSequenceClassification)
 
 With `mesh=` (a `jax.sharding.Mesh`) the params are created in the logical-axis rules' sharding (`rules=`, default
 fsdp_tp) and every call runs on that mesh; without it they live on the first device.
@@ -152,15 +153,18 @@ class Model:
 
   def save_hf(self, out_dir: str, format: str = "auto", overwrite: bool = False) -> str:
     """Writes the model as a Hugging Face checkpoint directory (jaxpt.models.hf_export.save_hf) with its tokenizer
-    files; returns the format: 'transformers' (pre-scheme models) or 'jaxpt' (native, e.g. SiameseNorm)."""
-    self._need("lm", "save_hf")
+    files; returns the format: 'transformers' (pre-scheme models) or 'jaxpt' (native, e.g. SiameseNorm). A reward
+    model is written as a sequence classifier (transformers' `...ForSequenceClassification`, or jaxpt's own) with
+    its number of scores and prompt format, so that `load("hf:" + out_dir).score` scores as this model does."""
+    reward = (dict(num_scores=self.num_scores, prompt_format=self.prompt_format) if self.kind == "reward" else
+              None)
     special = self.special_ids  # an HF checkpoint's as it had them, else its tokenizer's
     if special is None and self.tokenizer is not None:
       special = dict(bos_token_id=self.tokenizer.bos_id, eos_token_id=self.tokenizer.eos_id,
                      pad_token_id=self.tokenizer.configured_pad_id)  # pad_id falls back to EOS: not a pad token
     return hf_export.save_hf(self.params, self.config, out_dir, format=format, special_ids=special,
                              tokenizer_dir=self.tokenizer_dir if self.tokenizer is not None else None,
-                             overwrite=overwrite)
+                             overwrite=overwrite, reward=reward)
 
   # -- checks -----------------------------------------------------------------------------------------------------
 
@@ -210,9 +214,14 @@ def _shardings(abstract: Any, mesh: Mesh | None, rules: str) -> Any:
 
 
 def _load_hf(directory: str, mesh: Mesh | None, rules: str, overrides: dict) -> Model:
+  source, special = f"{hf.HF_PREFIX}{directory}", hf_config.special_ids(directory)
+  if hf_config.is_reward_model(hf_config.read_hf_json(directory)):  # a reward-model export (or classifier)
+    config, params, record = hf.load_reward(directory, mesh=mesh, rules=rules, **overrides)
+    return Model(config, params, _maybe_tokenizer(directory), kind="reward", num_scores=record["num_scores"],
+                 source=source, tokenizer_dir=directory, prompt_format=record["prompt_format"], special_ids=special)
   config, params = hf.load(directory, mesh=mesh, rules=rules, **overrides)
-  return Model(config, params, _maybe_tokenizer(directory), source=f"{hf.HF_PREFIX}{directory}",
-               tokenizer_dir=directory, special_ids=hf_config.special_ids(directory))
+  return Model(config, params, _maybe_tokenizer(directory), source=source, tokenizer_dir=directory,
+               special_ids=special)
 
 
 def run_tokenizer_dir(workdir: str, recorded: dict) -> str | None:
@@ -289,16 +298,22 @@ def _load_run(workdir: str, step: int | None, mesh: Mesh | None, rules: str, ove
 
 
 def load(path: str, *, step: int | None = None, mesh: Mesh | None = None, rules: str = "fsdp_tp",
-         **model_overrides: Any) -> Model:
-  """A `Model` from `path`: `hf:DIR` (a Hugging Face checkpoint directory, or a jaxpt export), or the workdir of
-  a jaxpt run whose checkpoints hold a language model or a reward model (`Trainer.model` in
-  `jaxpt.engine.trainers.TRAINERS`) at its latest checkpoint or `step`.
+         kind: str | None = None, **model_overrides: Any) -> Model:
+  """A `Model` from `path`: `hf:DIR` (a Hugging Face checkpoint directory, or a jaxpt export: a reward model's
+  loads as one), or the workdir of a jaxpt run whose checkpoints hold a language model or a reward model
+  (`Trainer.model` in `jaxpt.engine.trainers.TRAINERS`) at its latest checkpoint or `step`.
 
+  kind: 'lm' or 'reward' to refuse anything else (a ConfigError naming the path), checked before the params load.
   model_overrides: ModelConfig fields that change how the model runs (dtype, param_dtype, max_seq_len, remat,
   scan_layers, ...); one that contradicts the checkpoint's architecture is a ConfigError naming both values.
   """
+  if kind is not None and kind not in LOADABLE:
+    raise ConfigError("kind", f"must be one of {', '.join(LOADABLE)}", kind)
   if path.startswith(hf.HF_PREFIX):
-    return _load_hf(os.path.expanduser(path[len(hf.HF_PREFIX):]), mesh, rules, model_overrides)
+    directory = os.path.expanduser(path[len(hf.HF_PREFIX):])
+    if kind is not None:
+      _check_kind(path, kind, "reward" if hf_config.is_reward_model(hf_config.read_hf_json(directory)) else "lm")
+    return _load_hf(directory, mesh, rules, model_overrides)
   workdir = os.path.expanduser(path)
   if not os.path.isdir(workdir):
     raise FileNotFoundError(f"{path}: no such directory (a jaxpt workdir, or hf:DIR for a Hugging Face checkpoint)")
@@ -306,7 +321,15 @@ def load(path: str, *, step: int | None = None, mesh: Mesh | None = None, rules:
   if not os.path.isdir(os.path.join(workdir, "checkpoints")) and os.path.isfile(config_file):
     if "model_type" in hf_config.read_hf_json(workdir):
       raise ConfigError("path", f"is a Hugging Face checkpoint directory: load it as 'hf:{path}'", path)
+  if kind is not None:
+    _check_kind(path, kind, _loadable_model(workdir, recorded_trainer(recorded_config(workdir))))
   return _load_run(workdir, step, mesh, rules, model_overrides)
+
+
+def _check_kind(path: str, wanted: str, found: str) -> None:
+  if found != wanted:
+    names = {"lm": "a language model", "reward": "a reward model"}
+    raise ConfigError("path", f"holds {names[found]}, not {names[wanted]}", path)
 
 
 def run_export_hf(workdir: str, step: int | None, out: str, format: str = "auto", overwrite: bool = False) -> int:
@@ -329,6 +352,7 @@ def run_export_hf(workdir: str, step: int | None, out: str, format: str = "auto"
   if jax.process_index() != 0:
     return 0
   size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out) if f.endswith(".safetensors"))
-  print(f"jaxpt export-hf: wrote {model.source} as a {written}-format checkpoint to {out} ({size / 2**20:.1f} MiB "
+  what = f"{written}-format {'reward-model ' if model.kind == 'reward' else ''}checkpoint"
+  print(f"jaxpt export-hf: wrote {model.source} as a {what} to {out} ({size / 2**20:.1f} MiB "
         f"of safetensors{', and its tokenizer' if model.tokenizer is not None else ''})", flush=True)
   return 0

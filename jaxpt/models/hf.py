@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -25,8 +25,10 @@ from safetensors import SafetensorError, safe_open
 
 from jaxpt.config import ConfigError, DataError, read_json_object
 from jaxpt.models.config import ModelConfig
-from jaxpt.models.hf_config import CONFIG_FILE, NATIVE_TYPE, check_importable, read_config, read_hf_json
-from jaxpt.models.hf_layout import hf_shape, read_slice, tensor_source
+from jaxpt.models.hf_config import (CONFIG_FILE, NATIVE_TYPE, check_importable, read_config, read_hf_json,
+                                    reward_record)
+from jaxpt.models.hf_layout import LM_HEAD_PATH, REWARD_HEAD_PATH, SCORE_SOURCE, hf_shape, read_slice, tensor_source
+from jaxpt.models.reward import RewardModel
 from jaxpt.models.transformer import TransformerLM
 from jaxpt.parallel.rules import get_rules
 from jaxpt.parallel.sharding import param_shardings
@@ -115,29 +117,63 @@ def load_params(path: str, config: ModelConfig, mesh: Mesh | None = None, shardi
   if not native:
     check_importable(config)
   boxed = jax.eval_shape(lambda: TransformerLM(config).init(jax.random.PRNGKey(0), jnp.zeros((1, 1), jnp.int32)))
-  boxed = boxed["params"]
+  dtype = jnp.dtype(config.param_dtype)
+  return _load_tree(path, boxed["params"], lambda names, ndim: (tensor_source(names, ndim, native), dtype), mesh,
+                    shardings, rules)
+
+
+def load_reward_params(path: str, config: ModelConfig, num_scores: int, mesh: Mesh | None = None,
+                       shardings: Any = None, rules: str = "fsdp_tp") -> Any:
+  """The parameters of `RewardModel(config, num_scores)` from a reward-model checkpoint directory (written by
+  `hf_export.save_hf` for a reward model, or a transformers sequence classifier): the backbone as `load_params`
+  reads it, the score head from `score.weight` [num_scores, d_model] (float32). The backbone's LM head, which a
+  reward model never uses and an export does not write, is zeros."""
+  native = read_hf_json(path).get("model_type") == NATIVE_TYPE
+  if not native:
+    check_importable(config)
+  module = RewardModel(config, num_scores=num_scores)
+  boxed = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), jnp.zeros((1, 1), jnp.int32),
+                                             jnp.zeros((1,), jnp.int32)))
+  dtype = jnp.dtype(config.param_dtype)
+
+  def locate(names, ndim):
+    if names == REWARD_HEAD_PATH:
+      return (SCORE_SOURCE, False), jnp.dtype(jnp.float32)
+    if names == ("backbone", *LM_HEAD_PATH):
+      return (None, False), dtype  # zeros
+    return (tensor_source(names[1:], ndim, native) if names[0] == "backbone" else None), dtype
+
+  return _load_tree(path, boxed["params"], locate, mesh, shardings, rules)
+
+
+def _load_tree(path: str, boxed: Any, locate: Callable, mesh: Mesh | None, shardings: Any, rules: str) -> Any:
+  """The param tree of abstract `boxed` read from checkpoint `path`. `locate(names, ndim)` -> (where, dtype) for
+  each leaf: where is (Source, stacked), (None, False) for a leaf of zeros, or None for one that has no tensor (a
+  ConfigError)."""
   abstract = nn.meta.unbox(boxed)
   if shardings is None:
     if mesh is None:
       shardings = jax.tree.map(lambda _: SingleDeviceSharding(jax.devices()[0]), abstract)
     else:
       shardings = param_shardings(boxed, mesh, get_rules(rules))
-  dtype = jnp.dtype(config.param_dtype)
   leaves, treedef = jax.tree_util.tree_flatten_with_path(abstract)
   sharding_leaves = treedef.flatten_up_to(shardings)
   with Checkpoint(path) as checkpoint:
     plans = []
     for key_path, leaf in leaves:
       names = tuple(str(getattr(k, "key", k)) for k in key_path)
-      found = tensor_source(names, leaf.ndim, native)
+      found, dtype = locate(names, leaf.ndim)
       if found is None:
         raise ConfigError("model", f"parameter {'/'.join(names)} has no Hugging Face tensor")
       source, stacked = found
+      if source is None:
+        plans.append(((leaf.shape, None, False, leaf.shape, []), dtype))
+        continue
       layer_shape = leaf.shape[1:] if stacked else leaf.shape
       layers = range(leaf.shape[0]) if stacked else [None]
       tensors = [checkpoint.tensor(source.name.format(layer=l), hf_shape(source, layer_shape)) for l in layers]
-      plans.append((leaf.shape, source, stacked, layer_shape, tensors))
-    arrays = [_build(plan, sharding, dtype) for plan, sharding in zip(plans, sharding_leaves)]
+      plans.append(((leaf.shape, source, stacked, layer_shape, tensors), dtype))
+    arrays = [_build(plan, sharding, dtype) for (plan, dtype), sharding in zip(plans, sharding_leaves)]
   return jax.tree_util.tree_unflatten(treedef, arrays)
 
 
@@ -146,6 +182,8 @@ def _build(plan, sharding, dtype) -> jax.Array:
 
   def callback(index):
     index = tuple(index) + (slice(None),) * (len(shape) - len(index))
+    if source is None:  # a parameter the checkpoint has no tensor for and nothing reads (a reward model's LM head)
+      return np.zeros([len(range(*i.indices(n))) for i, n in zip(index, shape)], dtype)
     if not stacked:
       return np.asarray(read_slice(tensors[0], source, layer_shape, index), dtype)
     picked = range(*index[0].indices(shape[0]))
@@ -159,4 +197,13 @@ def load(path: str, mesh: Mesh | None = None, shardings: Any = None, rules: str 
   """(read_config(path, **overrides), load_params(path, that config, mesh, shardings, rules))."""
   config = read_config(path, **overrides)
   return config, load_params(path, config, mesh, shardings, rules)
+
+
+def load_reward(path: str, mesh: Mesh | None = None, shardings: Any = None, rules: str = "fsdp_tp",
+                **overrides: Any) -> tuple[ModelConfig, Any, dict]:
+  """(the backbone's ModelConfig, the `RewardModel` params, config.json's reward record {num_scores,
+  prompt_format}) of a reward-model checkpoint directory; DataError naming the file for a language model."""
+  config = read_config(path, reward=True, **overrides)
+  record = reward_record(read_hf_json(path), os.path.join(path, CONFIG_FILE))
+  return config, load_reward_params(path, config, record["num_scores"], mesh, shardings, rules), record
 

@@ -8,6 +8,11 @@ ModelConfig under `jaxpt_model`.
 Not supported, each refused naming the config.json field: activations other than silu, MLP biases, sliding-window
 attention in Qwen2/3 (`use_sliding_window`), RoPE types other than default and llama3, partial rotary.
 Mistral's `sliding_window` W is exact for sequences up to W, so it caps `max_seq_len` at W.
+
+Reward models (`jaxpt.models.hf_export` writes them; `reward_record` reads them): transformers' sequence classifiers
+(`LlamaForSequenceClassification`, Qwen2 / Qwen3 likewise: the backbone + `score.weight` [num_labels, hidden]) or a
+jaxpt-native `JaxptRewardModel`, with what jaxpt needs to score as the run did under `jaxpt_reward` (num_scores and
+the prompt format the reward model was trained with). A language-model read of one is a DataError naming the file.
 """
 
 from __future__ import annotations
@@ -38,6 +43,11 @@ ARCHITECTURE_FIELDS = ("vocab_size", "d_model", "num_layers", "num_heads", "num_
 # ModelConfig values every transformers decoder class (and so every HF checkpoint jaxpt reads) has.
 TRANSFORMERS_FIELDS = (("norm_scheme", "pre"), ("norm_type", "rmsnorm"), ("mlp_type", "swiglu"), ("v_norm", False),
                        ("num_experts", 0), ("mlp_bias", False), ("causal", True), ("rope", True))
+SEQUENCE_CLASSIFIERS = {"llama": "LlamaForSequenceClassification", "mistral": "MistralForSequenceClassification",
+                        "qwen2": "Qwen2ForSequenceClassification", "qwen3": "Qwen3ForSequenceClassification"}
+NATIVE_REWARD_ARCHITECTURE = "JaxptRewardModel"
+REWARD_KEY = "jaxpt_reward"  # config.json of a reward-model export: {num_scores, score_names, prompt_format}
+PROMPT_FORMATS = ("plain", "chat")
 SPECIAL_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")  # config.json's special-token ids
 # ModelConfig fields that change how a model runs, not what it computes: a load may set them freely.
 RUNTIME_FIELDS = ("max_seq_len", "dtype", "param_dtype", "remat", "scan_layers", "attention_query_chunk",
@@ -85,16 +95,54 @@ def _rope(hf: dict, file: str) -> dict:
   return fields
 
 
+def is_reward_model(hf: dict) -> bool:
+  """Whether HF config dict `hf` describes a reward model (a sequence classifier, or jaxpt's native one)."""
+  return (hf.get("architectures") or [None])[0] in (*SEQUENCE_CLASSIFIERS.values(), NATIVE_REWARD_ARCHITECTURE)
+
+
+def reward_record(hf: dict, file: str = CONFIG_FILE) -> dict | None:
+  """{num_scores, prompt_format} of a reward-model config.json (None for a language model): from its `jaxpt_reward`
+  record, else (a sequence classifier written by another tool) num_labels and plain prompts. DataError naming the
+  file and field for a record that contradicts itself."""
+  if not is_reward_model(hf):
+    return None
+  record = hf.get(REWARD_KEY)
+  labels = hf.get("id2label")
+  num_labels = len(labels) if isinstance(labels, dict) and labels else hf.get("num_labels", 2)
+  if record is None:
+    return dict(num_scores=num_labels, prompt_format="plain")
+  if not isinstance(record, dict):
+    raise DataError(f"{file}: {REWARD_KEY}: not an object")
+  num_scores, prompt_format = record.get("num_scores"), record.get("prompt_format", "plain")
+  if not isinstance(num_scores, int) or num_scores < 1 or (isinstance(labels, dict) and num_scores != num_labels):
+    raise DataError(f"{file}: {REWARD_KEY}.num_scores={num_scores!r}: must be an int >= 1 (and the number of "
+                    "id2label entries)")
+  if prompt_format not in PROMPT_FORMATS:
+    raise DataError(f"{file}: {REWARD_KEY}.prompt_format={prompt_format!r}: must be one of "
+                    f"{', '.join(PROMPT_FORMATS)}")
+  return dict(num_scores=num_scores, prompt_format=prompt_format)
+
+
+def _check_kind(hf: dict, file: str, reward: bool) -> None:
+  """DataError naming the file when it holds a reward model and a language model was asked for, or the reverse."""
+  if is_reward_model(hf) and not reward:
+    raise DataError(f"{file}: architectures={hf.get('architectures')!r}: a reward model, not a causal language "
+                    "model (jaxpt.load('hf:DIR') reads it as a reward model)")
+  if reward and not is_reward_model(hf):
+    raise DataError(f"{file}: architectures={hf.get('architectures')!r}: a language model, not a reward model")
+
+
 def config_fields(hf: dict, file: str = CONFIG_FILE) -> dict:
-  """The ModelConfig fields (pre scheme, RMSNorm, SwiGLU) that HF config dict `hf` (from `file`) describes."""
+  """The ModelConfig fields (pre scheme, RMSNorm, SwiGLU) that HF config dict `hf` (from `file`) describes (of the
+  backbone, for a sequence classifier)."""
   model_type = hf.get("model_type")
   if model_type not in FAMILIES:
     raise DataError(f"{file}: model_type={model_type!r}: unsupported (supported: {', '.join(FAMILIES)})")
   architecture, family_defaults = FAMILIES[model_type]
   architectures = hf.get("architectures") or [architecture]
-  if architectures != [architecture]:
+  if architectures not in ([architecture], [SEQUENCE_CLASSIFIERS[model_type]]):
     raise DataError(f"{file}: architectures={architectures!r}: unsupported for model_type={model_type!r} "
-                    f"(supported: [{architecture!r}])")
+                    f"(supported: [{architecture!r}], [{SEQUENCE_CLASSIFIERS[model_type]!r}])")
   hf = {**DEFAULTS, **family_defaults, **{k: v for k, v in hf.items() if v is not None or k == "sliding_window"}}
   for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
     if key not in hf:
@@ -136,13 +184,15 @@ def checkpoint_dtype(hf: dict) -> str:
   return "bfloat16" if (hf.get("dtype") or hf.get("torch_dtype")) == "bfloat16" else "float32"
 
 
-def checkpoint_fields(path: str) -> tuple[dict, tuple[str, ...]]:
+def checkpoint_fields(path: str, reward: bool = False) -> tuple[dict, tuple[str, ...]]:
   """(the ModelConfig fields config.json of checkpoint directory `path` gives, the names among them that fix the
-  architecture: a run may not set those to other values). DataError naming the file and field."""
-  return _checkpoint_fields(read_hf_json(path), os.path.join(path, CONFIG_FILE))
+  architecture: a run may not set those to other values). DataError naming the file and field, also for a reward
+  model (`reward=False`) or a language model (`reward=True`)."""
+  return _checkpoint_fields(read_hf_json(path), os.path.join(path, CONFIG_FILE), reward)
 
 
-def _checkpoint_fields(hf: dict, file: str) -> tuple[dict, tuple[str, ...]]:
+def _checkpoint_fields(hf: dict, file: str, reward: bool = False) -> tuple[dict, tuple[str, ...]]:
+  _check_kind(hf, file, reward)
   if hf.get("model_type") == NATIVE_TYPE:
     fields = native_fields(hf, file)
     return fields, tuple(name for name in fields if name not in RUNTIME_FIELDS)
@@ -157,15 +207,16 @@ def contradiction(path: str, name: str, value: Any, fields: dict, architecture: 
   return None
 
 
-def read_config(path: str, **overrides: Any) -> ModelConfig:
-  """The `ModelConfig` of the checkpoint directory `path`, with `overrides` (other ModelConfig fields: dtype,
-  scan_layers, remat, ...). param_dtype and dtype default to the checkpoint's (bfloat16 or float32).
+def read_config(path: str, reward: bool = False, **overrides: Any) -> ModelConfig:
+  """The `ModelConfig` of the checkpoint directory `path` (a reward model's backbone with `reward`), with
+  `overrides` (other ModelConfig fields: dtype, scan_layers, remat, ...). param_dtype and dtype default to the
+  checkpoint's (bfloat16 or float32).
 
   DataError (naming the file and field) for a directory that is not a checkpoint or an unsupported model;
   ConfigError naming both values for an override that contradicts config.json.
   """
   hf = read_hf_json(path)  # read once: the fields and the dtype
-  fields, architecture = _checkpoint_fields(hf, os.path.join(path, CONFIG_FILE))
+  fields, architecture = _checkpoint_fields(hf, os.path.join(path, CONFIG_FILE), reward)
   known = {field.name for field in dataclasses.fields(ModelConfig)}
   for name, value in overrides.items():
     if name not in known:

@@ -8,6 +8,13 @@
     jaxpt         every other model (SiameseNorm, Post-Norm, HybridNorm, LayerNorm / GELU models): a jaxpt-native
                   HF-style directory (`model_type: "jaxpt"`), which only jaxpt loads (`jaxpt.models.hf.load`).
 
+A reward model (`save_hf(..., reward={num_scores, prompt_format})`, params of `RewardModel`) is written the same way
+with its score head instead of the LM head (which it never uses): in transformers format as
+Llama/Qwen2/Qwen3ForSequenceClassification (`score.weight` [num_labels = num_scores, hidden]; pad_token_id only
+when the tokenizer has a pad token other than EOS, since transformers scores the last token that is not
+pad_token_id and jaxpt scores the EOS that ends prompt + response), in jaxpt format as `JaxptRewardModel`; both
+record num_scores and the prompt format under `jaxpt_reward`, which `jaxpt.load("hf:DIR")` reads back.
+
 Each tensor is the inverse of its import mapping (`hf_layout.Source`: jaxpt = W.transpose(hf axes).reshape(jaxpt shape),
 so W = jaxpt.reshape(group sizes).transpose(back)), one layer at a time. Arrays are gathered one parameter at a
 time (`process_allgather` on multi-host meshes; only process 0 writes), so the host holds at most one shard file's
@@ -93,6 +100,25 @@ def native_config(config: ModelConfig, special_ids: dict[str, int | None]) -> di
               jaxpt_model=dataclasses.asdict(config), **special_ids)
 
 
+SCORE_NAMES = {1: ["reward"], 2: ["quality", "length"]}  # id2label of a reward model (ODIN: r_Q, r_L)
+
+
+def reward_config(hf_json: dict, family: str | None, reward: dict) -> dict:
+  """`hf_json` (the backbone's config.json) as a reward model's: its architecture, labels and `jaxpt_reward`."""
+  num_scores = reward["num_scores"]
+  names = SCORE_NAMES.get(num_scores, [f"score_{i}" for i in range(num_scores)])
+  out = dict(hf_json, architectures=[hf_config.SEQUENCE_CLASSIFIERS[family] if family else
+                                     hf_config.NATIVE_REWARD_ARCHITECTURE],
+             id2label={str(i): name for i, name in enumerate(names)},
+             label2id={name: i for i, name in enumerate(names)},
+             **{hf_config.REWARD_KEY: dict(num_scores=num_scores, score_names=names,
+                                           prompt_format=reward.get("prompt_format", "plain"))})
+  eos = out.get("eos_token_id")
+  if family and out.get("pad_token_id") in (eos if isinstance(eos, list) else [eos]):
+    out.pop("pad_token_id")  # transformers would skip the scored EOS as padding
+  return out
+
+
 def to_hf_layout(block: np.ndarray, source: hf_layout.Source) -> np.ndarray:
   """One layer's jaxpt array -> the HF tensor `source` names (the inverse of `hf_layout.read_slice` on the whole
   array)."""
@@ -124,6 +150,15 @@ def hf_tensors(params: Any, native: bool) -> Iterator[tuple[str, np.ndarray]]:
         yield source.name.format(layer=layer), np.ascontiguousarray(to_hf_layout(value[layer], source))
     else:
       yield source.name, np.ascontiguousarray(to_hf_layout(value, source))
+
+
+def reward_tensors(params: Any, native: bool) -> Iterator[tuple[str, np.ndarray]]:
+  """`hf_tensors` of a `RewardModel`'s params: the backbone's without its (unused) LM head, then score.weight."""
+  params = nn.meta.unbox(params)
+  backbone = {name: value for name, value in params["backbone"].items() if name != hf_layout.LM_HEAD_PATH[0]}
+  yield from hf_tensors(backbone, native)
+  head = _host_value(params[hf_layout.REWARD_HEAD_PATH[0]][hf_layout.REWARD_HEAD_PATH[1]])
+  yield hf_layout.SCORE_SOURCE.name, np.ascontiguousarray(to_hf_layout(head, hf_layout.SCORE_SOURCE))
 
 
 def _shard_names(count: int) -> list[str]:
@@ -272,8 +307,10 @@ def _on_process_0(action: Callable[[], None], others: Callable[[], None] = lambd
 
 def save_hf(params: Any, config: ModelConfig, out_dir: str, *, format: str = "auto",
             special_ids: dict[str, int | None] | None = None, tokenizer_dir: str | None = None,
-            max_shard_bytes: int = MAX_SHARD_BYTES, overwrite: bool = False) -> str:
+            max_shard_bytes: int = MAX_SHARD_BYTES, overwrite: bool = False, reward: dict | None = None) -> str:
   """Writes `TransformerLM(config)`'s `params` to `out_dir` as a Hugging Face checkpoint; returns the format used.
+  With `reward` ({num_scores, prompt_format}), `params` are `RewardModel(config, num_scores)`'s and the checkpoint
+  is a reward model's (module docstring).
 
   format: `transformers` (ConfigError naming the model field that no transformers class has), `jaxpt` (native),
   or `auto` (transformers when possible). special_ids: bos/eos/pad_token_id for config.json. tokenizer_dir: its
@@ -290,6 +327,8 @@ def save_hf(params: Any, config: ModelConfig, out_dir: str, *, format: str = "au
   native = format == "jaxpt" or family is None
   ids = {k: v for k, v in (special_ids or {}).items() if v is not None}
   hf_json = native_config(config, ids) if native else transformers_config(config, family, ids)
+  if reward is not None:
+    hf_json = reward_config(hf_json, None if native else family, reward)
   write = jax.process_index() == 0
   out_dir = os.path.abspath(os.path.expanduser(out_dir))
   work: list[str] = []  # process 0: a new folder beside out_dir (new/: the export, old/: the one it replaces)
@@ -311,7 +350,7 @@ def save_hf(params: Any, config: ModelConfig, out_dir: str, *, format: str = "au
 
   _on_process_0(start)  # before any gather: a refused out_dir stops every process
   try:
-    tensors = hf_tensors(params, native)
+    tensors = hf_tensors(params, native) if reward is None else reward_tensors(params, native)
     _on_process_0(lambda: _write_tensors(tensors, os.path.join(work[0], "new"), max_shard_bytes, write=True),
                   others=lambda: _write_tensors(tensors, "", max_shard_bytes, write=False))
     _on_process_0(finish)

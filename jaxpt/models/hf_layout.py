@@ -14,6 +14,8 @@ Parameter layout (HF `nn.Linear` weight W is [out, in], y = x W^T + b; H heads, 
     output/final_norm/scale [d]       <- model.norm.weight
     head/kernel [d, V]                <- lm_head.weight [V, d], transposed (untied only; ignored when tied)
 Scanned layers (`scan_layers`) stack layer l at index l of a leading [layers] axis.
+A reward model (`RewardModel`: `backbone/...` as above, `head/kernel` [d, num_scores]) is transformers' sequence
+classifier: the backbone's tensors, no lm_head, and score.weight [num_scores, d], transposed (`SCORE_SOURCE`).
 
 RoPE: jaxpt pairs head dimension i with i + D/2 (rotate-half, `jaxpt.nn.rope`), as HF's `apply_rotary_pos_emb`
 does, so q/k rows are taken as stored: no permutation (the one in Meta -> HF Llama conversion scripts turns the
@@ -32,12 +34,18 @@ from typing import NamedTuple
 
 import numpy as np
 
+
 class Source(NamedTuple):
   """Where a jaxpt parameter (one layer's part of it) comes from: HF tensor `name`; `groups` lists, in jaxpt axis
   order, (HF axis, number of consecutive jaxpt axes it is split into): jaxpt = W.transpose(hf axes).reshape."""
 
   name: str
   groups: tuple[tuple[int, int], ...]
+
+
+LM_HEAD_PATH = ("head", "kernel")  # a TransformerLM's untied output head [d, V]: lm_head.weight
+REWARD_HEAD_PATH = ("head", "kernel")  # a RewardModel's score head [d, num_scores]; its backbone is under "backbone"
+SCORE_SOURCE = Source("score.weight", ((1, 1), (0, 1)))  # <- [num_scores, d], in both formats
 
 
 def _copy(name: str, ndim: int) -> Source:
@@ -69,7 +77,7 @@ def hf_source(path: tuple[str, ...], ndim: int) -> tuple[Source, bool] | None:
     return _copy("model.embed_tokens.weight", 2), False
   if path == ("output", "final_norm", "scale"):
     return _copy("model.norm.weight", 1), False
-  if path == ("head", "kernel"):
+  if path == LM_HEAD_PATH:
     return Source("lm_head.weight", ((1, 1), (0, 1))), False
   if len(path) > 2 and path[0] == "decoder":
     if path[1] == "layers":
