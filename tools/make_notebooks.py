@@ -295,6 +295,38 @@ for ax, title in zip(axes, ("loss", "d loss / d logp")):
 plt.show()
 '''),
     md("""
+## Policy losses side by side: the gradient each token gets
+
+The picture people draw to compare policy losses: for one token of advantage +1 or -1, the gradient that reaches
+`logp` as the importance ratio `rho` sweeps [0.2, 4.5] (`jax.grad` of each registered loss at its paper defaults,
+`eps_lo=0.2`, `eps_hi=0.28`; GPPO's beta1 = beta2 = 1; TOPR's sequence ratio is the token's own here). PPO-clip stops
+the gradient outside the clip range (and, for A < 0, past the dual clip), CISPO keeps every token with a clipped
+weight, GPPO keeps a bounded gradient where PPO-clip has none, TOPR weights positive tokens by 1 and negative ones
+by min(rho, 1). Clip-Cov and KL-Cov select tokens by their covariance over a batch, so one token cannot show them.
+"""),
+    code('''
+policy_losses = {"ppo_clip": dict(eps_lo=0.2, eps_hi=0.28, dual_clip_c=3.0), "cispo": dict(eps_lo=0.2, eps_hi=0.28),
+                 "gppo": dict(eps_lo=0.2, eps_hi=0.28), "topr": {}}
+
+
+def token_gradient(name, log_ratio, advantage):
+  loss_fn = jaxpt.get_loss("policy", name)
+  loss = lambda lr: loss_fn(lr.reshape(1, 1), jnp.zeros((1, 1)), jnp.array([advantage]), one,
+                            **policy_losses[name])[0]
+  return jax.grad(loss)(log_ratio)
+
+
+fig, axes = plt.subplots(1, 2, figsize=(10, 3.5), sharey=True)
+for ax, advantage in zip(axes, (1.0, -1.0)):
+  for name in policy_losses:
+    ax.plot(rho, jax.vmap(lambda lr: token_gradient(name, lr, advantage))(jnp.log(rho)), label=name)
+  ax.axvspan(0.8, 1.28, color="0.9")
+  ax.set_xlabel("ratio rho")
+  ax.set_title(f"d loss / d logp, A = {advantage:+.0f}")
+  ax.legend()
+plt.show()
+'''),
+    md("""
 ## CLIPO: a contrastive loss over rollouts' hidden states
 
 CLIPO projects each rollout's hidden state with a small head; correct rollouts of a prompt are pulled together
