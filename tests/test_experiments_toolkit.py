@@ -3,6 +3,7 @@ probes (gradient reaching each block, residual-stream norms) against independent
 
 import dataclasses
 import itertools
+import json
 import math
 import os
 
@@ -223,6 +224,31 @@ def test_grid_trains_each_run_once_and_keeps_going_past_a_failure(tmp_path, caps
   assert again == first and open(tmp_path / "x1" / "trained").read() == "once\n"  # not trained twice
   with pytest.raises(SystemExit, match="x1: trained with other overrides"):
     runner.finished_or_trained(runs[:1], square_or_fail, str(tmp_path), 1, True, {"sets": {"a": 2}})
+
+
+def test_report_only_reports_runs_whose_config_digest_alone_changed(tmp_path, capsys):
+  from experiments.toolkit import runner
+
+  directory = tmp_path / "x1"
+  directory.mkdir()
+  (directory / runner.DONE_FILE).write_text('{"name": "x1", "sets": {}, "config_digest": "old", "square": 1}')
+  same = {"sets": {}, "config_digest": "new"}
+  assert [s["square"] for s in runner.finished_or_trained([dict(name="x1")], square_or_fail, str(tmp_path), 1, True,
+                                                          same)] == [1]
+  assert "config_digest old (the current code's: new)" in capsys.readouterr().out
+  with pytest.raises(SystemExit, match="trained with other overrides"):  # training would mix configs
+    runner.finished_or_trained([dict(name="x1")], square_or_fail, str(tmp_path), 1, False, same)
+  with pytest.raises(SystemExit, match="trained with other overrides"):  # other --set values: never
+    runner.finished_or_trained([dict(name="x1")], square_or_fail, str(tmp_path), 1, True,
+                               {"sets": {"a": 1}, "config_digest": "new"})
+
+
+def test_report_only_results_file_keeps_the_config_that_trained_the_runs(tmp_path):
+  path = str(tmp_path / "results.json")
+  results.write_json(path, dict(config={"lr": 1}, table=[1]))
+  results.write_json(path, dict(config={"lr": 1, "added_since": 0}, table=[2]), report_only=True)
+  payload = json.load(open(path))
+  assert payload["config"] == {"lr": 1} and payload["table"] == [2] and "kept from" in payload["config_source"]
 
 
 def test_a_late_or_orphaned_worker_never_replaces_a_finished_run(tmp_path, monkeypatch):

@@ -188,7 +188,7 @@ def synthetic_table(summaries: list[dict], methods) -> tuple[list[dict], list[di
       for key in ("balanced_accuracy", "accuracy"):
         comparisons.append(dict(p=p, a=method, b="bt", metric=key if key != "accuracy" else "adversarial_accuracy",
                                 **stats.paired(values[key], by_method["bt"][1][key])))
-  return rows, comparisons
+  return rows, stats.holm_adjust(comparisons)
 
 
 def hh_table(summaries: list[dict]) -> tuple[list[dict], list[dict]]:
@@ -206,7 +206,7 @@ def hh_table(summaries: list[dict]) -> tuple[list[dict], list[dict]]:
   comparisons = [dict(a=m, b="bt", metric=k, **stats.paired(values[m][k], values["bt"][k]))
                  for m in ("dir", "odin") if m in values and "bt" in values
                  for k in ("accuracy", "balanced_accuracy", "length_matched_accuracy")]
-  return rows, comparisons
+  return rows, stats.holm_adjust(comparisons)
 
 
 def markdown(payload: dict) -> str:
@@ -232,8 +232,8 @@ def markdown(payload: dict) -> str:
     lines.append(f"| {r['p']} | {r['method']} | {stats.fmt(r['balanced_accuracy'])} | "
                  f"{stats.fmt(r['adversarial_accuracy'])} | {stats.fmt(r['pearson_score_length'])} | "
                  f"{stats.fmt(r['train_accuracy'])} |")
-  lines += ["", "Paired by seed against BT (A - BT; positive: A better): mean [95% bootstrap CI], paired t, exact "
-            "sign-flip p (its minimum with n seeds).", "", "| p | A | metric | A - BT |", "|---:|---|---|---|"]
+  lines += ["", "Paired by seed against BT (A - BT; positive: A better): " + stats.PAIRED_NOTE.replace(
+                "of this report", "of this table") + ".", "", "| p | A | metric | A - BT |", "|---:|---|---|---|"]
   for c in payload["synthetic_comparisons"]:
     lines.append(f"| {c['p']} | {c['a']} | {c['metric']} | {stats.fmt_paired(c)} |")
   if payload["hh"]:
@@ -245,7 +245,9 @@ def markdown(payload: dict) -> str:
                    f"{stats.fmt(r['length_matched_accuracy'])} | {stats.fmt(r['pearson_score_length'])} | "
                    f"{stats.fmt(r['train_accuracy'])} |")
     lines += ["", f"Length-matched pairs: {payload['hh'][0]['length_matched_pairs']}; the length-only scorer's "
-              f"accuracy: {payload['hh'][0]['length_only_accuracy']:.3f}.", "", "| A | metric | A - BT |",
+              f"accuracy: {payload['hh'][0]['length_only_accuracy']:.3f}.", "",
+              "Paired by seed against BT, as above (Holm over this table's comparisons).", "",
+              "| A | metric | A - BT |",
               "|---|---|---|"]
     for c in payload["hh_comparisons"]:
       lines.append(f"| {c['a']} | {c['metric']} | {stats.fmt_paired(c)} |")
@@ -319,14 +321,16 @@ def main(argv=None) -> None:
                             "lambda 1; lambda per p: argmax over LAMBDAS; hh uses the lambda chosen at p = 0.9",
                   validation="the synthetic task drawn with data_seed 1 (reported runs: data_seed 0)",
                   tuning_seeds=list(TUNE_SEEDS), reported_seeds=seeds, label_noise=LABEL_NOISE,
-                  statistic="paired by seed against BT: t test, exact sign-flip test, 95% bootstrap CI",
+                  statistic="paired by seed against BT: t interval, t test, exact sign-flip test (`statistics`)",
                   summary="mean ± sample std (n)", length_matched=f"|len_c - len_r| <= {LENGTH_MATCH} max(len)"),
       sets=common["sets"], common=COMMON,
       tuning={"estimator": estimator_scores, "chosen_estimator": chosen_estimator, "lambda": lambda_scores,
               "chosen_lambda": chosen_lambda},
       synthetic=rows, synthetic_comparisons=comparisons, hh=hh_rows, hh_comparisons=hh_comparisons,
+      statistics=dict(synthetic=stats.statistics(comparisons), hh=stats.statistics(hh_comparisons)),
       provenance=results.provenance(tuned + tuned_lambdas + synthetic + hh, os.path.join(HERE, "run.py")))
-  results.write_json(os.path.join(out, "results.json"), payload, tuned + tuned_lambdas + synthetic + hh)
+  results.write_json(os.path.join(out, "results.json"), payload, tuned + tuned_lambdas + synthetic + hh,
+                     report_only=args.report_only)
   results.copy_run_files(workdir, tuned + tuned_lambdas + synthetic + hh, out)
   if rows:
     plot(rows, os.path.join(out, "results.png"))

@@ -9,7 +9,7 @@
 3. final: both methods at their tuned lr, seeds 0..3. Reported per held-out set (test, test_rename,
           test_distractor, test_numbers: new numbers drawn from the test split): greedy accuracy and sampled
           pass@1 (data.eval_samples samples per problem at T = 1, the same fixed keys for every run), and, paired
-          by seed, CLIPO - GRPO with its 95% bootstrap CI, paired t and exact sign-flip p
+          by seed, CLIPO - GRPO with its 95% t interval, paired t and exact sign-flip p (Holm-adjusted)
           (`experiments.toolkit.stats`).
 CLIPO as the official code runs it (`config.grpo(clipo=True)`): a 512-wide projection head and a head-only warm-up.
 
@@ -125,7 +125,7 @@ def final_table(final: list[dict], sft: dict) -> tuple[list[dict], list[dict]]:
         seeds = sorted(set(by_method["clipo"]) & set(by_method["grpo"]))
         comparisons.append(dict(a="clipo", b="grpo", metric=f"{kind}_{name}", seeds=seeds, **stats.paired(
             [by_method["clipo"][i][key] for i in seeds], [by_method["grpo"][i][key] for i in seeds])))
-  return rows, comparisons
+  return rows, stats.holm_adjust(comparisons)
 
 
 CLIPO_DIAGNOSTICS = ("clipo_num_anchors", "clipo_pos_sim", "clipo_neg_sim", "clipo_reward_mean")
@@ -164,8 +164,8 @@ def markdown(payload: dict) -> str:
   if key:
     lines += ["", "SFT plateau check, the SFT's own held-out greedy accuracy by step: " +
               ", ".join(f"{r['step']}: {r[key]:.3f}" for r in curve) + "."]
-  lines += ["", "Differences (positive: A better): mean [95% bootstrap CI], paired t, exact sign-flip p (its minimum "
-            "with n seeds); against the SFT policy, each seed's run minus the SFT's one number.", "",
+  lines += ["", "Differences (positive: A better): " + stats.PAIRED_NOTE + "; against the SFT policy, each seed's "
+            "run minus the SFT's one number (a one-sample comparison: the SFT's own seed variance is left out).", "",
             "| metric | A - B | difference |", "|---|---|---|"]
   for c in payload["comparisons"]:
     lines.append(f"| {c['metric']} | {LABELS[c['a']]} - {LABELS[c['b']]} | {stats.fmt_paired(c)} |")
@@ -247,16 +247,18 @@ def main(argv=None) -> None:
                             "accuracy) on 'validation' (training-split problems after task.train_size, unseen in "
                             "training)",
                   tuning_seeds=list(TUNE_SEEDS), reported_seeds=seeds,
-                  statistic="paired by seed, CLIPO - GRPO: t test, exact sign-flip test, 95% bootstrap CI; each "
+                  statistic="paired by seed, CLIPO - GRPO: t interval, t test, exact sign-flip test; each "
                             "method - SFT: the same on each seed's difference from the SFT policy's number",
                   summary="mean ± sample std (n)"),
       sets=common["sets"], sft_sets=common["sft_sets"], lrs=lrs, best_lr=best_lr, tuning=tuning_table,
-      sft=sft[0], final=rows, comparisons=comparisons, clipo_diagnostics=clipo_diagnostics(final, workdir),
+      sft=sft[0], final=rows, comparisons=comparisons, statistics=stats.statistics(comparisons),
+      clipo_diagnostics=clipo_diagnostics(final, workdir),
       provenance=results.provenance(sft + tuning + final, os.path.join(HERE, "run.py")),
       sft_config=sft_config(common["sft_sets"]).to_dict(),
       grpo_config={m: grpo_config(dict(common, method=m, seed=0, lr=best_lr.get(m, 0.0))).to_dict()
                    for m in methods})
-  results.write_json(os.path.join(out, "results.json"), payload, sft + tuning + final)
+  results.write_json(os.path.join(out, "results.json"), payload, sft + tuning + final,
+                     report_only=args.report_only)
   results.copy_run_files(workdir, sft + tuning + final, out)
   plot(payload, sft[0], final, workdir, out)
   results.write_markdown(out, "GRPO vs GRPO + CLIPO", markdown(payload), "Plot: `curves.png`.",

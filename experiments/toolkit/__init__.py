@@ -3,7 +3,7 @@
 - `flags`:       the common command line (--set, --seeds, --methods, --out, --jobs, --workdir, --report-only) and
                  `--set key=value` overrides applied to an ml_collections config;
 - `runner`:      a resumable grid of runs, each in its own workdir, trained by worker processes;
-- `stats`:       "mean ± sample std (n)" and paired per-seed statistics (paired t, exact sign-flip, bootstrap CI);
+- `stats`:       "mean ± sample std (n)" and paired per-seed statistics (t interval, paired t, exact sign-flip, Holm);
 - `environment`: the git HEAD and library versions a result was produced with;
 - `results`:     the output folder (never a committed one by accident), per-run metrics.jsonl, results.json;
 - `probes`:      gradient norm reaching each block, residual-stream norm by depth.

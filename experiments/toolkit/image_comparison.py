@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
 import math
 import os
 
@@ -54,12 +55,14 @@ class Experiment(tuning.Comparison):
     metric: the selected-on and reported metric.
     curves: (metrics.jsonl column, y label) pairs plotted over training for the final runs.
     classifier_config: (DiT) module path of the feature classifier's `jaxpt vit` config.
+    how_n_fixed: how the number of reported seeds was fixed (the results file's `statistics.n_fixed`).
   """
 
   kind: str
   metric: Metric
   curves: tuple[tuple[str, str], ...]
   classifier_config: str = ""
+  how_n_fixed: str = stats.N_NOT_POWERED
 
 
 def make_config(run: dict):
@@ -204,7 +207,7 @@ def final_table(summaries: list[dict], schemes, pairs, metric: Metric) -> tuple[
       better, worse = worse, better
     comparisons.append(dict(a=a, b=b, metric=f"test_{key}", seeds=seeds, **paired, a_better=better,
                             a_worse=worse))
-  return rows, comparisons
+  return rows, stats.holm_adjust(comparisons)
 
 
 def real_reference(classifier_dir: str, config) -> dict:
@@ -340,8 +343,7 @@ def markdown(payload: dict, experiment: Experiment) -> str:
                  f"{r['diverged']}/{len(r['seeds'])} |")
   sign = "positive" if metric.higher_is_better else "negative"
   lines += ["", f"Paired by seed, test {metric.label} of A minus B ({sign}"
-            ": A better): mean [95% bootstrap CI], paired t, exact sign-flip p (and the smallest p it can reach with "
-            "n seeds), seeds where A is better / worse.", "",
+            ": A better): " + stats.PAIRED_NOTE + "; seeds where A is better / worse.", "",
             "| A | B | difference | A better / worse |", "|---|---|---|---:|"]
   for c in payload["comparisons"]:
     lines.append(f"| {c['a']} | {c['b']} | {stats.fmt_paired(c, 4)} | {c['a_better']} / {c['a_worse']} |")
@@ -369,17 +371,25 @@ def write_report(experiment: Experiment, args, schemes, out: str, classifier, tu
       design=dict(selection=f"each scheme's lr = the best over LRS of the mean final validation "
                             f"{experiment.metric.label} of the tuning seeds; reported numbers are test values of "
                             "the reported seeds", tuning_seeds=args.tune_seeds, reported_seeds=args.seeds,
-                  statistic="paired by seed: t test and exact sign-flip test of the mean test "
-                            f"{experiment.metric.label} difference, 95% bootstrap CI", summary="mean ± sample std (n)",
+                  statistic="paired by seed: t interval, t test and exact sign-flip test of the mean test "
+                            f"{experiment.metric.label} difference (`statistics`)", summary="mean ± sample std (n)",
                   divergence="a non-finite loss, gradient or parameter during training"),
       sets=flags.parse_sets(args.set), schemes=list(schemes), lrs=args.lrs, best_lr=best_lr, tuning=table,
-      final=final, comparisons=comparisons, probes=probes, config=base.to_dict(),
+      final=final, comparisons=comparisons, statistics=stats.statistics(comparisons, experiment.how_n_fixed),
+      probes=probes, config=base.to_dict(),
       provenance=results.provenance(everything, os.path.join(experiment.here, "run.py")))
   if classifier:
     payload["classifier"] = {k: classifier[k] for k in ("scheme", "seed", "test_top1", "val_top1", "params")}
     payload["classifier_sets"] = classifier["sets"]
-    payload["real_reference"] = real_reference(runner.run_dir(workdir, classifier), base)
-  results.write_json(os.path.join(out, "results.json"), payload, everything)
+    classifier_dir = runner.run_dir(workdir, classifier)
+    previous = os.path.join(out, "results.json")
+    if os.path.exists(os.path.join(classifier_dir, "config.json")) or not os.path.exists(previous):
+      payload["real_reference"] = real_reference(classifier_dir, base)
+    else:  # a report rebuilt from committed per-run files: the classifier's checkpoint is not committed
+      payload["real_reference"] = json.load(open(previous))["real_reference"]
+      payload["real_reference_source"] = "kept from the previous results.json (no classifier checkpoint here)"
+  results.write_json(os.path.join(out, "results.json"), payload, everything,
+                     report_only=args.report_only)
   results.copy_run_files(workdir, everything, out)
   plot_curves(experiment, table, final_summaries, out, workdir)
   files = ["`curves.png`"]

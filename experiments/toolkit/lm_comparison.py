@@ -192,7 +192,7 @@ def final_table(summaries: list[dict], schemes, pairs) -> tuple[list[dict], list
       loss = {k: {r["seed"]: r["test_loss"] for r in by_scheme[k]} for k in (a, b)}
       comparisons.append(dict(a=a, b=b, metric="test_loss", seeds=seeds,
                               **stats.paired([loss[a][i] for i in seeds], [loss[b][i] for i in seeds])))
-  return rows, comparisons
+  return rows, stats.holm_adjust(comparisons)
 
 
 def depth_table(summaries: list[dict], final: list[dict], schemes) -> list[dict]:
@@ -265,8 +265,8 @@ def markdown(payload: dict) -> str:
   for r in payload["final"]:
     lines.append(f"| {r['scheme']} | {r['lr']:g} | {r['params']:,} | {stats.fmt(r['test_loss'], 4)} | "
                  f"{stats.fmt(r['validation_loss'], 4)} | {r['diverged']}/{len(r['seeds'])} |")
-  lines += ["", "Paired by seed, test loss of A minus B (negative: A better): mean [95% bootstrap CI], paired t, "
-            "exact sign-flip p (and the smallest p it can reach with n seeds), wins/losses of A.", "",
+  lines += ["", "Paired by seed, test loss of A minus B (negative: A better): " + stats.PAIRED_NOTE + "; wins/losses "
+            "of A.", "",
             "| A | B | difference | wins / losses |", "|---|---|---|---:|"]
   for c in payload["comparisons"]:
     lines.append(f"| {c['a']} | {c['b']} | {stats.fmt_paired(c, 4)} | {c['wins']} / {c['losses']} |")
@@ -291,14 +291,16 @@ def write_report(experiment: Experiment, args, schemes, common: dict, out: str, 
       design=dict(selection="each scheme's lr = argmin over LRS of the mean final validation loss of the tuning "
                             "seeds; reported numbers are test losses of the reported seeds",
                   tuning_seeds=args.tune_seeds, reported_seeds=args.seeds,
-                  statistic="paired by seed: t test and exact sign-flip test of the mean test-loss difference, "
-                            "95% bootstrap CI", summary="mean ± sample std (n)",
+                  statistic="paired by seed: t interval, t test and exact sign-flip test of the mean test-loss "
+                            "difference (`statistics`)", summary="mean ± sample std (n)",
                   divergence="non-finite loss, or final validation loss > ln(vocab)"),
       sets=flags.parse_sets(args.set), schemes=list(schemes), lrs=args.lrs, best_lr=best_lr, tuning=tuning,
-      final=final, comparisons=comparisons, depth=depth, config=base_config(common).to_dict(),
+      final=final, comparisons=comparisons, statistics=stats.statistics(comparisons), depth=depth,
+      config=base_config(common).to_dict(),
       provenance=results.provenance(tuning_summaries + final_summaries + depth_summaries,
                                     os.path.join(experiment.here, "run.py")))
-  results.write_json(os.path.join(out, "results.json"), payload, tuning_summaries + final_summaries + depth_summaries)
+  results.write_json(os.path.join(out, "results.json"), payload,
+                     tuning_summaries + final_summaries + depth_summaries, report_only=args.report_only)
   results.copy_run_files(workdir, [s for s in tuning_summaries + final_summaries + depth_summaries], out)
   colours = experiment.schemes + tuple(s for s in schemes if s not in experiment.schemes)  # one colour per scheme
   plot(tuning, final_summaries, depth, out, workdir, colours)

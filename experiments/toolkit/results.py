@@ -76,10 +76,23 @@ def trained_with(summaries: list[dict]) -> dict[str, int]:
   return heads
 
 
-def write_json(path: str, payload: dict, summaries: list[dict] = ()) -> None:
+CONFIG_KEYS = ("config", "grpo_config", "sft_config")  # the configs a results file records
+
+
+def write_json(path: str, payload: dict, summaries: list[dict] = (), report_only: bool = False) -> None:
   """`payload` + the command, this environment (the report's) and `trained_with(summaries)`, as strict JSON
-  (NaN -> null), written atomically."""
+  (NaN -> null), written atomically. With `report_only` (a report rebuilt from finished runs, nothing trained)
+  the CONFIG_KEYS entries of an existing results.json at `path` are kept: they describe the config that trained
+  the runs, which the current code's defaults (fields added since, paths of another workdir) may not."""
   payload = dict(payload, command=command_line(), environment=environment(), trained_with=trained_with(summaries))
+  if report_only and os.path.exists(path):
+    with open(path) as f:
+      previous = json.load(f)
+    kept = [k for k in CONFIG_KEYS if k in previous and k in payload]
+    payload.update({k: previous[k] for k in kept})
+    if kept:
+      payload["config_source"] = (f"{', '.join(kept)}: kept from the results.json the runs were first reported "
+                                  "with (this report was rebuilt with --report-only)")
   temporary = path + ".tmp"
   with open(temporary, "w") as f:
     json.dump(_finite(payload), f, indent=1, allow_nan=False)

@@ -125,12 +125,26 @@ def finished_or_trained(runs: list[dict], train_one: Callable[[dict, str], dict]
                         before_training: Callable[[], None] = lambda: None) -> list[dict]:
   """The finished runs' done.json, after training the unfinished ones unless `report_only` (`before_training` is
   called first, when there is something to train). `overrides` ({key: value} every run dict carries, e.g. the
-  --set values): a finished run made with other values would be mixed in silently, so it stops the program."""
+  --set values): a finished run made with other values would be mixed in silently, so it stops the program.
+  With `report_only` nothing is trained, so a finished run where only digests (`config_digest`, a classifier's
+  `classifier_digest`: the code's default config changed since it trained) differ is reported with a warning
+  naming the digests instead."""
   existing = [load_done(workdir, r) for r in runs]
+  stale: dict[tuple, int] = {}
   for summary in existing:
-    if summary is not None and any(summary.get(k) != v for k, v in overrides.items()):
+    if summary is None:
+      continue
+    differ = {k for k, v in overrides.items() if summary.get(k) != v}
+    if report_only and differ and all(k.endswith("_digest") for k in differ):
+      key = tuple(sorted((k, summary.get(k)) for k in differ))
+      stale[key] = stale.get(key, 0) + 1
+      continue
+    if differ:
       raise SystemExit(f"{summary['name']}: trained with other overrides "
                        f"({ {k: summary.get(k) for k in overrides} }); use another --workdir")
+  for digests, count in stale.items():
+    print(f"warning: {count} finished runs were trained with " + ", ".join(
+        f"{k} {v} (the current code's: {overrides[k]})" for k, v in digests) + "; reported as trained", flush=True)
   if not report_only and any(s is None for s in existing):
     before_training()
     existing = run_grid(runs, train_one, workdir, jobs, describe)

@@ -2,11 +2,22 @@
 
 - `summary(values)`: mean ± sample standard deviation (ddof = 1) over n values, written "mean ± std (n)".
 - `paired(a, b)`: a and b are per-seed values of two methods on the same seeds (same data order and init seed),
-  d_i = a_i - b_i. Reported: the mean and sample std of d; the paired t statistic t = mean(d) / (std(d) / sqrt(n))
-  with its two-sided p from Student's t with n - 1 degrees of freedom; the exact two-sided sign-flip
-  (permutation) p, the share of the 2^n sign patterns s whose |mean(s * d)| >= |mean(d)|, which assumes only that
-  d is symmetric about 0 under the null; its smallest possible value 2 / 2^n (so 3 seeds can never give p < 0.25);
-  and a 95% percentile bootstrap interval of mean(d) (10,000 resamples of the n pairs, fixed seed).
+  d_i = a_i - b_i. Reported at every n:
+  - the mean and sample std of d and the 95% Student t interval of mean(d): mean(d) ± t_{0.975, n-1} std(d) /
+    sqrt(n) (`ci95`, `ci_method` "t");
+  - the paired t statistic t = mean(d) / (std(d) / sqrt(n)) with its two-sided p from Student's t with n - 1
+    degrees of freedom (`p_t`);
+  - the two-sided sign-flip (permutation) p, the share of the 2^n sign patterns s whose |mean(s * d)| >= |mean(d)|,
+    which assumes only that d is symmetric about 0 under the null (`p_sign_flip`): exact enumeration of all 2^n
+    patterns up to n = SIGN_FLIP_EXACT_MAX_N, beyond that a Monte Carlo estimate from SIGN_FLIP_SAMPLES random
+    patterns with a fixed seed (`sign_flip_exact` says which); its smallest possible value 2 / 2^n (so 3 seeds can
+    never give p < 0.25);
+  - only at n >= BOOTSTRAP_MIN_N, beside them, a 95% percentile bootstrap interval of mean(d) (`bootstrap_ci95`;
+    10,000 resamples of the n pairs, fixed seed). Below that it is too narrow (it ignores the t quantile and
+    the sd's own uncertainty) and is not reported at all.
+- `holm(ps)`: Holm's step-down adjustment of a family of p values (controls the family-wise error rate);
+  `holm_adjust(comparisons)` adds `p_t_holm` and `p_sign_flip_holm` to each of an experiment's comparisons, the
+  family being every paired comparison that experiment reports (`MULTIPLICITY`).
 """
 
 from __future__ import annotations
@@ -18,7 +29,15 @@ from typing import Sequence
 import numpy as np
 
 BOOTSTRAP_RESAMPLES = 10_000
+BOOTSTRAP_MIN_N = 20  # the percentile bootstrap interval is reported (beside the t interval) only from here on
 SIGN_FLIP_EXACT_MAX_N = 16  # 65,536 patterns; beyond that a fixed random sample of patterns
+SIGN_FLIP_SAMPLES = 200_000
+INTERVAL_METHOD = ("95% Student t interval of the mean paired difference (n - 1 degrees of freedom); paired t "
+                   "test p and two-sided sign-flip p (exact enumeration of the 2^n sign patterns up to n = "
+                   f"{SIGN_FLIP_EXACT_MAX_N}, Monte Carlo with {SIGN_FLIP_SAMPLES:,} patterns and a fixed seed "
+                   f"beyond); a 95% percentile bootstrap interval beside them only at n >= {BOOTSTRAP_MIN_N}")
+MULTIPLICITY = ("Holm step-down adjustment (p_t_holm, p_sign_flip_holm) over every paired comparison this "
+                "results file reports")
 
 
 def summary(values: Sequence[float]) -> dict:
@@ -38,13 +57,14 @@ def fmt(values: Sequence[float] | dict, digits: int = 3) -> str:
 
 
 def sign_flip_p(d: np.ndarray) -> float:
-  """Two-sided p of the exact sign-flip test of mean(d) = 0 (module docstring)."""
+  """Two-sided p of the sign-flip test of mean(d) = 0 (module docstring): exact up to SIGN_FLIP_EXACT_MAX_N."""
+  d = np.asarray(d, np.float64)
   n = d.size
   observed = abs(d.mean())
   if n <= SIGN_FLIP_EXACT_MAX_N:
     signs = np.array(list(itertools.product((1.0, -1.0), repeat=n)))
   else:
-    signs = np.random.default_rng(0).choice((1.0, -1.0), size=(200_000, n))
+    signs = np.random.default_rng(0).choice((1.0, -1.0), size=(SIGN_FLIP_SAMPLES, n))
   means = np.abs(signs @ d) / n
   return float(np.mean(means >= observed - 1e-12 * max(1.0, observed)))
 
@@ -53,6 +73,7 @@ def t_test_p(d: np.ndarray) -> tuple[float, float]:
   """(t, two-sided p) of the paired t test; (nan, nan) for n < 2, (±inf, 0) for a nonzero constant d."""
   from scipy import stats
 
+  d = np.asarray(d, np.float64)
   n = d.size
   if n < 2:
     return math.nan, math.nan
@@ -63,8 +84,21 @@ def t_test_p(d: np.ndarray) -> tuple[float, float]:
   return float(t), float(2.0 * stats.t.sf(abs(t), df=n - 1))
 
 
+def t_interval(d: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+  """Student t interval of mean(d): mean ± t_{(1 + level) / 2, n - 1} * std / sqrt(n); (nan, nan) for n < 2."""
+  from scipy import stats
+
+  d = np.asarray(d, np.float64)
+  n = d.size
+  if n < 2:
+    return math.nan, math.nan
+  half = stats.t.ppf((1.0 + level) / 2.0, df=n - 1) * d.std(ddof=1) / math.sqrt(n)
+  return float(d.mean() - half), float(d.mean() + half)
+
+
 def bootstrap_ci(d: np.ndarray, level: float = 0.95, seed: int = 0) -> tuple[float, float]:
-  """Percentile bootstrap interval of mean(d)."""
+  """Percentile bootstrap interval of mean(d) (reported by `paired` only at n >= BOOTSTRAP_MIN_N)."""
+  d = np.asarray(d, np.float64)
   rng = np.random.default_rng(seed)
   means = d[rng.integers(0, d.size, size=(BOOTSTRAP_RESAMPLES, d.size))].mean(axis=1)
   tail = (1.0 - level) / 2.0
@@ -78,15 +112,68 @@ def paired(a: Sequence[float], b: Sequence[float]) -> dict:
     raise ValueError(f"paired: need two equal-length 1-D sequences, got shapes {a.shape} and {b.shape}")
   d = a - b
   t, p_t = t_test_p(d)
-  low, high = bootstrap_ci(d) if d.size else (math.nan, math.nan)
-  return dict(n=int(d.size), mean_diff=float(d.mean()) if d.size else math.nan,
-              std_diff=float(d.std(ddof=1)) if d.size > 1 else math.nan, t=t, p_t=p_t,
-              p_sign_flip=sign_flip_p(d) if d.size else math.nan, min_p_sign_flip=2.0 / 2 ** d.size,
-              wins=int(np.sum(d < 0)), losses=int(np.sum(d > 0)), ci95=[low, high])
+  out = dict(n=int(d.size), mean_diff=float(d.mean()) if d.size else math.nan,
+             std_diff=float(d.std(ddof=1)) if d.size > 1 else math.nan, t=t, p_t=p_t,
+             ci95=list(t_interval(d)), ci_method="t",
+             p_sign_flip=sign_flip_p(d) if d.size else math.nan,
+             sign_flip_exact=bool(d.size <= SIGN_FLIP_EXACT_MAX_N), min_p_sign_flip=2.0 / 2 ** d.size,
+             wins=int(np.sum(d < 0)), losses=int(np.sum(d > 0)))
+  if d.size >= BOOTSTRAP_MIN_N:
+    out["bootstrap_ci95"] = list(bootstrap_ci(d))
+  return out
+
+
+def holm(ps: Sequence[float]) -> list[float]:
+  """Holm-adjusted p values, in the order of `ps`: the k-th smallest (k = 0, 1, ...) p becomes
+  max over j <= k of min(1, (m - j) * p_(j)); a NaN p stays NaN and does not count in m."""
+  ps = [float(p) if p is not None else math.nan for p in ps]
+  valid = [i for i, p in enumerate(ps) if not math.isnan(p)]
+  m = len(valid)
+  adjusted = [math.nan] * len(ps)
+  running = 0.0
+  for rank, i in enumerate(sorted(valid, key=lambda i: ps[i])):
+    running = max(running, min(1.0, (m - rank) * ps[i]))
+    adjusted[i] = running
+  return adjusted
+
+
+def holm_adjust(comparisons: list[dict]) -> list[dict]:
+  """Adds `p_t_holm` and `p_sign_flip_holm` (Holm over all of `comparisons`, one family) to each; returns them."""
+  for key in ("p_t", "p_sign_flip"):
+    for c, p in zip(comparisons, holm([c[key] for c in comparisons])):
+      c[f"{key}_holm"] = p
+  return comparisons
 
 
 def fmt_paired(s: dict, digits: int = 3) -> str:
-  """'-0.046 [-0.110, 0.020], t = -1.2, p_t = 0.30, sign-flip p = 0.38 (min 0.0078), n = 8'."""
-  return (f"{s['mean_diff']:+.{digits}f} [{s['ci95'][0]:+.{digits}f}, {s['ci95'][1]:+.{digits}f}], "
-          f"t = {s['t']:.2f}, p_t = {s['p_t']:.3g}, sign-flip p = {s['p_sign_flip']:.3g} "
-          f"(min {s['min_p_sign_flip']:.2g}), n = {s['n']}")
+  """'-0.046 [t 95%: -0.110, +0.020], t = -1.2, p_t = 0.30 (Holm 0.90), sign-flip p = 0.38 (Holm 1; min 0.0078),
+  n = 8' (+ '; bootstrap 95% [...]' at n >= BOOTSTRAP_MIN_N)."""
+  def p(key):
+    value = s.get(key)
+    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3g}"
+
+  def x(value):
+    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:+.{digits}f}"
+
+  holm_t = f" (Holm {p('p_t_holm')})" if "p_t_holm" in s else ""
+  t = "—" if s["t"] is None or math.isnan(s["t"]) else f"{s['t']:.2f}"
+  holm_sf = f"Holm {p('p_sign_flip_holm')}; " if "p_sign_flip_holm" in s else ""
+  text = (f"{x(s['mean_diff'])} [t 95%: {x(s['ci95'][0])}, {x(s['ci95'][1])}], "
+          f"t = {t}, p_t = {p('p_t')}{holm_t}, sign-flip p = {p('p_sign_flip')} "
+          f"({holm_sf}min {s['min_p_sign_flip']:.2g}), n = {s['n']}")
+  if s.get("bootstrap_ci95"):
+    text += f"; bootstrap 95% [{x(s['bootstrap_ci95'][0])}, {x(s['bootstrap_ci95'][1])}]"
+  return text
+
+
+PAIRED_NOTE = ("mean [95% Student t interval], paired t and its p, exact sign-flip p (Holm-adjusted p beside each, "
+               "over every paired comparison of this report; 'min': the smallest sign-flip p n seeds can reach)")
+N_NOT_POWERED = ("the reported seeds are the experiment's defaults, set before its final runs; N was not computed "
+                 "by a power analysis (issue 31 item 2)")
+
+
+def statistics(comparisons: list[dict], how_n_fixed: str = N_NOT_POWERED) -> dict:
+  """The `statistics` entry of a results file: n (per comparison), how N was fixed, the interval method and the
+  multiplicity correction over `comparisons` (which `holm_adjust` has adjusted)."""
+  return dict(n=sorted({c["n"] for c in comparisons}), n_fixed=how_n_fixed, interval=INTERVAL_METHOD,
+              multiplicity=f"{MULTIPLICITY} ({len(comparisons)} comparisons)")
