@@ -2,7 +2,7 @@
 loss gains the reverse-KL term to it. The teacher is a 1-step micro GRPO run (tests/micro_grpo.py) of ANOTHER size
 (d_model 64, mlp 128) than the micro policy; the policy trains 2 steps from scratch with it, and 2 steps started
 FROM it (the same params: the KD term is 0 on the first update's rollouts). kd_only (plain on-policy distillation)
-zeroes the RL term; config errors name their field."""
+zeroes the RL term; an `hf:` checkpoint is a teacher too; config errors name their field."""
 
 import os
 import shutil
@@ -16,6 +16,9 @@ from jaxpt.data.math_task import task_tokenizer
 from jaxpt.trainers.grpo import replace_hooks
 from jaxpt.engine.metrics import read_metrics
 from tests.micro_grpo import even_length, micro_config
+from tests.test_train_from_hf import GRPO as HF_GRPO
+from tests.test_train_from_hf import checkpoint  # noqa: F401 (the Qwen2 fixture with 512 positions)
+from tests.test_train_from_hf import experiment_config
 
 QUIET = {"data.eval_prompts": 0, "eval_every": 0}
 TEACHER = {"model.d_model": 64, "model.mlp_dim": 128, "steps": 1, "checkpoint_every": 1, **QUIET}
@@ -96,3 +99,21 @@ def test_a_teacher_with_another_tokenizer_is_refused(teacher, tmp_path):
   with pytest.raises(ConfigError, match=r"grpo\.teacher.*tokenizer is not the policy's"):
     jaxpt.build("grpo", micro_config(**{**QUIET, "grpo.teacher": other, "grpo.kd_coef": 0.1}),
                 str(tmp_path / "student"))
+
+
+def test_an_hf_teacher_scores_on_the_mesh(request, tmp_path):
+  """grpo.teacher='hf:DIR' (the Qwen2 fixture, also the policy's start, so its tokenizer is the policy's): one step
+  with the KD term; the teacher's log-probs of the first rollouts are the policy's (the same weights)."""
+  hf_checkpoint = request.getfixturevalue("checkpoint")
+  config = experiment_config("grpo_hf", hf_checkpoint, **{**HF_GRPO, "steps": 1,
+                                                          "grpo.teacher": f"hf:{hf_checkpoint}", "grpo.kd_coef": 0.1})
+  trainer = jaxpt.build("grpo", config, str(tmp_path))
+  hooks = trainer.hooks
+  state = hooks.init_state(trainer.training)
+  ro, _ = hooks.collector.step_rollouts(state.params, next(iter(hooks.collector.batches(0))), 0, state.step_rng())
+  experience = {k: ro[k] for k in ("prompt_tokens", "prompt_mask", "tokens", "mask")}
+  np.testing.assert_allclose(np.asarray(hooks.teacher_logprobs(experience)), np.asarray(ro["old_logp"]),
+                             rtol=1e-6, atol=1e-5)  # the same float32 weights, another compiled program
+  jaxpt.train("grpo", config, str(tmp_path), built=trainer)
+  rows = read_metrics(str(tmp_path))
+  assert len(rows) == 1 and np.isfinite(rows[0]["kd"]) and abs(rows[0]["teacher_kl"]) < 0.05

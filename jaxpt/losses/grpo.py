@@ -10,7 +10,8 @@ Conventions
   same `[batch]` shape the policy losses take.
 - Per-token tensors are `[batch, seq]` over the RESPONSE positions: `logp[b, t]` is the log-prob of response token
   t of rollout b under the current policy; `old_logp` under the rollout (behaviour) policy, `ref_logp` under the
-  frozen reference. `mask[b, t]` is 1 on real response tokens and 0 on padding / prompt.
+  frozen reference, `teacher_logp` under KDRL's teacher (the optional `kd_term` of every policy loss).
+  `mask[b, t]` is 1 on real response tokens and 0 on padding / prompt.
 - Everything is computed in float32; losses return `(loss, metrics)` and are registered as `policy` losses
   (`ppo_clip`, `gspo` here; `cispo`, `gppo`, `topr` in `jaxpt.losses.policy`; `clip_cov`, `kl_cov` in
   `jaxpt.losses.entropy_control`); the advantage estimators are the `ADVANTAGES` registry (`bnpo` in
@@ -285,12 +286,14 @@ def ppo_clip_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, m
     l1 = -A rho ;  l2 = -A clip(rho, 1 - eps_lo, 1 + eps_hi) ;  l = max(l1, l2)
     dual clip (dual_clip_c = c, None disables): l = min(l, -A c) where A < 0
     loss = agg(l) + kl_coef * agg(k(logp, ref_logp)) - entropy_coef * agg(H)     (agg: see `aggregate`)
+           + kd_coef * agg(kd_weight k(logp, teacher_logp))        (KDRL, when teacher_logp is given: `kd_term`)
   Gradient flows through logp only (old_logp, advantages are data). Masked positions are zeroed in every
   per-token input first: whatever they hold (-inf, nan), they get exactly zero gradient and change nothing.
   Metrics (token-means over the mask): `pg_loss`, `clip_frac` (l2 > l1: clipped, no gradient),
   `clip_frac_dual` (A < 0 and -A c < l: dual-clipped), `ratio_mean`, `approx_kl` (k3 of old vs new:
   mean(rho - 1 - delta)), `ppo_kl` (mean(-delta)), `kl_ref` (when ref_logp is given), `entropy` (when
-  given), `adv_mean/std/min/max` (over the batch), `loss`.
+  given), `kd` / `teacher_kl` / `kd_rows` (when teacher_logp is given), `adv_mean/std/min/max` (over the batch),
+  `loss`.
   """
   if dual_clip_c is not None and dual_clip_c <= 1.0:
     raise ValueError(f"dual_clip_c must be > 1, got {dual_clip_c}")

@@ -3,9 +3,10 @@
 Conventions as `jaxpt.losses.grpo` (shapes, masks, float32, aggregation, KL and entropy terms): logp, old_logp
 [B, S] over the response positions, advantages [B] broadcast over the tokens, mask [B, S]; every loss takes the
 same keyword arguments as `ppo_clip_loss` where they apply (agg, max_tokens, ref_logp, kl_coef, kl_kind, entropy,
-entropy_coef) and returns `(loss, metrics)` with the shared metrics (`pg_loss`, `clip_frac`, `ratio_mean`,
-`approx_kl`, `ppo_kl`, `adv_*`, `kl_ref`, `entropy`, `loss`). Masked positions are zeroed in every per-token input
-first, so whatever they hold they get exactly zero gradient. sg[.] is `jax.lax.stop_gradient`; rho_t =
+entropy_coef, and KDRL's teacher_logp, kd_coef, kd_kind, kd_weight) and returns `(loss, metrics)` with the shared
+metrics (`pg_loss`, `clip_frac`, `ratio_mean`, `approx_kl`, `ppo_kl`, `adv_*`, `kl_ref`, `entropy`, `kd`,
+`loss`). Masked positions are zeroed in every per-token input first, so whatever they hold they get exactly zero
+gradient. sg[.] is `jax.lax.stop_gradient`; rho_t =
 exp(clip(logp_t - old_logp_t, -20, 20)) the token importance ratio. The three losses differ in what each token's
 gradient is weighted by (d l_t / d logp_t, with agg's weights on top):
 

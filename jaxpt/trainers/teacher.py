@@ -78,12 +78,17 @@ def load_teacher(source: str, layout: parallel.MeshLayout, tokenizer: Any, tempe
                  length: int) -> Teacher:
   """The teacher `source` names, its params sharded by `layout`'s rules on its mesh, its log-probs compiled for
   `layout`'s batch sharding. ConfigError naming config.grpo.teacher when it has no checkpoint or tokenizer, its
-  tokenizer is not `tokenizer` (the policy's), it has fewer positions than `length` (prompt + response), or its
-  params do not restore."""
+  tokenizer is not `tokenizer` (the policy's), it has fewer embedding rows than the tokenizer has tokens or fewer
+  positions than `length` (prompt + response), its params do not split on the mesh, or they do not restore. (Ids
+  past the tokenizer's, which only an untrained policy's padding rows could sample, are not checked against the
+  teacher's rows.)"""
   config = teacher_model_config(source)
   if teacher_tokenizer(source).model_proto != tokenizer.model_proto:
     raise ConfigError(FIELD, "its tokenizer is not the policy's (the teacher must score the policy's token ids)",
                       source)
+  if config.vocab_size < tokenizer.vocab_size:
+    raise ConfigError(FIELD, f"its model has {config.vocab_size} embedding rows, fewer than the tokenizer's "
+                      f"{tokenizer.vocab_size} tokens", source)
   if config.max_seq_len < length:
     raise ConfigError(FIELD, f"its model has {config.max_seq_len} positions, fewer than the "
                       f"{length} of a prompt and its response", source)

@@ -1,6 +1,7 @@
-"""Every registered policy loss (and the bnpo advantage) in the GRPO trainer on 8 simulated CPU devices equals the
-single-device run: 2 steps of `tests.micro_grpo`'s run with each of `POLICY_LOSS_VARIANTS` (run by
-tests/test_parallel_sharded.py in its own process; directly: python -m pytest tests/multidevice/sharded_grpo_losses.py).
+"""Every registered policy loss (and the bnpo advantage, and KDRL's teacher term) in the GRPO trainer on 8 simulated
+CPU devices equals the single-device run: 2 steps of `tests.micro_grpo`'s run with each of `POLICY_LOSS_VARIANTS`
+(run by tests/test_parallel_sharded.py in its own process; directly:
+python -m pytest tests/multidevice/sharded_grpo_losses.py).
 
 The 8 devices are the fsdp_tp mesh (data 2 x fsdp 2 x tensor 2: rollouts, params and the loss's reductions all
 split); the single-device reference is the same trainer on a mesh of the first device. No eval: the sharded eval is
@@ -13,6 +14,7 @@ os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + (
     " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
     " --xla_llvm_disable_expensive_passes=true")
 
+import functools  # noqa: E402
 import tempfile  # noqa: E402
 
 import jax  # noqa: E402
@@ -36,11 +38,20 @@ MESH = {"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2, "mesh.rules": "fsdp_tp
 KEYS = ("reward_mean", "accuracy", "loss", "pg_loss", "ratio_mean", "grad_norm")
 
 
-def run(variant, one_device):
-  """Two GRPO steps of the variant: (metrics rows, final params as numpy, final params)."""
-  workdir = tempfile.mkdtemp(prefix=f"{variant}-{'one' if one_device else 'eight'}-")
+@functools.cache
+def teacher():
+  """KDRL's teacher: a 1-step micro GRPO run of another size (d_model 64), trained on one device."""
+  workdir = tempfile.mkdtemp(prefix="teacher-")
+  run("ppo_clip", True, {"model.d_model": 64, "model.mlp_dim": 128, "steps": 1, "checkpoint_every": 1}, workdir)
+  return workdir
+
+
+def run(variant, one_device, overrides=None, workdir=None):
+  """Two GRPO steps of the variant (and `overrides`): (metrics rows, final params as numpy, final params)."""
+  workdir = workdir or tempfile.mkdtemp(prefix=f"{variant}-{'one' if one_device else 'eight'}-")
   config = micro_config(**{"data.eval_prompts": 0, "eval_every": 0, **POLICY_LOSS_VARIANTS[variant],
-                           **SHARDING_INDEPENDENT.get(variant, {}), **({"mesh.data": 1} if one_device else MESH)})
+                           **SHARDING_INDEPENDENT.get(variant, {}), **(overrides or {}),
+                           **({"mesh.data": 1} if one_device else MESH)})
   if one_device:
     real = parallel.make_mesh
     with pytest.MonkeyPatch.context() as patch:
@@ -57,12 +68,17 @@ def test_every_registered_policy_loss_is_checked():
   assert set(known_losses("policy")) <= set(POLICY_LOSS_VARIANTS)
 
 
-@pytest.mark.parametrize("variant", sorted(POLICY_LOSS_VARIANTS))
+@pytest.mark.parametrize("variant", sorted(POLICY_LOSS_VARIANTS) + ["kdrl"])
 def test_two_steps_on_8_devices_equal_one_device(variant):
-  want_rows, want, _ = run(variant, True)
-  rows, got, params = run(variant, False)
+  """kdrl: ppo_clip with the KD term to `teacher()`, scored on each mesh, and reward-guided masking."""
+  extra = {}
+  if variant == "kdrl":
+    variant, extra = "ppo_clip", {"grpo.teacher": teacher(), "grpo.kd_coef": 0.1, "grpo.kd_skip_correct": True}
+  want_rows, want, _ = run(variant, True, extra)
+  rows, got, params = run(variant, False, extra)
   assert [r["step"] for r in rows] == [1, 2] and 0 < want_rows[0]["accuracy"] < 1  # mixed groups
-  for key in KEYS + (("cov_frac",) if variant in ("clip_cov", "kl_cov") else ()):
+  for key in KEYS + (("cov_frac",) if variant in ("clip_cov", "kl_cov") else ()) + (("kd", "teacher_kl", "kd_rows")
+                                                                                      if extra else ()):
     np.testing.assert_allclose([r[key] for r in rows], [r[key] for r in want_rows], rtol=2e-5, atol=1e-6,
                                err_msg=f"{variant}: {key}")
   # the tolerances of tests/multidevice/sharded_grpo.py, but for at most 0.1% of a leaf's entries: AdamW normalises
