@@ -22,6 +22,19 @@ MULTI_PROCESS = {"steps": 3, "checkpoint_every": 1, "eval_every": 3, "mesh.data"
                  "mesh.rules": "fsdp", "data.prompts_per_step": 2, "data.eval_prompts": 6}
 DAPO = {"dapo.dynamic_sampling": True, "dapo.max_rounds": 3, "dapo.overlong_filtering": True,
         "dapo.overlong_buffer": 4}
+# each registered policy loss (and the bnpo advantage) as tests/test_train_grpo_policy_losses.py and
+# tests/multidevice/sharded_grpo_losses.py run it: ppo_clip and gspo with the micro run's own settings; cispo, gppo,
+# topr with their papers' knobs; clip_cov and kl_cov selecting 5% of the tokens (the papers' 2e-4 / 2e-3 would
+# select one token of a micro batch), clip_cov from the band (0, 5) so that the micro run's small covariances reach it
+POLICY_LOSS_VARIANTS = {
+    "ppo_clip": {"grpo.policy_loss": "ppo_clip"},
+    "gspo": {"grpo.policy_loss": "gspo", "grpo.eps_lo": 3e-4, "grpo.eps_hi": 4e-4, "grpo.agg": "seq-mean-token-mean"},
+    "cispo": {"grpo.policy_loss": "cispo", "grpo.eps_lo": 1.0, "grpo.eps_hi": 0.28},
+    "gppo": {"grpo.policy_loss": "gppo", "grpo.eps_hi": 0.28, "grpo.dual_clip_c": 10.0},
+    "topr": {"grpo.policy_loss": "topr", "grpo.kl_coef": 0.0, "grpo.agg": "seq-mean-token-sum"},
+    "clip_cov": {"grpo.policy_loss": "clip_cov", "grpo.clip_cov_ratio": 0.05, "grpo.clip_cov_lb": 0.0},
+    "kl_cov": {"grpo.policy_loss": "kl_cov", "grpo.kl_cov_ratio": 0.05},
+    "bnpo": {"grpo.advantage": "bnpo"}}
 CLIPO = {"clipo.enabled": True, "clipo.out_dim": 16, "clipo.in_loss_coef": 0.1, "clipo.level": "batch_level"}
 
 

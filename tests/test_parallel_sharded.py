@@ -1,6 +1,7 @@
 """Sharded training on 8 simulated CPU devices: runs tests/multidevice/sharded_training.py (the shared step, state
-layout, checkpoints across meshes), sharded_grpo.py (GRPO and CLIPO end to end) and sharded_vit.py (ViT and DiT
-steps) each in a fresh process.
+layout, checkpoints across meshes), sharded_grpo.py (GRPO and CLIPO end to end), sharded_vit.py (ViT and DiT
+steps) and sharded_grpo_losses.py (every registered policy loss, bnpo and KDRL, 2 GRPO steps; `slow`), each in a
+fresh process.
 
 XLA fixes the number of host devices when its backend starts, so those tests cannot share this process (or the
 suite's): the subprocess sets XLA_FLAGS before importing jax and shares compiled work across its own tests.
@@ -15,7 +16,9 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # file in tests/multidevice -> tests it must collect
-SUITES = {"sharded_training.py": 22, "sharded_grpo.py": 9, "sharded_vit.py": 6}
+SUITES = {"sharded_training.py": 22, "sharded_grpo.py": 9, "sharded_vit.py": 6, "sharded_grpo_losses.py": 10}
+# every policy loss x 2 GRPO runs: about 3 CPU-minutes, so `slow` (deselected by default in .ci/run)
+SLOW = {"sharded_grpo_losses.py"}
 
 
 def run_suite(env, suite, *args):
@@ -24,7 +27,7 @@ def run_suite(env, suite, *args):
                         text=True, timeout=900)
 
 
-@pytest.mark.parametrize("suite", list(SUITES))
+@pytest.mark.parametrize("suite", [pytest.param(s, marks=pytest.mark.slow) if s in SLOW else s for s in SUITES])
 def test_suite_on_8_devices(suite, tmp_path):
   env = dict(os.environ, PYTHONPATH=ROOT)
   env.pop("XLA_FLAGS", None)

@@ -12,14 +12,9 @@ import pytest
 import jaxpt
 from jaxpt.trainers.grpo import replace_hooks
 from jaxpt.engine.metrics import read_metrics
-from tests.micro_grpo import even_length, micro_config
+from tests.micro_grpo import POLICY_LOSS_VARIANTS, even_length, micro_config
 
-VARIANTS = {"cispo": {"grpo.policy_loss": "cispo", "grpo.eps_lo": 1.0, "grpo.eps_hi": 0.28},
-            "gppo": {"grpo.policy_loss": "gppo", "grpo.eps_hi": 0.28, "grpo.dual_clip_c": 10.0},
-            "topr": {"grpo.policy_loss": "topr", "grpo.kl_coef": 0.0, "grpo.agg": "seq-mean-token-sum"},
-            "clip_cov": {"grpo.policy_loss": "clip_cov", "grpo.clip_cov_ratio": 0.05, "grpo.clip_cov_lb": 0.0},
-            "kl_cov": {"grpo.policy_loss": "kl_cov", "grpo.kl_cov_ratio": 0.05},
-            "bnpo": {"grpo.advantage": "bnpo"}}
+VARIANTS = {k: v for k, v in POLICY_LOSS_VARIANTS.items() if k not in ("ppo_clip", "gspo")}
 
 
 @pytest.fixture(scope="module", params=sorted(VARIANTS))

@@ -107,6 +107,8 @@ def clip_cov_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, m
                   clip_cov_ub: float = 5.0, eps_lo: float = 0.2, eps_hi: float = 0.2, agg: str = "token-mean",
                   max_tokens: Optional[int] = None, ref_logp: Optional[jax.Array] = None, kl_coef: float = 0.0,
                   kl_kind: str = "k3", entropy: Optional[jax.Array] = None, entropy_coef: float = 0.0,
+                  teacher_logp: Optional[jax.Array] = None, kd_coef: float = 0.0, kd_kind: str = "k2",
+                  kd_weight: Optional[jax.Array] = None,
                   ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Clip-Cov: PPO-clip with a small random set of high-covariance tokens taken out of the gradient.
 
@@ -152,7 +154,8 @@ def clip_cov_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, m
              "cov_candidates": masked_mean(candidates.astype(jnp.float32), m), "cov": masked_mean(cov, m),
              "ratio_mean": masked_mean(rho_sg, m), "approx_kl": masked_mean(rho_sg - 1.0 - delta_sg, m),
              "ppo_kl": masked_mean(-delta_sg, m), **advantage_metrics(advantages)}
-  return regularise(pg_loss, metrics, logp, m, agg, max_tokens, ref_logp, kl_coef, kl_kind, entropy, entropy_coef)
+  return regularise(pg_loss, metrics, logp, m, agg, max_tokens, ref_logp, kl_coef, kl_kind, entropy, entropy_coef,
+                    teacher_logp, kd_coef, kd_kind, kd_weight)
 
 
 @register_loss("policy", "kl_cov")
@@ -160,6 +163,8 @@ def kl_cov_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mas
                 kl_cov_ratio: float = 2e-3, kl_cov_coef: float = 1.0, agg: str = "token-mean",
                 max_tokens: Optional[int] = None, ref_logp: Optional[jax.Array] = None, kl_coef: float = 0.0,
                 kl_kind: str = "k3", entropy: Optional[jax.Array] = None, entropy_coef: float = 0.0,
+                teacher_logp: Optional[jax.Array] = None, kd_coef: float = 0.0, kd_kind: str = "k2",
+                kd_weight: Optional[jax.Array] = None,
                 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """KL-Cov: the (unclipped) policy-gradient surrogate with a KL penalty on the top-k tokens by covariance.
 
@@ -198,4 +203,5 @@ def kl_cov_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mas
              "ppo_kl_abs": masked_mean(sg(jnp.abs(d)), m), "ratio_mean": masked_mean(rho_sg, m),
              "approx_kl": masked_mean(rho_sg - 1.0 - delta_sg, m), "ppo_kl": masked_mean(-delta_sg, m),
              **advantage_metrics(advantages)}
-  return regularise(pg_loss, metrics, logp, m, agg, max_tokens, ref_logp, kl_coef, kl_kind, entropy, entropy_coef)
+  return regularise(pg_loss, metrics, logp, m, agg, max_tokens, ref_logp, kl_coef, kl_kind, entropy, entropy_coef,
+                    teacher_logp, kd_coef, kd_kind, kd_weight)

@@ -10,7 +10,8 @@ Conventions
   same `[batch]` shape the policy losses take.
 - Per-token tensors are `[batch, seq]` over the RESPONSE positions: `logp[b, t]` is the log-prob of response token
   t of rollout b under the current policy; `old_logp` under the rollout (behaviour) policy, `ref_logp` under the
-  frozen reference. `mask[b, t]` is 1 on real response tokens and 0 on padding / prompt.
+  frozen reference, `teacher_logp` under KDRL's teacher (the optional `kd_term` of every policy loss).
+  `mask[b, t]` is 1 on real response tokens and 0 on padding / prompt.
 - Everything is computed in float32; losses return `(loss, metrics)` and are registered as `policy` losses
   (`ppo_clip`, `gspo` here; `cispo`, `gppo`, `topr` in `jaxpt.losses.policy`; `clip_cov`, `kl_cov` in
   `jaxpt.losses.entropy_control`); the advantage estimators are the `ADVANTAGES` registry (`bnpo` in
@@ -32,6 +33,7 @@ LOG_RATIO_CLIP = 20.0   # delta = clip(logp - logp_old, -20, 20)
 K3_CLAMP = 10.0         # k3 clamped to [-10, 10]
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_KINDS = ("k1", "k2", "k3")
+KD_KINDS = ("k2", "k3")     # the KDRL term's estimators (k1 as a loss has zero expected gradient)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -207,8 +209,9 @@ def masked_mean(x, m):
 
 
 def regularise(pg_loss, metrics, logp, mask, agg, max_tokens, ref_logp, kl_coef, kl_kind, entropy,
-               entropy_coef):
-  """Adds beta * agg(KL_ref) and subtracts entropy_coef * agg(H); fills the shared metrics."""
+               entropy_coef, teacher_logp=None, kd_coef=0.0, kd_kind="k2", kd_weight=None):
+  """Adds beta * agg(KL_ref), subtracts entropy_coef * agg(H) and adds the KDRL term kd_coef * agg(w k(logp,
+  teacher_logp)) (`kd_term`); fills the shared metrics."""
   loss = pg_loss
   m = jnp.asarray(mask, jnp.float32)
   if ref_logp is not None:
@@ -220,8 +223,41 @@ def regularise(pg_loss, metrics, logp, mask, agg, max_tokens, ref_logp, kl_coef,
     ent_agg = aggregate(entropy, m, agg, max_tokens)
     loss = loss - entropy_coef * ent_agg
     metrics["entropy"] = masked_mean(jnp.asarray(entropy, jnp.float32), m)
+  if teacher_logp is not None:
+    kd, kd_metrics = kd_term(logp, teacher_logp, m, kd_kind, agg, max_tokens, kd_weight)
+    loss = loss + kd_coef * kd
+    metrics.update(kd_metrics)
   metrics["loss"] = loss
   return loss, metrics
+
+
+def kd_term(logp: jax.Array, teacher_logp: jax.Array, mask: jax.Array, kind: str = "k2", agg: str = "token-mean",
+            max_tokens: Optional[int] = None, weight: Optional[jax.Array] = None,
+            ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """KDRL's knowledge-distillation term (Xu et al. 2025, "KDRL: Post-Training Reasoning LLMs via Unified Knowledge
+  Distillation and Reinforcement Learning"): the reverse KL(pi_theta || pi_T) to a teacher, estimated on the
+  student's OWN samples (the rollouts), as a loss: logp, teacher_logp, mask [B, S]; weight [B] or None.
+    d_t  = logp_t - teacher_logp_t                                   (teacher_logp is data: no gradient)
+    k2_t = 0.5 d_t^2                  d k2_t / d logp_t = d_t         (the paper's choice: on-policy, its gradient
+                                                                       E[sum_t d_t grad logp_t] is the reverse KL's)
+    k3_t = exp(-d_t) + d_t - 1        d k3_t / d logp_t = 1 - exp(-d_t)   (GRPO's estimator; biased as a loss)
+    kd = agg(w_b k_bt)   (agg over `mask` as the policy loss's; w_b = weight[b], 1 when None: KDRL's
+                          reward-guided masking drops the KD term of some rollouts, w = 0, which still count in agg)
+  k3 uses `kl_estimate`'s clipping (d to [-20, 20], k3 to [-10, 10]). Masked positions (padding) are zeroed first.
+  Metrics: `kd` (the aggregated term), `teacher_kl` (token-mean of d over the mask: the k1 estimate of the
+  per-token reverse KL, no gradient), `kd_rows` (fraction of non-empty rows with w > 0).
+  """
+  if kind not in KD_KINDS:
+    raise ValueError(f"unknown KD estimator {kind!r} (known: {', '.join(KD_KINDS)})")
+  m = jnp.asarray(mask, jnp.float32)
+  logp, teacher_logp = zero_masked(logp, m), zero_masked(teacher_logp, m)
+  k = kl_estimate(logp, jax.lax.stop_gradient(teacher_logp), kind)
+  w = jnp.ones(m.shape[:1], jnp.float32) if weight is None else jnp.asarray(weight, jnp.float32)
+  kd = aggregate(k * w[:, None], m, agg, max_tokens)
+  rows = (jnp.sum(m, axis=-1) > 0).astype(jnp.float32)
+  n_rows = jnp.sum(rows)
+  return kd, {"kd": kd, "teacher_kl": masked_mean(jax.lax.stop_gradient(logp - teacher_logp), m),
+              "kd_rows": jnp.sum(rows * (w > 0)) / jnp.where(n_rows > 0, n_rows, 1.0)}
 
 
 def advantage_metrics(advantages):
@@ -240,6 +276,8 @@ def ppo_clip_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, m
                   agg: str = "token-mean", max_tokens: Optional[int] = None,
                   ref_logp: Optional[jax.Array] = None, kl_coef: float = 0.0, kl_kind: str = "k3",
                   entropy: Optional[jax.Array] = None, entropy_coef: float = 0.0,
+                  teacher_logp: Optional[jax.Array] = None, kd_coef: float = 0.0, kd_kind: str = "k2",
+                  kd_weight: Optional[jax.Array] = None,
                   ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Token-level PPO-clip policy loss with clip-higher and dual-clip (GRPO / DAPO).
 
@@ -248,12 +286,14 @@ def ppo_clip_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, m
     l1 = -A rho ;  l2 = -A clip(rho, 1 - eps_lo, 1 + eps_hi) ;  l = max(l1, l2)
     dual clip (dual_clip_c = c, None disables): l = min(l, -A c) where A < 0
     loss = agg(l) + kl_coef * agg(k(logp, ref_logp)) - entropy_coef * agg(H)     (agg: see `aggregate`)
+           + kd_coef * agg(kd_weight k(logp, teacher_logp))        (KDRL, when teacher_logp is given: `kd_term`)
   Gradient flows through logp only (old_logp, advantages are data). Masked positions are zeroed in every
   per-token input first: whatever they hold (-inf, nan), they get exactly zero gradient and change nothing.
   Metrics (token-means over the mask): `pg_loss`, `clip_frac` (l2 > l1: clipped, no gradient),
   `clip_frac_dual` (A < 0 and -A c < l: dual-clipped), `ratio_mean`, `approx_kl` (k3 of old vs new:
   mean(rho - 1 - delta)), `ppo_kl` (mean(-delta)), `kl_ref` (when ref_logp is given), `entropy` (when
-  given), `adv_mean/std/min/max` (over the batch), `loss`.
+  given), `kd` / `teacher_kl` / `kd_rows` (when teacher_logp is given), `adv_mean/std/min/max` (over the batch),
+  `loss`.
   """
   if dual_clip_c is not None and dual_clip_c <= 1.0:
     raise ValueError(f"dual_clip_c must be > 1, got {dual_clip_c}")
@@ -281,8 +321,8 @@ def ppo_clip_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, m
       "ppo_kl": masked_mean(-delta_sg, m),
       **advantage_metrics(advantages),
   }
-  return regularise(pg_loss, metrics, logp, m, agg, max_tokens, ref_logp, kl_coef, kl_kind, entropy,
-                     entropy_coef)
+  return regularise(pg_loss, metrics, logp, m, agg, max_tokens, ref_logp, kl_coef, kl_kind, entropy, entropy_coef,
+                    teacher_logp, kd_coef, kd_kind, kd_weight)
 
 
 @register_loss("policy", "gspo")
@@ -290,6 +330,8 @@ def gspo_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mask:
               eps_lo: float = 3e-4, eps_hi: float = 4e-4, agg: str = "seq-mean-token-mean",
               max_tokens: Optional[int] = None, ref_logp: Optional[jax.Array] = None, kl_coef: float = 0.0,
               kl_kind: str = "k3", entropy: Optional[jax.Array] = None, entropy_coef: float = 0.0,
+              teacher_logp: Optional[jax.Array] = None, kd_coef: float = 0.0, kd_kind: str = "k2",
+              kd_weight: Optional[jax.Array] = None,
               ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """GSPO: sequence-level importance ratio with token-level straight-through (GSPO-token).
 
@@ -328,5 +370,5 @@ def gspo_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mask:
       "ppo_kl": masked_mean(-token_delta, m),
       **advantage_metrics(advantages),
   }
-  return regularise(pg_loss, metrics, logp, m, agg, max_tokens, ref_logp, kl_coef, kl_kind, entropy,
-                     entropy_coef)
+  return regularise(pg_loss, metrics, logp, m, agg, max_tokens, ref_logp, kl_coef, kl_kind, entropy, entropy_coef,
+                    teacher_logp, kd_coef, kd_kind, kd_weight)

@@ -3,9 +3,10 @@
 Conventions as `jaxpt.losses.grpo` (shapes, masks, float32, aggregation, KL and entropy terms): logp, old_logp
 [B, S] over the response positions, advantages [B] broadcast over the tokens, mask [B, S]; every loss takes the
 same keyword arguments as `ppo_clip_loss` where they apply (agg, max_tokens, ref_logp, kl_coef, kl_kind, entropy,
-entropy_coef) and returns `(loss, metrics)` with the shared metrics (`pg_loss`, `clip_frac`, `ratio_mean`,
-`approx_kl`, `ppo_kl`, `adv_*`, `kl_ref`, `entropy`, `loss`). Masked positions are zeroed in every per-token input
-first, so whatever they hold they get exactly zero gradient. sg[.] is `jax.lax.stop_gradient`; rho_t =
+entropy_coef, and KDRL's teacher_logp, kd_coef, kd_kind, kd_weight) and returns `(loss, metrics)` with the shared
+metrics (`pg_loss`, `clip_frac`, `ratio_mean`, `approx_kl`, `ppo_kl`, `adv_*`, `kl_ref`, `entropy`, `kd`,
+`loss`). Masked positions are zeroed in every per-token input first, so whatever they hold they get exactly zero
+gradient. sg[.] is `jax.lax.stop_gradient`; rho_t =
 exp(clip(logp_t - old_logp_t, -20, 20)) the token importance ratio. The three losses differ in what each token's
 gradient is weighted by (d l_t / d logp_t, with agg's weights on top):
 
@@ -50,6 +51,8 @@ def cispo_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mask
                eps_lo: float = 1.0, eps_hi: float = 0.28, agg: str = "token-mean",
                max_tokens: Optional[int] = None, ref_logp: Optional[jax.Array] = None, kl_coef: float = 0.0,
                kl_kind: str = "k3", entropy: Optional[jax.Array] = None, entropy_coef: float = 0.0,
+               teacher_logp: Optional[jax.Array] = None, kd_coef: float = 0.0, kd_kind: str = "k2",
+               kd_weight: Optional[jax.Array] = None,
                ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """CISPO (MiniMax-M1, "Scaling Test-Time Compute Efficiently with Lightning Attention", 2025): REINFORCE on every
   token with the clipped, stop-gradient importance weight.
@@ -76,7 +79,8 @@ def cispo_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mask
   pg_loss = aggregate(-w * adv * logp, m, agg, max_tokens)
   metrics = {"pg_loss": pg_loss, "clip_frac": masked_mean(((rho > hi) | (rho < lo)).astype(jnp.float32), m),
              "weight_mean": masked_mean(w, m), **_ratio_metrics(delta, m), **advantage_metrics(advantages)}
-  return regularise(pg_loss, metrics, logp, m, agg, max_tokens, ref_logp, kl_coef, kl_kind, entropy, entropy_coef)
+  return regularise(pg_loss, metrics, logp, m, agg, max_tokens, ref_logp, kl_coef, kl_kind, entropy, entropy_coef,
+                    teacher_logp, kd_coef, kd_kind, kd_weight)
 
 
 @register_loss("policy", "gppo")
@@ -85,6 +89,8 @@ def gppo_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mask:
               dual_clip_c: Optional[float] = None, agg: str = "token-mean", max_tokens: Optional[int] = None,
               ref_logp: Optional[jax.Array] = None, kl_coef: float = 0.0, kl_kind: str = "k3",
               entropy: Optional[jax.Array] = None, entropy_coef: float = 0.0,
+              teacher_logp: Optional[jax.Array] = None, kd_coef: float = 0.0, kd_kind: str = "k2",
+              kd_weight: Optional[jax.Array] = None,
               ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """GPPO (Klear-Reasoner, "Advancing Reasoning Capability via Gradient-Preserving Clipping Policy Optimization",
   Su et al. 2025): PPO-clip whose clipped tokens keep a bounded gradient instead of none.
@@ -124,7 +130,8 @@ def gppo_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mask:
   metrics = {"pg_loss": pg_loss, "clip_frac": masked_mean((above | below).astype(jnp.float32), m),
              "clip_frac_dual": masked_mean(dual.astype(jnp.float32), m), **_ratio_metrics(delta, m),
              **advantage_metrics(advantages)}
-  return regularise(pg_loss, metrics, logp, m, agg, max_tokens, ref_logp, kl_coef, kl_kind, entropy, entropy_coef)
+  return regularise(pg_loss, metrics, logp, m, agg, max_tokens, ref_logp, kl_coef, kl_kind, entropy, entropy_coef,
+                    teacher_logp, kd_coef, kd_kind, kd_weight)
 
 
 @register_loss("policy", "topr")
@@ -132,6 +139,8 @@ def topr_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mask:
               agg: str = "seq-mean-token-sum", max_tokens: Optional[int] = None,
               ref_logp: Optional[jax.Array] = None, kl_coef: float = 0.0, kl_kind: str = "k3",
               entropy: Optional[jax.Array] = None, entropy_coef: float = 0.0,
+              teacher_logp: Optional[jax.Array] = None, kd_coef: float = 0.0, kd_kind: str = "k2",
+              kd_weight: Optional[jax.Array] = None,
               ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """TOPR (Le Roux, Bellemare et al. 2025, "Tapered Off-Policy REINFORCE"): asymmetric truncated importance
   sampling, plain SFT-like REINFORCE on positive sequences, the sequence ratio truncated to [0, 1] on negative ones.
@@ -164,4 +173,5 @@ def topr_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mask:
   metrics = {"pg_loss": pg_loss, "clip_frac": masked_mean(tapered, m),
              "weight_mean": jnp.sum(w[:, 0] * rows) / jnp.maximum(jnp.sum(rows), 1.0),
              **_ratio_metrics(delta, m), **advantage_metrics(advantages)}
-  return regularise(pg_loss, metrics, logp, m, agg, max_tokens, ref_logp, kl_coef, kl_kind, entropy, entropy_coef)
+  return regularise(pg_loss, metrics, logp, m, agg, max_tokens, ref_logp, kl_coef, kl_kind, entropy, entropy_coef,
+                    teacher_logp, kd_coef, kd_kind, kd_weight)

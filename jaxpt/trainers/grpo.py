@@ -8,7 +8,8 @@ One loop step (`GRPOHooks.train_step`), for a batch of B prompts:
       (+ KL in the reward: R -= beta * sum_t kl_t)
       --group advantages--> A [N]
       --`epochs` passes x `minibatches` (whole groups) of policy updates:
-        loss = policy_loss(logp, old_logp, A, mask; clip, KL-to-reference term, entropy bonus)
+        loss = policy_loss(logp, old_logp, A, mask; clip, KL-to-reference term, entropy bonus,
+                           KDRL: reverse KL to a teacher's log-probs of the rollouts, `grpo.teacher`)
                (+ in_loss_coef * CLIPO contrastive loss on the policy's own hidden states)
                (DAPO overlong filtering: truncated responses masked out of the loss)
 
@@ -34,7 +35,7 @@ import numpy as np
 from jaxpt.config import ConfigError, Section, at_least, fail, from_section, in_range, one_of
 from jaxpt.data.math_task import PromptDataConfig, TaskConfig, task_tokenizer
 from jaxpt.losses import get_loss
-from jaxpt.losses.grpo import (ADVANTAGES, AGG_MODES, KL_KINDS, entropy_from_logits, group_advantages,
+from jaxpt.losses.grpo import (ADVANTAGES, AGG_MODES, KD_KINDS, KL_KINDS, entropy_from_logits, group_advantages,
                                kl_penalized_rewards)
 from jaxpt.models.transformer import TransformerLM
 from jaxpt.progress import say
@@ -42,6 +43,7 @@ from jaxpt.rl import clipo, dapo
 from jaxpt.rl.collect import RolloutCollector, check_config
 from jaxpt.rl.logprobs import response_logits, token_logprobs
 from jaxpt.rl.sampler import SamplingConfig
+from jaxpt.trainers.teacher import load_teacher
 from jaxpt.engine.builder import Training, build_training, training_mesh
 from jaxpt.engine.config import RunConfig, check_vocab
 from jaxpt.engine.init_from import init_tokenizer
@@ -80,6 +82,15 @@ class GRPOConfig(Section):
     kl_cov_ratio: kl_cov: the fraction of the valid tokens (at least one), those of largest covariance, that get
       the |logp - old_logp| penalty (paper: 2e-3 at 7B, i.e. the official k_percent 0.2).
     kl_cov_coef: kl_cov: the penalty's weight (paper: 1).
+    teacher: KDRL (Xu et al. 2025): '' = none; a jaxpt language-model run's workdir (its latest checkpoint) or
+      'hf:DIR', a frozen teacher that scores the rollouts on the mesh (`jaxpt.trainers.teacher`: any size, the
+      policy's tokenizer); the policy loss gains kd_coef * agg(w k(logp, teacher_logp)), the reverse KL to the
+      teacher on the policy's own samples (`jaxpt.losses.grpo.kd_term`).
+    kd_coef: the KD term's weight (> 0 with a teacher; the paper: 5e-3 annealed to 1e-3 at 1.5B-7B scale).
+    kd_kind: the KD term's estimator: k2 (the paper's: its on-policy gradient is the reverse KL's) | k3.
+    kd_only: the RL term off (every advantage 0): plain on-policy distillation from the teacher.
+    kd_skip_correct: KDRL's reward-guided masking: no KD term on the rollouts the verifier scores correct (w = 0),
+      which keep the RL term only.
     epochs: passes of policy updates over each step's rollouts.
     minibatches: policy updates per pass, each on whole groups (must divide data.prompts_per_step).
   """
@@ -100,13 +111,18 @@ class GRPOConfig(Section):
   clip_cov_ub: float = 5.0
   kl_cov_ratio: float = 2e-3
   kl_cov_coef: float = 1.0
+  teacher: str = ""
+  kd_coef: float = 0.0
+  kd_kind: str = "k2"
+  kd_only: bool = False
+  kd_skip_correct: bool = False
   epochs: int = 1
   minibatches: int = 1
 
   def check(self) -> None:
     for name in ("group_size", "epochs", "minibatches"):
       at_least(self, name, 1)
-    for name in ("eps_lo", "eps_hi", "kl_coef", "entropy_coef", "dual_clip_c", "kl_cov_coef"):
+    for name in ("eps_lo", "eps_hi", "kl_coef", "entropy_coef", "dual_clip_c", "kl_cov_coef", "kd_coef"):
       in_range(self, name, 0.0)
     for name in ("clip_cov_ratio", "kl_cov_ratio"):
       in_range(self, name, 0.0, 1.0)
@@ -121,12 +137,19 @@ class GRPOConfig(Section):
       raise fail(self, "policy_loss", e.args[0]) from None
     if 0 < self.dual_clip_c <= 1:
       raise fail(self, "dual_clip_c", "must be > 1 (or 0 = off)")
+    one_of(self, "kd_kind", KD_KINDS)
+    if self.teacher and self.kd_coef <= 0:
+      raise fail(self, "kd_coef", f"must be > 0 with a teacher (grpo.teacher={self.teacher!r})")
+    for name in ("kd_coef", "kd_only", "kd_skip_correct"):
+      if getattr(self, name) and not self.teacher:
+        raise fail(self, name, "needs a teacher (grpo.teacher: a jaxpt run's workdir or 'hf:DIR')")
 
   def loss_kwargs(self) -> dict:
     kwargs = dict(eps_lo=self.eps_lo, eps_hi=self.eps_hi, dual_clip_c=self.dual_clip_c or None, agg=self.agg,
                   kl_kind=self.kl_kind, kl_coef=0.0 if self.kl_in_reward else self.kl_coef,
                   entropy_coef=self.entropy_coef, clip_cov_ratio=self.clip_cov_ratio, clip_cov_lb=self.clip_cov_lb,
-                  clip_cov_ub=self.clip_cov_ub, kl_cov_ratio=self.kl_cov_ratio, kl_cov_coef=self.kl_cov_coef)
+                  clip_cov_ub=self.clip_cov_ub, kl_cov_ratio=self.kl_cov_ratio, kl_cov_coef=self.kl_cov_coef,
+                  kd_coef=self.kd_coef, kd_kind=self.kd_kind)
     declared = inspect.signature(get_loss("policy", self.policy_loss)).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in declared.values()):
       return kwargs
@@ -198,6 +221,8 @@ def experience_shapes(config: GRPORunConfig) -> dict[str, jax.ShapeDtypeStruct]:
             "group_ids": ((n,), i32)}
   if config.grpo.uses_reference:
     shapes["ref_logp"] = ((n, t), f32)
+  if config.grpo.teacher:
+    shapes["teacher_logp"], shapes["kd_weight"] = ((n, t), f32), ((n,), f32)
   return {k: jax.ShapeDtypeStruct(shape, dtype) for k, (shape, dtype) in shapes.items()}
 
 
@@ -208,8 +233,9 @@ def make_policy_loss(model: TransformerLM, settings: GRPOConfig, clipo_config: c
                      temperature: float) -> Callable[[Any, dict, jax.Array, Any], tuple[jax.Array, dict]]:
   """loss_fn(params, minibatch, rng, aux) -> (loss, metrics) of one policy update.
 
-  minibatch: prompt_tokens/prompt_mask [n, P], tokens/mask/old_logp (and ref_logp) [n, T], advantages [n],
-  labels/group_ids [n] (for the in-loss CLIPO term, through the fixed head aux["clipo"]).
+  minibatch: prompt_tokens/prompt_mask [n, P], tokens/mask/old_logp (and ref_logp, teacher_logp) [n, T],
+  advantages [n] (and kd_weight [n]), labels/group_ids [n] (for the in-loss CLIPO term, through the fixed head
+  aux["clipo"]).
   """
   policy_loss = get_loss("policy", settings.policy_loss)
   kwargs = settings.loss_kwargs()
@@ -223,6 +249,8 @@ def make_policy_loss(model: TransformerLM, settings: GRPOConfig, clipo_config: c
     entropy = entropy_from_logits(logits) if settings.entropy_coef > 0 else None
     loss, metrics = policy_loss(logp, mb["old_logp"], mb["advantages"], mb["mask"], ref_logp=mb.get("ref_logp"),
                                 entropy=entropy, **kwargs,
+                                **({"teacher_logp": mb["teacher_logp"], "kd_weight": mb["kd_weight"]}
+                                   if "teacher_logp" in mb else {}),
                                 **({"rng": jax.random.fold_in(rng, POLICY_LOSS_KEY)} if draws else {}))
     if in_loss:
       term, _ = clipo.in_loss_term(clipo_config, aux["clipo"].params, hidden, mb["mask"], mb["labels"],
@@ -250,6 +278,7 @@ class GRPOHooks(Hooks):
   collector: RolloutCollector  # samplers, tokenizer, prompts, verifier: the rollouts of each step and the eval
   kl_rewards: Callable  # (rewards [N], old_logp, ref_logp, mask [N, T]) -> kl_penalized_rewards [N]
   ref_params: Any = None  # the initial policy, set by `init_state` when the KL term needs it
+  teacher: Any = None  # KDRL's frozen teacher (`jaxpt.trainers.teacher.Teacher`) when config.grpo.teacher is set
 
   def describe(self) -> str:
     """The start line's addition: the compiled rollout sampler's memory."""
@@ -284,8 +313,13 @@ class GRPOHooks(Hooks):
       if settings.kl_in_reward:
         rewards = np.asarray(self.kl_rewards(rewards, experience["old_logp"], experience["ref_logp"],
                                              experience["mask"]))
+    advantages = np.asarray(group_advantages(rewards, settings.group_size, settings.advantage))
     host = {"group_ids": ro["group_ids"], "labels": ro["labels"],
-            "advantages": np.asarray(group_advantages(rewards, settings.group_size, settings.advantage))}
+            "advantages": np.zeros_like(advantages) if settings.kd_only else advantages}
+    if self.teacher is not None:
+      experience["teacher_logp"] = self.teacher_logprobs(experience)
+      host["kd_weight"] = (np.asarray(ro["scores"]) <= 0 if settings.kd_skip_correct
+                           else np.ones_like(advantages)).astype(np.float32)
     if self.config.dapo.overlong_filtering:
       experience["mask"] = dapo.filter_overlong(experience["mask"], ro["truncated"])
     metrics["reward_mean"] = float(np.mean(rewards))
@@ -297,6 +331,11 @@ class GRPOHooks(Hooks):
                                                        (step - cfg.frozen_steps) * self.config.updates_per_step)
       metrics.update(update_metrics)
     return new_state.replace(step=state.step + 1, rng=state.rng), metrics
+
+  def teacher_logprobs(self, experience: dict) -> jax.Array:
+    """The teacher's log-probs [N, T] of the rollouts in `experience` (on the mesh, as the reference's)."""
+    return self.teacher.logprobs(self.teacher.params, *(
+        experience[k] for k in ("prompt_tokens", "prompt_mask", "tokens", "mask")))
 
   def _policy_updates(self, state: TrainState, experience: dict, host: dict, rng: jax.Array,
                       shuffle: np.random.Generator, first_update: int) -> tuple[TrainState, dict]:
@@ -351,8 +390,13 @@ def build(config: GRPORunConfig | Any, workdir: str) -> BuiltRun:
   params = jax.eval_shape(training.sharded.init_state).params
   collector = RolloutCollector.create(config, model, training.layout, params, tokenizer, config.task.data_dir(workdir))
   kl_rewards = lambda *arrays: kl_penalized_rewards(*arrays, config.grpo.kl_coef, config.grpo.kl_kind)
+  teacher = None
+  if config.grpo.teacher:
+    say(f"loading the teacher {config.grpo.teacher} ...")
+    teacher = load_teacher(config.grpo.teacher, training.layout, tokenizer, config.sampling.temperature,
+                           config.data.max_prompt_len + config.sampling.max_new_tokens)
   hooks = GRPOHooks(config=config, training=training, collector=collector,
-                    kl_rewards=training.layout.jit(kl_rewards, training.layout.replicated))
+                    kl_rewards=training.layout.jit(kl_rewards, training.layout.replicated), teacher=teacher)
   inputs = run_inputs(f"task|{config.task.train_identity}", tokenizer)
   return BuiltRun("grpo", config, training, collector.batches, inputs=inputs, tokenizer=tokenizer,
                   data=collector.prompts, evaluate=hooks.evaluate if config.data.eval_prompts else None, hooks=hooks)
