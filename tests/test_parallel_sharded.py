@@ -15,7 +15,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # file in tests/multidevice -> tests it must collect
-SUITES = {"sharded_training.py": 22, "sharded_grpo.py": 9, "sharded_vit.py": 6}
+SUITES = {"sharded_training.py": 22, "sharded_grpo.py": 10, "sharded_vit.py": 6}
 
 
 def run_suite(env, suite, *args):

@@ -183,3 +183,13 @@ def test_an_rm_too_short_for_prompt_and_response_is_refused():
   with pytest.raises(ConfigError, match="has no tokenizer"):
     check_model_fits(ModelConfig(max_seq_len=64), None, 24, 16, "/rm")
   jnp.zeros(())  # jax initialised for the other tests of this module either way
+
+
+def test_rlhf_tiny_fits_rm_tiny():
+  """experiments/configs/rlhf_tiny.py's prompt + response fit rm_tiny.py's max_seq_len (the issue's pipeline)."""
+  from experiments.configs import rlhf_tiny, rm_tiny
+
+  config, rm = rlhf_tiny.get_config(), rm_tiny.get_config()
+  check_model_fits(ModelConfig(max_seq_len=rm.model.max_seq_len), object(), config.data.max_prompt_len,
+                   config.sampling.max_new_tokens, "rm_tiny")
+  assert config.reward.verifier_weight == 0 and config.reward.model == ""  # the RM is the command line's

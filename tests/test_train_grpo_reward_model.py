@@ -27,8 +27,8 @@ def flat(prefix: str, section: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-  """(sft workdir, rm workdir): 3 SFT steps, then 2 Bradley-Terry steps of an RM whose backbone and tokenizer are
-  the SFT run's."""
+  """(sft workdir, rm workdir): 3 SFT steps, then 2 ODIN steps of an RM whose backbone and tokenizer are the SFT
+  run's (two score heads: the RL reward reads the quality head, column 0)."""
   sft = str(tmp_path_factory.mktemp("sft"))
   config = sft_tiny.get_config()
   config.update_from_flattened_dict({**flat("model", MODEL), **TASK, **QUIET, "steps": 3, "checkpoint_every": 3,
@@ -40,7 +40,7 @@ def runs(tmp_path_factory):
   config = rm_tiny.get_config()
   backbone = {**sft_tiny.get_config().model.to_dict(), **MODEL}  # the SFT run's model: its params start the RM
   config.update_from_flattened_dict({**flat("model", backbone), **QUIET, "steps": 2, "checkpoint_every": 2,
-                                     "init_from": sft, "data.seq_len": 48,
+                                     "rm.loss": "odin", "init_from": sft, "data.seq_len": 48,
                                      "data.batch_size": 8, "data.synthetic_train_pairs": 32,
                                      "data.synthetic_test_pairs": 8})
   jaxpt.train("rm", config, rm)
@@ -91,9 +91,10 @@ def test_grpo_is_rewarded_by_the_reward_models_scores_of_its_rollouts(runs, tmp_
   assert len(recorder.calls) == len(outputs) == 2
 
   model = jaxpt.load(rm)
-  assert model.kind == "reward"
+  assert model.kind == "reward" and model.num_scores == 2
   tokenizer = model.tokenizer
-  apply = jax.jit(lambda params, tokens, last: RewardModel(model.config).apply({"params": params}, tokens, last)[0])
+  apply = jax.jit(lambda params, tokens, last: RewardModel(model.config, num_scores=2).apply(
+      {"params": params}, tokens, last)[0][:, 0])  # the quality head
   for row, (ro, scores), rewards in zip(rows, recorder.calls, outputs):
     # independently: the RM's layout built with preference_batches.response_sequences, scored by a plain forward
     prompts = [[int(x) for x in t[m > 0]] for t, m in zip(ro["prompt_tokens"], ro["prompt_mask"])]
@@ -118,7 +119,7 @@ def test_grpo_is_rewarded_by_the_reward_models_scores_of_its_rollouts(runs, tmp_
   calls = recorder.calls[0][0]
   prompt_texts = [decode(t, m, None) for t, m in zip(calls["prompt_tokens"], calls["prompt_mask"])]
   response_texts = [decode(t, m, tokenizer.eos_id) for t, m in zip(calls["tokens"], calls["mask"])]
-  np.testing.assert_allclose(retokenizing.scores(ro), model.score(prompt_texts, response_texts), rtol=1e-5,
+  np.testing.assert_allclose(retokenizing.scores(ro), model.score(prompt_texts, response_texts)[:, 0], rtol=1e-5,
                              atol=1e-5)
 
 

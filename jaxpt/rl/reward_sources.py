@@ -40,6 +40,7 @@ from jaxpt.config import ConfigError, Section, fail, in_range, one_of
 from jaxpt.data.preference_batches import response_sequences
 from jaxpt.data.tokenizer import chat_prompt, encode_prompts_as_trained
 from jaxpt.models.reward import RewardModel
+from jaxpt.progress import say
 from jaxpt.rl.rollouts import response_texts
 
 NORMALIZE = ("none", "batch", "running")
@@ -189,9 +190,11 @@ class RewardModelSource:
     sequences = layout.jit(lambda *arrays: rm_sequences(*arrays, eos_id=eos, pad_id=pad,
                                                         vocab_limit=policy_tokenizer.vocab_size, seq_len=seq_len),
                            layout.batch)
-    logging.info("reward model %s: scoring %s", source, "the rollouts' own tokens (the policy's tokenizer and "
-                 "prompt format)" if shared else f"re-tokenized prompt + response texts (its own tokenizer, "
-                 f"{prompt_format} prompts)")
+    line = (f"reward model {source}: scoring " + ("the rollouts' own tokens (the policy's tokenizer and prompt "
+            "format)" if shared else f"re-tokenized prompt + response texts (its own tokenizer, {prompt_format} "
+            "prompts)"))
+    logging.info("%s", line)
+    say(line)  # the CLI shows absl's INFO lines only with -v
     return cls(params=params, forward=compiled, sequences=sequences, shared=shared, tokenizer=tokenizer,
                policy_tokenizer=policy_tokenizer, chat=prompt_format == "chat", seq_len=seq_len, layout=layout)
 
