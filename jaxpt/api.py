@@ -21,15 +21,14 @@ import os
 import sys
 from typing import Any, Sequence
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from jaxpt.config import ConfigError, from_section
+from jaxpt.config import ConfigError
 from jaxpt.data.preference_batches import response_sequences
-from jaxpt.data.tokenizer import chat_prompt, encode_prompts_as_trained, load_tokenizer, tokenizer_files
+from jaxpt.data.tokenizer import chat_prompt, encode_prompts_as_trained
 from jaxpt.models import hf, hf_config, hf_export
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.reward import RewardModel
@@ -37,9 +36,10 @@ from jaxpt.models.transformer import TransformerLM
 from jaxpt.parallel.rules import get_rules
 from jaxpt.parallel.sharding import param_shardings
 from jaxpt.rl.sampler import SamplingConfig, make_sampler
-from jaxpt.engine.checkpoint import Checkpointer
-from jaxpt.engine.record import CONFIG_FILE, checkpoint_steps, recorded_config
-from jaxpt.engine.trainers import TRAINERS, recorded_trainer, trainer_list
+from jaxpt.engine.record import recorded_config
+from jaxpt.engine.trainers import recorded_trainer
+from jaxpt.engine.saved_model import (LOADABLE, load_run, loadable_model, maybe_tokenizer,  # noqa: F401
+                                      run_tokenizer_dir)  # run_tokenizer_dir: a name of jaxpt.api
 
 PROMPT_BUCKET = 16  # prompt lengths are padded up to a multiple of this, so nearby lengths share one compiled sampler
 
@@ -200,13 +200,6 @@ def _pad_id(tokenizer) -> int:
   return tokenizer.pad_id if tokenizer.pad_id is not None else 0
 
 
-def _maybe_tokenizer(directory: str | None):
-  """The tokenizer in `directory`, or None when it holds no tokenizer files (a broken one raises its DataError)."""
-  if directory is None or not tokenizer_files(directory):
-    return None
-  return load_tokenizer(directory)
-
-
 def _shardings(abstract: Any, mesh: Mesh | None, rules: str) -> Any:
   if mesh is None:
     return None
@@ -217,84 +210,17 @@ def _load_hf(directory: str, mesh: Mesh | None, rules: str, overrides: dict) -> 
   source, special = f"{hf.HF_PREFIX}{directory}", hf_config.special_ids(directory)
   if hf_config.is_reward_model(hf_config.read_hf_json(directory)):  # a reward-model export (or classifier)
     config, params, record = hf.load_reward(directory, mesh=mesh, rules=rules, **overrides)
-    return Model(config, params, _maybe_tokenizer(directory), kind="reward", num_scores=record["num_scores"],
+    return Model(config, params, maybe_tokenizer(directory), kind="reward", num_scores=record["num_scores"],
                  source=source, tokenizer_dir=directory, prompt_format=record["prompt_format"], special_ids=special)
   config, params = hf.load(directory, mesh=mesh, rules=rules, **overrides)
-  return Model(config, params, _maybe_tokenizer(directory), source=source, tokenizer_dir=directory,
+  return Model(config, params, maybe_tokenizer(directory), source=source, tokenizer_dir=directory,
                special_ids=special)
 
 
-def run_tokenizer_dir(workdir: str, recorded: dict) -> str | None:
-  """The directory holding a run's tokenizer: `workdir/tokenizer` (where every trainer keeps its own, or a copy of
-  its `init_from`'s), else, for runs of older jaxpt versions, that of the run it started from."""
-  own = os.path.join(workdir, "tokenizer")
-  if tokenizer_files(own):
-    return own
-  init_from = recorded.get("init_from") or ""
-  if init_from.startswith(hf.HF_PREFIX):
-    return os.path.expanduser(init_from[len(hf.HF_PREFIX):])
-  if init_from and os.path.isdir(os.path.expanduser(init_from)):
-    parent = os.path.expanduser(init_from)
-    return run_tokenizer_dir(parent, recorded_config(parent))
-  return None
-
-
-LOADABLE = ("lm", "reward")  # the `Trainer.model` kinds a Model holds
-
-
-def _loadable_model(workdir: str, trainer: str) -> str:
-  """'lm' or 'reward': what the checkpoints of a run of `trainer` hold; ConfigError naming the path otherwise."""
-  if trainer not in TRAINERS:
-    raise ConfigError("path", f"is the workdir of a run of trainer {trainer!r}, which this jaxpt does not have "
-                      f"(known: {', '.join(TRAINERS)})", workdir)
-  model = TRAINERS.get(trainer).model
-  if model not in LOADABLE:
-    raise ConfigError("path", f"is the workdir of a jaxpt {trainer} run ({TRAINERS.get(trainer).model_kind}); "
-                      f"jaxpt.load takes the run of jaxpt {trainer_list(lambda t: t.model in LOADABLE)}", workdir)
-  return model
-
-
 def _load_run(workdir: str, step: int | None, mesh: Mesh | None, rules: str, overrides: dict) -> Model:
-  recorded = recorded_config(workdir)
-  model_kind = _loadable_model(workdir, recorded_trainer(recorded))
-  for name, value in overrides.items():
-    fixed = name not in hf_config.RUNTIME_FIELDS or name == "scan_layers"  # scan_layers shapes a checkpoint's tree
-    if fixed and recorded["model"].get(name, value) != value:
-      raise ConfigError(f"model.{name}", f"contradicts the run's config.json, which gives "
-                        f"{recorded['model'][name]!r}", value)
-  config = from_section(ModelConfig, {**recorded["model"], **overrides}, "model")
-  if model_kind == "reward":
-    num_scores = 2 if recorded["rm"].get("loss") == "odin" else 1
-    module = RewardModel(config, num_scores=num_scores)
-    init_args = (jnp.zeros((1, 1), jnp.int32), jnp.zeros((1,), jnp.int32))
-  else:
-    num_scores, module = 1, TransformerLM(config)
-    init_args = (jnp.zeros((1, 1), jnp.int32),)
-  boxed = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), *init_args))["params"]
-  template = nn.meta.unbox(boxed)
-  shardings = _shardings(boxed, mesh, rules)
-  if shardings is not None:
-    template = jax.tree.map(lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s), template,
-                            shardings)
-  steps = checkpoint_steps(workdir)
-  if not steps:
-    raise FileNotFoundError(f"{workdir}: no checkpoint in {os.path.join(workdir, 'checkpoints')}")
-  if step is not None and step not in steps:
-    raise FileNotFoundError(f"{workdir}: no checkpoint at step {step} (checkpoints at steps "
-                            f"{', '.join(map(str, steps))})")
-  step = steps[-1] if step is None else step
-  checkpointer = Checkpointer(workdir, async_save=False, create=False)
-  try:
-    misfit = checkpointer.params_misfit(template, step)
-    if misfit is not None:  # e.g. a config.json edited by hand: restoring would give arrays of the wrong shapes
-      raise ValueError(f"{workdir}: the checkpoint at step {step} does not fit the run's {CONFIG_FILE}: {misfit}")
-    params = checkpointer.restore_params(template, step)
-  finally:
-    checkpointer.close()
-  directory = run_tokenizer_dir(workdir, recorded)
-  prompt_format = (recorded.get("task") or recorded.get("data") or {}).get("prompt_format", "plain")
-  return Model(config, params, _maybe_tokenizer(directory), kind=model_kind, num_scores=num_scores, source=workdir,
-               tokenizer_dir=directory, prompt_format=prompt_format)
+  saved = load_run(workdir, step, mesh, rules, overrides)
+  return Model(saved.config, saved.params, saved.tokenizer, kind=saved.kind, num_scores=saved.num_scores,
+               source=workdir, tokenizer_dir=saved.tokenizer_dir, prompt_format=saved.prompt_format)
 
 
 def load(path: str, *, step: int | None = None, mesh: Mesh | None = None, rules: str = "fsdp_tp",
@@ -322,7 +248,7 @@ def load(path: str, *, step: int | None = None, mesh: Mesh | None = None, rules:
     if "model_type" in hf_config.read_hf_json(workdir):
       raise ConfigError("path", f"is a Hugging Face checkpoint directory: load it as 'hf:{path}'", path)
   if kind is not None:
-    _check_kind(path, kind, _loadable_model(workdir, recorded_trainer(recorded_config(workdir))))
+    _check_kind(path, kind, loadable_model(workdir, recorded_trainer(recorded_config(workdir))))
   return _load_run(workdir, step, mesh, rules, model_overrides)
 
 

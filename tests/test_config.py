@@ -86,12 +86,14 @@ def test_config_dict_round_trips_through_from_section():
                                         if not p.endswith("__init__.py")))
 def test_every_committed_config_file_converts(path):
   """Each config file loads by path (as `--config` does; no `experiments` package needed) and checks clean; its
-  subcommand is its name's first word (tiny.py: pretrain; dapo: grpo)."""
+  subcommand is its name's first word (tiny.py: pretrain; dapo, rlhf: grpo)."""
   from jaxpt import cli
 
   config = load_config_file(path)
   stem = os.path.basename(path)[:-3].split("_")[0]
-  name = {"tiny": "pretrain", "dapo": "grpo"}.get(stem, stem)
+  name = {"tiny": "pretrain", "dapo": "grpo", "rlhf": "grpo"}.get(stem, stem)
+  if stem == "rlhf":  # its reward model is the command line's (--config.reward.model=RM); the check reads no files
+    config.reward.model = "/rm"
   command = cli.SUBCOMMANDS[name]
   import importlib
   run_config = getattr(importlib.import_module(command.module), command.config_class)

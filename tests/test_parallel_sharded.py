@@ -16,7 +16,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # file in tests/multidevice -> tests it must collect
-SUITES = {"sharded_training.py": 22, "sharded_grpo.py": 9, "sharded_vit.py": 6, "sharded_grpo_losses.py": 10}
+SUITES = {"sharded_training.py": 22, "sharded_grpo.py": 10, "sharded_vit.py": 6, "sharded_grpo_losses.py": 10}
 # every policy loss x 2 GRPO runs: about 3 CPU-minutes, so `slow` (deselected by default in .ci/run)
 SLOW = {"sharded_grpo_losses.py"}
 

@@ -4,6 +4,8 @@ One loop step (`GRPOHooks.train_step`), for a batch of B prompts:
 
     prompts [B, P] --`RolloutCollector.step_rollouts` (jaxpt.rl.collect: G samples each, verifier, DAPO)-->
       rollouts [N = B*G]: tokens, mask, old_logp [N, T], rewards R [N]
+      (the `reward` section: R = weighted verifier + reward-model scores, EOS-missing penalty, normalisation, clip:
+         `jaxpt.rl.reward_sources`; by default the verifier's score as it is, no reward model)
       (+ CLIPO: R += r_con from the contrastive head, which then steps: `RolloutCollector.contrastive_rewards`)
       (+ KL in the reward: R -= beta * sum_t kl_t)
       --group advantages--> A [N]
@@ -18,8 +20,10 @@ of `experience_shapes`; `optim.grad_accum_steps` splits a minibatch into micro-b
 run's mesh (`config.mesh`): the collector's sampler and log-probs are compiled for it too. `state.step` counts loop
 steps (the data position); the optimizer's own count runs epochs * minibatches per step.
 The reference policy is the initial policy (the `init_from` run's params, or the seeded init), rebuilt on resume
-rather than checkpointed; the CLIPO head lives in `state.aux["clipo"]`. Randomness of step t comes from
-fold_in(state.rng, t), so a resumed run draws exactly what an uninterrupted one would.
+rather than checkpointed; the CLIPO head lives in `state.aux["clipo"]`, the running reward normalisation's
+statistics in `state.aux["reward_stats"]`; a reward model (`reward.model`) is loaded from its run, never checkpointed
+here. Randomness of step t comes from fold_in(state.rng, t), so a resumed run draws exactly what an uninterrupted one
+would.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ from jaxpt.losses.grpo import (ADVANTAGES, AGG_MODES, KD_KINDS, KL_KINDS, entrop
 from jaxpt.models.transformer import TransformerLM
 from jaxpt.progress import say
 from jaxpt.rl import clipo, dapo
+from jaxpt.rl.reward_sources import (RewardConfig, RewardModelSource, assemble_rewards, check_model_fits,
+                                     init_running_stats)
 from jaxpt.rl.collect import RolloutCollector, check_config
 from jaxpt.rl.logprobs import response_logits, token_logprobs
 from jaxpt.rl.sampler import SamplingConfig
@@ -49,6 +55,7 @@ from jaxpt.engine.config import RunConfig, check_vocab
 from jaxpt.engine.init_from import init_tokenizer
 from jaxpt.engine.record import check_launch, digest, resumes, run_inputs
 from jaxpt.engine.run import BuiltRun, Hooks
+from jaxpt.engine.saved_model import load_reward_run
 from jaxpt.engine.state import TrainState
 from jaxpt.engine.step import grad_fn_of
 
@@ -172,6 +179,8 @@ class GRPORunConfig(RunConfig):
     grpo: group size, advantage, policy loss and the update schedule.
     clipo: the CLIPO contrastive head and reward (off by default).
     dapo: DAPO's dynamic sampling, overlong filtering and soft overlong punishment (off by default).
+    reward: the reward's sources (verifier, a reward model) and their weights, clipping, normalisation and the
+      EOS-missing penalty (default: the verifier's score as it is).
   """
 
   task: TaskConfig = TaskConfig()
@@ -180,6 +189,7 @@ class GRPORunConfig(RunConfig):
   grpo: GRPOConfig = GRPOConfig()
   clipo: clipo.CLIPOConfig = clipo.CLIPOConfig()
   dapo: dapo.DAPOConfig = dapo.DAPOConfig()
+  reward: RewardConfig = RewardConfig()
 
   def check(self) -> None:
     super().check()
@@ -277,6 +287,8 @@ class GRPOHooks(Hooks):
   training: Training
   collector: RolloutCollector  # samplers, tokenizer, prompts, verifier: the rollouts of each step and the eval
   kl_rewards: Callable  # (rewards [N], old_logp, ref_logp, mask [N, T]) -> kl_penalized_rewards [N]
+  assemble: Callable | None = None  # reward_sources.assemble_rewards for config.reward, compiled (None: default)
+  reward_model: RewardModelSource | None = None  # config.reward.model's scorer
   ref_params: Any = None  # the initial policy, set by `init_state` when the KL term needs it
   teacher: Any = None  # KDRL's frozen teacher (`jaxpt.trainers.teacher.Teacher`) when config.grpo.teacher is set
 
@@ -301,6 +313,8 @@ class GRPOHooks(Hooks):
                                "num_tokens": float(ro["lengths"].sum()), **dapo_metrics}
     rewards = ro["rewards"]
     aux = state.aux
+    if self.assemble is not None:
+      rewards, aux = self._assembled_rewards(ro, aux, metrics)
     if cfg.enabled:
       head, contrastive, head_metrics = self.collector.contrastive_rewards(aux["clipo"], ro, clipo_rng)
       aux = dict(aux, clipo=head)
@@ -336,6 +350,19 @@ class GRPOHooks(Hooks):
     """The teacher's log-probs [N, T] of the rollouts in `experience` (on the mesh, as the reference's)."""
     return self.teacher.logprobs(self.teacher.params, *(
         experience[k] for k in ("prompt_tokens", "prompt_mask", "tokens", "mask")))
+
+  def _assembled_rewards(self, ro: dict, aux: Any, metrics: dict) -> tuple[np.ndarray, Any]:
+    """The `reward` section's rewards [N] of rollouts `ro` (the collector's verifier scores and DAPO punishment, the
+    reward model's scores: metric rm_score, their mean) and `aux` with the running statistics updated."""
+    scores = ro["scores"]
+    rm_scores = np.zeros_like(scores)
+    if self.reward_model is not None:
+      rm_scores = self.reward_model.scores(ro)
+      metrics["rm_score"] = float(np.mean(rm_scores))
+    running = self.config.reward.normalize == "running"
+    rewards, stats = self.assemble(scores, rm_scores, ro["rewards"] - scores, ro["truncated"],
+                                   aux["reward_stats"] if running else None)
+    return np.asarray(rewards), dict(aux, reward_stats=stats) if running else aux
 
   def _policy_updates(self, state: TrainState, experience: dict, host: dict, rng: jax.Array,
                       shuffle: np.random.Generator, first_update: int) -> tuple[TrainState, dict]:
@@ -379,7 +406,17 @@ def build(config: GRPORunConfig | Any, workdir: str) -> BuiltRun:
   loss_fn = make_policy_loss(model, config.grpo, config.clipo, config.sampling.temperature)
   weight_key = "num_tokens" if config.grpo.agg == "token-mean" else "num_rows"
   def init_aux(rng: jax.Array) -> dict | None:  # always given: the policy's init key is the same with or without CLIPO
-    return {"clipo": clipo.init_head_state(config.clipo, config.model.d_model, rng)} if config.clipo.enabled else None
+    aux = {"clipo": clipo.init_head_state(config.clipo, config.model.d_model, rng)} if config.clipo.enabled else {}
+    if config.reward.normalize == "running":
+      aux["reward_stats"] = init_running_stats()
+    return aux or None
+
+  reward_run = None
+  if config.reward.uses_model:  # every refusal before any compile
+    say(f"loading the reward model {config.reward.model} ...")
+    prompt_len, new_tokens = config.data.max_prompt_len, config.sampling.max_new_tokens
+    reward_run = load_reward_run(config.reward.model, mesh, config.mesh.rules, fits=lambda model, rm_tokenizer: (
+        check_model_fits(model, rm_tokenizer, prompt_len, new_tokens, config.reward.model)))
 
   say("compiling the policy update ...")
   training = build_training(config, mesh, model, (jnp.zeros((1, config.data.max_prompt_len), jnp.int32),),
@@ -395,8 +432,16 @@ def build(config: GRPORunConfig | Any, workdir: str) -> BuiltRun:
     say(f"loading the teacher {config.grpo.teacher} ...")
     teacher = load_teacher(config.grpo.teacher, training.layout, tokenizer, config.sampling.temperature,
                            config.data.max_prompt_len + config.sampling.max_new_tokens)
+  layout = training.layout
+  assemble = None if config.reward.is_default else layout.jit(
+      lambda *arrays: assemble_rewards(config.reward, *arrays), layout.replicated)
+  reward_model = None if reward_run is None else RewardModelSource.create(
+      reward_run.config, reward_run.params, reward_run.num_scores, reward_run.tokenizer, reward_run.prompt_format,
+      tokenizer, config.task.prompt_format, layout, config.data.max_prompt_len, config.sampling.max_new_tokens,
+      source=config.reward.model)
   hooks = GRPOHooks(config=config, training=training, collector=collector,
-                    kl_rewards=training.layout.jit(kl_rewards, training.layout.replicated), teacher=teacher)
+                    kl_rewards=layout.jit(kl_rewards, layout.replicated), assemble=assemble,
+                    reward_model=reward_model, teacher=teacher)
   inputs = run_inputs(f"task|{config.task.train_identity}", tokenizer)
   return BuiltRun("grpo", config, training, collector.batches, inputs=inputs, tokenizer=tokenizer,
                   data=collector.prompts, evaluate=hooks.evaluate if config.data.eval_prompts else None, hooks=hooks)

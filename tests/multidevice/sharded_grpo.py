@@ -1,4 +1,4 @@
-"""GRPO (and GRPO + CLIPO) on 8 simulated CPU devices equals the single-device run (run by
+"""GRPO (and GRPO + CLIPO, DAPO, a reward model) on 8 simulated CPU devices equals the single-device run (run by
 tests/test_parallel_sharded.py in its own process; directly: python -m pytest tests/multidevice/sharded_grpo.py).
 
 The single-device reference is the same trainer on a mesh of the first device; the run is `tests.micro_grpo`'s.
@@ -28,12 +28,33 @@ from tests.micro_grpo import DAPO, B, G, T, even_length, micro_config  # noqa: E
 MESHES = {"dp": dict(data=8), "fsdp": dict(data=1, fsdp=8), "fsdp_tp": dict(data=2, fsdp=2, tensor=2)}
 KEYS = ("reward_mean", "accuracy", "loss", "pg_loss", "ppo_kl", "grad_norm", "eval_accuracy_test")
 VARIANT_KEYS = {"grpo": (), "clipo": ("clipo_loss", "clipo_reward_mean"),
-                "dapo": ("dapo_rounds", "dapo_groups_informative", "truncated_frac", "overlong_penalty_mean")}
-CASES = [(v, p) for v in ("grpo", "clipo") for p in MESHES] + [("dapo", "fsdp_tp")]
+                "dapo": ("dapo_rounds", "dapo_groups_informative", "truncated_frac", "overlong_penalty_mean"),
+                "rm": ("rm_score",)}
+CASES = [(v, p) for v in ("grpo", "clipo") for p in MESHES] + [("dapo", "fsdp_tp"), ("rm", "fsdp_tp")]
+
+
+@functools.cache
+def reward_model_run() -> str:
+  """A 1-step micro reward-model run (its own tokenizer: GRPO re-tokenizes the rollouts' text for it)."""
+  from experiments.configs import rm_tiny
+
+  workdir = tempfile.mkdtemp(prefix="rm-")
+  config = rm_tiny.get_config()
+  config.update_from_flattened_dict({
+      "steps": 1, "log_every": 1, "eval_every": 0, "checkpoint_every": 1, "progress": False, "model.d_model": 32,
+      "model.num_layers": 1, "model.num_heads": 2, "model.num_kv_heads": 2, "model.mlp_dim": 64, "data.batch_size": 8,
+      "data.synthetic_train_pairs": 16, "data.synthetic_test_pairs": 8, "rm.estimator_hidden": 16,
+      "optim.warmup_steps": 0})
+  jaxpt.train("rm", config, workdir)
+  return workdir
 
 
 def variant_config(variant, **overrides):
-  """micro_config of the variant: grpo, clipo (CLIPO on) or dapo (dynamic sampling, overlong filtering and penalty)."""
+  """micro_config of the variant: grpo, clipo (CLIPO on), dapo (dynamic sampling, overlong filtering and penalty)
+  or rm (the verifier plus a reward model, running normalisation and clipping)."""
+  if variant == "rm":
+    overrides = {"reward.model": reward_model_run(), "reward.model_weight": 0.5, "reward.normalize": "running",
+                 "reward.clip": 2.0, "reward.eos_missing_penalty": 0.25, **overrides}
   return micro_config(variant == "clipo", **(DAPO if variant == "dapo" else {}), **overrides)
 
 
@@ -59,13 +80,19 @@ def test_two_steps_on_8_devices_equal_one_device(variant, preset):
   want_rows, want, _, _ = run(variant, "one device")
   rows, got, trainer, state = run(variant, preset)
   assert 0 < want_rows[0]["accuracy"] < 1  # mixed groups: non-zero advantages
+  if variant == "rm":  # the reward model's params sharded by the run's rules, like the policy's
+    rm_params = trainer.hooks.reward_model.params
+    assert not trainer.hooks.reward_model.shared
+    assert jax.tree.leaves(rm_params)[0].sharding.mesh.devices.size == 8
   for key in KEYS + VARIANT_KEYS[variant]:
     np.testing.assert_allclose([r[key] for r in rows if key in r], [r[key] for r in want_rows if key in r],
                                rtol=2e-5, atol=1e-6, err_msg=key)
   # AdamW normalises each gradient entry, so one at rounding level (an embedding row seen once) can step by a
-  # sizeable part of lr (1e-3) in either run: atol 1e-5
+  # sizeable part of lr (1e-3) in either run: atol 1e-5; with the reward model's scores (summed over a sharded
+  # d_model) whitened by the running statistics, the rewards themselves differ at rounding level: atol 1e-4
+  atol = 1e-4 if variant == "rm" else 1e-5
   for path, g, w in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(got), jax.tree.leaves(want)):
-    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, err_msg=jax.tree_util.keystr(path[0]))
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=atol, err_msg=jax.tree_util.keystr(path[0]))
   # really sharded: the parameters as the rules say, the sampler's rollouts split over data x fsdp
   kernel = state.params["decoder"]["layers"]["attn"]["query"]["kernel"]  # [layers, embed, heads, kv]
   split = {"dp": (2, 32, 2, 16), "fsdp": (2, 4, 2, 16), "fsdp_tp": (2, 16, 1, 16)}[preset]

@@ -1,0 +1,164 @@
+"""A jaxpt run's saved model, read back: its recorded config, the params of a checkpoint (optionally sharded on a
+mesh), its tokenizer and how it formatted prompts. `jaxpt.load` (jaxpt.api) wraps this in a `Model`; trainers that
+read another run's model (GRPO's reward model, `reward.model`) use it directly, below the api layer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+
+from jaxpt.config import ConfigError, from_section
+from jaxpt.data.tokenizer import load_tokenizer, tokenizer_files
+from jaxpt.models import hf, hf_config
+from jaxpt.models.config import ModelConfig
+from jaxpt.models.reward import RewardModel
+from jaxpt.models.transformer import TransformerLM
+from jaxpt.parallel.rules import get_rules
+from jaxpt.parallel.sharding import param_shardings
+from jaxpt.engine.checkpoint import Checkpointer
+from jaxpt.engine.record import CONFIG_FILE, checkpoint_steps, recorded_config
+from jaxpt.engine.trainers import TRAINERS, recorded_trainer, trainer_list
+
+LOADABLE = ("lm", "reward")  # the `Trainer.model` kinds a saved model can be
+
+
+@dataclasses.dataclass(eq=False)
+class SavedModel:
+  """A run's model at one checkpoint: `TransformerLM` params (kind 'lm') or `RewardModel` params (kind 'reward',
+  `num_scores` heads: 2 for ODIN, quality then length)."""
+
+  config: ModelConfig
+  params: Any
+  tokenizer: Any  # None when the run has no tokenizer files
+  kind: str
+  num_scores: int
+  tokenizer_dir: str | None
+  prompt_format: str  # 'plain' | 'chat': how the run formatted its prompts
+  step: int
+
+
+def maybe_tokenizer(directory: str | None):
+  """The tokenizer in `directory`, or None when it holds no tokenizer files (a broken one raises its DataError)."""
+  if directory is None or not tokenizer_files(directory):
+    return None
+  return load_tokenizer(directory)
+
+
+def run_tokenizer_dir(workdir: str, recorded: dict) -> str | None:
+  """The directory holding a run's tokenizer: `workdir/tokenizer` (where every trainer keeps its own, or a copy of
+  its `init_from`'s), else, for runs of older jaxpt versions, that of the run it started from."""
+  own = os.path.join(workdir, "tokenizer")
+  if tokenizer_files(own):
+    return own
+  init_from = recorded.get("init_from") or ""
+  if init_from.startswith(hf.HF_PREFIX):
+    return os.path.expanduser(init_from[len(hf.HF_PREFIX):])
+  if init_from and os.path.isdir(os.path.expanduser(init_from)):
+    parent = os.path.expanduser(init_from)
+    return run_tokenizer_dir(parent, recorded_config(parent))
+  return None
+
+
+def loadable_model(workdir: str, trainer: str, field: str = "path") -> str:
+  """'lm' or 'reward': what the checkpoints of a run of `trainer` hold; ConfigError naming `field` otherwise."""
+  if trainer not in TRAINERS:
+    raise ConfigError(field, f"is the workdir of a run of trainer {trainer!r}, which this jaxpt does not have "
+                      f"(known: {', '.join(TRAINERS)})", workdir)
+  model = TRAINERS.get(trainer).model
+  if model not in LOADABLE:
+    raise ConfigError(field, f"is the workdir of a jaxpt {trainer} run ({TRAINERS.get(trainer).model_kind}); "
+                      f"jaxpt.load takes the run of jaxpt {trainer_list(lambda t: t.model in LOADABLE)}", workdir)
+  return model
+
+
+def run_model_config(recorded: dict, overrides: dict) -> ModelConfig:
+  """The run's recorded `model` section with `overrides` (runtime fields only: ConfigError naming the field for
+  one that contradicts the checkpoint's architecture)."""
+  for name, value in overrides.items():
+    fixed = name not in hf_config.RUNTIME_FIELDS or name == "scan_layers"  # scan_layers shapes a checkpoint's tree
+    if fixed and recorded["model"].get(name, value) != value:
+      raise ConfigError(f"model.{name}", f"contradicts the run's config.json, which gives "
+                        f"{recorded['model'][name]!r}", value)
+  return from_section(ModelConfig, {**recorded["model"], **overrides}, "model")
+
+
+def num_scores_of(recorded: dict) -> int:
+  """The score heads of a reward-model run: 2 for ODIN (quality, length), else 1."""
+  return 2 if (recorded.get("rm") or {}).get("loss") == "odin" else 1
+
+
+def load_run(workdir: str, step: int | None = None, mesh: Mesh | None = None, rules: str = "fsdp_tp",
+             overrides: dict | None = None) -> SavedModel:
+  """The run in `workdir` at its latest checkpoint (or `step`), params in the logical-axis rules' sharding on
+  `mesh` (first device without one). FileNotFoundError without such a checkpoint, ValueError for one that does
+  not fit the run's config.json, ConfigError (field 'path') for a run whose checkpoints hold no loadable model."""
+  recorded = recorded_config(workdir)
+  model_kind = loadable_model(workdir, recorded_trainer(recorded))
+  config = run_model_config(recorded, overrides or {})
+  if model_kind == "reward":
+    num_scores = num_scores_of(recorded)
+    module = RewardModel(config, num_scores=num_scores)
+    init_args = (jnp.zeros((1, 1), jnp.int32), jnp.zeros((1,), jnp.int32))
+  else:
+    num_scores, module = 1, TransformerLM(config)
+    init_args = (jnp.zeros((1, 1), jnp.int32),)
+  boxed = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), *init_args))["params"]
+  template = nn.meta.unbox(boxed)
+  if mesh is not None:
+    shardings = param_shardings(boxed, mesh, get_rules(rules))
+    template = jax.tree.map(lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s), template,
+                            shardings)
+  steps = checkpoint_steps(workdir)
+  if not steps:
+    raise FileNotFoundError(f"{workdir}: no checkpoint in {os.path.join(workdir, 'checkpoints')}")
+  if step is not None and step not in steps:
+    raise FileNotFoundError(f"{workdir}: no checkpoint at step {step} (checkpoints at steps "
+                            f"{', '.join(map(str, steps))})")
+  step = steps[-1] if step is None else step
+  checkpointer = Checkpointer(workdir, async_save=False, create=False)
+  try:
+    misfit = checkpointer.params_misfit(template, step)
+    if misfit is not None:  # e.g. a config.json edited by hand: restoring would give arrays of the wrong shapes
+      raise ValueError(f"{workdir}: the checkpoint at step {step} does not fit the run's {CONFIG_FILE}: {misfit}")
+    params = checkpointer.restore_params(template, step)
+  finally:
+    checkpointer.close()
+  directory = run_tokenizer_dir(workdir, recorded)
+  prompt_format = (recorded.get("task") or recorded.get("data") or {}).get("prompt_format", "plain")
+  return SavedModel(config, params, maybe_tokenizer(directory), kind=model_kind, num_scores=num_scores,
+                    tokenizer_dir=directory, prompt_format=prompt_format, step=step)
+
+
+def load_reward_run(path: str, mesh: Mesh | None, rules: str, field: str = "reward.model",
+                    fits: Any = None) -> SavedModel:
+  """The reward model of the `jaxpt rm` run in `path` (its latest checkpoint), params sharded on `mesh` by
+  `rules`; `fits(model_config, tokenizer)` checks it before the params are read. Every refusal is one ConfigError
+  naming `field`: no such directory, not a jaxpt run, a run whose checkpoints hold no reward model (an LM run), no
+  checkpoint, one that cannot be restored (e.g. truncated)."""
+  workdir = os.path.expanduser(path)
+  if not os.path.isdir(workdir):
+    raise ConfigError(field, "no such directory (a jaxpt rm run's workdir)", path)
+  try:
+    recorded = recorded_config(workdir)
+  except ValueError as e:  # NoRunRecord
+    raise ConfigError(field, f"is not a jaxpt run: {e}", path) from None
+  trainer = recorded_trainer(recorded)
+  if loadable_model(workdir, trainer, field) != "reward":
+    raise ConfigError(field, f"is the workdir of a jaxpt {trainer} run (a language model), not of a reward-model "
+                      f"run (jaxpt {trainer_list(lambda t: t.model == 'reward')})", path)
+  if not checkpoint_steps(workdir):
+    raise ConfigError(field, f"has no checkpoint in {os.path.join(workdir, 'checkpoints')}", path)
+  if fits is not None:
+    fits(run_model_config(recorded, {}), maybe_tokenizer(run_tokenizer_dir(workdir, recorded)))
+  try:
+    return load_run(workdir, mesh=mesh, rules=rules)
+  except (OSError, ValueError, KeyError, RuntimeError) as e:  # orbax's errors for a damaged checkpoint vary
+    reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+    raise ConfigError(field, f"its checkpoint cannot be restored ({type(e).__name__}: {reason})", path) from None

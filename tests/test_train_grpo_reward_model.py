@@ -1,0 +1,146 @@
+"""GRPO against a jaxpt reward model (`reward.model`): a micro SFT run, a micro RM started from it (so the two share
+one tokenizer), 2 GRPO steps rewarded by the RM alone, and the rewards checked against the RM's scores of the same
+rollouts computed independently (both token layouts: the rollouts' own tokens and the re-tokenized text)."""
+
+import jax
+import numpy as np
+import pytest
+
+from experiments.configs import grpo_tiny, rm_tiny, sft_tiny
+import jaxpt
+from jaxpt.config import ConfigError
+from jaxpt.data.preference_batches import response_sequences
+from jaxpt.models.reward import RewardModel
+from jaxpt.rl.reward_sources import RewardModelSource
+from jaxpt.trainers.grpo import replace_hooks
+from jaxpt.engine.metrics import read_metrics
+
+MODEL = {"vocab_size": 512, "d_model": 32, "num_layers": 2, "num_heads": 2, "num_kv_heads": 2, "mlp_dim": 64,
+         "max_seq_len": 64}
+TASK = {"task.num_steps": 1, "task.max_value": 9, "task.ops": "+", "task.train_size": 64, "task.test_size": 8}
+QUIET = {"log_every": 1, "eval_every": 0, "progress": False, "optim.warmup_steps": 0}
+
+
+def flat(prefix: str, section: dict) -> dict:
+  return {f"{prefix}.{k}": v for k, v in section.items()}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  """(sft workdir, rm workdir): 3 SFT steps, then 2 ODIN steps of an RM whose backbone and tokenizer are the SFT
+  run's (two score heads: the RL reward reads the quality head, column 0)."""
+  sft = str(tmp_path_factory.mktemp("sft"))
+  config = sft_tiny.get_config()
+  config.update_from_flattened_dict({**flat("model", MODEL), **TASK, **QUIET, "steps": 3, "checkpoint_every": 3,
+                                     "data.seq_len": 48, "data.batch_size": 8, "data.eval_batches": 1,
+                                     "decode.eval_problems": 0, "decode.prompt_len": 32,
+                                     "decode.max_new_tokens": 16})
+  jaxpt.train("sft", config, sft)
+  rm = str(tmp_path_factory.mktemp("rm"))
+  config = rm_tiny.get_config()
+  backbone = {**sft_tiny.get_config().model.to_dict(), **MODEL}  # the SFT run's model: its params start the RM
+  config.update_from_flattened_dict({**flat("model", backbone), **QUIET, "steps": 2, "checkpoint_every": 2,
+                                     "rm.loss": "odin", "init_from": sft, "data.seq_len": 48,
+                                     "data.batch_size": 8, "data.synthetic_train_pairs": 32,
+                                     "data.synthetic_test_pairs": 8})
+  jaxpt.train("rm", config, rm)
+  return sft, rm
+
+
+def grpo_config(sft: str, rm: str, **extra):
+  config = grpo_tiny.get_config()
+  config.update_from_flattened_dict({**flat("model", MODEL), **TASK, **QUIET, "steps": 2, "checkpoint_every": 0,
+                                     "init_from": sft, "data.prompts_per_step": 2, "data.max_prompt_len": 32,
+                                     "data.eval_prompts": 0, "sampling.max_new_tokens": 16, "grpo.group_size": 4,
+                                     "grpo.minibatches": 1, "reward.model": rm, "reward.verifier_weight": 0.0,
+                                     **extra})
+  return config
+
+
+class Recorder:
+  """The hooks' reward-model source, recording each call's rollouts (host copies) and scores."""
+
+  def __init__(self, source):
+    self.source, self.calls = source, []
+
+  def scores(self, ro):
+    got = self.source.scores(ro)
+    self.calls.append(({k: np.asarray(jax.device_get(ro[k])) for k in ("prompt_tokens", "prompt_mask", "tokens",
+                                                                          "mask")}, got))
+    return got
+
+
+def test_grpo_is_rewarded_by_the_reward_models_scores_of_its_rollouts(runs, tmp_path):
+  sft, rm = runs
+  config = grpo_config(sft, rm)
+  built = jaxpt.build("grpo", config, str(tmp_path))
+  source = built.hooks.reward_model
+  assert source.shared  # the RM started from the SFT run: the policy's tokenizer, plain prompts
+  recorder = Recorder(source)
+  assemble, outputs = built.hooks.assemble, []
+
+  def recording_assemble(*arrays):
+    rewards, stats = assemble(*arrays)
+    outputs.append(np.asarray(rewards))
+    return rewards, stats
+
+  built = replace_hooks(built, reward_model=recorder, assemble=recording_assemble)
+  jaxpt.train("grpo", config, str(tmp_path), built=built)
+  rows = read_metrics(str(tmp_path))
+  assert [r["step"] for r in rows] == [1, 2]
+  assert len(recorder.calls) == len(outputs) == 2
+
+  model = jaxpt.load(rm)
+  assert model.kind == "reward" and model.num_scores == 2
+  tokenizer = model.tokenizer
+  apply = jax.jit(lambda params, tokens, last: RewardModel(model.config, num_scores=2).apply(
+      {"params": params}, tokens, last)[0][:, 0])  # the quality head
+  for row, (ro, scores), rewards in zip(rows, recorder.calls, outputs):
+    # independently: the RM's layout built with preference_batches.response_sequences, scored by a plain forward
+    prompts = [[int(x) for x in t[m > 0]] for t, m in zip(ro["prompt_tokens"], ro["prompt_mask"])]
+    responses = [[int(x) for x, m in zip(t, ms) if m and x != tokenizer.eos_id and x < tokenizer.vocab_size]
+                 for t, ms in zip(ro["tokens"], ro["mask"])]
+    tokens, last = response_sequences(prompts, responses, source.seq_len, tokenizer.pad_id, tokenizer.eos_id)
+    want = np.asarray(apply(model.params, tokens, last))
+    np.testing.assert_allclose(scores, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(rewards, scores)  # verifier weight 0, model weight 1, no shaping
+    assert row["rm_score"] == pytest.approx(float(np.mean(scores)), rel=1e-6)
+    assert row["reward_mean"] == pytest.approx(float(np.mean(scores)), rel=1e-5, abs=1e-6)
+    assert "accuracy" in row
+
+  # the re-tokenizing layout (an RM of another tokenizer) on the same rollouts: Model.score of the decoded texts
+  ro = {k: built.training.put(v) for k, v in recorder.calls[0][0].items()}
+  retokenizing = RewardModelSource.create(  # as for an RM of another tokenizer or prompt format ('chat' here)
+      model.config, source.params, model.num_scores, model.tokenizer, "plain", source.policy_tokenizer, "chat",
+      built.training.layout, 32, 16)
+  assert not retokenizing.shared and not retokenizing.chat
+  decode = lambda t, m, eos: tokenizer.decode([int(x) for x, k in zip(t, m) if k and x != eos
+                                               and x < tokenizer.vocab_size])
+  calls = recorder.calls[0][0]
+  prompt_texts = [decode(t, m, None) for t, m in zip(calls["prompt_tokens"], calls["prompt_mask"])]
+  response_texts = [decode(t, m, tokenizer.eos_id) for t, m in zip(calls["tokens"], calls["mask"])]
+  np.testing.assert_allclose(retokenizing.scores(ro), model.score(prompt_texts, response_texts)[:, 0], rtol=1e-5,
+                             atol=1e-5)
+
+
+def test_running_normalisation_resumes_bitwise(runs, tmp_path):
+  """The running statistics live in state.aux: a run stopped after step 1 and resumed ends where one run ends."""
+  sft, rm = runs
+  config = grpo_config(sft, rm, **{"reward.normalize": "running", "reward.clip": 3.0, "reward.verifier_weight": 1.0,
+                                   "reward.model_weight": 0.5, "checkpoint_every": 1})
+  whole = jaxpt.train("grpo", config, str(tmp_path / "whole"))
+  built = jaxpt.build("grpo", config, str(tmp_path / "parts"))
+  jaxpt.train("grpo", config, str(tmp_path / "parts"), built=built, stop_at=1)
+  parts = jaxpt.train("grpo", config, str(tmp_path / "parts"), built=built)
+  assert float(whole.state.aux["reward_stats"]["count"]) == 2 * 2 * 4
+  for got, want in zip(jax.tree.leaves((parts.state.params, parts.state.aux)),
+                       jax.tree.leaves((whole.state.params, whole.state.aux))):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  assert [r["rm_score"] for r in read_metrics(str(tmp_path / "parts"))] == \
+      [r["rm_score"] for r in read_metrics(str(tmp_path / "whole"))]
+
+
+def test_a_language_model_run_as_reward_model_is_refused_before_compiling(runs, tmp_path):
+  sft, _ = runs
+  with pytest.raises(ConfigError, match="reward.model=.*is the workdir of a jaxpt sft run"):
+    jaxpt.build("grpo", grpo_config(sft, sft), str(tmp_path))
