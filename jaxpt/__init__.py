@@ -22,7 +22,7 @@ _EXPORTS = {
     "jaxpt.models.reward": ("RewardModel",),
     "jaxpt.losses": ("LOSS_KINDS", "get_loss", "known_losses", "register_loss"),
     "jaxpt.engine.run": ("build", "train"),
-    **{t.module: (t.config_class,) for t in map(_TRAINERS.get, _TRAINERS)},
+    **{t.config_module or t.module: (t.config_class,) for t in map(_TRAINERS.get, _TRAINERS)},
     "jaxpt.api": ("load", "Model"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}

@@ -35,7 +35,7 @@ class Trainer:
     name: the subcommand and the name a run records (config.json's "trainer").
     help: one line for `jaxpt --help`.
     module: the module holding the trainer ('jaxpt.trainers.rm'), imported on first use.
-    config_class: its run config dataclass there.
+    config_class: its run config dataclass, in `config_module` (default: `module`).
     summary: the metrics of `jaxpt <name>`'s last line, in order ('eval_accuracy*': all keys with that prefix).
     build: `build(config, workdir) -> BuiltRun` (`jaxpt.engine.run`): the run `jaxpt.train` trains and
       `jaxpt eval` rebuilds from a recorded config.
@@ -43,6 +43,7 @@ class Trainer:
       'dit'.
     starts_runs: whether its runs may be another run's `init_from`.
     eval_set: the config field whose 0 means the run has no eval set ('' = it always has one).
+    config_module: the module defining `config_class`, when not `module` ('' = `module`).
   """
 
   name: str
@@ -54,13 +55,14 @@ class Trainer:
   build: str = "build"
   starts_runs: bool = True
   eval_set: str = ""
+  config_module: str = ""
 
   def _attribute(self, name: str) -> Any:
     return getattr(importlib.import_module(self.module), name)
 
   @property
   def config_type(self) -> type:
-    return self._attribute(self.config_class)
+    return getattr(importlib.import_module(self.config_module or self.module), self.config_class)
 
   @property
   def build_function(self) -> Callable[[Any, str], Any]:
@@ -73,7 +75,8 @@ class Trainer:
 
   def owns(self, config_type: type) -> bool:
     """Whether `config_type` is this trainer's run config class (exactly: SFTRunConfig extends PretrainRunConfig)."""
-    return (config_type.__module__, config_type.__qualname__) == (self.module, self.config_class)
+    return ((config_type.__module__, config_type.__qualname__) ==
+            (self.config_module or self.module, self.config_class))
 
 
 TRAINERS: Registry[Trainer] = Registry("trainer")
@@ -87,7 +90,7 @@ for _trainer in (
             eval_set="data.eval_batches"),
     Trainer("grpo", "GRPO / CLIPO post-training with KV-cache rollouts and verifiable rewards.",
             "jaxpt.trainers.grpo", "GRPORunConfig", ("reward_mean", "accuracy", "eval_accuracy*"), "lm",
-            eval_set="data.eval_prompts"),
+            eval_set="data.eval_prompts", config_module="jaxpt.trainers.grpo_config"),
     Trainer("rm", "Train a reward model (Bradley-Terry, DIR, ODIN) and write its evaluation report.",
             "jaxpt.trainers.rm", "RMRunConfig", ("loss", "accuracy", "eval_accuracy", "eval_pearson_score_length",
                                                  "eval_spearman_score_length"), "reward", starts_runs=False),
