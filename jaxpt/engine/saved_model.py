@@ -90,8 +90,9 @@ def run_model_config(recorded: dict, overrides: dict) -> ModelConfig:
 
 
 def num_scores_of(recorded: dict) -> int:
-  """The score heads of a reward-model run: 2 for ODIN (quality, length), else 1."""
-  return 2 if (recorded.get("rm") or {}).get("loss") == "odin" else 1
+  """The score heads of a reward-model run (its config.json `recorded` has an `rm` section): 2 for ODIN (quality,
+  length), else 1."""
+  return 2 if recorded["rm"].get("loss") == "odin" else 1
 
 
 def load_run(workdir: str, step: int | None = None, mesh: Mesh | None = None, rules: str = "fsdp_tp",
