@@ -1,8 +1,11 @@
 """experiments/toolkit/stats against scipy on fixed data: the Student t interval and the paired / one-sample t test,
 the exact sign-flip p (scipy's permutation test over the 2^n within-pair swaps, and a float64 brute force), the
 Monte Carlo sign-flip p beyond the exact range, Holm's adjustment on a hand-computed family, the bootstrap interval
-only at n >= 20; and that every committed results file states n, the interval method and the multiplicity
-correction, with t intervals that follow from its own mean, std and n."""
+only at n >= 20; the paired t test's power, the n for 80% power and the detectable effect against scipy's
+noncentral t, published sample sizes and a fixed-seed Monte Carlo; that every committed results file states n,
+the interval method and the multiplicity correction, with t intervals that follow from its own mean, std and n;
+and that experiments/power.json and the verdict table of experiments/README.md are what experiments/power.py
+computes from the committed results files."""
 
 import glob
 import json
@@ -131,3 +134,67 @@ def test_every_committed_results_file_states_n_interval_and_multiplicity():
     assert [c["p_t_holm"] for c in comparisons] == pytest.approx(
         stats.holm([math.nan if c["p_t"] is None else c["p_t"] for c in comparisons]), nan_ok=True)
   assert len(seen) >= 6
+
+
+def scipy_power(sd, effect, n, alpha=0.05):
+  crit = scipy_stats.t.ppf(1 - alpha / 2, n - 1)
+  nc = effect / sd * math.sqrt(n)
+  return scipy_stats.nct.sf(crit, n - 1, nc) + scipy_stats.nct.cdf(-crit, n - 1, nc)
+
+
+def monte_carlo_power(sd, effect, n, draws=20_000, seed=0):
+  """Share of `draws` samples of n normal paired differences whose two-sided paired t test rejects at 0.05."""
+  d = np.random.default_rng(seed).normal(effect, sd, size=(draws, n))
+  return float(np.mean(scipy_stats.ttest_1samp(d, 0.0, axis=1).pvalue < 0.05)), draws
+
+
+@pytest.mark.parametrize("sd,effect,n", [(1.0, 0.6, 12), (0.12, -0.05, 8), (0.0205, 0.014, 19), (2.0, 1.0, 3)])
+def test_paired_power_matches_scipy_and_a_monte_carlo(sd, effect, n):
+  power = stats.paired_power(sd, effect, n)
+  assert power == pytest.approx(scipy_power(sd, effect, n), rel=1e-10)
+  assert stats.paired_power(sd, -effect, n) == pytest.approx(power, rel=1e-12)
+  rate, draws = monte_carlo_power(sd, effect, n)
+  assert rate == pytest.approx(power, abs=4 * math.sqrt(power * (1 - power) / draws))
+  assert stats.paired_power(1.0, 0.0, 10) == pytest.approx(0.05)  # no effect: the test's level
+  assert stats.paired_power(5.0, 1e-3, 1000) < 0.1 < stats.paired_power(0.01, 1.0, 2)  # nc far in the tail
+
+
+@pytest.mark.parametrize("sd,effect,expected", [
+    (1.0, 0.5, 34), (1.0, 0.8, 15), (1.0, 1.0, 10),  # Cohen's d 0.5 / 0.8 / 1: G*Power's one-sample t sizes
+    (0.0205, 0.014, 19),  # siamese_vit: the paper's +1.4 points at the committed sd (issue 31: "about 17-20")
+    (1.0, 3.0, 4), (1.0, -0.5, 34)])
+def test_paired_n_for_power_is_the_smallest_n_reaching_80_percent(sd, effect, expected):
+  n = stats.paired_n_for_power(sd, effect)
+  assert n == expected
+  assert scipy_power(sd, abs(effect), n) >= 0.8 > (scipy_power(sd, abs(effect), n - 1) if n > 2 else 0.0)
+  assert stats.paired_n_for_power(sd, effect, power=0.9) >= n
+  assert stats.paired_n_for_power(sd, effect, alpha=0.01) >= n
+  assert stats.paired_n_for_power(1.0, 0.0) == math.inf
+
+
+def test_detectable_effect_inverts_the_power_and_matches_issue_31():
+  for sd, n in [(1.0, 3), (1.0, 8), (0.12006461062411972, 8), (0.0205, 19), (0.3, 40)]:
+    effect = stats.detectable_effect(sd, n)
+    assert scipy_power(sd, effect, n) == pytest.approx(0.8, abs=1e-9)
+    assert stats.paired_n_for_power(sd, effect * (1 + 1e-6)) == n
+  rate, draws = monte_carlo_power(1.0, stats.detectable_effect(1.0, 8), 8, seed=1)
+  assert rate == pytest.approx(0.8, abs=4 * math.sqrt(0.8 * 0.2 / draws))
+  assert 0.138 <= stats.detectable_effect(0.12006461062411972, 8) < 0.139  # siamese_vs_prenorm's 8 seeds
+  assert stats.paired_power(0.020519977864720835, 0.014, 8) == pytest.approx(0.39, abs=0.01)  # siamese_vit
+  assert math.isnan(stats.detectable_effect(1.0, 1))
+
+
+def test_power_json_and_the_verdict_table_follow_from_the_committed_results():
+  from experiments import power
+
+  result = power.compute()
+  with open(os.path.join(REPO, "experiments", "power.json")) as f:
+    assert json.load(f) == json.loads(json.dumps(result))
+  with open(os.path.join(REPO, "experiments", "README.md")) as f:
+    assert power.table(result) in f.read()
+  assert {c["experiment"] for c in result["claims"]} == set(power.EXPERIMENTS) == set(result["comparisons"])
+  for c in result["claims"]:
+    low, high = c["ci95"]
+    assert c["verdict"] != "supports" or (c["p_t_holm"] < 0.05 and (low > 0 if c["target_effect"] > 0 else high < 0))
+    if c["verdict"].startswith("cannot"):
+      assert c["n_for_80_power"] == stats.paired_n_for_power(c["std_diff"], c["target_effect"])

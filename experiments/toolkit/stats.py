@@ -18,6 +18,11 @@
 - `holm(ps)`: Holm's step-down adjustment of a family of p values (controls the family-wise error rate);
   `holm_adjust(comparisons)` adds `p_t_holm` and `p_sign_flip_holm` to each of an experiment's comparisons, the
   family being every paired comparison that experiment reports (`MULTIPLICITY`).
+- Power of the two-sided paired t test at level alpha (issue 31 item 2), exact through the noncentral t: with
+  n pairs, paired-difference sd and true mean difference `effect`, T ~ t'(df = n - 1, nc = effect / sd * sqrt(n))
+  and power = P(|T| > t_{1 - alpha / 2, n - 1}) (`paired_power`); `paired_n_for_power` is the smallest n >= 2
+  reaching a power, `detectable_effect` the smallest |effect| n pairs detect with that power. sd is a pilot's
+  sample sd, so these are estimates that inherit its uncertainty.
 """
 
 from __future__ import annotations
@@ -121,6 +126,57 @@ def paired(a: Sequence[float], b: Sequence[float]) -> dict:
   if d.size >= BOOTSTRAP_MIN_N:
     out["bootstrap_ci95"] = list(bootstrap_ci(d))
   return out
+
+
+def paired_power(sd: float, effect: float, n: int, alpha: float = 0.05) -> float:
+  """Power of the two-sided paired t test at level `alpha` with n pairs (module docstring); nan for n < 2."""
+  from scipy import stats
+
+  if n < 2:
+    return math.nan
+  if sd <= 0.0:
+    return 1.0 if effect != 0.0 else alpha
+  df = n - 1
+  crit = stats.t.ppf(1.0 - alpha / 2.0, df)
+  nc = abs(effect) / sd * math.sqrt(n)
+  # P(T < -crit) as the upper tail at -nc (scipy's nct.cdf can return nan far in the lower tail)
+  return float(stats.nct.sf(crit, df, nc) + stats.nct.sf(crit, df, -nc))
+
+
+def paired_n_for_power(sd: float, effect: float, power: float = 0.8, alpha: float = 0.05) -> int | float:
+  """The smallest n >= 2 whose two-sided paired t test at `alpha` has at least `power` for a true mean difference
+  `effect` given the paired-difference sd (exact, noncentral t); inf for effect 0."""
+  if effect == 0.0 or math.isnan(effect) or math.isnan(sd):
+    return math.inf
+  if paired_power(sd, effect, 2, alpha) >= power:
+    return 2
+  high = 4
+  while paired_power(sd, effect, high, alpha) < power:  # power increases with n
+    high *= 2
+  low = high // 2  # power(low) < power <= power(high)
+  while high - low > 1:
+    mid = (low + high) // 2
+    if paired_power(sd, effect, mid, alpha) >= power:
+      high = mid
+    else:
+      low = mid
+  return high
+
+
+def detectable_effect(sd: float, n: int, power: float = 0.8, alpha: float = 0.05) -> float:
+  """The smallest |mean difference| that n pairs with paired-difference sd detect with `power` by the two-sided
+  paired t test at `alpha` (the root of `paired_power` = power in the effect); nan for n < 2."""
+  from scipy import optimize
+
+  if n < 2 or math.isnan(sd):
+    return math.nan
+  if sd <= 0.0:
+    return 0.0
+  high = sd
+  while paired_power(sd, high, n, alpha) < power:
+    high *= 2.0
+  return float(optimize.brentq(lambda e: paired_power(sd, e, n, alpha) - power, 0.0, high, xtol=1e-14 * high,
+                               rtol=1e-12))
 
 
 def holm(ps: Sequence[float]) -> list[float]:
