@@ -13,6 +13,7 @@ import jaxpt
 from jaxpt.config import ConfigError, from_section
 from jaxpt.rl.sampler import make_sampler
 from jaxpt.trainers.grpo import GRPORunConfig, _split_groups, replace_hooks
+from jaxpt.engine.evaluate import evaluate_run
 from jaxpt.engine.metrics import read_metrics
 
 # An easy task (one addition of numbers below 10) and a micro model, so that a short SFT gives a policy that is
@@ -182,3 +183,14 @@ def test_sampled_pass1_with_top_k_1_equals_greedy_accuracy(sft_workdir, tmp_path
   assert 0.0 < results["eval_accuracy_test"] < 1.0, results
   for name in ("test", "test_rename", "test_distractor", "test_numbers"):
     assert results[f"eval_pass1_{name}"] == results[f"eval_accuracy_{name}"], results
+
+
+def test_jaxpt_eval_rebuilds_a_grpo_run_and_gives_its_own_eval(sft_workdir, tmp_path):
+  """One GRPO step with an eval at the end; `jaxpt eval` rebuilds the run from its config.json (the trainer table's
+  build) and reproduces that eval row."""
+  config = grpo_config(sft_workdir, **{"steps": 1, "data.eval_prompts": 8, "checkpoint_every": 0})
+  result = jaxpt.train("grpo", config, str(tmp_path))
+  row = evaluate_run(str(tmp_path))
+  assert row["run"] == "grpo" and row["step"] == 1
+  for key in ("eval_accuracy_test", "eval_accuracy_test_numbers"):
+    assert row[key] == pytest.approx(result.last_row[key], abs=1e-9), key

@@ -12,6 +12,7 @@ import jaxpt
 from jaxpt.data import math_task
 from jaxpt.config import ConfigError, from_section
 from jaxpt.engine.checkpoint import Checkpointer
+from jaxpt.engine.evaluate import evaluate_run
 from jaxpt.engine.metrics import read_metrics
 from jaxpt.rl.rewards import extract_answer, math_reward
 from jaxpt.rl.sampler import SamplingConfig, make_sampler
@@ -132,3 +133,13 @@ def test_default_config_is_valid():
   run = from_section(SFTRunConfig, sft_tiny.get_config(), "config")
   model_config, task, decode = run.model, run.task, run.decode
   assert task.name == "arithmetic" and model_config.norm_scheme == "siamese_post_pre" and decode.temperature == 1.0
+
+
+def test_jaxpt_eval_rebuilds_the_sft_run_and_gives_its_own_eval(micro_run):
+  """`jaxpt eval` rebuilds the micro run from its config.json (the trainer table's build) and reproduces its last
+  eval row, the decoded answers' accuracy included."""
+  workdir, result = micro_run
+  row = evaluate_run(workdir)
+  assert row["run"] == "sft" and row["step"] == int(result.state.step)
+  for key in ("eval_loss", "eval_answer_accuracy"):
+    assert row[key] == pytest.approx(result.last_row[key], rel=1e-5, abs=1e-7), key
