@@ -38,8 +38,7 @@ from jaxpt.parallel.sharding import param_shardings
 from jaxpt.rl.sampler import SamplingConfig, make_sampler
 from jaxpt.engine.record import recorded_config
 from jaxpt.engine.trainers import recorded_trainer
-from jaxpt.engine.saved_model import (LOADABLE, load_run, loadable_model, maybe_tokenizer,  # noqa: F401
-                                      run_tokenizer_dir)  # run_tokenizer_dir: a name of jaxpt.api
+from jaxpt.engine.saved_model import LOADABLE, load_run, loadable_model, maybe_tokenizer
 
 PROMPT_BUCKET = 16  # prompt lengths are padded up to a multiple of this, so nearby lengths share one compiled sampler
 
