@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from jaxpt.config import ConfigError, from_section
+from jaxpt.nn import attention
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import DecoderStack, TransformerLM, init_params
 from tests import reference_model
@@ -220,6 +221,15 @@ def test_library_attention_matches_plain_equations_and_gradients(scheme, causal)
   check_packed_attention(cfg, dataclasses.replace(cfg, attention_impl="jaxpt"))
 
 
+@pytest.mark.parametrize("backend, dtype, packed, fused", [
+    ("gpu", jnp.bfloat16, False, True), ("gpu", jnp.float16, False, True), ("gpu", jnp.float32, False, False),
+    ("gpu", jnp.bfloat16, True, False), ("cpu", jnp.bfloat16, False, False), ("tpu", jnp.bfloat16, False, False)])
+def test_auto_attention_takes_cudnn_only_where_it_applies(backend, dtype, packed, fused):
+  """attention_impl="auto" (the default) routes to cuDNN's fused attention on a GPU in bf16/fp16 without packed
+  segments, and to jaxpt's attention everywhere else."""
+  assert attention.cudnn_attention_applies(dtype, packed, backend) is fused
+
+
 def test_bfloat16_compute_keeps_float32_params_and_tracks_float32():
   cfg = dataclasses.replace(TINY, norm_scheme="siamese_hybrid_pre")
   params = init_params(cfg, jax.random.PRNGKey(0))
@@ -251,7 +261,7 @@ def test_dropout_is_active_only_when_not_deterministic():
     ("num_layers", 0, "model.num_layers=0: must be a positive integer"),
     ("remat", "some", "model.remat='some'"),
     ("attention_query_chunk", -1, "model.attention_query_chunk=-1: must be a non-negative integer"),
-    ("attention_impl", "flash", "model.attention_impl='flash': must be one of jaxpt, jax"),
+    ("attention_impl", "flash", "model.attention_impl='flash': must be one of auto, jaxpt, jax"),
     ("rope_scaling", "yarn", "model.rope_scaling='yarn': must be one of"),
 ])
 def test_impossible_model_configs_name_the_field(field, value, message):

@@ -18,8 +18,8 @@ repeated synchronised calls, warm-up excluded):
   the default plan's, each checked against the default's outputs.
 - `train_step`: jaxpt's train step (AdamW, fp32 master weights and optimizer state, bf16 compute) at ~350M and
   ~1B parameters: tokens/s and MFU (model FLOPs 6 N + 6 L d T per token over the device's dense bf16 peak),
-  Pre-Norm (also with `attention_impl=jax`: cuDNN's fused attention) vs SiameseNorm with the kernel off
-  (`reference`) and on (`pallas`), timed in alternation; a trace of one ~350M Pre-Norm step
+  Pre-Norm (the default `attention_impl=auto`: cuDNN's fused attention; and jaxpt's own attention) vs SiameseNorm
+  with the kernel off (`reference`) and on (`pallas`), timed in alternation; a trace of one ~350M Pre-Norm step
   (`train_trace.json.gz`) and its 30 longest device ops.
 - `grpo_step`: one `jaxpt grpo` trainer step (`benchmarks/grpo_step.py`: 8 prompts x 8 rollouts, d512) split into
   rollout / scoring / update, beside HF `generate` of the same rollouts.

@@ -48,8 +48,8 @@ def device_peak(table: dict) -> float | None:
 
 # --- train step ------------------------------------------------------------------------------------------------
 
-TRAIN_VARIANTS = {"pre": dict(norm_scheme="pre"),
-                  "pre_jax_attention": dict(norm_scheme="pre", attention_impl="jax"),  # cuDNN's fused attention
+TRAIN_VARIANTS = {"pre": dict(norm_scheme="pre"),  # attention_impl="auto": cuDNN's fused attention on a GPU
+                  "pre_jaxpt_attention": dict(norm_scheme="pre", attention_impl="jaxpt"),
                   "siamese_post_pre": dict(norm_scheme="siamese_post_pre", kernel="reference"),
                   "siamese_post_pre_pallas": dict(norm_scheme="siamese_post_pre", kernel="pallas")}
 
@@ -226,7 +226,7 @@ def grpo_step(sizes: Sizes, budget: Budget) -> dict:
     clock = collections.Counter()
     trainers = {dtype: grpo_bench.timed_trainer(base, clock, dtype) for dtype in ("bfloat16", "float32")}
     for trainer in trainers.values():  # compiles
-      trainer.train_step(state, batch)
+      trainer.train_step(grpo_bench.fresh(state), batch)
     peers = ready_peers(peers, min(240.0, budget.left()), report["peer_errors"], workdir)
     results = collections.defaultdict(list)
     for r in range(sizes.rounds):

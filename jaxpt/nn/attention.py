@@ -87,9 +87,16 @@ def library_attention(q, k, v, segment_ids=None, causal: bool = True):
     mask = None
   else:
     mask = (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
-  fused = jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16) and mask is None
+  fused = cudnn_attention_applies(q.dtype, segment_ids is not None)
   return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=causal,
                                       implementation="cudnn" if fused else "xla")
+
+
+def cudnn_attention_applies(dtype, packed: bool, backend: str | None = None) -> bool:
+  """Whether cuDNN's fused attention serves a call: an NVIDIA GPU (`backend`, default jax's), bf16 or fp16, and no
+  packed segments (its mask would be dense)."""
+  backend = backend or jax.default_backend()
+  return backend == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and not packed
 
 
 def write_slots(buffer, new, index, axis: int):
@@ -174,7 +181,7 @@ class Attention(nn.Module):
   v_norm: bool = False
   norm_eps: float = 1e-5
   query_chunk: int = 0
-  impl: str = "jaxpt"  # attention without a cache: "jaxpt" (grouped_attention) | "jax" (library_attention)
+  impl: str = "auto"  # attention without a cache: "jaxpt" (grouped_attention) | "jax" (library_attention) | "auto"
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
   qkv_bias: bool = False
@@ -214,7 +221,8 @@ class Attention(nn.Module):
     q = nn.with_logical_constraint(q, ("batch", "length", "heads", "kv"))
     k = nn.with_logical_constraint(k, ("batch", "length", "kv_heads", "kv"))
     v = nn.with_logical_constraint(v, ("batch", "length", "kv_heads", "kv"))
-    if cache is None and self.impl == "jax":
+    fused = self.impl == "auto" and cudnn_attention_applies(q.dtype, segment_ids is not None)
+    if cache is None and (self.impl == "jax" or fused):
       out = library_attention(q, k, v, segment_ids, self.causal)
     elif cache is None:
       head_major = lambda t: t.swapaxes(1, 2)
