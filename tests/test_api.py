@@ -209,6 +209,23 @@ def test_a_broken_tokenizer_is_reported_not_dropped(tmp_path):
     jaxpt.load(f"hf:{tmp_path / 'q'}")
 
 
+def test_an_hf_model_saved_without_its_tokenizer_loads_and_says_so_where_it_needs_one(qwen2, tmp_path):
+  """What `save_pretrained` writes for a model alone (config.json, weights, generation_config.json) loads: its
+  logits are the full checkpoint's; generate and score name the missing tokenizer."""
+  import shutil
+
+  source = os.path.join(ASSETS, "qwen2")
+  (tmp_path / "m").mkdir()
+  for name in ("config.json", "generation_config.json", "model.safetensors"):
+    shutil.copy(os.path.join(source, name), tmp_path / "m" / name)
+  alone = jaxpt.load(f"hf:{tmp_path / 'm'}")
+  assert alone.tokenizer is None
+  ids = [[3, 5, 7, 11]]
+  np.testing.assert_array_equal(np.asarray(alone.logits(ids)), np.asarray(qwen2.logits(ids)))
+  with pytest.raises(ValueError, match=r"generate: .*m has no tokenizer \(pass token ids to logits instead\)"):
+    alone.generate(["hi"])
+
+
 def test_scan_layers_of_a_run_cannot_be_overridden(lm_run):
   with pytest.raises(ConfigError, match=r"^model\.scan_layers=False: contradicts the run's config.json"):
     jaxpt.load(lm_run, scan_layers=False)

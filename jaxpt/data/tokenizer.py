@@ -154,15 +154,22 @@ def tokenizer_files(directory: str) -> list[str]:
   return files
 
 
+def has_tokenizer(directory: str) -> bool:
+  """Whether `directory` holds a tokenizer: spm.model or tokenizer.json (a generation_config.json or
+  tokenizer_config.json alone, as `save_pretrained` writes beside a model, is not one)."""
+  from jaxpt.data.hf_tokenizer import TOKENIZER_FILE
+
+  return any(os.path.isfile(os.path.join(directory, n)) for n in (MODEL_FILE, TOKENIZER_FILE))
+
+
 def copy_tokenizer(source: str, directory: str) -> None:
   """Copies the tokenizer files of directory `source` into `directory` (each written atomically, relative paths
   kept), so a run keeps its own copy of the tokenizer it started from. DataError when `source` has none."""
   from jaxpt.data.hf_tokenizer import TOKENIZER_FILES
 
-  files = tokenizer_files(source)
-  if not any(os.path.basename(f) in (MODEL_FILE, TOKENIZER_FILES[0]) for f in files):
+  if not has_tokenizer(source):
     raise DataError(f"{source}: no tokenizer ({TOKENIZER_FILES[0]} or {MODEL_FILE})")
-  for file in files:
+  for file in tokenizer_files(source):
     target = os.path.join(directory, os.path.relpath(file, source))
     os.makedirs(os.path.dirname(target), exist_ok=True)
     oserrors.write_atomically(target, pathlib.Path(file).read_bytes())
@@ -171,7 +178,7 @@ def copy_tokenizer(source: str, directory: str) -> None:
 def save_tokenizer(tokenizer: "Tokenizer | HFTokenizer", directory: str) -> None:
   """Writes `tokenizer` into `directory` (spm.model, or a copy of the HF tokenizer's files) unless `directory`
   already holds a tokenizer."""
-  if tokenizer_files(directory):
+  if has_tokenizer(directory):
     return
   if isinstance(tokenizer, Tokenizer):
     os.makedirs(directory, exist_ok=True)

@@ -72,8 +72,8 @@ def init_tokenizer(init_from: str, workdir: str, resuming: bool, model_config: M
     return None
   own = os.path.join(workdir, "tokenizer")
   source = _source_tokenizer_dir(init_from)
-  kept = resuming and tokenizer_lib.tokenizer_files(own)
-  if not kept and not tokenizer_lib.tokenizer_files(source):
+  kept = resuming and tokenizer_lib.has_tokenizer(own)
+  if not kept and not tokenizer_lib.has_tokenizer(source):
     raise ConfigError(FIELD, f"{source}: no tokenizer (tokenizer.json or {tokenizer_lib.MODEL_FILE}; the run needs "
                       "the tokenizer its params were trained with)", init_from)
   if tokenizer_lib.load_tokenizer(own if kept else source).eos_id is None:

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from jaxpt.config import ConfigError, from_section
-from jaxpt.data.tokenizer import load_tokenizer, tokenizer_files
+from jaxpt.data.tokenizer import has_tokenizer, load_tokenizer
 from jaxpt.models import hf, hf_config
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.reward import RewardModel
@@ -46,7 +46,7 @@ class SavedModel:
 
 def maybe_tokenizer(directory: str | None):
   """The tokenizer in `directory`, or None when it holds no tokenizer files (a broken one raises its DataError)."""
-  if directory is None or not tokenizer_files(directory):
+  if directory is None or not has_tokenizer(directory):
     return None
   return load_tokenizer(directory)
 
@@ -55,7 +55,7 @@ def run_tokenizer_dir(workdir: str, recorded: dict) -> str | None:
   """The directory holding a run's tokenizer: `workdir/tokenizer` (where every trainer keeps its own, or a copy of
   its `init_from`'s), else, for runs of older jaxpt versions, that of the run it started from."""
   own = os.path.join(workdir, "tokenizer")
-  if tokenizer_files(own):
+  if has_tokenizer(own):
     return own
   init_from = recorded.get("init_from") or ""
   if init_from.startswith(hf.HF_PREFIX):

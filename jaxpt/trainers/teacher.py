@@ -69,7 +69,7 @@ def teacher_model_config(source: str) -> ModelConfig:
 def teacher_tokenizer(source: str) -> Any:
   directory = hf_directory(source)
   directory = directory if directory is not None else os.path.join(os.path.expanduser(source), "tokenizer")
-  if not tokenizer_lib.tokenizer_files(directory):
+  if not tokenizer_lib.has_tokenizer(directory):
     raise ConfigError(FIELD, f"{directory}: no tokenizer (the teacher must share the policy's)", source)
   return tokenizer_lib.load_tokenizer(directory)
 
