@@ -14,6 +14,7 @@ from jaxpt.models.reward import RewardModel
 from jaxpt.rl.reward_sources import RewardModelSource
 from jaxpt.trainers.grpo import replace_hooks
 from jaxpt.engine.metrics import read_metrics
+from jaxpt.engine.saved_model import load_reward_run
 
 MODEL = {"vocab_size": 512, "d_model": 32, "num_layers": 2, "num_heads": 2, "num_kv_heads": 2, "mlp_dim": 64,
          "max_seq_len": 64}
@@ -144,3 +145,22 @@ def test_a_language_model_run_as_reward_model_is_refused_before_compiling(runs, 
   sft, _ = runs
   with pytest.raises(ConfigError, match="reward.model=.*is the workdir of a jaxpt sft run"):
     jaxpt.build("grpo", grpo_config(sft, sft), str(tmp_path))
+
+
+def test_an_hf_export_of_the_reward_model_is_the_same_reward_source(runs, tmp_path):
+  """reward.model=hf:DIR (the RM run written by export-hf) loads the same scorer as the run directory; an hf:
+  language model is refused naming reward.model."""
+  sft, rm = runs
+  jaxpt.load(rm).save_hf(str(tmp_path / "rm_hf"))
+  from_run = load_reward_run(rm, None, "fsdp_tp")
+  from_hf = load_reward_run(f"hf:{tmp_path / 'rm_hf'}", None, "fsdp_tp")
+  assert (from_hf.kind, from_hf.num_scores, from_hf.prompt_format, from_hf.step) == ("reward", 2, "plain", 0)
+  assert from_hf.tokenizer.encode("1 + 2 =") == from_run.tokenizer.encode("1 + 2 =")
+  tokens = np.arange(2 * 12, dtype=np.int32).reshape(2, 12) % from_run.config.vocab_size
+  last = np.asarray([11, 6], np.int32)
+  score = lambda saved: np.asarray(RewardModel(saved.config, num_scores=2).apply({"params": saved.params}, tokens,
+                                                                                 last)[0])
+  np.testing.assert_allclose(score(from_hf), score(from_run), rtol=1e-6, atol=1e-6)
+  jaxpt.load(sft).save_hf(str(tmp_path / "sft_hf"))
+  with pytest.raises(ConfigError, match=r"reward.model=.*sft_hf: its config.json is a language model's"):
+    jaxpt.build("grpo", grpo_config(sft, f"hf:{tmp_path / 'sft_hf'}"), str(tmp_path / "refused"))

@@ -139,10 +139,13 @@ def load_run(workdir: str, step: int | None = None, mesh: Mesh | None = None, ru
 
 def load_reward_run(path: str, mesh: Mesh | None, rules: str, field: str = "reward.model",
                     fits: Any = None) -> SavedModel:
-  """The reward model of the `jaxpt rm` run in `path` (its latest checkpoint), params sharded on `mesh` by
-  `rules`; `fits(model_config, tokenizer)` checks it before the params are read. Every refusal is one ConfigError
-  naming `field`: no such directory, not a jaxpt run, a run whose checkpoints hold no reward model (an LM run), no
-  checkpoint, one that cannot be restored (e.g. truncated)."""
+  """The reward model of the `jaxpt rm` run in `path` (its latest checkpoint), or of `hf:DIR` (a reward model
+  exported by `jaxpt export-hf`, or a transformers sequence classifier), params sharded on `mesh` by `rules`;
+  `fits(model_config, tokenizer)` checks it before the params are read. Every refusal is one ConfigError naming
+  `field`: no such directory, not a jaxpt run, a run whose checkpoints hold no reward model (an LM run), no
+  checkpoint, one that cannot be restored (e.g. truncated), an `hf:` directory of a language model."""
+  if path.startswith(hf.HF_PREFIX):
+    return _load_hf_reward(os.path.expanduser(path[len(hf.HF_PREFIX):]), mesh, rules, field, fits, path)
   workdir = os.path.expanduser(path)
   if not os.path.isdir(workdir):
     raise ConfigError(field, "no such directory (a jaxpt rm run's workdir)", path)
@@ -163,3 +166,20 @@ def load_reward_run(path: str, mesh: Mesh | None, rules: str, field: str = "rewa
   except (OSError, ValueError, KeyError, RuntimeError) as e:  # orbax's errors for a damaged checkpoint vary
     reason = str(e).splitlines()[0] if str(e) else type(e).__name__
     raise ConfigError(field, f"its checkpoint cannot be restored ({type(e).__name__}: {reason})", path) from None
+
+
+def _load_hf_reward(directory: str, mesh: Mesh | None, rules: str, field: str, fits: Any, path: str) -> SavedModel:
+  """`load_reward_run` of an HF-format reward-model directory (step 0: it has no training steps)."""
+  if not os.path.isfile(os.path.join(directory, hf_config.CONFIG_FILE)):
+    raise ConfigError(field, f"{directory}: no {hf_config.CONFIG_FILE} (an hf: reward model is a directory "
+                      "written by `jaxpt export-hf` of a jaxpt rm run, or a transformers sequence classifier)", path)
+  if not hf_config.is_reward_model(hf_config.read_hf_json(directory)):
+    raise ConfigError(field, f"{directory}: its {hf_config.CONFIG_FILE} is a language model's, not a reward "
+                      "model's (no score head)", path)
+  config = hf_config.read_config(directory, reward=True)
+  tokenizer = maybe_tokenizer(directory)
+  if fits is not None:
+    fits(config, tokenizer)
+  config, params, record = hf.load_reward(directory, mesh=mesh, rules=rules)
+  return SavedModel(config, params, tokenizer, kind="reward", num_scores=record["num_scores"],
+                    tokenizer_dir=directory, prompt_format=record["prompt_format"], step=0)

@@ -54,8 +54,8 @@ class RewardConfig(Section):
 
   Attributes:
     verifier_weight: weight of the verifier's score (today's math verifier, or the `reward_fn` a run is given).
-    model: a jaxpt reward-model run directory (`jaxpt rm`), scored on the run's mesh ('' = none); ODIN's quality
-      head only.
+    model: a jaxpt reward-model run directory (`jaxpt rm`) or `hf:DIR` (such a run written by `jaxpt export-hf`,
+      or a transformers sequence classifier), scored on the run's mesh ('' = none); ODIN's quality head only.
     model_weight: weight of the reward model's score (read when `model` is set).
     clip: rewards clipped to [-clip, clip] after normalisation (0 = off).
     normalize: 'none' | 'batch' (each step's rewards whitened to mean 0, std 1) | 'running' (mean and std over
@@ -230,7 +230,7 @@ def check_model_fits(model_config: Any, rm_tokenizer: Any, prompt_len: int, new_
   """ConfigError naming reward.model: an RM whose max_seq_len cannot hold prompt + response, or without a
   tokenizer."""
   if rm_tokenizer is None:
-    raise ConfigError("reward.model", "has no tokenizer (its tokenizer/ folder is missing)", source)
+    raise ConfigError("reward.model", "has no tokenizer (tokenizer.json or spm.model)", source)
   if prompt_len + new_tokens > model_config.max_seq_len:
     raise ConfigError("reward.model", f"its model.max_seq_len={model_config.max_seq_len} cannot hold "
                       f"data.max_prompt_len ({prompt_len}) + sampling.max_new_tokens ({new_tokens})", source)
