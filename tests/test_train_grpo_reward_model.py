@@ -12,7 +12,8 @@ from jaxpt.config import ConfigError
 from jaxpt.data.preference_batches import response_sequences
 from jaxpt.models.reward import RewardModel
 from jaxpt.rl.reward_sources import RewardModelSource
-from jaxpt.trainers.grpo import replace_hooks
+from jaxpt.trainers.grpo import REWARD_HACKING_PNG, replace_hooks
+from jaxpt.data import text_bias
 from jaxpt.engine.metrics import read_metrics
 from jaxpt.engine.saved_model import load_reward_run
 
@@ -67,7 +68,7 @@ class Recorder:
   def scores(self, ro):
     got = self.source.scores(ro)
     self.calls.append(({k: np.asarray(jax.device_get(ro[k])) for k in ("prompt_tokens", "prompt_mask", "tokens",
-                                                                          "mask")}, got))
+                                                                          "mask", "scores")}, got))
     return got
 
 
@@ -107,7 +108,12 @@ def test_grpo_is_rewarded_by_the_reward_models_scores_of_its_rollouts(runs, tmp_
     np.testing.assert_array_equal(rewards, scores)  # verifier weight 0, model weight 1, no shaping
     assert row["rm_score"] == pytest.approx(float(np.mean(scores)), rel=1e-6)
     assert row["reward_mean"] == pytest.approx(float(np.mean(scores)), rel=1e-5, abs=1e-6)
-    assert "accuracy" in row
+    assert row["gold_score"] == pytest.approx(float(np.mean(ro["scores"])))  # the verifier's, weight 0 or not
+    texts = [tokenizer.decode(r) for r in responses]
+    for name in text_bias.TEXT_BIASES.names():  # the bias monitors: the shares of flagged responses
+      detector = text_bias.TEXT_BIASES.get(name)
+      assert row[f"bias_{name}_share"] == pytest.approx(np.mean([detector(t) for t in texts]))
+  assert (tmp_path / REWARD_HACKING_PNG).stat().st_size > 0
 
   # the re-tokenizing layout (an RM of another tokenizer) on the same rollouts: Model.score of the decoded texts
   ro = {k: built.training.put(v) for k, v in recorder.calls[0][0].items()}

@@ -113,9 +113,9 @@ def sycophancy_bias(pair: PreferencePair, counts: TokenCounts) -> int:
   return int(pair.meta["sycophancy"])
 
 
-_LIST_ITEM = re.compile(r"^[ \t]*(?:[-*+]|\d+[.)])[ \t]+\S", re.MULTILINE)
-_HEADER = re.compile(r"^[ \t]{0,3}#{1,6}[ \t]+\S", re.MULTILINE)
-_BOLD = re.compile(r"\*\*[^*\n]+?\*\*|__[^_\n]+?__")
+LIST_ITEM = re.compile(r"^[ \t]*(?:[-*+]|\d+[.)])[ \t]+\S", re.MULTILINE)
+HEADER = re.compile(r"^[ \t]{0,3}#{1,6}[ \t]+\S", re.MULTILINE)
+BOLD = re.compile(r"\*\*[^*\n]+?\*\*|__[^_\n]+?__")
 
 
 def markdown_score(text: str) -> int:
@@ -124,7 +124,7 @@ def markdown_score(text: str) -> int:
   List item: a line starting with '-', '*', '+' or 'N.'/'N)' then a space; header: a line starting with 1-6 '#'
   then a space; bold: **text** or __text__ on one line.
   """
-  return len(_LIST_ITEM.findall(text)) + len(_HEADER.findall(text)) + len(_BOLD.findall(text))
+  return len(LIST_ITEM.findall(text)) + len(HEADER.findall(text)) + len(BOLD.findall(text))
 
 
 @register_bias("format")

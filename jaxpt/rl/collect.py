@@ -28,7 +28,7 @@ import numpy as np
 
 from jaxpt import parallel
 from jaxpt.config import ConfigError
-from jaxpt.data import order
+from jaxpt.data import order, text_bias
 from jaxpt.data.math_task import PromptData
 from jaxpt.progress import say
 from jaxpt.rl import clipo, dapo
@@ -38,6 +38,7 @@ from jaxpt.rl.rollouts import RewardFn, repeat_prompts, response_texts, verifier
 from jaxpt.rl.sampler import make_sampler
 
 _FILTER_KEYS = {"score": "scores", "reward": "rewards"}  # dapo.filter_metric -> the rollouts' key
+BIAS_PREFIX = "bias_"  # the rollouts' per-row flags of each text_bias detector: bias_<name> bool [N]
 
 
 def check_config(config: Any) -> None:
@@ -139,14 +140,16 @@ class RolloutCollector:
 
   def verify(self, out: Any, answers: list[str], group_size: int) -> dict[str, np.ndarray]:
     """Decodes and verifies this process's rows of a sampler output (global [M, T]; `answers` are its prompts'
-    answers, G rows each) -> every process's {scores float32, lengths int32, truncated bool} [M], whole. Every
-    process must get here: one whose decode or reward_fn raises leaves the others waiting in the all-gather."""
+    answers, G rows each) -> every process's {scores float32, lengths int32, truncated bool, bias_<name> bool (each
+    `jaxpt.data.text_bias` detector's flag of the decoded text)} [M], whole. Every process must get here: one whose
+    decode or reward_fn raises leaves the others waiting in the all-gather."""
     tokens, mask = parallel.process_rows(out.tokens), parallel.process_rows(out.mask)
     lengths = parallel.process_rows(out.lengths)
     texts = response_texts(self.tokenizer.decode, tokens, mask, self.tokenizer.eos_id, self.tokenizer.vocab_size)
     local = {"scores": verifier_rewards(texts, answers, group_size, self.reward_fn), "lengths": lengths,
              "truncated": dapo.truncated(lengths, tokens[:, -1], self.config.sampling.max_new_tokens,
-                                         self.tokenizer.eos_id)}
+                                         self.tokenizer.eos_id),
+             **{f"{BIAS_PREFIX}{name}": flagged for name, flagged in text_bias.flags(texts).items()}}
     return parallel.all_rows(local, self.layout.batch, out.tokens.shape[0])
 
   def rollouts(self, params: Any, batch: dict, rng: jax.Array) -> dict:
@@ -174,7 +177,8 @@ class RolloutCollector:
     key fold_in(rng, r) until the batch holds data.prompts_per_step informative groups (`jaxpt.rl.dapo`).
     With bf16 rollouts (`sampling.rollout_dtype`) the trained rows' old_logp are then recomputed by the fp32 policy
     (teacher forcing), once, after any refills; CLIPO's hidden states stay the sampler's.
-    Metrics: truncated_frac, overlong_penalty_mean (the trained batch); with dynamic sampling dapo_rounds,
+    Metrics: truncated_frac, overlong_penalty_mean, bias_<name>_share (the share of responses each
+    `jaxpt.data.text_bias` detector flags) of the trained batch; with dynamic sampling dapo_rounds,
     dapo_groups_drawn / _informative / _filled and dapo_step_accuracy (the step's own prompts: comparable across
     runs, where the loop's `accuracy` is the trained batch's, which dynamic sampling biases)."""
     settings = self.config.dapo
@@ -194,6 +198,7 @@ class RolloutCollector:
     if self.config.sampling.rollout_dtype != "float32":  # the bf16 sampler's log-probs -> the fp32 policy's
       ro["old_logp"] = self.logprobs(params, *(ro[k] for k in ("prompt_tokens", "prompt_mask", "tokens", "mask")))
     metrics["truncated_frac"] = float(ro["truncated"].mean())
+    metrics.update(text_bias.shares({k[len(BIAS_PREFIX):]: v for k, v in ro.items() if k.startswith(BIAS_PREFIX)}))
     if settings.overlong_buffer:
       metrics["overlong_penalty_mean"] = float(np.mean(ro["rewards"] - ro["scores"]))
     return ro, metrics

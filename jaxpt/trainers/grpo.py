@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 from typing import Any, Callable
 
 import jax
@@ -54,6 +55,8 @@ from jaxpt.engine.builder import Training, build_training, training_mesh
 from jaxpt.engine.config import check_vocab
 from jaxpt.engine.init_from import init_tokenizer
 from jaxpt.engine.record import check_launch, digest, resumes, run_inputs
+from jaxpt.engine.loop import LoopResult
+from jaxpt.engine.metrics import read_metrics
 from jaxpt.engine.run import BuiltRun, Hooks
 from jaxpt.engine.saved_model import load_reward_run
 from jaxpt.engine.state import TrainState
@@ -118,6 +121,9 @@ def make_policy_loss(model: TransformerLM, settings: GRPOConfig, clipo_config: c
   return loss_fn
 
 
+REWARD_HACKING_PNG = "reward_hacking.png"  # written by GRPOHooks.finished when a reward model rewards
+
+
 @dataclasses.dataclass
 class GRPOHooks(Hooks):
   """The GRPO run's loop hooks, built once by `build`: `train_step` collects rollouts (`collector`), then updates.
@@ -140,6 +146,14 @@ class GRPOHooks(Hooks):
   def describe(self) -> str:
     """The start line's addition: the compiled rollout sampler's memory."""
     return f", rollout sampler {self.collector.sampler_memory.get('peak_mib', float('nan')):.1f} MiB"
+
+  def finished(self, result: LoopResult, workdir: str) -> None:
+    """With a reward model: `reward_hacking.png`, its score, the gold (verifier) score and the response length
+    over the run's steps (process 0, which writes the metrics)."""
+    if self.reward_model is not None and jax.process_index() == 0:
+      from jaxpt import reports  # lazily: importing the trainers must not import matplotlib
+
+      reports.plot_reward_hacking(read_metrics(workdir), os.path.join(workdir, REWARD_HACKING_PNG))
 
   def init_state(self, training: Training) -> TrainState:
     """The initial state (params from `init_from`, or the seeded init); keeps a copy of its params as the
@@ -198,12 +212,13 @@ class GRPOHooks(Hooks):
 
   def _assembled_rewards(self, ro: dict, aux: Any, metrics: dict) -> tuple[np.ndarray, Any]:
     """The `reward` section's rewards [N] of rollouts `ro` (the collector's verifier scores and DAPO punishment, the
-    reward model's scores: metric rm_score, their mean) and `aux` with the running statistics updated."""
+    reward model's scores: metrics rm_score, their mean, and gold_score, the verifier's mean score, which the task
+    knows whatever reward.verifier_weight is) and `aux` with the running statistics updated."""
     scores = ro["scores"]
     rm_scores = np.zeros_like(scores)
     if self.reward_model is not None:
       rm_scores = self.reward_model.scores(ro)
-      metrics["rm_score"] = float(np.mean(rm_scores))
+      metrics["rm_score"], metrics["gold_score"] = float(np.mean(rm_scores)), float(np.mean(scores))
     running = self.config.reward.normalize == "running"
     rewards, stats = self.assemble(scores, rm_scores, ro["rewards"] - scores, ro["truncated"],
                                    aux["reward_stats"] if running else None)

@@ -26,10 +26,10 @@ from jaxpt.engine.metrics import read_metrics  # noqa: E402
 from tests.micro_grpo import DAPO, B, G, T, even_length, micro_config  # noqa: E402
 
 MESHES = {"dp": dict(data=8), "fsdp": dict(data=1, fsdp=8), "fsdp_tp": dict(data=2, fsdp=2, tensor=2)}
-KEYS = ("reward_mean", "accuracy", "loss", "pg_loss", "ppo_kl", "grad_norm", "eval_accuracy_test")
+KEYS = ("reward_mean", "accuracy", "loss", "pg_loss", "ppo_kl", "grad_norm", "eval_accuracy_test", "bias_format_share")
 VARIANT_KEYS = {"grpo": (), "clipo": ("clipo_loss", "clipo_reward_mean"),
                 "dapo": ("dapo_rounds", "dapo_groups_informative", "truncated_frac", "overlong_penalty_mean"),
-                "rm": ("rm_score",)}
+                "rm": ("rm_score", "gold_score")}
 CASES = [(v, p) for v in ("grpo", "clipo") for p in MESHES] + [("dapo", "fsdp_tp"), ("rm", "fsdp_tp")]
 
 
