@@ -1,4 +1,5 @@
-"""Helpers for the trainers' end-to-end tests: stop a CLI run with SIGTERM, read a run's checkpoint back."""
+"""Helpers for the trainers' end-to-end tests: stop a CLI run with SIGTERM, read a run's checkpoint back, train a
+micro SFT run and a reward model started from it."""
 
 import os
 import signal
@@ -29,3 +30,33 @@ def latest_state(workdir, template):
     return checkpointer.restore_latest(template)
   finally:
     checkpointer.close()
+
+
+def flat(prefix, section):
+  """{"prefix.key": value} of a section's dict, for `update_from_flattened_dict`."""
+  return {f"{prefix}.{k}": v for k, v in section.items()}
+
+
+def sft_and_reward_model(tmp_path_factory, model, task, quiet, rm_loss="bt"):
+  """(sft workdir, rm workdir): 3 steps of `sft_tiny` with `model` (a model section's fields), `task` and `quiet`
+  (flattened overrides), then 2 steps of an `rm_tiny` reward model (loss `rm_loss`) whose backbone and tokenizer
+  are the SFT run's (so it reads an RL run's rollouts in their own tokens)."""
+  import jaxpt
+  from experiments.configs import rm_tiny, sft_tiny
+
+  sft = str(tmp_path_factory.mktemp("sft"))
+  config = sft_tiny.get_config()
+  config.update_from_flattened_dict({**flat("model", model), **task, **quiet, "steps": 3, "checkpoint_every": 3,
+                                     "data.seq_len": 48, "data.batch_size": 8, "data.eval_batches": 1,
+                                     "decode.eval_problems": 0, "decode.prompt_len": 32,
+                                     "decode.max_new_tokens": 16})
+  jaxpt.train("sft", config, sft)
+  rm = str(tmp_path_factory.mktemp("rm"))
+  config = rm_tiny.get_config()
+  backbone = {**sft_tiny.get_config().model.to_dict(), **model}  # the SFT run's model: its params start the RM
+  config.update_from_flattened_dict({**flat("model", backbone), **quiet, "steps": 2, "checkpoint_every": 2,
+                                     "rm.loss": rm_loss, "init_from": sft, "data.seq_len": 48,
+                                     "data.batch_size": 8, "data.synthetic_train_pairs": 32,
+                                     "data.synthetic_test_pairs": 8})
+  jaxpt.train("rm", config, rm)
+  return sft, rm

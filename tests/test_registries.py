@@ -25,7 +25,7 @@ EXPECTED = {
 
 
 def test_every_loss_is_registered_under_exactly_one_kind():
-  assert LOSS_KINDS == ("lm", "preference", "policy", "contrastive")
+  assert LOSS_KINDS == ("lm", "preference", "policy", "contrastive", "value")
   for kind, losses in EXPECTED.items():
     assert set(losses) <= set(known_losses(kind))
     for name, fn in losses.items():
@@ -51,7 +51,8 @@ def test_unknown_names_and_kinds():
   with pytest.raises(KeyError) as e:
     get_loss("lm", "mse")
   assert e.value.args[0] == f"unknown lm loss 'mse' (known: {', '.join(known_losses('lm'))})"
-  with pytest.raises(KeyError, match=r"unknown loss kind 'reward' \(known: lm, preference, policy, contrastive\)"):
+  known = r"\(known: lm, preference, policy, contrastive, value\)"
+  with pytest.raises(KeyError, match=rf"unknown loss kind 'reward' {known}"):
     get_loss("reward", "bt")
   with pytest.raises(KeyError, match="unknown loss kind 'reward'"):
     known_losses("reward")

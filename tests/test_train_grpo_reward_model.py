@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from experiments.configs import grpo_tiny, rm_tiny, sft_tiny
+from experiments.configs import grpo_tiny
 import jaxpt
 from jaxpt.config import ConfigError
 from jaxpt.data.preference_batches import response_sequences
@@ -16,6 +16,7 @@ from jaxpt.trainers.grpo import REWARD_HACKING_PNG, replace_hooks
 from jaxpt.data import text_bias
 from jaxpt.engine.metrics import read_metrics
 from jaxpt.engine.saved_model import load_reward_run
+from tests.runs import flat, sft_and_reward_model
 
 MODEL = {"vocab_size": 512, "d_model": 32, "num_layers": 2, "num_heads": 2, "num_kv_heads": 2, "mlp_dim": 64,
          "max_seq_len": 64}
@@ -23,30 +24,11 @@ TASK = {"task.num_steps": 1, "task.max_value": 9, "task.ops": "+", "task.train_s
 QUIET = {"log_every": 1, "eval_every": 0, "progress": False, "optim.warmup_steps": 0}
 
 
-def flat(prefix: str, section: dict) -> dict:
-  return {f"{prefix}.{k}": v for k, v in section.items()}
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
   """(sft workdir, rm workdir): 3 SFT steps, then 2 ODIN steps of an RM whose backbone and tokenizer are the SFT
   run's (two score heads: the RL reward reads the quality head, column 0)."""
-  sft = str(tmp_path_factory.mktemp("sft"))
-  config = sft_tiny.get_config()
-  config.update_from_flattened_dict({**flat("model", MODEL), **TASK, **QUIET, "steps": 3, "checkpoint_every": 3,
-                                     "data.seq_len": 48, "data.batch_size": 8, "data.eval_batches": 1,
-                                     "decode.eval_problems": 0, "decode.prompt_len": 32,
-                                     "decode.max_new_tokens": 16})
-  jaxpt.train("sft", config, sft)
-  rm = str(tmp_path_factory.mktemp("rm"))
-  config = rm_tiny.get_config()
-  backbone = {**sft_tiny.get_config().model.to_dict(), **MODEL}  # the SFT run's model: its params start the RM
-  config.update_from_flattened_dict({**flat("model", backbone), **QUIET, "steps": 2, "checkpoint_every": 2,
-                                     "rm.loss": "odin", "init_from": sft, "data.seq_len": 48,
-                                     "data.batch_size": 8, "data.synthetic_train_pairs": 32,
-                                     "data.synthetic_test_pairs": 8})
-  jaxpt.train("rm", config, rm)
-  return sft, rm
+  return sft_and_reward_model(tmp_path_factory, MODEL, TASK, QUIET, rm_loss="odin")
 
 
 def grpo_config(sft: str, rm: str, **extra):

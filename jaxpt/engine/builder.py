@@ -27,7 +27,7 @@ from jaxpt.data import order
 from jaxpt.engine.config import RunConfig
 from jaxpt.engine.init_from import init_params
 from jaxpt.engine.optim import decay_mask, make_optimizer
-from jaxpt.engine.sharded import ShardedTraining, shard_training
+from jaxpt.engine.sharded import ShardedTraining, compile_step, shard_training
 from jaxpt.engine.state import TrainState
 from jaxpt.engine.step import GradFn, LossFn, make_train_step
 
@@ -108,6 +108,14 @@ class Training:
 
     return batches
 
+  def compile_step(self, step_fn: Callable, shapes: dict[str, jax.ShapeDtypeStruct]) -> Callable:
+    """Another step `step_fn(state, batch) -> (state, metrics)` on this run's state (same shardings), compiled for
+    batches of `shapes` (e.g. PPO's critic-only warm-up update beside its train step)."""
+    sharded = self.sharded
+    abstract = jax.eval_shape(sharded.init_state)
+    return compile_step(step_fn, abstract, sharded.state_sharding, sharded.batch_sharding, sharded.mesh, sharded.rules,
+                        shapes, donate=jax.default_backend() != "cpu")
+
   def under_rules(self, fn: Callable[..., Any]) -> Callable[..., Any]:
     """`fn` run with the mesh's activation rules on (its jitted functions trace on the first call)."""
 
@@ -122,12 +130,15 @@ def build_training(config: RunConfig, mesh: Mesh, model: nn.Module, init_args: t
                    shapes: dict[str, jax.ShapeDtypeStruct], *, loss_fn: LossFn | None = None,
                    grad_fn: GradFn | None = None, weight_key: str = "num_tokens", total_steps: int | None = None,
                    init_aux: Callable[[jax.Array], Any] | None = None,
-                   init_from_subtree: str | None = None) -> Training:
+                   init_from_subtree: str | None = None,
+                   optimizer: Callable[[Any, int], tuple[Any, optax.Schedule]] | None = None) -> Training:
   """Model params, optimizer and aux created sharded on `mesh`, and the shared step compiled for it.
 
   init_args: dummy inputs of `model.init` after the rng; shapes: the global batch shapes the step is compiled for;
   loss_fn / grad_fn: the gradient (see `jaxpt.engine.step.make_train_step`); total_steps: optimizer updates of the
-  schedule (default config.steps); init_aux(rng) -> the TrainState's aux (default None).
+  schedule (default config.steps); init_aux(rng) -> the TrainState's aux (default None); optimizer(boxed params,
+  steps) -> (optimizer, schedule) replaces `config.optim`'s (`make_optimizer`), e.g. one optimizer per params
+  subtree (`jaxpt.engine.optim.partitioned`).
   """
   rules = config.mesh.logical_rules
   init_rng, train_rng = jax.random.split(jax.random.PRNGKey(config.seed))
@@ -135,7 +146,10 @@ def build_training(config: RunConfig, mesh: Mesh, model: nn.Module, init_args: t
   boxed = jax.eval_shape(model.init, model_rng, *init_args)["params"]
   parallel.check_param_divisibility(boxed, mesh, rules, config.mesh.rules)
   steps = config.steps if total_steps is None else total_steps
-  optimizer, schedule = make_optimizer(config.optim, steps, mask=decay_mask(boxed))
+  if optimizer is None:
+    optimizer, schedule = make_optimizer(config.optim, steps, mask=decay_mask(boxed))
+  else:
+    optimizer, schedule = optimizer(boxed, steps)
 
   def init_fn() -> TrainState:
     params = nn.meta.unbox(model.init(model_rng, *init_args)["params"])

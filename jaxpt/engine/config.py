@@ -95,29 +95,39 @@ def _without_trainer_key(cls: type, values: dict, path: str) -> dict:
   return {k: v for k, v in values.items() if k != TRAINER_KEY}
 
 
-def check_init_from(workdir: str) -> None:
-  """ConfigError naming init_from unless `workdir` is 'hf:DIR' with a checkpoint's config.json and weights, or the
+def check_init_from(workdir: str, field: str = "init_from", critic: bool = False) -> None:
+  """ConfigError naming `field` unless `workdir` is 'hf:DIR' with a checkpoint's config.json and weights, or the
   workdir of a jaxpt run with a checkpoints/ folder whose trainer's runs may start others (`Trainer.starts_runs`):
-  a reward model's params (backbone + score head) start no policy or backbone."""
+  a reward model's params (backbone + score head) start no policy or backbone. With `critic` (PPO's
+  `ppo.critic_init`) it is the opposite: only a reward-model run starts a critic (its score head becomes the value
+  head), and no 'hf:' checkpoint (it has no score head)."""
   if workdir.startswith(hf.HF_PREFIX):
+    if critic:
+      raise ConfigError(field, "takes a jaxpt reward-model run's workdir (jaxpt "
+                        f"{trainer_list(lambda t: t.model == 'reward')}), not an HF checkpoint", workdir)
     try:
       hf.Checkpoint(os.path.expanduser(workdir[len(hf.HF_PREFIX):]))  # finds the weight files, opens none
     except DataError as e:
-      raise ConfigError("init_from", str(e), workdir) from None
+      raise ConfigError(field, str(e), workdir) from None
     return
   path = os.path.expanduser(workdir)
   if not os.path.isdir(os.path.join(path, "checkpoints")):
-    raise ConfigError("init_from", "no checkpoints/ folder there (expected the workdir of a jaxpt run, or '' "
-                      "for random init)", workdir)
+    raise ConfigError(field, "no checkpoints/ folder there (expected the workdir of a jaxpt "
+                      + ("reward-model run)" if critic else "run, or '' for random init)"), workdir)
   try:
     name = recorded_trainer(recorded_config(path))
   except NoRunRecord:
+    if critic:
+      raise ConfigError(field, "is not a jaxpt run (no config.json)", workdir) from None
     return  # no readable record: the restore itself checks the params tree
   if name not in TRAINERS:
     return  # an unknown trainer's run: likewise
   trainer = TRAINERS.get(name)
-  if not trainer.starts_runs:
-    raise ConfigError("init_from", f"is the workdir of a {trainer.model_kind} run (jaxpt {name}); init_from takes "
+  if critic and trainer.model != "reward":
+    raise ConfigError(field, f"is the workdir of a {trainer.model_kind} run (jaxpt {name}); a critic starts from "
+                      f"a reward-model run (jaxpt {trainer_list(lambda t: t.model == 'reward')})", workdir)
+  if not critic and not trainer.starts_runs:
+    raise ConfigError(field, f"is the workdir of a {trainer.model_kind} run (jaxpt {name}); init_from takes "
                       f"the run of jaxpt {trainer_list(lambda t: t.starts_runs)}", workdir)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -102,3 +102,34 @@ def make_optimizer(optim_config: OptimConfig, total_steps: int,
       mask=decay_mask if mask is None else mask,
   ))
   return optax.chain(*parts), schedule
+
+
+class PartitionedOptimizer(NamedTuple):
+  """An optax-style optimizer (`init`, `update`) that is one optimizer per top-level subtree of the params:
+  `parts[name]` updates params[name] with a state of its own (state = {name: state}); `jaxpt.parallel.sharding`
+  shards each part's moments like its params."""
+
+  init: Any
+  update: Any
+  parts: dict
+
+
+def partitioned(parts: dict[str, optax.GradientTransformation], frozen: tuple[str, ...] = ()) -> PartitionedOptimizer:
+  """The optimizer of params {name: subtree} that updates params[name] with `parts[name]` (its own state, learning
+  rate, clipping: PPO's policy and critic). A `frozen` part neither moves nor changes its state (update 0), so two
+  optimizers differing only in `frozen` share one state layout (PPO's critic-only value warm-up)."""
+
+  def init(params):
+    return {name: part.init(params[name]) for name, part in parts.items()}
+
+  def update(updates, state, params=None):
+    new_updates, new_state = {}, {}
+    for name, part in parts.items():
+      if name in frozen:
+        new_updates[name], new_state[name] = jax.tree.map(jnp.zeros_like, updates[name]), state[name]
+      else:
+        new_updates[name], new_state[name] = part.update(updates[name], state[name],
+                                                         None if params is None else params[name])
+    return new_updates, new_state
+
+  return PartitionedOptimizer(init, update, dict(parts))

@@ -63,9 +63,16 @@ def shard_training(init_fn: Callable[[], TrainState], step_fn: Callable, boxed_p
   abstract_state, sharding = train_state_sharding(init_fn, boxed_params, optimizer, mesh, rules)
   init_state = sharded_init(init_fn, sharding, mesh, rules)
   batch_sh = batch_sharding(mesh, rules)
+  compiled = compile_step(step_fn, abstract_state, sharding, batch_sh, mesh, rules, batch_shapes, donate)
+  return ShardedTraining(mesh=mesh, rules=rules, state_sharding=sharding, batch_sharding=batch_sh,
+                         init_state=init_state, train_step=compiled, memory=compiled_memory(compiled))
+
+
+def compile_step(step_fn: Callable, abstract_state: Any, sharding: Any, batch_sh: NamedSharding, mesh: Mesh,
+                 rules: Rules, batch_shapes: dict[str, jax.ShapeDtypeStruct], donate: bool = False) -> Callable:
+  """`step_fn(state, batch) -> (state, metrics)` compiled for the state's `sharding` and batches of `batch_shapes`
+  split by `batch_sh`, traced under the activation rules (a run's train step, or another step on the same state)."""
   batch_tree = {key: batch_sh for key in batch_shapes}
   step = jax.jit(with_activation_sharding(step_fn, mesh, rules), in_shardings=(sharding, batch_tree),
                  out_shardings=(sharding, replicated(mesh)), donate_argnums=(0,) if donate else ())
-  compiled = step.lower(_with_sharding(abstract_state, sharding), _with_sharding(batch_shapes, batch_tree)).compile()
-  return ShardedTraining(mesh=mesh, rules=rules, state_sharding=sharding, batch_sharding=batch_sh,
-                         init_state=init_state, train_step=compiled, memory=compiled_memory(compiled))
+  return step.lower(_with_sharding(abstract_state, sharding), _with_sharding(batch_shapes, batch_tree)).compile()

@@ -23,7 +23,8 @@ __all__ = ["MODEL_KINDS", "TRAINERS", "TRAINER_KEY", "Trainer", "legacy_trainer"
            "trainer_of"]
 
 TRAINER_KEY = "trainer"  # the top-level key of a run's config.json that names its trainer
-MODEL_KINDS = {"lm": "language-model", "reward": "reward-model", "vit": "image-classifier", "dit": "diffusion-model"}
+MODEL_KINDS = {"lm": "language-model", "reward": "reward-model", "vit": "image-classifier", "dit": "diffusion-model",
+               "actor_critic": "policy-and-critic"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +41,7 @@ class Trainer:
     build: `build(config, workdir) -> BuiltRun` (`jaxpt.engine.run`): the run `jaxpt.train` trains and
       `jaxpt eval` rebuilds from a recorded config.
     model: what its checkpoints hold (a key of MODEL_KINDS): 'lm' (TransformerLM), 'reward' (RewardModel), 'vit',
-      'dit'.
+      'dit', 'actor_critic' (PPO: params {"policy": TransformerLM, "critic": RewardModel read per token}).
     starts_runs: whether its runs may be another run's `init_from`.
     eval_set: the config field whose 0 means the run has no eval set ('' = it always has one).
     config_module: the module defining `config_class`, when not `module` ('' = `module`).
@@ -91,6 +92,9 @@ for _trainer in (
     Trainer("grpo", "GRPO / CLIPO post-training with KV-cache rollouts and verifiable rewards.",
             "jaxpt.trainers.grpo", "GRPORunConfig", ("reward_mean", "accuracy", "eval_accuracy*"), "lm",
             eval_set="data.eval_prompts", config_module="jaxpt.trainers.grpo_config"),
+    Trainer("ppo", "PPO with a learned critic (from a reward-model run or the policy), GAE and KL-shaped rewards.",
+            "jaxpt.trainers.ppo", "PPORunConfig", ("reward_mean", "accuracy", "value_loss", "eval_accuracy*"),
+            "actor_critic", starts_runs=False, eval_set="data.eval_prompts", config_module="jaxpt.trainers.ppo_config"),
     Trainer("rm", "Train a reward model (Bradley-Terry, DIR, ODIN) and write its evaluation report.",
             "jaxpt.trainers.rm", "RMRunConfig", ("loss", "accuracy", "eval_accuracy", "eval_pearson_score_length",
                                                  "eval_spearman_score_length"), "reward", starts_runs=False),

@@ -134,16 +134,24 @@ def kl_estimate(logp: jax.Array, ref_logp: jax.Array, kind: str = "k3") -> jax.A
   raise ValueError(f"unknown KL estimator {kind!r} (known: k1, k2, k3 / low_var_kl)")
 
 
+def reward_kl(logp: jax.Array, ref_logp: jax.Array, mask: jax.Array, kind: str = "k1") -> jax.Array:
+  """The per-token KL that goes into a reward (the one KL-in-the-reward mechanism, `grpo.kl_in_reward`):
+  m_t kl_t with kl = `kl_estimate(logp, ref_logp, kind)`, 0 on masked positions, no gradient.
+  logp / ref_logp / mask [batch, seq] -> [batch, seq]. GRPO subtracts its row sum from the sequence reward
+  (`kl_penalized_rewards`), PPO each token's from that token's reward (`jaxpt.losses.value.kl_shaped_rewards`)."""
+  kl = kl_estimate(logp, ref_logp, kind)
+  m = jnp.asarray(mask, jnp.float32)
+  return jax.lax.stop_gradient(jnp.where(m != 0, kl * m, 0.0))
+
+
 def kl_penalized_rewards(rewards: jax.Array, logp: jax.Array, ref_logp: jax.Array, mask: jax.Array,
                          kl_coef: float, kind: str = "k1") -> jax.Array:
-  """KL in the reward: R'_i = R_i - kl_coef * sum_t m_it kl_it (sequence KL, no gradient).
+  """KL in the reward: R'_i = R_i - kl_coef * sum_t m_it kl_it (sequence KL, no gradient: `reward_kl`).
 
   rewards [batch], logp / ref_logp / mask [batch, seq] -> [batch]; feed R' to the group advantage.
   """
-  kl = kl_estimate(logp, ref_logp, kind)
-  m = jnp.asarray(mask, jnp.float32)
-  seq_kl = jnp.sum(jnp.where(m != 0, kl * m, 0.0), axis=-1)
-  return jnp.asarray(rewards, jnp.float32) - kl_coef * jax.lax.stop_gradient(seq_kl)
+  seq_kl = jnp.sum(reward_kl(logp, ref_logp, mask, kind), axis=-1)
+  return jnp.asarray(rewards, jnp.float32) - kl_coef * seq_kl
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -260,9 +268,22 @@ def kd_term(logp: jax.Array, teacher_logp: jax.Array, mask: jax.Array, kind: str
               "kd_rows": jnp.sum(rows * (w > 0)) / jnp.where(n_rows > 0, n_rows, 1.0)}
 
 
-def advantage_metrics(advantages):
+def advantage_metrics(advantages, mask=None):
+  """Mean, std, min and max of the advantages: over the batch ([B]), or over the unmasked tokens ([B, T])."""
   a = jnp.asarray(advantages, jnp.float32)
-  return {"adv_mean": jnp.mean(a), "adv_std": jnp.std(a), "adv_min": jnp.min(a), "adv_max": jnp.max(a)}
+  if a.ndim == 1 or mask is None:
+    return {"adv_mean": jnp.mean(a), "adv_std": jnp.std(a), "adv_min": jnp.min(a), "adv_max": jnp.max(a)}
+  live = jnp.asarray(mask) != 0
+  mean = masked_mean(a, live.astype(jnp.float32))
+  return {"adv_mean": mean, "adv_std": jnp.sqrt(masked_mean(jnp.square(a - mean), live.astype(jnp.float32))),
+          "adv_min": jnp.min(jnp.where(live, a, jnp.inf)), "adv_max": jnp.max(jnp.where(live, a, -jnp.inf))}
+
+
+def token_advantages(advantages, mask):
+  """[B] (one per rollout, broadcast over its tokens) or [B, T] (per token: PPO's GAE) -> float32 [B, 1] or
+  [B, T], masked positions 0."""
+  a = jnp.asarray(advantages, jnp.float32)
+  return a[:, None] if a.ndim == 1 else zero_masked(a, mask)
 
 
 # The helpers' former private names (jaxpt.losses.policy and outside callers use the public ones).
@@ -281,7 +302,8 @@ def ppo_clip_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, m
                   ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Token-level PPO-clip policy loss with clip-higher and dual-clip (GRPO / DAPO).
 
-  logp, old_logp [B, S]; advantages [B] (broadcast over tokens); mask [B, S]; optional ref_logp, entropy [B, S].
+  logp, old_logp [B, S]; advantages [B] (broadcast over tokens) or [B, S] (per token, PPO's GAE); mask [B, S];
+  optional ref_logp, entropy [B, S].
     delta = clip(logp - old_logp, -20, 20),  rho = exp(delta)
     l1 = -A rho ;  l2 = -A clip(rho, 1 - eps_lo, 1 + eps_hi) ;  l = max(l1, l2)
     dual clip (dual_clip_c = c, None disables): l = min(l, -A c) where A < 0
@@ -299,7 +321,7 @@ def ppo_clip_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, m
     raise ValueError(f"dual_clip_c must be > 1, got {dual_clip_c}")
   m = jnp.asarray(mask, jnp.float32)
   logp, old_logp, ref_logp, entropy = (zero_masked(x, m) for x in (logp, old_logp, ref_logp, entropy))
-  adv = jnp.asarray(advantages, jnp.float32)[:, None]
+  adv = token_advantages(advantages, m)
   delta = jnp.clip(logp - jnp.asarray(old_logp, jnp.float32), -LOG_RATIO_CLIP, LOG_RATIO_CLIP)
   rho = jnp.exp(delta)
   l1 = -adv * rho
@@ -319,7 +341,7 @@ def ppo_clip_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, m
       "ratio_mean": masked_mean(rho_sg, m),
       "approx_kl": masked_mean(rho_sg - 1.0 - delta_sg, m),
       "ppo_kl": masked_mean(-delta_sg, m),
-      **advantage_metrics(advantages),
+      **advantage_metrics(advantages, m),
   }
   return regularise(pg_loss, metrics, logp, m, agg, max_tokens, ref_logp, kl_coef, kl_kind, entropy, entropy_coef,
                     teacher_logp, kd_coef, kd_kind, kd_weight)

@@ -5,6 +5,7 @@ Kinds (one `Registry` each) and the call each kind's losses share:
   preference:  reward-model / DPO losses on per-pair scores (signatures differ: see `jaxpt.losses.preference`)
   policy:      f(logp [B, T], old_logp [B, T], advantages [B], mask [B, T], **kw) -> (loss, metrics)
   contrastive: f(z [N, D], labels [N], group_ids [N], rng=None, **kw) -> (loss, metrics)
+  value:       f(values [B, T], old_values [B, T], returns [B, T], mask [B, T], **kw) -> (loss, metrics)  (critics)
 A name lives in exactly one kind; `get_loss(kind, name)` of a name registered under another kind is a KeyError
 naming both kinds. A loss is a pure function of arrays returning `(loss, metrics)`; this module imports no model,
 train or data code.
@@ -20,7 +21,7 @@ __all__ = ["LOSS_KINDS", "LossFn", "get_loss", "known_losses", "loss_kind", "reg
 
 LossFn = Callable[..., tuple]
 
-LOSS_KINDS = ("lm", "preference", "policy", "contrastive")
+LOSS_KINDS = ("lm", "preference", "policy", "contrastive", "value")
 
 _KINDS: Registry[Registry[LossFn]] = Registry("loss kind")
 for _kind in LOSS_KINDS:

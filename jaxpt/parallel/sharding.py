@@ -52,11 +52,18 @@ def check_param_divisibility(boxed_params: Any, mesh: Mesh, rules: Rules, rules_
 def state_shardings(abstract_state: Any, params_sharding: Any, optimizer: optax.GradientTransformation,
                     mesh: Mesh) -> Any:
   """Shardings of a TrainState: params as given, optimizer moments like their params, the rest (step, rng, aux)
-  replicated."""
+  replicated. An optimizer with `parts` (name -> optimizer of params[name]: `jaxpt.engine.optim.partitioned`) has
+  a state {name: that optimizer's state}."""
   rep = replicated(mesh)
   is_sharding = lambda x: isinstance(x, NamedSharding)
-  opt = optax.tree_map_params(optimizer, lambda _, s: s, abstract_state.opt_state, params_sharding,
-                              transform_non_params=lambda _: rep, is_leaf=is_sharding)
+  parts = getattr(optimizer, "parts", None)  # one optimizer per top-level params subtree (jaxpt.engine.optim)
+  if parts is not None:
+    opt = {name: optax.tree_map_params(part, lambda _, s: s, abstract_state.opt_state[name], params_sharding[name],
+                                       transform_non_params=lambda _: rep, is_leaf=is_sharding)
+           for name, part in parts.items()}
+  else:
+    opt = optax.tree_map_params(optimizer, lambda _, s: s, abstract_state.opt_state, params_sharding,
+                                transform_non_params=lambda _: rep, is_leaf=is_sharding)
   aux = jax.tree.map(lambda _: rep, abstract_state.aux)
   return abstract_state.replace(step=rep, params=params_sharding, opt_state=opt, rng=rep, aux=aux)
 

@@ -13,8 +13,9 @@ the greedy accuracy and sampled pass@1 on held-out prompts. The update that trai
 (`jaxpt.trainers.grpo`). On a mesh (`layout`) the sampler and the log-probs are compiled for it; each process reads
 and verifies only its own prompts' rows, and the per-rollout host numbers (scores, rewards, lengths: [N] each) are
 all-gathered, so that group statistics and DAPO's choices are the same on every process. The run config
-(`jaxpt.trainers.grpo.GRPORunConfig`) is read for `task`, `seed`, `data`, `sampling`, `grpo.group_size`, `dapo`,
-`clipo` and `model`.
+(`jaxpt.trainers.grpo.GRPORunConfig`, `jaxpt.trainers.ppo_config.PPORunConfig`) is read for `task`, `seed`,
+`data`, `sampling`, `group_size` (rollouts per prompt), `dapo`, `model` and `clipo` (a run config without that
+section has CLIPO off: `clipo_of`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ _FILTER_KEYS = {"score": "scores", "reward": "rewards"}  # dapo.filter_metric ->
 BIAS_PREFIX = "bias_"  # the rollouts' per-row flags of each text_bias detector: bias_<name> bool [N]
 
 
+def clipo_of(config: Any) -> clipo.CLIPOConfig:
+  """The run's `clipo` section; off (the defaults) for an RL run config without one (PPO)."""
+  return getattr(config, "clipo", None) or clipo.CLIPOConfig()
+
+
 def check_config(config: Any) -> None:
   """The run config's checks across the sections collection reads (ConfigError naming the field): prompt +
   response within the model's max_seq_len, DAPO's overlong buffer within the response cap, and no overlong
@@ -52,7 +58,7 @@ def check_config(config: Any) -> None:
   if config.dapo.overlong_buffer > new_tokens:
     raise ConfigError("dapo.overlong_buffer", f"must be <= config.sampling.max_new_tokens={new_tokens}",
                       config.dapo.overlong_buffer)
-  if config.dapo.overlong_filtering and config.clipo.enabled and config.clipo.in_loss_coef > 0:
+  if config.dapo.overlong_filtering and clipo_of(config).enabled and clipo_of(config).in_loss_coef > 0:
     raise ConfigError("dapo.overlong_filtering", "cannot be combined with config.clipo.in_loss_coef > 0 (the "
                       "in-loss CLIPO term reads the loss mask it empties)", True)
 
@@ -67,7 +73,7 @@ def first_problems(prompts: PromptData, count: int) -> dict[str, list[dict]]:
 class RolloutCollector:
   """Samples, decodes and verifies an RL run's rollouts (see the module docstring); built once by `create`."""
 
-  config: Any  # the run config (GRPORunConfig): task, seed, data, sampling, grpo.group_size, dapo, clipo, model
+  config: Any  # the run config (GRPORunConfig, PPORunConfig): task, seed, data, sampling, group_size, dapo, model
   layout: parallel.MeshLayout  # the run's mesh: params' and batch shardings
   tokenizer: Any  # jaxpt's sentencepiece Tokenizer, or an HFTokenizer (init_from='hf:DIR')
   prompts: PromptData
@@ -93,10 +99,10 @@ class RolloutCollector:
 
     def sampler(greedy: bool) -> Callable:
       sampling = dataclasses.replace(config.sampling, greedy=greedy, eos_id=tokenizer.eos_id,
-                                     pad_id=tokenizer.pad_id, return_hidden=config.clipo.enabled)
+                                     pad_id=tokenizer.pad_id, return_hidden=clipo_of(config).enabled)
       return make_sampler(config.model, sampling, config.data.max_prompt_len, layout)
 
-    rows = config.data.prompts_per_step * config.grpo.group_size
+    rows = config.data.prompts_per_step * config.group_size
     index, count = parallel.process_batch_slice(layout.batch, rows)
     if config.data.prompts_per_step % count:
       raise ConfigError("data.prompts_per_step", f"must be divisible by the {count} processes that read distinct "
@@ -114,7 +120,7 @@ class RolloutCollector:
 
     def clipo_step(head, hidden, mask, labels, group_ids, rng):
       reps = clipo.rollout_representation(hidden, mask)
-      return clipo.head_step(config.clipo, head, reps, labels, group_ids, rng)
+      return clipo.head_step(clipo_of(config), head, reps, labels, group_ids, rng)
 
     return cls(config=config, layout=layout, tokenizer=tokenizer, prompts=prompts, sample=sample,
                sample_greedy=sampler(True), sample_eval=sampler(False), logprobs=logprobs, take_rows=take_rows,
@@ -125,7 +131,7 @@ class RolloutCollector:
   @property
   def rollout_rows(self) -> int:
     """N = prompts_per_step x group_size: rollouts sampled per generation round."""
-    return self.config.data.prompts_per_step * self.config.grpo.group_size
+    return self.config.data.prompts_per_step * self.config.group_size
 
   @property
   def eval_batch_size(self) -> int:
@@ -159,7 +165,7 @@ class RolloutCollector:
     [N, T] (the sampler's log-probs), hidden [N, T, d] (None without CLIPO). Host arrays, whole on every process:
     scores, rewards (+ the overlong punishment), labels, truncated, lengths, group_ids [N].
     """
-    g, n = self.config.grpo.group_size, self.rollout_rows
+    g, n = self.config.group_size, self.rollout_rows
     tokens, mask, _ = repeat_prompts(batch["prompt_tokens"], batch["prompt_mask"], g)
     prompts = parallel.global_batch({"prompt_tokens": tokens, "prompt_mask": mask}, self.layout.batch, n)
     out = self.sample(params, prompts["prompt_tokens"], prompts["prompt_mask"], rng)
@@ -191,7 +197,7 @@ class RolloutCollector:
         extra = self.prompts.refill_batch(step * (settings.max_rounds - 1) + r - 1, *self.process_slice)
         return self.rollouts(params, extra, jax.random.fold_in(rng, r))
 
-      ro, metrics = dapo.dynamic_sampling(draw, self.config.data.prompts_per_step, self.config.grpo.group_size,
+      ro, metrics = dapo.dynamic_sampling(draw, self.config.data.prompts_per_step, self.config.group_size,
                                           settings.max_rounds, settings.at_cap, _FILTER_KEYS[settings.filter_metric],
                                           take=self.take_rows)
       metrics["dapo_step_accuracy"] = float(first["scores"].mean())

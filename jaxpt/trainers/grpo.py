@@ -45,7 +45,7 @@ from jaxpt.losses.grpo import (entropy_from_logits, group_advantages,
 from jaxpt.models.transformer import TransformerLM
 from jaxpt.progress import say
 from jaxpt.rl import clipo, dapo
-from jaxpt.rl.reward_sources import (RewardModelSource, assemble_rewards, check_model_fits,
+from jaxpt.rl.reward_sources import (RewardConfig, RewardModelSource, assemble_rewards, check_model_fits,
                                      init_running_stats)
 from jaxpt.rl.collect import RolloutCollector
 from jaxpt.rl.logprobs import response_logits, token_logprobs
@@ -211,18 +211,7 @@ class GRPOHooks(Hooks):
         experience[k] for k in ("prompt_tokens", "prompt_mask", "tokens", "mask")))
 
   def _assembled_rewards(self, ro: dict, aux: Any, metrics: dict) -> tuple[np.ndarray, Any]:
-    """The `reward` section's rewards [N] of rollouts `ro` (the collector's verifier scores and DAPO punishment, the
-    reward model's scores: metrics rm_score, their mean, and gold_score, the verifier's mean score, which the task
-    knows whatever reward.verifier_weight is) and `aux` with the running statistics updated."""
-    scores = ro["scores"]
-    rm_scores = np.zeros_like(scores)
-    if self.reward_model is not None:
-      rm_scores = self.reward_model.scores(ro)
-      metrics["rm_score"], metrics["gold_score"] = float(np.mean(rm_scores)), float(np.mean(scores))
-    running = self.config.reward.normalize == "running"
-    rewards, stats = self.assemble(scores, rm_scores, ro["rewards"] - scores, ro["truncated"],
-                                   aux["reward_stats"] if running else None)
-    return np.asarray(rewards), dict(aux, reward_stats=stats) if running else aux
+    return assembled_rewards(self.config.reward, self.assemble, self.reward_model, ro, aux, metrics)
 
   def _policy_updates(self, state: TrainState, experience: dict, host: dict, rng: jax.Array,
                       shuffle: np.random.Generator, first_update: int) -> tuple[TrainState, dict]:
@@ -247,21 +236,68 @@ class GRPOHooks(Hooks):
     return self.collector.evaluate(state.params)
 
 
-def build(config: GRPORunConfig | Any, workdir: str) -> BuiltRun:
-  """Checks `config` (ConfigError naming the field), then builds the tokenizer, prompts, samplers and the shared
-  builder's policy update, compiled for one minibatch of rollouts."""
-  config = from_section(GRPORunConfig, config, "config")
-  mesh = training_mesh(config, config.minibatch_rows, "config.data.prompts_per_step x config.grpo.group_size / "
-                       "config.grpo.minibatches")
+def assembled_rewards(settings: RewardConfig, assemble: Callable, reward_model: RewardModelSource | None, ro: dict,
+                      aux: Any, metrics: dict) -> tuple[np.ndarray, Any]:
+  """The `reward` section's rewards [N] of rollouts `ro` (the collector's verifier scores and DAPO punishment, the
+  reward model's scores: metrics rm_score, their mean, and gold_score, the verifier's mean score, which the task
+  knows whatever reward.verifier_weight is), by `assemble` (`reward_functions`), and `aux` with the running
+  statistics updated (GRPO and PPO)."""
+  scores = ro["scores"]
+  rm_scores = np.zeros_like(scores)
+  if reward_model is not None:
+    rm_scores = reward_model.scores(ro)
+    metrics["rm_score"], metrics["gold_score"] = float(np.mean(rm_scores)), float(np.mean(scores))
+  running = settings.normalize == "running"
+  rewards, stats = assemble(scores, rm_scores, ro["rewards"] - scores, ro["truncated"],
+                            aux["reward_stats"] if running else None)
+  return np.asarray(rewards), dict(aux, reward_stats=stats) if running else aux
+
+
+def load_reward_model(config: Any, mesh: Any) -> Any:
+  """The `reward.model` run (`saved_model.SavedModel`, params on `mesh`) of an RL run config, or None; every
+  refusal (ConfigError naming reward.model) before any compile."""
+  if not config.reward.uses_model:
+    return None
+  say(f"loading the reward model {config.reward.model} ...")
+  prompt_len, new_tokens = config.data.max_prompt_len, config.sampling.max_new_tokens
+  return load_reward_run(config.reward.model, mesh, config.mesh.rules, fits=lambda model, rm_tokenizer: (
+      check_model_fits(model, rm_tokenizer, prompt_len, new_tokens, config.reward.model)))
+
+
+def reward_functions(config: Any, layout: Any, tokenizer: Any,
+                     reward_run: Any) -> tuple[Callable | None, RewardModelSource | None]:
+  """(the compiled `assemble_rewards` of config.reward, None for the default section; the reward model's scorer,
+  None without one) of an RL run config on `layout`."""
+  assemble = None if config.reward.is_default else layout.jit(
+      lambda *arrays: assemble_rewards(config.reward, *arrays), layout.replicated)
+  reward_model = None if reward_run is None else RewardModelSource.create(
+      reward_run.config, reward_run.params, reward_run.num_scores, reward_run.tokenizer, reward_run.prompt_format,
+      tokenizer, config.task.prompt_format, layout, config.data.max_prompt_len, config.sampling.max_new_tokens,
+      source=config.reward.model)
+  return assemble, reward_model
+
+
+def rl_start(config: Any, workdir: str, rows_field: str) -> tuple[Any, Any]:
+  """(mesh, tokenizer) of an RL run (GRPO, PPO) in `workdir`: the mesh checked against the update's rows
+  (`config.minibatch_rows`, named 'config.data.prompts_per_step x ' + `rows_field`), the launch checked against
+  the run's record; the init_from run's tokenizer as it is (never retrained: the policy's embedding rows are its
+  ids; copied into workdir/tokenizer), else the task's tokenizer trained in (or loaded from) workdir."""
+  mesh = training_mesh(config, config.minibatch_rows, f"config.data.prompts_per_step x {rows_field}")
   check_launch(workdir, config, {"corpus": digest(f"task|{config.task.train_identity}")})
   say(f"preparing the task's prompts and tokenizer in {workdir} ...")
-  # the init_from run's tokenizer as it is (never retrained: the policy's embedding rows are its ids; copied into
-  # workdir/tokenizer), else the task's tokenizer trained in (or loaded from) workdir
   tokenizer = init_tokenizer(config.init_from, workdir, resumes(workdir), config.model)
   if tokenizer is None:
     tokenizer = task_tokenizer(config.task, config.model.vocab_size, workdir, config.task.data_dir(workdir),
                                keep_existing=resumes(workdir))
   check_vocab(config.model, tokenizer.vocab_size)
+  return mesh, tokenizer
+
+
+def build(config: GRPORunConfig | Any, workdir: str) -> BuiltRun:
+  """Checks `config` (ConfigError naming the field), then builds the tokenizer, prompts, samplers and the shared
+  builder's policy update, compiled for one minibatch of rollouts."""
+  config = from_section(GRPORunConfig, config, "config")
+  mesh, tokenizer = rl_start(config, workdir, "config.grpo.group_size / config.grpo.minibatches")
   model = TransformerLM(config.model)
   loss_fn = make_policy_loss(model, config.grpo, config.clipo, config.sampling.temperature)
   weight_key = "num_tokens" if config.grpo.agg == "token-mean" else "num_rows"
@@ -271,12 +307,7 @@ def build(config: GRPORunConfig | Any, workdir: str) -> BuiltRun:
       aux["reward_stats"] = init_running_stats()
     return aux or None
 
-  reward_run = None
-  if config.reward.uses_model:  # every refusal before any compile
-    say(f"loading the reward model {config.reward.model} ...")
-    prompt_len, new_tokens = config.data.max_prompt_len, config.sampling.max_new_tokens
-    reward_run = load_reward_run(config.reward.model, mesh, config.mesh.rules, fits=lambda model, rm_tokenizer: (
-        check_model_fits(model, rm_tokenizer, prompt_len, new_tokens, config.reward.model)))
+  reward_run = load_reward_model(config, mesh)  # every refusal before any compile
 
   say("compiling the policy update ...")
   training = build_training(config, mesh, model, (jnp.zeros((1, config.data.max_prompt_len), jnp.int32),),
@@ -293,12 +324,7 @@ def build(config: GRPORunConfig | Any, workdir: str) -> BuiltRun:
     teacher = load_teacher(config.grpo.teacher, training.layout, tokenizer, config.sampling.temperature,
                            config.data.max_prompt_len + config.sampling.max_new_tokens)
   layout = training.layout
-  assemble = None if config.reward.is_default else layout.jit(
-      lambda *arrays: assemble_rewards(config.reward, *arrays), layout.replicated)
-  reward_model = None if reward_run is None else RewardModelSource.create(
-      reward_run.config, reward_run.params, reward_run.num_scores, reward_run.tokenizer, reward_run.prompt_format,
-      tokenizer, config.task.prompt_format, layout, config.data.max_prompt_len, config.sampling.max_new_tokens,
-      source=config.reward.model)
+  assemble, reward_model = reward_functions(config, layout, tokenizer, reward_run)
   hooks = GRPOHooks(config=config, training=training, collector=collector,
                     kl_rewards=layout.jit(kl_rewards, layout.replicated), assemble=assemble,
                     reward_model=reward_model, teacher=teacher)

@@ -167,6 +167,11 @@ class GRPORunConfig(RunConfig):
                         self.optim.grad_accum_steps)
 
   @property
+  def group_size(self) -> int:
+    """Rollouts per prompt (the collector's G): grpo.group_size."""
+    return self.grpo.group_size
+
+  @property
   def minibatch_rows(self) -> int:
     """Rollouts per policy update: prompts_per_step x group_size / minibatches."""
     return self.data.prompts_per_step * self.grpo.group_size // self.grpo.minibatches

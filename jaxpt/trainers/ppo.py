@@ -1,0 +1,309 @@
+"""PPO with a learned critic (InstructGPT-style RLHF) on the shared loop: the policy and critic, their losses and the
+minibatch updates. The run config is `jaxpt.trainers.ppo_config`.
+
+One loop step (`PPOHooks.train_step`), for a batch of B prompts:
+
+    prompts [B, P] --`RolloutCollector.step_rollouts` (jaxpt.rl.collect, reused as GRPO's: G = ppo.group_size)-->
+      rollouts [N = B*G]: tokens, mask, old_logp [N, T]; scores [N]: the `reward` section's assembled reward
+      (verifier and/or reward model, `jaxpt.trainers.grpo.assembled_rewards`)
+      --critic--> old_values V [N, T]  (V_t read at the column whose logits predict response token t)
+      --`jaxpt.losses.value`--> r_t = [t = last] score - ppo.kl_coef kl_t   (kl to the reference = initial policy)
+                                A, R = GAE(r, V; gamma, lam); A whitened over the step's tokens
+      --`epochs` x `minibatches` updates of policy and critic together (one shared train step):
+        loss = ppo_clip(logp, old_logp, A [N, T], mask) + clipped_value(V_new, V, R, mask)
+        (the first `ppo.value_warmup_steps` loop steps: the critic's term only, the policy frozen)
+
+Policy and critic are one params tree {"policy": TransformerLM params, "critic": RewardModel params (backbone +
+a [d, 1] head, read per token: the value head)}, sharded on the run's mesh by their logical axes, and each has its
+own optimizer (`jaxpt.engine.optim.partitioned`: `optim` for the policy, `optim` at `ppo.critic_learning_rate` for
+the critic, each clipping its own gradient, each with its own update count and schedule). Their params are
+disjoint, so the summed loss's gradient is each loss's gradient for its own params (no `vf_coef`: with separate
+Adam optimizers a coefficient would only rescale the critic's gradient). The value warm-up is a second compiled step
+on the same state whose optimizer freezes the policy part (no move, no state change). Checkpoints hold both params
+and both optimizer states (the TrainState), and the running reward statistics (`aux`); the reference policy is
+the initial policy, rebuilt on resume; randomness of step t comes from fold_in(state.rng, t), so a resumed run is
+bitwise the uninterrupted one.
+
+Why the critic starts from a reward model (`ppo.critic_init`): the RM's backbone already reads the prompt and
+response as the reward does, so its score head, applied per token, starts the value head near the return of the
+final token (InstructGPT; ms-swift's and OpenRLHF's default); without one, the critic starts from the policy's own
+start with a fresh head.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxpt.config import ConfigError, from_section
+from jaxpt.losses import get_loss
+from jaxpt.losses.grpo import masked_mean, reward_kl
+from jaxpt.losses.value import gae, kl_shaped_rewards, whiten
+from jaxpt.models.config import ModelConfig
+from jaxpt.models.reward import RewardModel
+from jaxpt.models.transformer import TransformerLM
+from jaxpt.progress import say
+from jaxpt.rl import dapo
+from jaxpt.rl.collect import RolloutCollector
+from jaxpt.rl.logprobs import response_logits, token_logprobs
+from jaxpt.rl.reward_sources import QUALITY_HEAD, RewardModelSource, init_running_stats, same_tokens
+from jaxpt.trainers.grpo import _split_groups, assembled_rewards, load_reward_model, reward_functions, rl_start
+from jaxpt.trainers.ppo_config import PPOConfig, PPORunConfig
+from jaxpt.engine.builder import Training, build_training
+from jaxpt.engine.optim import decay_mask, make_optimizer, partitioned
+from jaxpt.engine.record import run_inputs
+from jaxpt.engine.run import BuiltRun, Hooks
+from jaxpt.engine.saved_model import SavedModel, load_reward_run
+from jaxpt.engine.state import TrainState
+from jaxpt.engine.step import grad_fn_of, make_train_step
+
+__all__ = ["PPOHooks", "PolicyAndCritic", "build", "critic_values", "experience_shapes"]
+
+
+class PolicyAndCritic(nn.Module):
+  """The params tree of a PPO run: {"policy": TransformerLM(policy_config), "critic": RewardModel(critic_config)}.
+  Only `init` calls it; the trainer applies each part on its own (`response_logits`, `critic_values`)."""
+
+  policy_config: ModelConfig
+  critic_config: ModelConfig
+
+  def setup(self):
+    self.policy = TransformerLM(self.policy_config)
+    self.critic = RewardModel(self.critic_config, num_scores=1)
+
+  def __call__(self, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
+    return self.policy(tokens), self.critic(tokens, jnp.zeros(tokens.shape[:1], jnp.int32))[0]
+
+
+def critic_values(critic_config: ModelConfig, params: Any, prompt_tokens: jax.Array, prompt_mask: jax.Array,
+                  tokens: jax.Array, mask: jax.Array) -> jax.Array:
+  """The critic's per-token values V [B, T] (float32, 0 where mask is 0): its backbone's final-norm hidden state at
+  column P - 1 + t, the one whose logits predict response token t (the rollouts' layout, `response_logits`),
+  through its [d, 1] head (a reward model's score head, applied at every response position)."""
+  _, hidden = response_logits(TransformerLM(critic_config), params["backbone"], prompt_tokens, prompt_mask, tokens,
+                              mask)
+  b, t, d = hidden.shape
+  values = RewardModel(critic_config, num_scores=1).apply({"params": params}, hidden.reshape(b * t, d),
+                                                          method=RewardModel.score)
+  return values.reshape(b, t) * jnp.asarray(mask, jnp.float32)
+
+
+def experience_shapes(config: PPORunConfig) -> dict[str, jax.ShapeDtypeStruct]:
+  """Global shapes of one update's minibatch (n = config.minibatch_rows rollouts; P prompt, T response)."""
+  n, p, t = config.minibatch_rows, config.data.max_prompt_len, config.sampling.max_new_tokens
+  i32, f32 = jnp.int32, jnp.float32
+  shapes = {"prompt_tokens": ((n, p), i32), "prompt_mask": ((n, p), i32), "tokens": ((n, t), i32),
+            "mask": ((n, t), f32), "old_logp": ((n, t), f32), "old_values": ((n, t), f32),
+            "advantages": ((n, t), f32), "returns": ((n, t), f32)}
+  return {k: jax.ShapeDtypeStruct(shape, dtype) for k, (shape, dtype) in shapes.items()}
+
+
+def make_losses(policy_config: ModelConfig, critic_config: ModelConfig, settings: PPOConfig,
+                temperature: float) -> tuple[Callable, Callable]:
+  """(loss_fn, value_only_fn), each (params, minibatch, rng) -> (loss, metrics): the policy's ppo_clip loss on
+  per-token advantages plus the critic's clipped value loss; the value loss alone (the warm-up)."""
+  policy_model = TransformerLM(policy_config)
+  policy_loss, value_loss = get_loss("policy", "ppo_clip"), get_loss("value", "clipped_value")
+  counts = lambda mb: {"num_tokens": jnp.sum(mb["mask"]), "num_rows": jnp.asarray(mb["mask"].shape[0], jnp.float32)}
+
+  def value_only(params: Any, mb: dict, rng: jax.Array) -> tuple[jax.Array, dict]:
+    values = critic_values(critic_config, params["critic"], mb["prompt_tokens"], mb["prompt_mask"], mb["tokens"],
+                           mb["mask"])
+    loss, metrics = value_loss(values, mb["old_values"], mb["returns"], mb["mask"], clip=settings.value_clip or None,
+                               agg=settings.agg)
+    return loss, {**metrics, **counts(mb)}
+
+  def loss_fn(params: Any, mb: dict, rng: jax.Array) -> tuple[jax.Array, dict]:
+    logits, _ = response_logits(policy_model, params["policy"], mb["prompt_tokens"], mb["prompt_mask"], mb["tokens"],
+                                mb["mask"], temperature)
+    logp = token_logprobs(logits, mb["tokens"], mb["mask"])
+    pg, pg_metrics = policy_loss(logp, mb["old_logp"], mb["advantages"], mb["mask"], **settings.loss_kwargs())
+    vl, v_metrics = value_only(params, mb, rng)
+    loss = pg + vl
+    return loss, {**pg_metrics, **v_metrics, "pg_loss": pg, "loss": loss}
+
+  return loss_fn, value_only
+
+
+def make_experience(config: PPORunConfig, critic_config: ModelConfig) -> Callable:
+  """(critic params, scores [N], old_logp, ref_logp, mask, prompt_tokens, prompt_mask, tokens) -> ({old_values,
+  advantages, returns} [N, T], scalar metrics): the step's values, KL-shaped rewards, GAE and whitening."""
+  settings = config.ppo
+
+  def experience(critic, scores, old_logp, ref_logp, mask, prompt_tokens, prompt_mask, tokens):
+    values = critic_values(critic_config, critic, prompt_tokens, prompt_mask, tokens, mask)
+    rewards = kl_shaped_rewards(scores, old_logp, ref_logp, mask, settings.kl_coef, settings.kl_kind)
+    advantages, returns = gae(rewards, values, mask, gamma=settings.gamma, lam=settings.lam)
+    if settings.whiten_advantages:
+      advantages = whiten(advantages, mask)
+    metrics = {"kl_ref": masked_mean(reward_kl(old_logp, ref_logp, mask, settings.kl_kind), mask),
+               "value_start_mean": masked_mean(values, mask), "return_mean": masked_mean(returns, mask),
+               "token_reward_sum": jnp.mean(jnp.sum(rewards, axis=-1))}
+    return {"old_values": values, "advantages": advantages, "returns": returns}, metrics
+
+  return experience
+
+
+@dataclasses.dataclass
+class PPOHooks(Hooks):
+  """The PPO run's loop hooks, built once by `build`: `train_step` collects rollouts (`collector`), computes the
+  experience, then updates policy and critic (`training.train_step`) or, during the value warm-up, the critic only
+  (`warmup_step`, compiled on the same state)."""
+
+  config: PPORunConfig
+  training: Training
+  collector: RolloutCollector
+  experience: Callable  # make_experience, compiled on the mesh
+  warmup_step: Callable  # the critic-only update, compiled
+  assemble: Callable | None = None
+  reward_model: RewardModelSource | None = None
+  critic_start: SavedModel | None = None  # the ppo.critic_init reward model (read by init_state)
+  ref_params: Any = None
+
+  def describe(self) -> str:
+    return f", rollout sampler {self.collector.sampler_memory.get('peak_mib', float('nan')):.1f} MiB"
+
+  def init_state(self, training: Training) -> TrainState:
+    """The initial state: the policy from `init_from` (or the seeded init); the critic from the `ppo.critic_init`
+    reward model (backbone, and its score head's quality column as the value head) or, without one, the policy's
+    start with the critic's fresh seeded head. Keeps the initial policy as the reference (rebuilt on resume)."""
+    state = training.init_state()
+    params = dict(state.params)
+    if self.critic_start is not None:
+      start = self.critic_start.params
+      kernel = start["head"]["kernel"][:, QUALITY_HEAD:QUALITY_HEAD + 1]
+      critic = {"backbone": start["backbone"], "head": {**start["head"], "kernel": kernel}}
+    else:
+      critic = {**params["critic"], "backbone": params["policy"]}
+    params["critic"] = jax.device_put(jax.tree.map(jnp.copy, critic), training.sharded.state_sharding.params["critic"])
+    if self.config.ppo.uses_reference:
+      self.ref_params = jax.tree.map(jnp.copy, params["policy"])
+    return state.replace(params=params)
+
+  def train_step(self, training: Training, state: TrainState, batch: dict) -> tuple[TrainState, dict]:
+    settings = self.config.ppo
+    step = int(state.step)
+    sample_rng, update_rng = jax.random.split(state.step_rng())
+    ro, dapo_metrics = self.collector.step_rollouts(state.params["policy"], batch, step, sample_rng)
+    metrics: dict[str, Any] = {"accuracy": float(ro["scores"].mean()), "response_length": float(ro["lengths"].mean()),
+                               "num_tokens": float(ro["lengths"].sum()), **dapo_metrics}
+    rewards, aux = ro["rewards"], state.aux
+    if self.assemble is not None:
+      rewards, aux = assembled_rewards(self.config.reward, self.assemble, self.reward_model, ro, aux, metrics)
+    experience = {k: ro[k] for k in ("prompt_tokens", "prompt_mask", "tokens", "mask", "old_logp")}
+    if self.config.dapo.overlong_filtering:
+      experience["mask"] = dapo.filter_overlong(experience["mask"], ro["truncated"])
+    inputs = [experience[k] for k in ("prompt_tokens", "prompt_mask", "tokens", "mask")]
+    ref_logp = self.collector.logprobs(self.ref_params, *inputs) if settings.uses_reference else experience["old_logp"]
+    computed, experience_metrics = self.experience(state.params["critic"], np.asarray(rewards, np.float32),
+                                                   experience["old_logp"], ref_logp, experience["mask"],
+                                                   *inputs[:3])
+    experience.update(computed)
+    metrics.update({k: float(v) for k, v in experience_metrics.items()}, reward_mean=float(np.mean(rewards)))
+    warm = step < settings.value_warmup_steps
+    first = (step if warm else step - settings.value_warmup_steps) * self.config.updates_per_step
+    new_state, update_metrics = self._updates(state.replace(aux=aux), experience, update_rng,
+                                              np.random.default_rng([self.config.seed, step]), first, warm)
+    metrics.update(update_metrics, value_warmup=float(warm))
+    return new_state.replace(step=state.step + 1, rng=state.rng), metrics
+
+  def _updates(self, state: TrainState, experience: dict, rng: jax.Array, shuffle: np.random.Generator,
+               first_update: int, warm: bool) -> tuple[TrainState, dict]:
+    """`epochs` passes over `minibatches` shuffled minibatches (whole groups), each one update of the compiled
+    step (critic only when `warm`); the state enters with `step = first_update` and update key `rng`. Metrics:
+    means over updates."""
+    settings = self.config.ppo
+    step_fn = self.warmup_step if warm else self.training.train_step
+    state = state.replace(step=jnp.asarray(first_update, jnp.int32), rng=rng)
+    update_metrics = []
+    for _ in range(settings.epochs):
+      for rows in _split_groups(self.collector.rollout_rows, settings.group_size, settings.minibatches, shuffle):
+        state, m = step_fn(state, self.collector.take_rows(experience, rows))
+        update_metrics.append(m)
+    means = jax.tree.map(lambda *xs: float(np.mean(xs)), *jax.device_get(update_metrics))
+    return state, {k: v for k, v in means.items() if k not in ("num_tokens", "num_rows")}
+
+  def evaluate(self, state: TrainState) -> dict:
+    """eval_accuracy_<set> (and eval_pass1_<set>) of the state's policy (`RolloutCollector.evaluate`)."""
+    return self.collector.evaluate(state.params["policy"])
+
+
+def load_critic_start(config: PPORunConfig, mesh: Any, tokenizer: Any) -> SavedModel | None:
+  """The `ppo.critic_init` reward-model run, params on `mesh`, or None; ConfigError naming ppo.critic_init (before
+  any compile) for a run that is not a reward model's, one whose tokenizer or prompt format is not the policy's
+  (the critic reads the rollouts' own tokens), or whose max_seq_len cannot hold prompt + response."""
+  source = config.ppo.critic_init
+  if not source:
+    return None
+  say(f"loading the critic's start, the reward model {source} ...")
+  prompt_len, new_tokens = config.data.max_prompt_len, config.sampling.max_new_tokens
+
+  def fits(model: ModelConfig, rm_tokenizer: Any) -> None:
+    if rm_tokenizer is None or rm_tokenizer.model_proto != tokenizer.model_proto:
+      raise ConfigError("ppo.critic_init", "its tokenizer is not the policy's (the critic reads the rollouts' own "
+                        "tokens)", source)
+    if prompt_len + new_tokens > model.max_seq_len:
+      raise ConfigError("ppo.critic_init", f"its model.max_seq_len={model.max_seq_len} cannot hold "
+                        f"data.max_prompt_len ({prompt_len}) + sampling.max_new_tokens ({new_tokens})", source)
+
+  run = load_reward_run(source, mesh, config.mesh.rules, field="ppo.critic_init", fits=fits)
+  if not same_tokens(run.tokenizer, run.prompt_format, tokenizer, config.task.prompt_format):
+    raise ConfigError("ppo.critic_init", f"was trained on {run.prompt_format} prompts, the policy's are "
+                      f"{config.task.prompt_format}", source)
+  return run
+
+
+def build(config: PPORunConfig | Any, workdir: str) -> BuiltRun:
+  """Checks `config` (ConfigError naming the field), loads the reward model(s) (every refusal before any compile),
+  then builds the tokenizer, prompts, samplers and the two compiled updates (policy + critic; critic only)."""
+  config = from_section(PPORunConfig, config, "config")
+  mesh, tokenizer = rl_start(config, workdir, "config.ppo.group_size / config.ppo.minibatches")
+  reward_run = load_reward_model(config, mesh)
+  critic_start = load_critic_start(config, mesh, tokenizer)
+  critic_config = config.model if critic_start is None else critic_start.config
+
+  settings = config.ppo
+  policy_updates = max(1, (config.steps - settings.value_warmup_steps) * config.updates_per_step)
+  critic_updates = max(1, config.steps * config.updates_per_step)
+  critic_optim = dataclasses.replace(config.optim, learning_rate=settings.critic_learning_rate)
+  parts = {}
+  schedules = {}
+
+  def optimizer(boxed: Any, steps: int) -> tuple[Any, Any]:
+    parts["policy"], schedules["policy"] = make_optimizer(config.optim, steps, mask=decay_mask(boxed["policy"]))
+    parts["critic"], schedules["critic"] = make_optimizer(critic_optim, critic_updates,
+                                                          mask=decay_mask(boxed["critic"]))
+    return partitioned(parts), schedules["policy"]
+
+  def init_aux(rng: jax.Array) -> dict | None:
+    return {"reward_stats": init_running_stats()} if config.reward.normalize == "running" else None
+
+  loss_fn, value_only = make_losses(config.model, critic_config, settings, config.sampling.temperature)
+  weight_key = "num_tokens" if settings.agg == "token-mean" else "num_rows"
+  say("compiling the policy and critic updates ...")
+  model = PolicyAndCritic(config.model, critic_config)
+  shapes = experience_shapes(config)
+  training = build_training(config, mesh, model, (jnp.zeros((1, config.data.max_prompt_len), jnp.int32),), shapes,
+                            grad_fn=grad_fn_of(loss_fn), weight_key=weight_key, total_steps=policy_updates,
+                            init_aux=init_aux, init_from_subtree="policy", optimizer=optimizer)
+  warmup_step = training.compile_step(make_train_step(
+      None, partitioned(parts, frozen=("policy",)), schedules["critic"], config.optim.grad_accum_steps, weight_key,
+      grad_fn=grad_fn_of(value_only), skip_nonfinite=config.on_nonfinite == "skip"), shapes)
+
+  layout = training.layout
+  policy_layout = dataclasses.replace(layout, params=layout.params["policy"])
+  params = jax.eval_shape(training.sharded.init_state).params
+  collector = RolloutCollector.create(config, TransformerLM(config.model), policy_layout, params["policy"], tokenizer,
+                                      config.task.data_dir(workdir))
+  experience = layout.jit(make_experience(config, critic_config), (layout.batch, layout.replicated))
+  assemble, reward_model = reward_functions(config, policy_layout, tokenizer, reward_run)
+  hooks = PPOHooks(config=config, training=training, collector=collector, experience=experience,
+                   warmup_step=warmup_step, assemble=assemble, reward_model=reward_model, critic_start=critic_start)
+  inputs = run_inputs(f"task|{config.task.train_identity}", tokenizer)
+  return BuiltRun("ppo", config, training, collector.batches, inputs=inputs, tokenizer=tokenizer,
+                  data=collector.prompts, evaluate=hooks.evaluate if config.data.eval_prompts else None, hooks=hooks)

@@ -1,0 +1,124 @@
+"""PPO with a learned critic end to end: a micro SFT run, a micro reward model started from it (so the two share one
+tokenizer), then `jaxpt ppo` rewarded by that RM with the critic started from it: the critic-only warm-up (its loss
+falls, the policy does not move), the policy and critic updates after it, a bitwise resume and the refusals."""
+
+import jax
+import numpy as np
+import pytest
+
+from experiments.configs import ppo_tiny
+import jaxpt
+from jaxpt.config import ConfigError
+from jaxpt.engine.metrics import read_metrics
+from tests.runs import flat, sft_and_reward_model
+
+MODEL = {"vocab_size": 512, "d_model": 32, "num_layers": 2, "num_heads": 2, "num_kv_heads": 2, "mlp_dim": 64,
+         "max_seq_len": 64}
+TASK = {"task.num_steps": 1, "task.max_value": 9, "task.ops": "+", "task.train_size": 64, "task.test_size": 8}
+QUIET = {"log_every": 1, "eval_every": 0, "progress": False, "optim.warmup_steps": 0}
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  """(sft workdir, rm workdir): 3 SFT steps, then 2 BT steps of an RM whose backbone and tokenizer are the SFT
+  run's."""
+  return sft_and_reward_model(tmp_path_factory, MODEL, TASK, QUIET)
+
+
+def ppo_config(sft: str, rm: str, **extra):
+  config = ppo_tiny.get_config()
+  config.update_from_flattened_dict({**flat("model", MODEL), **TASK, **QUIET, "steps": STEPS, "checkpoint_every": 2,
+                                     "init_from": sft, "data.prompts_per_step": 4, "data.max_prompt_len": 32,
+                                     "data.eval_prompts": 0, "sampling.max_new_tokens": 16, "ppo.minibatches": 2,
+                                     "ppo.epochs": 2, "ppo.value_warmup_steps": 2, "ppo.critic_init": rm,
+                                     "ppo.critic_learning_rate": 3e-3, "optim.learning_rate": 1e-3,
+                                     "reward.model": rm, "reward.verifier_weight": 0.0, **extra})
+  return config
+
+
+@pytest.fixture(scope="module")
+def ppo_run(runs, tmp_path_factory):
+  """(config, built, workdir, result): an uninterrupted run of STEPS steps (2 of them the critic's warm-up)."""
+  config = ppo_config(*runs)
+  workdir = str(tmp_path_factory.mktemp("ppo"))
+  built = jaxpt.build("ppo", config, workdir)
+  return config, built, workdir, jaxpt.train("ppo", config, workdir, built=built)
+
+
+def test_warmup_moves_only_the_critic_and_its_loss_falls(ppo_run):
+  config, built, _, _ = ppo_run
+  state = built.init_state()
+  policy0 = jax.tree.map(np.asarray, state.params["policy"])
+  critic0 = jax.tree.map(np.asarray, state.params["critic"])
+  batch = built.hooks.collector.prompts.batch(0)
+  losses = []
+  for _ in range(3):  # the same prompts three times: the critic fits their returns
+    state, metrics = built.hooks.train_step(built.training, state.replace(step=state.step * 0), batch)
+    assert metrics["value_warmup"] == 1.0 and "pg_loss" not in metrics and "rm_score" in metrics
+    losses.append(metrics["value_loss"])
+  assert losses[-1] < losses[0], losses
+  for got, want in zip(jax.tree.leaves(state.params["policy"]), jax.tree.leaves(policy0)):
+    np.testing.assert_array_equal(np.asarray(got), want)  # frozen, bit for bit
+  assert any(not np.array_equal(np.asarray(g), w)
+             for g, w in zip(jax.tree.leaves(state.params["critic"]), jax.tree.leaves(critic0)))
+  # the critic started from the reward model: backbone as it is, the score head as the value head
+  from jaxpt.engine.saved_model import load_run
+  rm = load_run(config.ppo.critic_init)
+  for got, want in zip(jax.tree.leaves(critic0["backbone"]), jax.tree.leaves(rm.params["backbone"])):
+    np.testing.assert_array_equal(got, np.asarray(want))
+  np.testing.assert_array_equal(critic0["head"]["kernel"], np.asarray(rm.params["head"]["kernel"]))
+
+
+def test_run_logs_warmup_then_policy_updates(ppo_run):
+  _, _, workdir, result = ppo_run
+  rows = read_metrics(workdir)
+  assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+  assert [r["value_warmup"] for r in rows] == [1.0, 1.0, 0.0, 0.0]
+  for row in rows:
+    assert np.isfinite(row["value_loss"]) and row["response_length"] > 0
+    for key in ("rm_score", "reward_mean", "kl_ref", "vf_clip_frac", "return_mean"):
+      assert key in row, key
+  for row in rows[2:]:
+    assert abs(row["ppo_kl"]) < 0.05 and 0.0 <= row["clip_frac"] <= 1.0  # sampler and teacher forcing agree
+  assert abs(rows[0]["kl_ref"]) < 1e-6  # the policy has not moved yet (sampler vs teacher forcing: rounding)
+
+
+def test_resume_is_bitwise(ppo_run, tmp_path):
+  """Stopped after step 2 (the end of the warm-up) and resumed: params of policy and critic and both optimizer
+  states equal the uninterrupted run's, bit for bit."""
+  config, built, _, uninterrupted = ppo_run
+  workdir = str(tmp_path)
+  first = jaxpt.train("ppo", config, workdir, built=built, stop_at=2)
+  assert int(first.state.step) == 2
+  second = jaxpt.train("ppo", config, workdir, built=built)
+  assert int(second.state.step) == STEPS
+  got, want = (jax.tree.leaves((r.state.params, r.state.opt_state)) for r in (second, uninterrupted))
+  assert len(got) == len(want)
+  for a, b in zip(got, want):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_bad_input_names_the_field(runs, tmp_path):
+  sft, rm = runs
+  cases = [({"ppo.critic_init": sft}, "config.ppo.critic_init"),  # an LM run starts no critic
+           ({"ppo.critic_init": str(tmp_path / "none")}, "config.ppo.critic_init"),
+           ({"ppo.minibatches": 3}, "ppo.minibatches"),
+           ({"ppo.gamma": 1.5}, "config.ppo.gamma"),
+           ({"ppo.value_warmup_steps": STEPS}, "ppo.value_warmup_steps"),
+           ({"init_from": rm}, "init_from")]  # a reward model still starts no policy
+  for extra, field in cases:
+    with pytest.raises(ConfigError) as e:
+      jaxpt.build("ppo", ppo_config(sft, rm, **extra), str(tmp_path / "w"))
+    assert field in str(e.value) and "\n" not in str(e.value), (extra, str(e.value))
+
+
+def test_a_critic_in_a_grpo_run_is_refused():
+  from experiments.configs import grpo_tiny
+  from jaxpt.config import from_section
+  from jaxpt.trainers.grpo_config import GRPORunConfig
+
+  config = grpo_tiny.get_config()
+  config.ppo = {"critic_init": "/rm"}
+  with pytest.raises(ConfigError, match=r"^config\.ppo: unknown field"):
+    from_section(GRPORunConfig, config, "config")
