@@ -121,7 +121,13 @@ class Training:
   @functools.cached_property
   def _merge(self) -> Callable[[Any], Any]:
     scale = self.config.lora.scale
-    return jax.jit(lambda params: lora_lib.merge_params(params, scale))
+    return jax.jit(lambda params: lora_lib.merge_params(params, scale), out_shardings=self.merged_layout.params)
+
+  @property
+  def merged_layout(self) -> parallel.MeshLayout:
+    """`layout` for programs that read `merged_params` or `base_params` (the params' shardings without adapters)."""
+    layout = self.layout
+    return dataclasses.replace(layout, params=lora_lib.base_params(layout.params)) if self.lora else layout
 
   def base_params(self, params: Any) -> Any:
     """The base params, adapters off (the same arrays: no copy); `params` itself without LoRA."""

@@ -150,10 +150,10 @@ class TransformerLM(nn.Module):
     return outputs if len(outputs) > 1 else logits
 
 
-def init_params(config: ModelConfig, rng, seq_len: int = 8):
-  """Unboxed float parameters of `TransformerLM(config)` (a pytree of arrays)."""
+def init_params(config: ModelConfig, rng, seq_len: int = 8, model: TransformerLM | None = None):
+  """Unboxed float parameters of `TransformerLM(config)` (or of `model`, e.g. one with LoRA) (a pytree of arrays)."""
   tokens = jnp.zeros((1, seq_len), jnp.int32)
-  return nn.meta.unbox(TransformerLM(config).init(rng, tokens)["params"])
+  return nn.meta.unbox((model or TransformerLM(config)).init(rng, tokens)["params"])
 
 
 def param_count(params) -> int:
