@@ -8,15 +8,23 @@
 Keys: split(PRNGKey(seed)) -> (init, train); init -> (model, aux) when the trainer carries an aux state. Trainers
 differ only in what they pass: model and init arguments, the gradient, batch shapes, an aux state (the DIR
 estimator, the CLIPO head), the params subtree `init_from` fills, and the number of optimizer updates.
+
+LoRA (`config.lora.rank > 0`, the model built with `config.lora.spec()`): only the adapters and the top-level
+params subtrees `new_heads` (a reward head) train and have optimizer state (`Training.trainable`); the frozen base
+is kept in `lora.base_dtype`. `Training.merged_params` is the policy as the same model without LoRA reads it
+(samplers, evaluators built on `config.model` alone), `Training.base_params` the base, adapters off (the reference
+policy of DPO / GRPO, without a copy).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Iterator
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import Mesh
@@ -28,7 +36,8 @@ from jaxpt.engine.config import RunConfig
 from jaxpt.engine.init_from import init_params
 from jaxpt.engine.optim import decay_mask, make_optimizer
 from jaxpt.engine.sharded import ShardedTraining, compile_step, shard_training
-from jaxpt.engine.state import TrainState
+from jaxpt.engine.state import TrainState, trainable_part
+from jaxpt.nn import lora as lora_lib
 from jaxpt.engine.step import GradFn, LossFn, make_train_step
 
 HostBatchFn = Callable[[int, int, int], dict]  # (step, process_index, process_count) -> this process's rows
@@ -57,6 +66,7 @@ class Training:
   schedule: optax.Schedule
   sharded: ShardedTraining  # mesh, rules, shardings, the compiled step and its per-device memory
   init_from_subtree: str | None
+  trainable: Any = None  # LoRA: bools shaped like the params, True where they train (None: all train)
 
   @property
   def train_step(self) -> Callable[[TrainState, dict], tuple[TrainState, dict]]:
@@ -88,10 +98,40 @@ class Training:
     init_from, model = self.config.init_from, self.config.model
     if not init_from:
       return state
+
+    def start(template: Any) -> Any:  # LoRA: the base from init_from, this run's fresh adapters beside it
+      if not self.lora:
+        return init_params(init_from, model, template)
+      loaded = init_params(init_from, model, lora_lib.base_params(template))
+      return lora_lib.with_adapters(frozen_dtype(loaded, self.config), template)
+
     if self.init_from_subtree is None:
-      return state.replace(params=init_params(init_from, model, state.params))
-    subtree = init_params(init_from, model, state.params[self.init_from_subtree])
-    return state.replace(params={**state.params, self.init_from_subtree: subtree})
+      return state.replace(params=start(state.params))
+    return state.replace(params={**state.params, self.init_from_subtree: start(state.params[self.init_from_subtree])})
+
+  @property
+  def lora(self) -> bool:
+    return self.config.lora.enabled
+
+  def merged_params(self, params: Any) -> Any:
+    """The params as the model without LoRA reads them: W + s A B in place of each adapted kernel (jitted on the
+    mesh; `params` itself without LoRA)."""
+    return self._merge(params) if self.lora else params
+
+  @functools.cached_property
+  def _merge(self) -> Callable[[Any], Any]:
+    scale = self.config.lora.scale
+    return jax.jit(lambda params: lora_lib.merge_params(params, scale), out_shardings=self.merged_layout.params)
+
+  @property
+  def merged_layout(self) -> parallel.MeshLayout:
+    """`layout` for programs that read `merged_params` or `base_params` (the params' shardings without adapters)."""
+    layout = self.layout
+    return dataclasses.replace(layout, params=lora_lib.base_params(layout.params)) if self.lora else layout
+
+  def base_params(self, params: Any) -> Any:
+    """The base params, adapters off (the same arrays: no copy); `params` itself without LoRA."""
+    return lora_lib.base_params(params) if self.lora else params
 
   def put(self, batch: dict) -> dict:
     """A host batch every process holds whole -> global arrays laid out like the training batches."""
@@ -130,15 +170,16 @@ def build_training(config: RunConfig, mesh: Mesh, model: nn.Module, init_args: t
                    shapes: dict[str, jax.ShapeDtypeStruct], *, loss_fn: LossFn | None = None,
                    grad_fn: GradFn | None = None, weight_key: str = "num_tokens", total_steps: int | None = None,
                    init_aux: Callable[[jax.Array], Any] | None = None,
-                   init_from_subtree: str | None = None,
+                   init_from_subtree: str | None = None, new_heads: tuple[str, ...] = (),
                    optimizer: Callable[[Any, int], tuple[Any, optax.Schedule]] | None = None) -> Training:
   """Model params, optimizer and aux created sharded on `mesh`, and the shared step compiled for it.
 
   init_args: dummy inputs of `model.init` after the rng; shapes: the global batch shapes the step is compiled for;
   loss_fn / grad_fn: the gradient (see `jaxpt.engine.step.make_train_step`); total_steps: optimizer updates of the
-  schedule (default config.steps); init_aux(rng) -> the TrainState's aux (default None); optimizer(boxed params,
-  steps) -> (optimizer, schedule) replaces `config.optim`'s (`make_optimizer`), e.g. one optimizer per params
-  subtree (`jaxpt.engine.optim.partitioned`).
+  schedule (default config.steps); init_aux(rng) -> the TrainState's aux (default None); new_heads: top-level
+  params subtrees that train with LoRA on (module docstring); optimizer(boxed params, steps) -> (optimizer,
+  schedule) replaces `config.optim`'s (`make_optimizer`), e.g. one optimizer per params subtree
+  (`jaxpt.engine.optim.partitioned`; trainers that pass one do not take LoRA).
   """
   rules = config.mesh.logical_rules
   init_rng, train_rng = jax.random.split(jax.random.PRNGKey(config.seed))
@@ -146,20 +187,38 @@ def build_training(config: RunConfig, mesh: Mesh, model: nn.Module, init_args: t
   boxed = jax.eval_shape(model.init, model_rng, *init_args)["params"]
   parallel.check_param_divisibility(boxed, mesh, rules, config.mesh.rules)
   steps = config.steps if total_steps is None else total_steps
+  trainable = lora_trainable(boxed, new_heads) if config.lora.enabled else None
   if optimizer is None:
-    optimizer, schedule = make_optimizer(config.optim, steps, mask=decay_mask(boxed))
+    optimizer, schedule = make_optimizer(config.optim, steps, mask=trainable_part(decay_mask(boxed), trainable))
   else:
     optimizer, schedule = optimizer(boxed, steps)
 
   def init_fn() -> TrainState:
-    params = nn.meta.unbox(model.init(model_rng, *init_args)["params"])
+    params = frozen_dtype(nn.meta.unbox(model.init(model_rng, *init_args)["params"]), config, trainable)
     aux = init_aux(aux_rng) if init_aux is not None else None
-    return TrainState.create(params, optimizer, train_rng, aux=aux)
+    return TrainState.create(params, optimizer, train_rng, aux=aux, trainable=trainable)
 
   step_fn = make_train_step(loss_fn, optimizer, schedule, config.optim.grad_accum_steps, weight_key, grad_fn=grad_fn,
-                            skip_nonfinite=config.on_nonfinite == "skip")
+                            skip_nonfinite=config.on_nonfinite == "skip", trainable=trainable)
   # On CPU a checkpoint's host copy may alias device memory, so donate the state only on accelerators.
   sharded = shard_training(init_fn, step_fn, boxed, optimizer, mesh, rules, shapes,
-                           donate=jax.default_backend() != "cpu")
+                           donate=jax.default_backend() != "cpu", trainable=trainable)
   return Training(config=config, model=model, optimizer=optimizer, schedule=schedule, sharded=sharded,
-                  init_from_subtree=init_from_subtree)
+                  init_from_subtree=init_from_subtree, trainable=trainable)
+
+
+def lora_trainable(boxed: Any, new_heads: tuple[str, ...] = ()) -> Any:
+  """Bools shaped like the (unboxed) params: True at the LoRA adapters and under the top-level keys `new_heads`."""
+  is_adapter = nn.meta.unbox(lora_lib.adapter_mask(boxed))
+  return {key: jax.tree.map(lambda _: True, value) if key in new_heads else value for key, value in is_adapter.items()}
+
+
+def frozen_dtype(params: Any, config: RunConfig, trainable: Any = None) -> Any:
+  """LoRA with `lora.base_dtype` bfloat16: the frozen float leaves (all but the adapters, or those `trainable`
+  says do not train) cast to it; `params` unchanged otherwise."""
+  if not config.lora.enabled or config.lora.base_dtype == "float32":
+    return params
+  dtype = jnp.dtype(config.lora.base_dtype)
+  keep = trainable if trainable is not None else nn.meta.unbox(lora_lib.adapter_mask(params))
+  cast = lambda p, train: p if train or not jnp.issubdtype(p.dtype, jnp.floating) else p.astype(dtype)
+  return jax.tree.map(cast, params, keep)

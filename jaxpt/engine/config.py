@@ -13,6 +13,7 @@ import os
 from jaxpt.config import ConfigError, DataError, Section, as_dict, at_least, inline, section_values
 from jaxpt.models import hf, hf_config
 from jaxpt.models.config import ModelConfig
+from jaxpt.nn.lora import LoRAConfig
 from jaxpt.parallel.mesh import MeshConfig
 from jaxpt.engine.loop import LoopConfig
 from jaxpt.engine.optim import OptimConfig
@@ -40,6 +41,8 @@ class RunConfig(Section):
     allow_changes: comma-separated fields or sections ('steps,optim.learning_rate', 'optim', 'inputs') this launch
       may change when it resumes a run recorded with other values (`jaxpt.engine.record`); '' = resume only the run
       as recorded.
+    lora: low-rank adapters (`jaxpt.nn.lora`); rank 0 (the default) = off, every parameter trains. The fine-tuning
+      trainers take it (`Trainer.lora`); the others refuse a rank > 0.
   """
 
   loop: LoopConfig = inline(LoopConfig())
@@ -49,6 +52,7 @@ class RunConfig(Section):
   seed: int = 0
   init_from: str = ""
   allow_changes: str = ""
+  lora: LoRAConfig = LoRAConfig()
 
   @classmethod
   def prepare_values(cls, values: dict, path: str) -> dict:
@@ -67,10 +71,25 @@ class RunConfig(Section):
 
   def check(self) -> None:
     at_least(self, "seed", 0)
+    self.check_lora()
     if self.init_from:
       check_init_from(self.init_from)
     if self.init_from.startswith(hf.HF_PREFIX):
       check_hf_model(self.init_from, self.model)
+
+  def check_lora(self) -> None:
+    """ConfigError naming lora.rank for a trainer without adapters (`Trainer.lora`) or a rank above a targeted
+    projection's dims, lora.targets for a projection the model lacks (MoE experts)."""
+    if not self.lora.enabled:
+      return
+    trainer = trainer_of(type(self))
+    if trainer is not None and not trainer.lora:
+      raise ConfigError("lora.rank", f"jaxpt {trainer.name} trains every parameter; LoRA is for jaxpt "
+                        f"{trainer_list(lambda t: t.lora)}", self.lora.rank)
+    try:
+      self.lora.check_dims(self.model.projection_dims(), " (MoE experts have none)" if self.model.num_experts else "")
+    except ConfigError as e:
+      raise e.under("lora") from None
 
   def check_batch_split(self, rows: int, rows_field: str) -> None:
     """ConfigError naming optim.grad_accum_steps when it does not divide the `rows` of a step's batch."""

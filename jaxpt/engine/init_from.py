@@ -19,13 +19,17 @@ from typing import Any
 
 import jax
 from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxpt.config import ConfigError, DataError
 from jaxpt.data import tokenizer as tokenizer_lib
 from jaxpt.models import hf
 from jaxpt.models.config import ModelConfig
-from jaxpt.models.transformer import init_params as init_params_of
+from jaxpt.models.transformer import TransformerLM, init_params as init_params_of
+from jaxpt.nn import lora as lora_lib
 from jaxpt.engine.checkpoint import check_run_params, load_run_params
+from jaxpt.engine.record import CONFIG_FILE, recorded_config
+from jaxpt.engine.saved_model import recorded_lora
 
 FIELD = "config.init_from"
 
@@ -40,12 +44,28 @@ def init_params(init_from: str, model_config: ModelConfig, template: Any) -> Any
   ConfigError naming config.init_from for a checkpoint that does not fit."""
   directory = hf_directory(init_from)
   if directory is None:
-    return load_run_params(init_from, template, FIELD)
+    return run_params(init_from, model_config, template)
   shardings = jax.tree.map(lambda leaf: leaf.sharding, template)
   try:
     return hf.load_params(directory, model_config, shardings=shardings)
   except DataError as e:
     raise ConfigError(FIELD, str(e), init_from) from None
+
+
+def run_params(workdir: str, model_config: ModelConfig, template: Any) -> Any:
+  """The latest params of the jaxpt run in `workdir` as `template` has them; a LoRA run's adapters (restored
+  replicated) merged into its kernels."""
+  path = os.path.expanduser(workdir)
+  lora = recorded_lora(recorded_config(path)) if os.path.isfile(os.path.join(path, CONFIG_FILE)) else None
+  if lora is None or not lora.enabled:
+    return load_run_params(workdir, template, FIELD)
+  model = TransformerLM(model_config, lora=lora.spec())
+  adapted = jax.eval_shape(lambda: init_params_of(model_config, jax.random.PRNGKey(0), model=model))
+  shardings = jax.tree.map(lambda leaf: leaf.sharding, template)
+  replicated = NamedSharding(jax.tree.leaves(shardings)[0].mesh, PartitionSpec())
+  adapters = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=replicated), adapted)
+  restored = load_run_params(workdir, lora_lib.with_adapters(template, adapters), FIELD)
+  return jax.jit(lambda p: lora_lib.merge_params(p, lora.scale), out_shardings=shardings)(restored)
 
 
 def _source_tokenizer_dir(init_from: str) -> str:

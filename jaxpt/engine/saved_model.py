@@ -20,6 +20,8 @@ from jaxpt.models import hf, hf_config
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.reward import RewardModel
 from jaxpt.models.transformer import TransformerLM
+from jaxpt.nn import lora as lora_lib
+from jaxpt.nn.lora import LoRAConfig
 from jaxpt.parallel.rules import get_rules
 from jaxpt.parallel.sharding import param_shardings
 from jaxpt.engine.checkpoint import Checkpointer
@@ -32,7 +34,7 @@ LOADABLE = ("lm", "reward")  # the `Trainer.model` kinds a saved model can be
 @dataclasses.dataclass(eq=False)
 class SavedModel:
   """A run's model at one checkpoint: `TransformerLM` params (kind 'lm') or `RewardModel` params (kind 'reward',
-  `num_scores` heads: 2 for ODIN, quality then length)."""
+  `num_scores` heads: 2 for ODIN, quality then length); a LoRA run's adapters merged into its kernels."""
 
   config: ModelConfig
   params: Any
@@ -89,6 +91,11 @@ def run_model_config(recorded: dict, overrides: dict) -> ModelConfig:
   return from_section(ModelConfig, {**recorded["model"], **overrides}, "model")
 
 
+def recorded_lora(recorded: dict) -> LoRAConfig:
+  """The `lora` section a run's config.json records (rank 0, off, for runs recorded before it existed)."""
+  return from_section(LoRAConfig, recorded.get("lora"), "lora")
+
+
 def num_scores_of(recorded: dict) -> int:
   """The score heads of a reward-model run (its config.json `recorded` has an `rm` section): 2 for ODIN (quality,
   length), else 1."""
@@ -103,12 +110,13 @@ def load_run(workdir: str, step: int | None = None, mesh: Mesh | None = None, ru
   recorded = recorded_config(workdir)
   model_kind = loadable_model(workdir, recorded_trainer(recorded))
   config = run_model_config(recorded, overrides or {})
+  lora = recorded_lora(recorded)
   if model_kind == "reward":
     num_scores = num_scores_of(recorded)
-    module = RewardModel(config, num_scores=num_scores)
+    module = RewardModel(config, num_scores=num_scores, lora=lora.spec())
     init_args = (jnp.zeros((1, 1), jnp.int32), jnp.zeros((1,), jnp.int32))
   else:
-    num_scores, module = 1, TransformerLM(config)
+    num_scores, module = 1, TransformerLM(config, lora=lora.spec())
     init_args = (jnp.zeros((1, 1), jnp.int32),)
   boxed = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), *init_args))["params"]
   template = nn.meta.unbox(boxed)
@@ -131,6 +139,8 @@ def load_run(workdir: str, step: int | None = None, mesh: Mesh | None = None, ru
     params = checkpointer.restore_params(template, step)
   finally:
     checkpointer.close()
+  if lora.enabled:  # a LoRA run: its adapters merged into the kernels (the model without LoRA reads them)
+    params = lora_lib.merge_params(params, lora.scale)
   directory = run_tokenizer_dir(workdir, recorded)
   prompt_format = (recorded.get("task") or recorded.get("data") or {}).get("prompt_format", "plain")
   return SavedModel(config, params, maybe_tokenizer(directory), kind=model_kind, num_scores=num_scores,

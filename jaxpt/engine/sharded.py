@@ -20,7 +20,7 @@ from jaxpt.parallel.memory import compiled_memory
 from jaxpt.parallel.rules import Rules
 from jaxpt.parallel.sharding import (batch_sharding, param_shardings, replicated, state_shardings,
                                      with_activation_sharding)
-from jaxpt.engine.state import TrainState
+from jaxpt.engine.state import TrainState, trainable_part
 
 
 @dataclasses.dataclass
@@ -39,10 +39,13 @@ def _with_sharding(abstract: Any, sharding: Any) -> Any:
 
 
 def train_state_sharding(init_fn: Callable[[], TrainState], boxed_params: Any,
-                         optimizer: optax.GradientTransformation, mesh: Mesh, rules: Rules) -> tuple[Any, Any]:
-  """(abstract TrainState, TrainState of NamedShardings) of `init_fn()`, without running it."""
+                         optimizer: optax.GradientTransformation, mesh: Mesh, rules: Rules,
+                         trainable: Any = None) -> tuple[Any, Any]:
+  """(abstract TrainState, TrainState of NamedShardings) of `init_fn()`, without running it; `trainable`: the
+  mask of the params the optimizer sees (`jaxpt.engine.state.trainable_part`; None: all)."""
   abstract_state = jax.eval_shape(init_fn)
-  return abstract_state, state_shardings(abstract_state, param_shardings(boxed_params, mesh, rules), optimizer, mesh)
+  params = param_shardings(boxed_params, mesh, rules)
+  return abstract_state, state_shardings(abstract_state, params, optimizer, mesh, trainable_part(params, trainable))
 
 
 def sharded_init(init_fn: Callable[[], TrainState], sharding: Any, mesh: Mesh,
@@ -53,14 +56,16 @@ def sharded_init(init_fn: Callable[[], TrainState], sharding: Any, mesh: Mesh,
 
 def shard_training(init_fn: Callable[[], TrainState], step_fn: Callable, boxed_params: Any,
                    optimizer: optax.GradientTransformation, mesh: Mesh, rules: Rules,
-                   batch_shapes: dict[str, jax.ShapeDtypeStruct], donate: bool = False) -> ShardedTraining:
+                   batch_shapes: dict[str, jax.ShapeDtypeStruct], donate: bool = False,
+                   trainable: Any = None) -> ShardedTraining:
   """Jits `init_fn` with out_shardings and compiles `step_fn` with in/out shardings on `mesh` under `rules`.
 
   init_fn() -> TrainState with unboxed params; boxed_params: `jax.eval_shape(model.init, ...)["params"]` (its
   logical names give the parameter shardings; optimizer moments follow their parameters, the rest is replicated).
   batch_shapes: global shapes `[B, ...]` of the batch leaves. Both functions trace with the activation rules on.
+  trainable: the mask of the params the optimizer sees (None: all).
   """
-  abstract_state, sharding = train_state_sharding(init_fn, boxed_params, optimizer, mesh, rules)
+  abstract_state, sharding = train_state_sharding(init_fn, boxed_params, optimizer, mesh, rules, trainable)
   init_state = sharded_init(init_fn, sharding, mesh, rules)
   batch_sh = batch_sharding(mesh, rules)
   compiled = compile_step(step_fn, abstract_state, sharding, batch_sh, mesh, rules, batch_shapes, donate)

@@ -2,7 +2,9 @@
 
 Every trainer uses it; only the gradient differs: `loss_fn(params, batch, rng) -> (loss, metrics)` (LM, policy
 losses), or a `grad_fn(params, aux, batch, rng) -> (grads, aux, metrics)` that also updates the state's `aux` (the
-reward model's DIR estimator).
+reward model's DIR estimator). With a `trainable` mask (LoRA) only the trainable part of the params is updated and
+has optimizer state; the gradient function still sees the whole params, and the gradients of the frozen leaves,
+never read, are removed from the compiled step by XLA (no weight-gradient matmuls for the frozen base).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxpt.engine.state import TrainState
+from jaxpt.engine.state import TrainState, trainable_part, with_part
 
 LossFn = Callable[[Any, dict, jax.Array], tuple[jax.Array, dict]]
 GradFn = Callable[[Any, Any, dict, jax.Array], tuple[Any, Any, dict]]  # (params, aux, batch, rng) -> grads, aux, m
@@ -98,32 +100,43 @@ def all_finite(tree: Any) -> jax.Array:
 
 def make_train_step(loss_fn: LossFn | None, optimizer: optax.GradientTransformation, schedule: optax.Schedule,
                     grad_accum_steps: int = 1, weight_key: str = "num_tokens", *, grad_fn: GradFn | None = None,
-                    skip_nonfinite: bool = False) -> TrainStep:
+                    skip_nonfinite: bool = False, trainable: Any = None) -> TrainStep:
   """Returns `train_step(state, batch) -> (state, metrics)` (un-jitted); metrics gain `grad_norm`, `lr` and
   `nonfinite` (1.0 when the loss, the gradient norm or an updated parameter is NaN or inf, else 0.0).
 
   The gradient comes from `loss_fn(params, batch, rng) -> (loss, metrics)`, or from `grad_fn(params, aux, batch,
   rng) -> (grads, aux, metrics)` for a step that also updates `state.aux` (give exactly one). With `skip_nonfinite`
   a non-finite step keeps the old params, optimizer state and aux (the step count still advances). The step's
-  randomness is `fold_in(state.rng, state.step)`, so it depends only on the step number.
+  randomness is `fold_in(state.rng, state.step)`, so it depends only on the step number. `trainable`: a tree of
+  bools shaped like the params (None: all train); `optimizer` then works on `trainable_part(params, trainable)`, and
+  `grad_norm` and the finiteness check cover that part.
   """
   if (loss_fn is None) == (grad_fn is None):
     raise ValueError("make_train_step: give exactly one of loss_fn and grad_fn")
   grad_fn = grad_fn or grad_fn_of(loss_fn)
 
   def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
-    grads, aux, metrics = accumulate(grad_fn, state.params, state.aux, batch, state.step_rng(), grad_accum_steps,
+    part = trainable_part(state.params, trainable)
+
+    def part_grad_fn(part: Any, aux: Any, batch: dict, rng: jax.Array) -> tuple[Any, Any, dict]:
+      if trainable is None:
+        return grad_fn(part, aux, batch, rng)
+      grads, aux, metrics = grad_fn(with_part(state.params, part), aux, batch, rng)
+      return trainable_part(grads, trainable), aux, metrics
+
+    grads, aux, metrics = accumulate(part_grad_fn, part, state.aux, batch, state.step_rng(), grad_accum_steps,
                                      weight_key)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    updates, opt_state = optimizer.update(grads, state.opt_state, part)
+    new_part = optax.apply_updates(part, updates)
     grad_norm = optax.global_norm(grads)
-    finite = jnp.isfinite(grad_norm) & all_finite(params) & jnp.isfinite(metrics.get("loss", 0.0))
-    new = (params, opt_state, aux)
+    finite = jnp.isfinite(grad_norm) & all_finite(new_part) & jnp.isfinite(metrics.get("loss", 0.0))
+    new = (new_part, opt_state, aux)
     if skip_nonfinite:
-      new = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, (state.params, state.opt_state, state.aux))
+      new = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, (part, state.opt_state, state.aux))
     metrics = dict(metrics, grad_norm=grad_norm, lr=jnp.asarray(schedule(state.step), jnp.float32),
                    nonfinite=1.0 - finite.astype(jnp.float32))
-    params, opt_state, aux = new
+    new_part, opt_state, aux = new
+    params = with_part(state.params, new_part) if trainable is not None else new_part
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state, aux=aux), metrics
 
   return train_step

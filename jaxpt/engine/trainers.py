@@ -45,6 +45,7 @@ class Trainer:
     starts_runs: whether its runs may be another run's `init_from`.
     eval_set: the config field whose 0 means the run has no eval set ('' = it always has one).
     config_module: the module defining `config_class`, when not `module` ('' = `module`).
+    lora: whether it trains LoRA adapters when `config.lora.rank > 0` (`jaxpt.nn.lora`); the others refuse them.
   """
 
   name: str
@@ -57,6 +58,7 @@ class Trainer:
   starts_runs: bool = True
   eval_set: str = ""
   config_module: str = ""
+  lora: bool = False
 
   def _attribute(self, name: str) -> Any:
     return getattr(importlib.import_module(self.module), name)
@@ -88,16 +90,17 @@ for _trainer in (
     Trainer("sft", "Supervised fine-tuning on a math task (response-only loss; answer accuracy in the eval).",
             "jaxpt.trainers.sft", "SFTRunConfig", ("loss", "eval_loss", "eval_answer_accuracy", "eval_sample_accuracy"),
             "lm",
-            eval_set="data.eval_batches"),
+            eval_set="data.eval_batches", lora=True),
     Trainer("grpo", "GRPO / CLIPO post-training with KV-cache rollouts and verifiable rewards.",
             "jaxpt.trainers.grpo", "GRPORunConfig", ("reward_mean", "accuracy", "eval_accuracy*"), "lm",
-            eval_set="data.eval_prompts", config_module="jaxpt.trainers.grpo_config"),
+            eval_set="data.eval_prompts", config_module="jaxpt.trainers.grpo_config", lora=True),
     Trainer("ppo", "PPO with a learned critic (from a reward-model run or the policy), GAE and KL-shaped rewards.",
             "jaxpt.trainers.ppo", "PPORunConfig", ("reward_mean", "accuracy", "value_loss", "eval_accuracy*"),
             "actor_critic", starts_runs=False, eval_set="data.eval_prompts", config_module="jaxpt.trainers.ppo_config"),
     Trainer("rm", "Train a reward model (Bradley-Terry, DIR, ODIN) and write its evaluation report.",
             "jaxpt.trainers.rm", "RMRunConfig", ("loss", "accuracy", "eval_accuracy", "eval_pearson_score_length",
-                                                 "eval_spearman_score_length"), "reward", starts_runs=False),
+                                                 "eval_spearman_score_length"), "reward", starts_runs=False,
+            lora=True),
     Trainer("vit", "Train a ViT image classifier (any residual scheme; top-1 on the test split in the eval).",
             "jaxpt.trainers.vit", "ViTRunConfig", ("loss", "eval_loss", "eval_top1", "eval_val_top1"), "vit"),
     Trainer("dit", "Train a class-conditional DiT (pre or siamese_post_pre; the diffusion loss in the eval).",
@@ -105,9 +108,10 @@ for _trainer in (
             "dit"),
     Trainer("dpo", "DPO (optionally + DIR) of a language model on preference pairs; implicit-reward eval report.",
             "jaxpt.trainers.dpo", "DPORunConfig", ("loss", "accuracy", "eval_accuracy", "eval_pearson_score_length",
-                                                   "eval_pearson_margin_length"), "lm"),
+                                                   "eval_pearson_margin_length"), "lm", lora=True),
     Trainer("kto", "KTO of a language model on unpaired desirable / undesirable examples; implicit-reward eval report.",
-            "jaxpt.trainers.kto", "KTORunConfig", ("loss", "kl", "eval_accuracy", "eval_pearson_score_length"), "lm"),
+            "jaxpt.trainers.kto", "KTORunConfig", ("loss", "kl", "eval_accuracy", "eval_pearson_score_length"), "lm",
+            lora=True),
 ):
   TRAINERS.add(_trainer.name, _trainer)
 

@@ -31,6 +31,8 @@ The block-end updates x <- xh' + m/c, y <- y' + m stay two XLA-fused adds.
 
 from __future__ import annotations
 
+import dataclasses
+
 import flax.linen as nn
 import jax.numpy as jnp
 
@@ -38,6 +40,7 @@ from jaxpt.models import fused
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.hyper_connections import STREAM_AXES, HyperConnection, read_streams, write_streams
 from jaxpt.nn.attention import Attention, LayerCache
+from jaxpt.nn.lora import LoRA
 from jaxpt.nn.mlp import MLP
 from jaxpt.nn.moe import MoE
 from jaxpt.nn.norms import NormParams, make_norm
@@ -52,10 +55,17 @@ def depth_scale(layer_index):
 
 
 class ResidualBlock(nn.Module):
-  """Shared sub-layer factories; subclasses implement one residual scheme in `__call__`."""
+  """Shared sub-layer factories; subclasses implement one residual scheme in `__call__`. `lora`: adapters on the
+  attention and MLP projections it targets (`jaxpt.nn.lora`; not on MoE experts)."""
 
   config: ModelConfig
   deterministic: bool = True
+  lora: LoRA | None = None
+
+  @property
+  def adapters(self) -> LoRA | None:
+    """`lora` with its dropout on iff this block's is."""
+    return None if self.lora is None else dataclasses.replace(self.lora, deterministic=self.deterministic)
 
   @property
   def compute_dtype(self):
@@ -78,7 +88,7 @@ class ResidualBlock(nn.Module):
                     norm_eps=cfg.norm_eps, query_chunk=cfg.attention_query_chunk, impl=cfg.attention_impl,
                     dtype=self.compute_dtype,
                     param_dtype=jnp.dtype(cfg.param_dtype), qkv_bias=cfg.qkv_bias, out_bias=cfg.attn_out_bias,
-                    rope_scaling=cfg.rope_scaling_params, causal=cfg.causal, rope=cfg.rope,
+                    rope_scaling=cfg.rope_scaling_params, causal=cfg.causal, rope=cfg.rope, lora=self.adapters,
                     name="attn")(h, positions, segment_ids, cache)
     out, kv = (out, None) if cache is None else out
     return self.dropout(out), kv
@@ -91,7 +101,7 @@ class ResidualBlock(nn.Module):
                   dtype=self.compute_dtype, param_dtype=jnp.dtype(cfg.param_dtype), name="mlp")
     else:
       layer = MLP(mlp_dim=cfg.mlp_dim, mlp_type=cfg.mlp_type, dtype=self.compute_dtype,
-                  param_dtype=jnp.dtype(cfg.param_dtype), use_bias=cfg.mlp_bias, name="mlp")
+                  param_dtype=jnp.dtype(cfg.param_dtype), use_bias=cfg.mlp_bias, lora=self.adapters, name="mlp")
     return self.dropout(layer(h))
 
   def dropout(self, t):

@@ -149,6 +149,14 @@ class ModelConfig(Section):
       return 2
     return self.hc_streams if self.norm_scheme in HYPER_CONNECTION_SCHEMES else 1
 
+  def projection_dims(self) -> dict[str, tuple[int, int]]:
+    """(in, out) features of each projection LoRA can adapt (`jaxpt.nn.lora.PROJECTIONS`; no mlp_* with MoE)."""
+    heads, kv = self.num_heads * self.resolved_head_dim, self.num_kv_heads * self.resolved_head_dim
+    dims = {"q": (self.d_model, heads), "k": (self.d_model, kv), "v": (self.d_model, kv), "o": (heads, self.d_model)}
+    if not self.num_experts:
+      dims.update(mlp_in=(self.d_model, self.mlp_dim), mlp_out=(self.mlp_dim, self.d_model))
+    return dims
+
   def check(self) -> None:
     """ConfigError (relative field name) for an impossible combination; `jaxpt.config.from_section` calls it."""
     for field in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "mlp_dim", "max_seq_len",

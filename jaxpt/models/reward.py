@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM
 from jaxpt.nn.dense import Dense
+from jaxpt.nn.lora import LoRA
 
 
 def gather_last(hidden: jax.Array, last_index: jax.Array) -> jax.Array:
@@ -31,14 +32,16 @@ class RewardModel(nn.Module):
   """`__call__(tokens [B, S], last_index [B]) -> (scores [B] or [B, num_scores], hidden [B, d_model])`.
 
   `features` and `score` are the two halves (backbone + gather; head), for trainers that differentiate them
-  separately. Scores and the head are float32 whatever the backbone's compute dtype.
+  separately. Scores and the head are float32 whatever the backbone's compute dtype. `lora`: the backbone's
+  adapters (`jaxpt.nn.lora`; the head is never adapted).
   """
 
   config: ModelConfig
   num_scores: int = 1
+  lora: LoRA | None = None
 
   def setup(self):
-    self.backbone = TransformerLM(self.config)
+    self.backbone = TransformerLM(self.config, lora=self.lora)
     self.head = Dense((self.num_scores,), ("embed", None), dtype=jnp.float32, param_dtype=jnp.float32)
 
   def features(self, tokens: jax.Array, last_index: jax.Array, deterministic: bool = True) -> jax.Array:

@@ -28,6 +28,7 @@ from jaxpt.models.config import ModelConfig
 from jaxpt.nn.attention import KVCache, LayerCache, write_slots
 from jaxpt.models.blocks import BLOCKS, RESIDUAL_AXES, OutputMerge
 from jaxpt.nn.dense import Dense, matmul
+from jaxpt.nn.lora import LoRA
 from jaxpt.registry import Registry
 
 CHECKPOINT_POLICIES = {  # the jax.checkpoint policy of each ModelConfig.remat mode but "none" (no remat)
@@ -43,12 +44,13 @@ class DecoderStack(nn.Module):
   (`jaxpt.models.dit`), whose second input is the conditioning c [batch, d_model] where the LM's blocks read
   `positions`: every layer reads it unchanged.
   With `cache` (a `KVCache`) and `cache_index`: -> (streams, cache with the new tokens' K/V and segment ids written
-  at slots cache_index ..); `segment_ids` [batch, seq] default to 1.
+  at slots cache_index ..); `segment_ids` [batch, seq] default to 1. `lora`: every block's adapters (None: none).
   """
 
   config: ModelConfig
   deterministic: bool = True
   blocks: Registry = BLOCKS
+  lora: LoRA | None = None
 
   @nn.compact
   def __call__(self, streams, positions, segment_ids=None, cache: KVCache | None = None, cache_index=None):
@@ -73,18 +75,19 @@ class DecoderStack(nn.Module):
     """-> streams, or (streams, (keys, values)) with one entry per layer when `cache` (a stacked `LayerCache` for
     scanned layers, a list of them for unrolled ones) is given."""
     cfg = self.config
+    adapters = {} if self.lora is None else {"lora": self.lora}  # DiT's blocks take none
     if cfg.scan_layers:
       cache_axes = nn.broadcast if cache is None else LayerCache(0, 0, nn.broadcast, nn.broadcast)
       scanned = nn.scan(block, variable_axes={"params": 0, "losses": 0},
                         split_rngs={"params": True, "dropout": True},
                         in_axes=(0, nn.broadcast, nn.broadcast, cache_axes), length=cfg.num_layers,
                         metadata_params={nn.PARTITION_NAME: "layers"})
-      streams, kv = scanned(cfg, self.deterministic, name="layers")(
+      streams, kv = scanned(cfg, self.deterministic, name="layers", **adapters)(
           streams, jnp.arange(cfg.num_layers), positions, segment_ids, cache)
       return streams if cache is None else (streams, kv)
     kvs = []
     for layer in range(cfg.num_layers):
-      streams, kv = block(cfg, self.deterministic, name=f"layers_{layer}")(
+      streams, kv = block(cfg, self.deterministic, name=f"layers_{layer}", **adapters)(
           streams, jnp.asarray(layer), positions, segment_ids, None if cache is None else cache[layer])
       kvs.append(kv)
     return streams if cache is None else (streams, tuple(zip(*kvs)))
@@ -97,7 +100,11 @@ def init_cache(config: ModelConfig, batch: int, max_len: int) -> KVCache:
 
 
 class TransformerLM(nn.Module):
+  """The LM of the module docstring; `lora` (`jaxpt.nn.lora.LoRA`) adds adapters to the projections it targets
+  (the same model with lora=None reads the base params, adapters off: `jaxpt.nn.lora.base_params`)."""
+
   config: ModelConfig
+  lora: LoRA | None = None
 
   @nn.compact
   def __call__(self, tokens, positions=None, segment_ids=None, deterministic: bool = True,
@@ -124,10 +131,10 @@ class TransformerLM(nn.Module):
     x = nn.with_logical_constraint(x, RESIDUAL_AXES)
     streams = (x,) * cfg.num_streams
     if cache is None:
-      streams = DecoderStack(cfg, deterministic, name="decoder")(streams, positions, segment_ids)
+      streams = DecoderStack(cfg, deterministic, lora=self.lora, name="decoder")(streams, positions, segment_ids)
     else:
-      streams, cache = DecoderStack(cfg, deterministic, name="decoder")(streams, positions, segment_ids, cache,
-                                                                        cache_index)
+      streams, cache = DecoderStack(cfg, deterministic, lora=self.lora, name="decoder")(
+          streams, positions, segment_ids, cache, cache_index)
     hidden = OutputMerge(cfg, name="output")(streams)
     projected = hidden[:, -1:] if last_logits_only else hidden
     if cfg.tie_embeddings:  # one 2-D matmul [tokens, d] x [d, vocab] (see jaxpt.nn.dense)
@@ -143,10 +150,10 @@ class TransformerLM(nn.Module):
     return outputs if len(outputs) > 1 else logits
 
 
-def init_params(config: ModelConfig, rng, seq_len: int = 8):
-  """Unboxed float parameters of `TransformerLM(config)` (a pytree of arrays)."""
+def init_params(config: ModelConfig, rng, seq_len: int = 8, model: TransformerLM | None = None):
+  """Unboxed float parameters of `TransformerLM(config)` (or of `model`, e.g. one with LoRA) (a pytree of arrays)."""
   tokens = jnp.zeros((1, seq_len), jnp.int32)
-  return nn.meta.unbox(TransformerLM(config).init(rng, tokens)["params"])
+  return nn.meta.unbox((model or TransformerLM(config)).init(rng, tokens)["params"])
 
 
 def param_count(params) -> int:

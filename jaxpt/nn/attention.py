@@ -28,6 +28,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxpt.nn.dense import Dense
+from jaxpt.nn.lora import LoRA
 from jaxpt.nn.norms import RMSNorm
 from jaxpt.nn.rope import Llama3Scaling, apply_rope
 
@@ -189,6 +190,7 @@ class Attention(nn.Module):
   rope_scaling: Llama3Scaling | None = None
   causal: bool = True
   rope: bool = True
+  lora: LoRA | None = None  # adapters on the projections it targets (q, k, v, o; `jaxpt.nn.lora`)
 
   @nn.compact
   def __call__(self, x, positions, segment_ids=None, cache: LayerCache | None = None):
@@ -200,17 +202,17 @@ class Attention(nn.Module):
     """
     d_model = x.shape[-1]
 
-    def projection(heads, axes, name):
+    def projection(heads, axes, name, target):
       return Dense((heads, self.head_dim), axes, dtype=self.dtype, param_dtype=self.param_dtype,
-                   use_bias=self.qkv_bias, name=name)(x)
+                   use_bias=self.qkv_bias, lora=self.adapter(target), name=name)(x)
 
     def head_norm(t, name):
       return RMSNorm(eps=self.norm_eps, dtype=self.dtype, param_dtype=self.param_dtype, axis_name="kv",
                      name=name)(t)
 
-    q = projection(self.num_heads, ("embed", "heads", "kv"), "query")
-    k = projection(self.num_kv_heads, ("embed", "kv_heads", "kv"), "key")
-    v = projection(self.num_kv_heads, ("embed", "kv_heads", "kv"), "value")
+    q = projection(self.num_heads, ("embed", "heads", "kv"), "query", "q")
+    k = projection(self.num_kv_heads, ("embed", "kv_heads", "kv"), "key", "k")
+    v = projection(self.num_kv_heads, ("embed", "kv_heads", "kv"), "value", "v")
     if self.qk_norm:
       q, k = head_norm(q, "query_norm"), head_norm(k, "key_norm")
     if self.v_norm:
@@ -238,5 +240,8 @@ class Attention(nn.Module):
       mask = cache.mask(x.shape[1], segment_ids)
       out = grouped_attention(q, k, v, mask)
     out = Dense((d_model,), ("heads", "kv", "embed"), num_in_axes=2, dtype=self.dtype,
-                param_dtype=self.param_dtype, use_bias=self.out_bias, name="out")(out)
+                param_dtype=self.param_dtype, use_bias=self.out_bias, lora=self.adapter("o"), name="out")(out)
     return out if cache is None else (out, (k, v))
+
+  def adapter(self, target: str) -> LoRA | None:
+    return None if self.lora is None else self.lora.at(target)

@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxpt.nn.lora import LORA_AXIS, LoRA, kaiming_uniform_init, lora_delta
+
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def matmul(x, w, out_dtype=None):
@@ -68,6 +70,7 @@ def dense_init(logical_axes: Sequence[str], num_in_axes: int = 1):
 class Dense(nn.Module):
   """y = x W (+ b with `use_bias`): `[..., *in_shape] -> [..., *out_shape]`, kernel `[*in_shape, *out_shape]`,
   bias `[*out_shape]` (init 0). With `zero_init` the kernel starts at 0 too (DiT's adaLN-Zero and output layers).
+  With `lora` it adds s (dropout(x) A) B, A `[*in_shape, r]`, B `[r, *out_shape]` (`jaxpt.nn.lora`).
 
   `logical_axes` names every kernel axis (in axes first); `num_in_axes` trailing axes of x are contracted.
   """
@@ -79,6 +82,7 @@ class Dense(nn.Module):
   param_dtype: Any = jnp.float32
   use_bias: bool = False
   zero_init: bool = False
+  lora: LoRA | None = None
 
   @nn.compact
   def __call__(self, x):
@@ -89,7 +93,10 @@ class Dense(nn.Module):
     kernel = self.param("kernel", init, in_shape + out_shape, self.param_dtype)
     lead = x.shape[:x.ndim - self.num_in_axes]
     fan_in, fan_out = math.prod(in_shape), math.prod(out_shape)
-    y = matmul(x.reshape(-1, fan_in).astype(self.dtype), kernel.reshape(fan_in, fan_out).astype(self.dtype))
+    flat = x.reshape(-1, fan_in).astype(self.dtype)
+    y = matmul(flat, kernel.reshape(fan_in, fan_out).astype(self.dtype))
+    if self.lora is not None:
+      y = y + self.adapter(flat, in_shape, out_shape)
     y = y.reshape(lead + out_shape)
     if self.use_bias:
       bias_axes = tuple(self.logical_axes[self.num_in_axes:])
@@ -97,3 +104,15 @@ class Dense(nn.Module):
                         self.param_dtype)
       y = y + bias.astype(self.dtype)
     return y
+
+  def adapter(self, flat, in_shape, out_shape):
+    """s (dropout(x) A) B for x flattened to [tokens, k] -> [tokens, n]; A, B float32 params."""
+    lora, axes = self.lora, tuple(self.logical_axes)
+    in_axes, out_axes = axes[:self.num_in_axes] + (LORA_AXIS,), (LORA_AXIS,) + axes[self.num_in_axes:]
+    a = self.param("lora_a", nn.with_logical_partitioning(kaiming_uniform_init(len(in_shape)), in_axes),
+                   in_shape + (lora.rank,), jnp.float32)
+    b = self.param("lora_b", nn.with_logical_partitioning(nn.initializers.zeros, out_axes), (lora.rank,) + out_shape,
+                   jnp.float32)
+    if lora.dropout > 0:
+      flat = nn.Dropout(rate=lora.dropout)(flat, deterministic=lora.deterministic)
+    return lora_delta(flat, a.reshape(-1, lora.rank), b.reshape(lora.rank, -1), lora.scale)

@@ -50,19 +50,21 @@ def check_param_divisibility(boxed_params: Any, mesh: Mesh, rules: Rules, rules_
 
 
 def state_shardings(abstract_state: Any, params_sharding: Any, optimizer: optax.GradientTransformation,
-                    mesh: Mesh) -> Any:
+                    mesh: Mesh, optimized_sharding: Any = None) -> Any:
   """Shardings of a TrainState: params as given, optimizer moments like their params, the rest (step, rng, aux)
-  replicated. An optimizer with `parts` (name -> optimizer of params[name]: `jaxpt.engine.optim.partitioned`) has
-  a state {name: that optimizer's state}."""
+  replicated. `optimized_sharding`: the shardings of the params the optimizer sees, when only a part of them
+  (LoRA's trainable part; default `params_sharding`). An optimizer with `parts` (name -> optimizer of
+  params[name]: `jaxpt.engine.optim.partitioned`) has a state {name: that optimizer's state}."""
   rep = replicated(mesh)
   is_sharding = lambda x: isinstance(x, NamedSharding)
+  optimized = params_sharding if optimized_sharding is None else optimized_sharding
   parts = getattr(optimizer, "parts", None)  # one optimizer per top-level params subtree (jaxpt.engine.optim)
   if parts is not None:
-    opt = {name: optax.tree_map_params(part, lambda _, s: s, abstract_state.opt_state[name], params_sharding[name],
+    opt = {name: optax.tree_map_params(part, lambda _, s: s, abstract_state.opt_state[name], optimized[name],
                                        transform_non_params=lambda _: rep, is_leaf=is_sharding)
            for name, part in parts.items()}
   else:
-    opt = optax.tree_map_params(optimizer, lambda _, s: s, abstract_state.opt_state, params_sharding,
+    opt = optax.tree_map_params(optimizer, lambda _, s: s, abstract_state.opt_state, optimized,
                                 transform_non_params=lambda _: rep, is_leaf=is_sharding)
   aux = jax.tree.map(lambda _: rep, abstract_state.aux)
   return abstract_state.replace(step=rep, params=params_sharding, opt_state=opt, rng=rep, aux=aux)

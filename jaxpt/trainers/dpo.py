@@ -197,38 +197,43 @@ class ReferenceHooks(PairReport):
   """The loop hooks of a run over a frozen reference policy (DPO, KTO): each step's batch gets the reference's
   columns (`reference`, jitted and laid out like the batch: its log-probs) before the shared step; the reference
   params are the initial policy's, copied by `init_state` (or made on first need by `reference_params`: `jaxpt
-  eval`), never checkpointed."""
+  eval`), never checkpointed. With LoRA the reference is the policy's own frozen base, adapters off: no copy."""
 
   reference: Callable[[Any, dict], dict]  # reference_logps(ref_params, batch)
   ref_params: Any = None
 
   def init_state(self, training: Training) -> TrainState:
-    """The initial state (params from `init_from`, or the seeded init); its params, copied, are the reference."""
+    """The initial state (params from `init_from`, or the seeded init); its params, copied, are the reference
+    (with LoRA: nothing is copied)."""
     state = training.init_state()
-    self.ref_params = jax.tree.map(jnp.copy, state.params)  # the state is donated to the step on accelerators
+    if not training.lora:
+      self.ref_params = jax.tree.map(jnp.copy, state.params)  # the state is donated to the step on accelerators
     return state
 
-  def reference_params(self) -> Any:
+  def reference_params(self, params: Any = None) -> Any:
+    """The reference of the policy `params`: with LoRA their base (the same arrays), else the initial params."""
+    if self.training.lora:
+      return self.training.base_params(params)
     if self.ref_params is None:
       self.ref_params = self.training.init_state().params
     return self.ref_params
 
   def train_step(self, training: Training, state: TrainState, batch: dict) -> tuple[TrainState, dict]:
-    return training.train_step(state, {**batch, **self.reference(self.reference_params(), batch)})
+    return training.train_step(state, {**batch, **self.reference(self.reference_params(state.params), batch)})
 
 
 def build(config: DPORunConfig | Any, workdir: str) -> BuiltRun:
   """Checks `config` (ConfigError naming the field), then builds the DPO run (`build_reference_run`)."""
   config = from_section(DPORunConfig, config, "config")
   settings = config.dpo
-  model = TransformerLM(config.model)
+  model, reference_model = TransformerLM(config.model, lora=config.lora.spec()), TransformerLM(config.model)
 
   def init_aux(rng: jax.Array) -> Optional[dict]:  # always given: the policy's init key is the same with or without DIR
     return dir_estimator.init_estimator(settings.dir_settings, config.model.d_model, rng) if settings.dir else None
 
   name = f"DPO{'+DIR' if settings.dir else ''}"
   return build_reference_run("dpo", config, workdir, model, make_dpo_grad_fn(model, settings), settings.beta,
-                             lambda p, batch: reference_logps(model, p, batch), REFERENCE_KEYS,
+                             lambda p, batch: reference_logps(reference_model, p, batch), REFERENCE_KEYS,
                              f"{name} implicit reward", init_aux=init_aux,
                              title=f"dpo{' + DIR' if settings.dir else ''}")
 
@@ -268,12 +273,14 @@ def build_reference_run(trainer: str, config: RunConfig, workdir: str, model: Tr
   reference = jax.jit(parallel.with_activation_sharding(reference, mesh, rules),
                       out_shardings={k: batch_sharding for k in reference_keys})
 
+  reference_model = model.clone(lora=None)  # with LoRA the reference params are the base alone
+
   def implicit_rewards(params: Any, ref_params: Any, batch: dict) -> jax.Array:
     """r = beta (logp - ref) [2B] of the batch's [chosen; rejected] rows."""
-    return beta * (pair_logps(model, params, batch)[0] - pair_logps(model, ref_params, batch)[0])
+    return beta * (pair_logps(model, params, batch)[0] - pair_logps(reference_model, ref_params, batch)[0])
 
   score = jax.jit(implicit_rewards, out_shardings=parallel.replicated(mesh))
-  evaluator = PairEvaluator(lambda params, batch: score(params, hooks.reference_params(), batch),
+  evaluator = PairEvaluator(lambda params, batch: score(params, hooks.reference_params(params), batch),
                             eval_splits(data), put=training.put)
   hooks = ReferenceHooks(training, evaluator, report_title, reference)
   return BuiltRun(trainer, config, training, training.batches(train_batch, batch_size),

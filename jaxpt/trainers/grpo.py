@@ -159,15 +159,21 @@ class GRPOHooks(Hooks):
     """The initial state (params from `init_from`, or the seeded init); keeps a copy of its params as the
     reference policy when the KL term needs one (rebuilt like this on resume, never checkpointed)."""
     state = training.init_state()
-    if self.config.grpo.uses_reference:
+    if self.config.grpo.uses_reference and not training.lora:  # with LoRA: the base, adapters off (no copy)
       self.ref_params = jax.tree.map(jnp.copy, state.params)
     return state
+
+  def reference_params(self, params: Any) -> Any:
+    """The reference policy of the policy `params`: with LoRA their base (the same arrays), else the initial
+    params' copy."""
+    return self.training.base_params(params) if self.training.lora else self.ref_params
 
   def train_step(self, training: Training, state: TrainState, batch: dict) -> tuple[TrainState, dict]:
     settings, cfg = self.config.grpo, self.config.clipo
     step = int(state.step)
     sample_rng, clipo_rng, update_rng = jax.random.split(state.step_rng(), 3)
-    ro, dapo_metrics = self.collector.step_rollouts(state.params, batch, step, sample_rng)
+    # the collector's programs read config.model alone: with LoRA, the merged params (W + s A B)
+    ro, dapo_metrics = self.collector.step_rollouts(training.merged_params(state.params), batch, step, sample_rng)
     metrics: dict[str, Any] = {"accuracy": float(ro["scores"].mean()), "response_length": float(ro["lengths"].mean()),
                                "num_tokens": float(ro["lengths"].sum()), **dapo_metrics}
     rewards = ro["rewards"]
@@ -181,7 +187,7 @@ class GRPOHooks(Hooks):
       metrics.update(head_metrics)
     experience = {k: ro[k] for k in ("prompt_tokens", "prompt_mask", "tokens", "mask", "old_logp")}  # on the mesh
     if settings.uses_reference:
-      experience["ref_logp"] = self.collector.logprobs(self.ref_params, *(
+      experience["ref_logp"] = self.collector.logprobs(self.reference_params(state.params), *(
           experience[k] for k in ("prompt_tokens", "prompt_mask", "tokens", "mask")))
       if settings.kl_in_reward:
         rewards = np.asarray(self.kl_rewards(rewards, experience["old_logp"], experience["ref_logp"],
@@ -233,7 +239,7 @@ class GRPOHooks(Hooks):
 
   def evaluate(self, state: TrainState) -> dict:
     """eval_accuracy_<set> (and eval_pass1_<set>) of the state's policy (`RolloutCollector.evaluate`)."""
-    return self.collector.evaluate(state.params)
+    return self.collector.evaluate(self.training.merged_params(state.params))
 
 
 def assembled_rewards(settings: RewardConfig, assemble: Callable, reward_model: RewardModelSource | None, ro: dict,
@@ -298,7 +304,7 @@ def build(config: GRPORunConfig | Any, workdir: str) -> BuiltRun:
   builder's policy update, compiled for one minibatch of rollouts."""
   config = from_section(GRPORunConfig, config, "config")
   mesh, tokenizer = rl_start(config, workdir, "config.grpo.group_size / config.grpo.minibatches")
-  model = TransformerLM(config.model)
+  model = TransformerLM(config.model, lora=config.lora.spec())
   loss_fn = make_policy_loss(model, config.grpo, config.clipo, config.sampling.temperature)
   weight_key = "num_tokens" if config.grpo.agg == "token-mean" else "num_rows"
   def init_aux(rng: jax.Array) -> dict | None:  # always given: the policy's init key is the same with or without CLIPO
@@ -315,8 +321,9 @@ def build(config: GRPORunConfig | Any, workdir: str) -> BuiltRun:
                             weight_key=weight_key, total_steps=max(1, config.steps * config.updates_per_step),
                             init_aux=init_aux)
 
-  params = jax.eval_shape(training.sharded.init_state).params
-  collector = RolloutCollector.create(config, model, training.layout, params, tokenizer, config.task.data_dir(workdir))
+  params = training.base_params(jax.eval_shape(training.sharded.init_state).params)  # merged: the base's shapes
+  collector = RolloutCollector.create(config, model.clone(lora=None), training.merged_layout, params, tokenizer,
+                                      config.task.data_dir(workdir))
   kl_rewards = lambda *arrays: kl_penalized_rewards(*arrays, config.grpo.kl_coef, config.grpo.kl_kind)
   teacher = None
   if config.grpo.teacher:

@@ -165,9 +165,9 @@ def build(config: KTORunConfig | Any, workdir: str) -> BuiltRun:
   """Checks `config` (ConfigError naming the field), then builds the KTO run on the preference-trainer build that
   DPO uses (`jaxpt.trainers.dpo.build_reference_run`: data, policy, compiled step, reference, evaluator)."""
   config = from_section(KTORunConfig, config, "config")
-  model = TransformerLM(config.model)
+  model, reference_model = TransformerLM(config.model, lora=config.lora.spec()), TransformerLM(config.model)
   settings = config.kto
   return build_reference_run(
       "kto", config, workdir, model, make_kto_grad_fn(model, settings), settings.beta,
-      lambda p, batch: reference_logps(model, p, batch), REFERENCE_KEYS, "KTO implicit reward",
+      lambda p, batch: reference_logps(reference_model, p, batch), REFERENCE_KEYS, "KTO implicit reward",
       columns=lambda data: kl_columns(data.tokenizer.pad_id, config.seed, settings.one_response_per_prompt))

@@ -48,7 +48,7 @@ def build_lm_run(trainer: str, config: PretrainRunConfig, mesh, data: LMData,
   (`training_mesh`): the model and the shared builder, global batches, and `make_evaluate(eval_batches)` run under
   the mesh's rules (only when data.eval_batches > 0)."""
   check_vocab(config.model, data.tokenizer.vocab_size)
-  model = TransformerLM(config.model)
+  model = TransformerLM(config.model, lora=config.lora.spec())
   batch_size = config.data.batch_size
   say("compiling the train step ...")
   training = build_training(
@@ -56,8 +56,10 @@ def build_lm_run(trainer: str, config: PretrainRunConfig, mesh, data: LMData,
       batch_shapes(data.train_batch(0), batch_size),
       loss_fn=make_lm_loss_fn(model, config.loss.name, **config.loss.kwargs()))
   evaluate = None
-  if config.data.eval_batches:
-    evaluate = training.under_rules(make_evaluate([training.put(b) for b in data.eval_batches()]))
+  if config.data.eval_batches:  # the evaluators read config.model alone: with LoRA, the merged params
+    evaluate_merged = make_evaluate([training.put(b) for b in data.eval_batches()])
+    evaluate = training.under_rules(lambda state: evaluate_merged(
+        state.replace(params=training.merged_params(state.params))))
   return BuiltRun(trainer, config, training, training.batches(data.train_batch, batch_size),
                   inputs=run_inputs(data.corpus_id, data.tokenizer), tokenizer=data.tokenizer, data=data,
                   evaluate=evaluate)

@@ -271,7 +271,7 @@ def build(config: RMRunConfig | Any, workdir: str) -> BuiltRun:
     settings = dataclasses.replace(settings, odin_length_sign="longer" if share >= 0.5 else "shorter")
     logging.info("rm.odin_length_sign=auto: %.3f of the training pairs' chosen responses are longer -> %s", share,
                  settings.odin_length_sign)
-  model = RewardModel(config.model, settings.objective.num_scores)
+  model = RewardModel(config.model, settings.objective.num_scores, lora=config.lora.spec())
   init_args = (jnp.zeros((1, config.data.seq_len), jnp.int32), jnp.zeros((1,), jnp.int32))
 
   def train_batch(step: int, index: int, count: int) -> dict:
@@ -281,7 +281,8 @@ def build(config: RMRunConfig | Any, workdir: str) -> BuiltRun:
   training = build_training(
       config, mesh, model, init_args, batch_shapes(train_batch(0, 0, 1), batch_size),
       grad_fn=make_rm_grad_fn(model, settings), weight_key="num_pairs",
-      init_aux=lambda rng: init_estimator(settings, config.model.d_model, rng), init_from_subtree="backbone")
+      init_aux=lambda rng: init_estimator(settings, config.model.d_model, rng), init_from_subtree="backbone",
+      new_heads=("head",))  # with LoRA the score head trains whole beside the backbone's adapters
   evaluator = RMEvaluator(model, eval_splits(data), put=training.put, out_sharding=parallel.replicated(mesh))
   return BuiltRun("rm", config, training, training.batches(train_batch, batch_size),
                   inputs=run_inputs(data.corpus_id, data.tokenizer), tokenizer=data.tokenizer, data=data,
