@@ -67,7 +67,8 @@ def timed_trainer(trainer: BuiltRun, clock: collections.Counter, rollout_dtype: 
   """`trainer` sampling in `rollout_dtype`, whose sampler calls and policy updates add their seconds to `clock`."""
   sampling = dataclasses.replace(trainer.config.sampling, rollout_dtype=rollout_dtype,
                                  eos_id=trainer.tokenizer.eos_id, pad_id=trainer.tokenizer.pad_id)
-  sampler = make_sampler(trainer.config.model, sampling, trainer.config.data.max_prompt_len)
+  sampler = make_sampler(trainer.config.model, sampling, trainer.config.data.max_prompt_len,
+                         group_size=trainer.config.grpo.group_size)
 
   def sample(*args):
     start = time.perf_counter()

@@ -12,10 +12,11 @@ losses into the `losses` collection: `apply(..., mutable=["losses"])` returns th
 
 Decoding (`jaxpt.rl.sampler`): called with a `KVCache` (`init_cache`) and a `cache_index`, the model writes the new
 tokens' segment ids and, layer by layer, K/V into slots cache_index .. + seq - 1 (dynamic_update_slice), attends
-over the cache's filled slots and returns the updated cache as its last output. Prefill is one such call
-with the whole prompt on an empty cache, decode one per token. Remat settings are ignored when decoding. Unrolled
-layers read their weights and cache buffers in place; scanned layers slice both out of stacked arrays every step
-(copies), so the sampler decodes with unrolled layers (`unstack_layers`).
+over the cache's filled slots (and its shared `prefix`, if any: read, never written) and returns the updated cache
+as its last output. Prefill is one such call with the whole prompt on an empty cache, decode one per token. Remat
+settings are ignored when decoding. Unrolled layers read their weights and cache buffers in place; scanned layers
+slice both out of stacked arrays every step (copies), so the sampler decodes with unrolled layers
+(`unstack_layers`).
 """
 
 from __future__ import annotations
@@ -65,9 +66,12 @@ class DecoderStack(nn.Module):
     cache_index = jnp.asarray(cache_index, jnp.int32)
     cache = cache.replace(segment_ids=write_slots(cache.segment_ids, segment_ids, cache_index, axis=1))
     if cfg.scan_layers:  # the per-layer buffers go through the scan stacked: a copy each call
-      layers = LayerCache(jnp.stack(cache.key), jnp.stack(cache.value), cache.segment_ids, cache_index)
+      layers = [cache.layer(layer, cache_index) for layer in range(cfg.num_layers)]
+      layers = jax.tree.map(lambda *leaves: jnp.stack(leaves), *layers)
+      layers = layers.replace(segment_ids=cache.segment_ids, index=cache_index, prefix_segment_ids=(
+          None if cache.prefix is None else cache.prefix.segment_ids))
     else:
-      layers = [LayerCache(k, v, cache.segment_ids, cache_index) for k, v in zip(cache.key, cache.value)]
+      layers = [cache.layer(layer, cache_index) for layer in range(cfg.num_layers)]
     streams, (key, value) = self.stack(block, streams, positions, segment_ids, layers)
     return streams, cache.replace(key=tuple(key), value=tuple(value))
 
@@ -77,7 +81,7 @@ class DecoderStack(nn.Module):
     cfg = self.config
     adapters = {} if self.lora is None else {"lora": self.lora}  # DiT's blocks take none
     if cfg.scan_layers:
-      cache_axes = nn.broadcast if cache is None else LayerCache(0, 0, nn.broadcast, nn.broadcast)
+      cache_axes = nn.broadcast if cache is None else LayerCache(0, 0, nn.broadcast, nn.broadcast, 0, 0, nn.broadcast)
       scanned = nn.scan(block, variable_axes={"params": 0, "losses": 0},
                         split_rngs={"params": True, "dropout": True},
                         in_axes=(0, nn.broadcast, nn.broadcast, cache_axes), length=cfg.num_layers,

@@ -15,6 +15,12 @@ Decoding: with a layer's `LayerCache` the call first writes the new tokens' K/V 
 buffers at slots index .. index + n - 1 (dynamic_update_slice, in place), then attends over the whole buffer:
 query i (slot index + i) reads slot j iff j <= index + i and slot j holds a token of the query's segment
 (empty slots have segment 0). Prefill is the same call with the whole prompt at index 0; decode one token a call.
+
+Shared prefix (`KVCache.prefix`, the sampler's shared-prompt prefill): a cache of B rows may also read a block of
+K/V held once for each group of G = B / P consecutive rows ([P, kv_heads, L, head_dim]: row b reads prefix row
+b // G). Its slots come before every slot of the per-row buffers (a prompt, then each row's own response), so a
+query reads prefix slot j iff it holds the query's segment; the softmax runs over the prefix and the row's own
+slots together (`grouped_attention`'s `prefix`).
 """
 
 from __future__ import annotations
@@ -42,20 +48,47 @@ def attention_mask(seq_len: int, segment_ids=None, causal: bool = True):
   return mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
 
 
-def _attend(rows, k, v, mask, groups: int):
+def _bias(mask, groups: int):
+  """bool [B or 1, n, S] -> float32 [B or 1, 1, n*G, S]: 0 where allowed, else the most negative float (additive:
+  its gradient is free, unlike a select)."""
+  return jnp.where(jnp.repeat(mask, groups, axis=1), 0.0, jnp.finfo(jnp.float32).min)[:, None]
+
+
+def _attend(rows, k, v, mask, groups: int, prefix=None):
   """rows: [B, H_kv, n*G, D] (pre-scaled queries, row i*G + g = query i of group g); k, v: [B, H_kv, S, D];
-  mask: bool [B or 1, n, S] -> softmax(rows k^T + bias) v  [B, H_kv, n*G, D], bias 0 where allowed, else the
-  most negative float (additive: its gradient is free, unlike a select)."""
-  bias = jnp.where(jnp.repeat(mask, groups, axis=1), 0.0, jnp.finfo(jnp.float32).min)[:, None]
-  scores = jnp.einsum("bhqd,bhkd->bhqk", rows, k, preferred_element_type=jnp.float32) + bias
-  out = jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(scores, axis=-1).astype(v.dtype), v,
-                   preferred_element_type=jnp.float32)  # float32 result: XLA:CPU reads a bf16 v as it is
+  mask: bool [B or 1, n, S] -> softmax(rows k^T + bias) v  [B, H_kv, n*G, D] (see `_bias`).
+
+  With `prefix` = (k_p, v_p [P, H_kv, L, D], mask_p bool [B, n, L]): row b also reads the L slots of prefix row
+  b // (B / P), placed before its own S: one softmax over [prefix scores, own scores], and the values of each
+  block summed (each prefix row is read once for its B / P rows: the queries of a group are one matmul)."""
+  scores = jnp.einsum("bhqd,bhkd->bhqk", rows, k, preferred_element_type=jnp.float32) + _bias(mask, groups)
+  if prefix is None:
+    out = jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(scores, axis=-1).astype(v.dtype), v,
+                     preferred_element_type=jnp.float32)  # float32 result: XLA:CPU reads a bf16 v as it is
+    return out.astype(v.dtype)
+  k_p, v_p, mask_p = prefix
+  batch, _, width, _ = rows.shape
+  shared, length = k_p.shape[0], k_p.shape[2]
+  group = batch // shared
+
+  def to_groups(x):  # [B, h, W, X] -> [P, h, G*W, X]: a group's rows as the queries of one matmul per prompt
+    return x.reshape((shared, group) + x.shape[1:]).swapaxes(1, 2).reshape(shared, x.shape[1], group * width, -1)
+
+  def to_rows(x):  # the inverse: [P, h, G*W, X] -> [B, h, W, X]
+    return x.reshape(shared, x.shape[1], group, width, -1).swapaxes(1, 2).reshape(batch, x.shape[1], width, -1)
+
+  prefix_scores = jnp.einsum("bhqd,bhkd->bhqk", to_groups(rows), k_p, preferred_element_type=jnp.float32)
+  prefix_scores = prefix_scores + to_groups(_bias(mask_p, groups))
+  probs = jax.nn.softmax(jnp.concatenate([prefix_scores, to_groups(scores)], axis=-1), axis=-1).astype(v.dtype)
+  out = to_rows(jnp.einsum("bhqk,bhkd->bhqd", probs[..., :length], v_p, preferred_element_type=jnp.float32))
+  out = out + jnp.einsum("bhqk,bhkd->bhqd", to_rows(probs[..., length:]), v, preferred_element_type=jnp.float32)
   return out.astype(v.dtype)
 
 
-def grouped_attention(q, k, v, mask, query_chunk: int = 0):
+def grouped_attention(q, k, v, mask, query_chunk: int = 0, prefix=None):
   """q: [B, n, H, D]; k, v: head-major [B, H_kv, S, D]; mask: bool [B or 1, n, S] -> [B, n, H, D].
-  Query head h reads KV head h // G, G = H / H_kv.
+  Query head h reads KV head h // G, G = H / H_kv. `prefix` (decoding, no query_chunk): a shared block of K/V read
+  before k, v (`_attend`).
 
   Computed head-major, the G query heads of a KV head stacked as rows of one matmul. With `query_chunk` > 0 the
   mask must be causal with n == S: queries are taken `query_chunk` at a time and chunk c reads only keys
@@ -66,8 +99,10 @@ def grouped_attention(q, k, v, mask, query_chunk: int = 0):
   groups = num_heads // num_kv_heads
   rows = (q * jnp.asarray(head_dim ** -0.5, q.dtype)).reshape(batch, seq, num_kv_heads, groups, head_dim)
   rows = rows.transpose(0, 2, 1, 3, 4).reshape(batch, num_kv_heads, seq * groups, head_dim)
+  if prefix is not None and query_chunk > 0:
+    raise ValueError("grouped_attention: a shared prefix is read by decoding, without query chunks")
   if query_chunk <= 0 or seq <= query_chunk:
-    out = _attend(rows, k, v, mask, groups)
+    out = _attend(rows, k, v, mask, groups, prefix)
   else:
     chunks = []
     for start in range(0, seq, query_chunk):
@@ -120,11 +155,15 @@ class KVCache:
                unrolled stack updates and reads each in place, with no slicing of a stacked array.
   segment_ids: int32 [batch, max_len], the segment of the token held in each slot; 0 marks an empty slot (and
                padding), so a query of segment s >= 1 reads exactly the filled slots of its segment.
+  prefix:      None, or a `KVCache` of P rows (P divides batch) read before these slots by every row: row b reads
+               prefix row b // (batch / P) (a prompt prefilled once for its G = batch / P rollouts; see the module
+               doc). It is only read: new tokens go into the per-row buffers.
   """
 
   key: tuple
   value: tuple
   segment_ids: jax.Array
+  prefix: "KVCache | None" = None
 
   @classmethod
   def create(cls, num_layers: int, batch: int, max_len: int, num_kv_heads: int, head_dim: int, dtype):
@@ -150,19 +189,29 @@ class KVCache:
       raise ValueError(f"cannot shrink a cache of {self.max_len} slots to {max_len}")
     slots = lambda b: jnp.pad(b, [(0, 0), (0, 0), (0, pad), (0, 0)])
     return KVCache(key=tuple(map(slots, self.key)), value=tuple(map(slots, self.value)),
-                   segment_ids=jnp.pad(self.segment_ids, [(0, 0), (0, pad)]))
+                   segment_ids=jnp.pad(self.segment_ids, [(0, 0), (0, pad)]), prefix=self.prefix)
+
+  def layer(self, layer: int, index) -> "LayerCache":
+    """What layer `layer` reads, its first new token at slot `index`."""
+    prefix = self.prefix
+    return LayerCache(self.key[layer], self.value[layer], self.segment_ids, index,
+                      *(() if prefix is None else (prefix.key[layer], prefix.value[layer], prefix.segment_ids)))
 
 
 @flax.struct.dataclass
 class LayerCache:
   """What one attention layer reads when decoding: its key/value buffers `[batch, kv_heads, max_len, head_dim]`
   (stacked `[layers, ...]` when handed to `nn.scan`), the cache's segment ids `[batch, max_len]` with the new
-  tokens' already written, and `index` (int scalar or int [batch]): the slot of the first new token."""
+  tokens' already written, and `index` (int scalar or int [batch]): the slot of the first new token; with a shared
+  prefix (`KVCache.prefix`) its key/value buffers `[P, kv_heads, L, head_dim]` and segment ids `[P, L]`."""
 
   key: jax.Array
   value: jax.Array
   segment_ids: jax.Array
   index: jax.Array
+  prefix_key: jax.Array | None = None
+  prefix_value: jax.Array | None = None
+  prefix_segment_ids: jax.Array | None = None
 
   def mask(self, num_new: int, segment_ids):
     """Boolean `[batch or 1, num_new, max_len]`: new token i (slot index + i, segment segment_ids[:, i]) reads
@@ -171,6 +220,13 @@ class LayerCache:
     causal = jnp.arange(self.segment_ids.shape[1])[None, None, :] <= query_slots[:, :, None]
     same_segment = segment_ids[:, :, None] == self.segment_ids[:, None, :]
     return causal & same_segment
+
+  def prefix_mask(self, segment_ids):
+    """Boolean `[batch, num_new, L]`: new token i of row b reads slot j of its prefix row b // G iff the slot holds
+    its segment (every prefix slot comes before the row's own)."""
+    rows = segment_ids.shape[0] // self.prefix_segment_ids.shape[0]
+    prefix_segments = jnp.repeat(self.prefix_segment_ids, rows, axis=0)
+    return segment_ids[:, :, None] == prefix_segments[:, None, :]
 
 
 class Attention(nn.Module):
@@ -238,7 +294,10 @@ class Attention(nn.Module):
       k = write_slots(cache.key, k.swapaxes(1, 2), cache.index, axis=2)
       v = write_slots(cache.value, v.swapaxes(1, 2), cache.index, axis=2)
       mask = cache.mask(x.shape[1], segment_ids)
-      out = grouped_attention(q, k, v, mask)
+      prefix = None
+      if cache.prefix_key is not None:
+        prefix = (cache.prefix_key, cache.prefix_value, cache.prefix_mask(segment_ids))
+      out = grouped_attention(q, k, v, mask, prefix=prefix)
     out = Dense((d_model,), ("heads", "kv", "embed"), num_in_axes=2, dtype=self.dtype,
                 param_dtype=self.param_dtype, use_bias=self.out_bias, lora=self.adapter("o"), name="out")(out)
     return out if cache is None else (out, (k, v))

@@ -4,6 +4,7 @@
 [N = B*G, ...] array are prompt p's group, `jaxpt.rl.rollouts`):
 
     prompts [B, P] --repeat G--> [N, P] --sampler (KV cache)--> tokens, mask, old_logp [N, T], hidden [N, T, d]
+      (the sampler prefills each of the B prompts once and decodes its G rows over that shared K/V, `group_size`)
       --decode + verifier (`reward_fn`)--> scores [N]; rewards = scores + DAPO's soft overlong punishment
       (+ DAPO dynamic sampling: all-equal groups dropped, refill prompts sampled, `jaxpt.rl.dapo`)
       (+ bf16 rollouts: old_logp recomputed by the fp32 policy, teacher forcing)
@@ -77,7 +78,7 @@ class RolloutCollector:
   layout: parallel.MeshLayout  # the run's mesh: params' and batch shardings
   tokenizer: Any  # jaxpt's sentencepiece Tokenizer, or an HFTokenizer (init_from='hf:DIR')
   prompts: PromptData
-  sample: Callable  # (params, prompt_tokens, prompt_mask, rng) -> SampleOutput, temperature sampling, [N, P]
+  sample: Callable  # (params, prompt_tokens, prompt_mask, rng) -> SampleOutput, sampled, [N, P] (G rows a prompt)
   sample_greedy: Callable  # the same, greedy, for eval batches of `eval_batch_size` prompts
   sample_eval: Callable  # the same as `sample`, for eval batches (sampled pass@1, data.eval_samples)
   logprobs: Callable  # response_logprobs(params, prompt_tokens, prompt_mask, tokens, mask), compiled on the mesh
@@ -97,10 +98,10 @@ class RolloutCollector:
     prompts = PromptData.create(config.task, tokenizer, batch_size=config.data.prompts_per_step,
                                 prompt_len=config.data.max_prompt_len, seed=config.seed, data_dir=data_dir)
 
-    def sampler(greedy: bool) -> Callable:
+    def sampler(greedy: bool, group_size: int = 1) -> Callable:
       sampling = dataclasses.replace(config.sampling, greedy=greedy, eos_id=tokenizer.eos_id,
                                      pad_id=tokenizer.pad_id, return_hidden=clipo_of(config).enabled)
-      return make_sampler(config.model, sampling, config.data.max_prompt_len, layout)
+      return make_sampler(config.model, sampling, config.data.max_prompt_len, layout, group_size)
 
     rows = config.data.prompts_per_step * config.group_size
     index, count = parallel.process_batch_slice(layout.batch, rows)
@@ -111,8 +112,9 @@ class RolloutCollector:
     params = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh), abstract_params,
                           layout.params)
     prompts_abstract = jax.ShapeDtypeStruct((rows, config.data.max_prompt_len), jnp.int32, sharding=layout.batch)
-    sample = sampler(False).lower(params, prompts_abstract, prompts_abstract,
-                                  jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=layout.replicated)).compile()
+    sample = sampler(False, config.group_size).lower(params, prompts_abstract, prompts_abstract,
+                                                     jax.ShapeDtypeStruct((2,), jnp.uint32,
+                                                                          sharding=layout.replicated)).compile()
     temperature = config.sampling.temperature
     logprobs = layout.jit(lambda params, *arrays: response_logprobs(model, params, *arrays, temperature=temperature),
                           layout.batch, in_shardings=(layout.params,) + (layout.batch,) * 4)

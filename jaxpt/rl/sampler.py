@@ -4,8 +4,9 @@ Layout (shared with `jaxpt.rl.logprobs`, which recomputes the same log-probs by 
 - Prompts are LEFT-padded: `prompt_tokens` int32 [B, P], `prompt_mask` [B, P] (1 on real tokens, the rightmost of
   each row). Segment ids are the mask (0: padding, never attended to by real tokens), positions count from 0 at
   the first real token of each row: pos = cumsum(mask) - 1 (0 on padding).
-- Cache slot = column of the sequence prompt ++ response: slots 0..P-1 hold the prompt, response token t (which
-  has position n_real + t) is fed at slot P + t. All rows share each step's slot, so one in-place
+- The prompts' K/V are a shared prefix of the cache (`KVCache.prefix`, one row per distinct prompt, slots 0..P-1;
+  see `make_sampler`'s group_size) and each row's own buffers hold its response: response token t (which has
+  position n_real + t) is fed at the row's slot t. All rows share each step's slot, so one in-place
   dynamic_update_slice writes the step's K/V for every layer.
 
 Per step t (key fold_in(rng, t)), from the logits l of the last fed token (temperature tau):
@@ -15,13 +16,14 @@ Per step t (key fold_in(rng, t)), from the logits l of the last fed token (tempe
 A row stops at its first `eos_id` (kept, mask 1); later entries are pad_id with mask 0 and logprob 0. The loop
 ends when every row has stopped or after max_new_tokens.
 
-Speed (`benchmarks/sampler.py`): the prefill projects only the last prompt column onto the vocabulary and fills a
-cache of exactly the prompt's slots; the decode loop runs in `cache_segments` consecutive while_loops, and before
-each the cache grows (`KVCache.grow`, one copy) to the slots filled by that loop's end, so a step attends over no
-slot beyond them (the same arithmetic as attending to the whole buffer: the slots left out are ones the mask
-excludes). `rollout_dtype="bfloat16"` decodes with bf16 weights, activations and KV cache: faster (half the bytes
-streamed per step), but the log-probs are those of the bf16 policy, so a trainer needing the fp32 policy's
-log-probs recomputes them by teacher forcing (`jaxpt.rl.logprobs`; the GRPO trainer does).
+Speed (`benchmarks/sampler.py`, `benchmarks/shared_prefill.py`): the prefill runs once per distinct prompt, projects
+only the last prompt column onto the vocabulary and fills a prefix of exactly the prompt's slots; the decode loop
+runs in `cache_segments` consecutive while_loops, and before each the per-row cache grows (`KVCache.grow`, one copy
+of the responses so far) to the slots filled by that loop's end, so a step attends over no slot beyond them (the
+same arithmetic as attending to the whole buffer: the slots left out are ones the mask excludes).
+`rollout_dtype="bfloat16"` decodes with bf16 weights, activations and KV cache: faster (half the bytes streamed per
+step), but the log-probs are those of the bf16 policy, so a trainer needing the fp32 policy's log-probs recomputes
+them by teacher forcing (`jaxpt.rl.logprobs`; the GRPO trainer does).
 """
 
 from __future__ import annotations
@@ -150,15 +152,30 @@ def decode_segments(steps: int, count: int) -> list[int]:
 
 
 def make_sampler(model_config: ModelConfig, sampling: SamplingConfig, prompt_len: int,
-                 layout: MeshLayout | None = None) -> Callable[..., SampleOutput]:
+                 layout: MeshLayout | None = None, group_size: int = 1) -> Callable[..., SampleOutput]:
   """-> jitted `sample(params, prompt_tokens [B, P], prompt_mask [B, P], rng) -> SampleOutput` for P = prompt_len.
 
   Every row must hold at least one real prompt token. With a `layout`, it is compiled for that mesh: params laid
   out as `layout.params`, prompts and every output split by rows as `layout.batch` (each device decodes its rows;
   the KV cache is split the same way, KV heads over `tensor` under tp rules), traced under the activation rules.
+
+  Shared-prompt prefill (`group_size` G, which must divide B): rows p*G .. p*G + G-1 are G rollouts of one prompt
+  (the trainers' layout, `jaxpt.rl.rollouts.repeat_prompts`), and only the first row of each group is read: the
+  prompts are prefilled once each ([B / G, P]) into a cache that the decode reads as a shared prefix
+  (`KVCache.prefix`), while each row's own buffers hold its response alone ([B, kv_heads, <= max_new_tokens,
+  head_dim]). Every row's first token is drawn from its prompt's logits repeated G times, with the same key
+  schedule as G = 1, so the output equals that of the same rows prefilled one by one (to rounding: the attention
+  adds the prompt's and the response's values in two sums). Why a shared block rather than a prefill of B / G rows
+  broadcast into a [B, ...] cache: the broadcast saves the prefill's compute alone, while every decode step still
+  reads each prompt's K/V G times; with the shared block a step reads a prompt's K/V once for its G rows (one
+  batched matmul per group), the cache holds the prompt once, and the `cache_segments` growth copies only
+  responses. Sharded, the row split keeps each device's groups whole when B / G is a multiple of the data-parallel
+  size (else XLA moves the prompt rows a device lacks).
   """
   if prompt_len <= 0:
     raise ValueError(f"prompt_len={prompt_len}: must be positive")
+  if group_size < 1:
+    raise ValueError(f"group_size={group_size}: must be positive")
   rollout_dtype = jnp.dtype(sampling.rollout_dtype)
   decode_config = dataclasses.replace(model_config, scan_layers=False)  # weights read in place (see transformer.py)
   if rollout_dtype != jnp.float32:
@@ -173,16 +190,23 @@ def make_sampler(model_config: ModelConfig, sampling: SamplingConfig, prompt_len
     if prompt_tokens.shape[1] != prompt_len:
       raise ValueError(f"prompt_tokens has {prompt_tokens.shape[1]} columns, the sampler was built for "
                        f"prompt_len={prompt_len}")
+    if batch % group_size:
+      raise ValueError(f"group_size={group_size} does not divide the {batch} prompt rows")
     if model_config.scan_layers:
       params = unstack_layers(params, model_config.num_layers)
     if rollout_dtype != jnp.float32:
       params = jax.tree.map(lambda p: p.astype(rollout_dtype) if jnp.issubdtype(p.dtype, jnp.floating) else p,
                             params)
     variables = {"params": params}
-    segment_ids, positions, prompt_lengths = prompt_layout(prompt_mask)
-    logits, hidden, cache = model.apply(variables, prompt_tokens.astype(jnp.int32), positions, segment_ids,
-                                        return_hidden=True, cache=init_cache(decode_config, batch, prompt_len),
-                                        cache_index=0, last_logits_only=True)
+    prompts = batch // group_size
+    distinct_tokens, distinct_mask = prompt_tokens[::group_size], prompt_mask[::group_size]
+    segment_ids, positions, prompt_lengths = prompt_layout(distinct_mask)
+    logits, hidden, prompt_cache = model.apply(
+        variables, distinct_tokens.astype(jnp.int32), positions, segment_ids, return_hidden=True,
+        cache=init_cache(decode_config, prompts, prompt_len), cache_index=0, last_logits_only=True)
+    rows = lambda x: jnp.repeat(x, group_size, axis=0)  # prompt p -> rows p*G .. p*G + G-1
+    prompt_lengths = rows(prompt_lengths)
+    cache = init_cache(decode_config, batch, 0).replace(prefix=prompt_cache)  # response slots: none yet
     outputs = SampleOutput(
         tokens=jnp.full((batch, steps), sampling.pad_id, jnp.int32),
         logprobs=jnp.zeros((batch, steps), jnp.float32), mask=jnp.zeros((batch, steps), jnp.float32),
@@ -203,9 +227,9 @@ def make_sampler(model_config: ModelConfig, sampling: SamplingConfig, prompt_len
         done = done | (tokens == sampling.eos_id)
       return tokens, outputs, done
 
-    token, outputs, done = record(0, outputs, jnp.zeros((batch,), bool), logits[:, -1], hidden[:, -1])
+    token, outputs, done = record(0, outputs, jnp.zeros((batch,), bool), rows(logits[:, -1]), rows(hidden[:, -1]))
     state = (jnp.int32(1), token, cache, outputs, done)
-    for end in segments:  # steps t < end fill slots < prompt_len + end - 1: the cache grows to that, no further
+    for end in segments:  # steps t < end fill response slots < end - 1: the cache grows to that, no further
       def keep_going(state, end=end):
         t, _, _, _, done = state
         return (t < end) & ~jnp.all(done)
@@ -213,12 +237,13 @@ def make_sampler(model_config: ModelConfig, sampling: SamplingConfig, prompt_len
       def step(state):
         t, token, cache, outputs, done = state
         logits, hidden, cache = model.apply(variables, token[:, None], (prompt_lengths + t - 1)[:, None],
-                                            return_hidden=True, cache=cache, cache_index=prompt_len + t - 1)
+                                            return_hidden=True, cache=cache, cache_index=t - 1)
         token, outputs, done = record(t, outputs, done, logits[:, 0], hidden[:, 0])
         return t + 1, token, cache, outputs, done
 
       t, token, cache, outputs, done = state
-      state = lax.while_loop(keep_going, step, (t, token, cache.grow(prompt_len + end - 1), outputs, done))
+      grown = cache.grow(max(end - 1, 1))  # (max_new_tokens 1: no step runs, but the loop body is traced)
+      state = lax.while_loop(keep_going, step, (t, token, grown, outputs, done))
     return state[3]
 
   if layout is None:
