@@ -77,7 +77,7 @@ def test_run_logs_warmup_then_policy_updates(ppo_run):
   assert [r["value_warmup"] for r in rows] == [1.0, 1.0, 0.0, 0.0]
   for row in rows:
     assert np.isfinite(row["value_loss"]) and row["response_length"] > 0
-    for key in ("rm_score", "reward_mean", "kl_ref", "vf_clip_frac", "return_mean"):
+    for key in ("rm_score", "reward_mean", "kl_ref", "vf_clip_frac", "returns_mean"):
       assert key in row, key
   for row in rows[2:]:
     assert abs(row["ppo_kl"]) < 0.05 and 0.0 <= row["clip_frac"] <= 1.0  # sampler and teacher forcing agree
