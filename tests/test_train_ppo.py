@@ -103,6 +103,7 @@ def test_bad_input_names_the_field(runs, tmp_path):
   sft, rm = runs
   cases = [({"ppo.critic_init": sft}, "config.ppo.critic_init"),  # an LM run starts no critic
            ({"ppo.critic_init": str(tmp_path / "none")}, "config.ppo.critic_init"),
+           ({"ppo.critic_init": "hf:/models/none"}, "config.ppo.critic_init"),  # no score head there
            ({"ppo.minibatches": 3}, "ppo.minibatches"),
            ({"ppo.gamma": 1.5}, "config.ppo.gamma"),
            ({"ppo.value_warmup_steps": STEPS}, "ppo.value_warmup_steps"),
