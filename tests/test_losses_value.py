@@ -214,6 +214,7 @@ ROWS, COLS = 4, 8
 gae_jit = jax.jit(V.gae)
 value_loss_jit = jax.jit(lambda v, o, r, m, clip: V.clipped_value_loss(v, o, r, m, clip=clip))
 plain_value_loss_jit = jax.jit(lambda v, o, r, m: V.clipped_value_loss(v, o, r, m, clip=None))
+whiten_jit = jax.jit(V.whiten, static_argnums=2)
 
 
 @st.composite
@@ -265,3 +266,18 @@ def test_value_clip_behaviour(value, old, ret, clip):
     assert metrics["vf_clip_frac"] == 0.0
   unclipped, _ = plain_value_loss_jit(v, o, r, m)
   np.testing.assert_allclose(unclipped, 0.5 * (value - ret) ** 2, rtol=1e-4, atol=1e-5)
+
+
+@given(gae_inputs(), st.floats(-5, 5), st.floats(0.1, 10))
+def test_whitened_advantages_have_zero_mean_and_unit_variance_over_the_tokens(inputs, shift, scale):
+  """Over the unmasked tokens: mean 0 and unbiased variance 1 (when they vary); 0 on masked positions; invariant to
+  an affine change of the advantages (a shift and a positive scale)."""
+  x, _, mask = inputs
+  live = mask > 0
+  out = np.asarray(whiten_jit(x, mask, True))
+  assert np.all(out[~live] == 0)
+  if live.sum() > 1:
+    np.testing.assert_allclose(out[live].mean(), 0.0, atol=1e-5)
+    np.testing.assert_allclose(out[live].var(ddof=1), 1.0, rtol=1e-4)
+    moved = np.asarray(whiten_jit((x * scale + shift).astype(np.float32), mask, True))
+    np.testing.assert_allclose(moved, out, rtol=1e-3, atol=1e-3)

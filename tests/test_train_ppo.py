@@ -70,6 +70,36 @@ def test_warmup_moves_only_the_critic_and_its_loss_falls(ppo_run):
   np.testing.assert_array_equal(critic0["head"]["kernel"], np.asarray(rm.params["head"]["kernel"]))
 
 
+def test_critic_value_is_the_reward_models_score_of_the_prefix(ppo_run):
+  """V_t of a rollout (the critic started from the RM, before any update) is the RM's score of prompt + response
+  tokens before t, scored in the RM's own layout (right-padded, positions from 0, the score at the last token)."""
+  from jaxpt.models.reward import RewardModel
+  from jaxpt.trainers.ppo import critic_values
+
+  config, built, _, _ = ppo_run
+  state = built.init_state()
+  critic_config = built.hooks.critic_start.config
+  ro = built.hooks.collector.rollouts(state.params["policy"], built.hooks.collector.prompts.batch(0),
+                                     jax.random.PRNGKey(3))
+  keys = ("prompt_tokens", "prompt_mask", "tokens", "mask")
+  values = np.asarray(jax.jit(lambda p, *a: critic_values(critic_config, p, *a))(
+      state.params["critic"], *(ro[k] for k in keys)))
+  host = {k: np.asarray(jax.device_get(ro[k])) for k in keys}
+  score = jax.jit(lambda tokens, last: RewardModel(critic_config).apply({"params": state.params["critic"]}, tokens,
+                                                                         last)[0])
+  checked = 0
+  for b in range(host["tokens"].shape[0]):
+    prompt = host["prompt_tokens"][b][host["prompt_mask"][b] > 0]
+    for t in range(int(host["mask"][b].sum())):
+      prefix = np.concatenate([prompt, host["tokens"][b][:t]])
+      row = np.zeros((1, critic_config.max_seq_len), np.int32)
+      row[0, :len(prefix)] = prefix
+      want = float(score(row, np.array([len(prefix) - 1], np.int32))[0])
+      np.testing.assert_allclose(values[b, t], want, rtol=1e-4, atol=1e-5, err_msg=f"row {b}, token {t}")
+      checked += 1
+  assert checked > 0 and np.all(values[host["mask"] == 0] == 0)
+
+
 def test_run_logs_warmup_then_policy_updates(ppo_run):
   _, _, workdir, result = ppo_run
   rows = read_metrics(workdir)
@@ -77,7 +107,7 @@ def test_run_logs_warmup_then_policy_updates(ppo_run):
   assert [r["value_warmup"] for r in rows] == [1.0, 1.0, 0.0, 0.0]
   for row in rows:
     assert np.isfinite(row["value_loss"]) and row["response_length"] > 0
-    for key in ("rm_score", "reward_mean", "kl_ref", "vf_clip_frac", "return_mean"):
+    for key in ("rm_score", "reward_mean", "kl_ref", "vf_clip_frac", "returns_mean"):
       assert key in row, key
   for row in rows[2:]:
     assert abs(row["ppo_kl"]) < 0.05 and 0.0 <= row["clip_frac"] <= 1.0  # sampler and teacher forcing agree
@@ -103,6 +133,7 @@ def test_bad_input_names_the_field(runs, tmp_path):
   sft, rm = runs
   cases = [({"ppo.critic_init": sft}, "config.ppo.critic_init"),  # an LM run starts no critic
            ({"ppo.critic_init": str(tmp_path / "none")}, "config.ppo.critic_init"),
+           ({"ppo.critic_init": "hf:/models/none"}, "config.ppo.critic_init"),  # no score head there
            ({"ppo.minibatches": 3}, "ppo.minibatches"),
            ({"ppo.gamma": 1.5}, "config.ppo.gamma"),
            ({"ppo.value_warmup_steps": STEPS}, "ppo.value_warmup_steps"),

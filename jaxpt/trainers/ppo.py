@@ -142,7 +142,7 @@ def make_experience(config: PPORunConfig, critic_config: ModelConfig) -> Callabl
     if settings.whiten_advantages:
       advantages = whiten(advantages, mask)
     metrics = {"kl_ref": masked_mean(reward_kl(old_logp, ref_logp, mask, settings.kl_kind), mask),
-               "value_start_mean": masked_mean(values, mask), "return_mean": masked_mean(returns, mask),
+               "value_start_mean": masked_mean(values, mask),
                "token_reward_sum": jnp.mean(jnp.sum(rewards, axis=-1))}
     return {"old_values": values, "advantages": advantages, "returns": returns}, metrics
 

@@ -27,7 +27,7 @@ from jaxpt.engine.metrics import read_metrics  # noqa: E402
 from tests.micro_grpo import OVERRIDES, even_length  # noqa: E402
 
 MESHES = {"dp": dict(data=8), "fsdp": dict(data=1, fsdp=8), "fsdp_tp": dict(data=2, fsdp=2, tensor=2)}
-KEYS = ("reward_mean", "accuracy", "value_loss", "value_start_mean", "return_mean", "kl_ref", "grad_norm")
+KEYS = ("reward_mean", "accuracy", "value_loss", "value_start_mean", "returns_mean", "kl_ref", "grad_norm")
 POLICY_KEYS = ("pg_loss", "ppo_kl", "clip_frac")
 PPO = {**{k: v for k, v in OVERRIDES.items() if not k.startswith("grpo.")}, "eval_every": 0,
        "data.prompts_per_step": 16, "data.eval_prompts": 0, "ppo.minibatches": 2, "ppo.epochs": 2,
