@@ -1,6 +1,6 @@
 """Tiny RLHF run: GRPO rewarded by a jaxpt reward model (`reward.model`, a `jaxpt rm` run of `rm_tiny.py`) instead
 of the verifier, starting from a `jaxpt sft` run of `sft_tiny.py`; `grpo_tiny.py` (read from that file) with the
-prompt and response cut so that together they fit rm_tiny's max_seq_len (64). The RM's tokenizer is its own (trained
+prompt and response lengths fitting rm_tiny's max_seq_len (128). The RM's tokenizer is its own (trained
 on the synthetic preferences), so it scores the decoded prompt + response re-tokenized (logged once at start); an
 RM started from the SFT run (`jaxpt rm ... --config.init_from=/tmp/sft`, with sft_tiny's model) reads the rollouts'
 own tokens. The verifier's score stays in the metrics (`accuracy`) as the gold reward beside `rm_score`.
@@ -19,7 +19,7 @@ from jaxpt.config import load_config_file
 def get_config():
   config = load_config_file(os.path.join(os.path.dirname(__file__), "grpo_tiny.py"))
   config.data.update(dict(max_prompt_len=44))  # the longest prompt (a distractor eval problem): 43 tokens
-  config.sampling.update(dict(max_new_tokens=20))  # worked solutions: 17 tokens on average
+  config.sampling.update(dict(max_new_tokens=32))  # SFT responses (solution, \boxed{answer}, EOS): 24 on average, 28 at most
   config.reward.update(dict(verifier_weight=0.0, model="", model_weight=1.0, normalize="batch", clip=5.0,
                             eos_missing_penalty=0.5))
   return config
