@@ -1,7 +1,7 @@
 """Sharded training on 8 simulated CPU devices: runs tests/multidevice/sharded_training.py (the shared step, state
 layout, checkpoints across meshes), sharded_grpo.py (GRPO and CLIPO end to end), sharded_vit.py (ViT and DiT
-steps) and sharded_grpo_losses.py (every registered policy loss, bnpo and KDRL, 2 GRPO steps; `slow`), each in a
-fresh process.
+steps), sharded_grpo_losses.py (every registered policy loss, bnpo and KDRL, 2 GRPO steps; `slow`) and
+sharded_lora.py (LoRA on a data x fsdp x tensor mesh vs one device; `slow`), each in a fresh process.
 
 XLA fixes the number of host devices when its backend starts, so those tests cannot share this process (or the
 suite's): the subprocess sets XLA_FLAGS before importing jax and shares compiled work across its own tests.
@@ -16,9 +16,11 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # file in tests/multidevice -> tests it must collect
-SUITES = {"sharded_training.py": 22, "sharded_grpo.py": 10, "sharded_vit.py": 6, "sharded_grpo_losses.py": 10}
-# every policy loss x 2 GRPO runs: about 3 CPU-minutes, so `slow` (deselected by default in .ci/run)
-SLOW = {"sharded_grpo_losses.py"}
+SUITES = {"sharded_training.py": 22, "sharded_grpo.py": 10, "sharded_vit.py": 6, "sharded_grpo_losses.py": 10,
+          "sharded_lora.py": 1}
+# every policy loss x 2 GRPO runs: about 3 CPU-minutes; LoRA on 8 devices vs 1: about a minute; so `slow`
+# (deselected by default in .ci/run)
+SLOW = {"sharded_grpo_losses.py", "sharded_lora.py"}
 
 
 def run_suite(env, suite, *args):
