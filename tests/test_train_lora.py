@@ -38,7 +38,7 @@ def config_of(module, overrides):
   return config
 
 
-def adapter_paths(tree):
+def leaf_paths(tree):
   return {jax.tree_util.keystr(p) for p, leaf in jax.tree_util.tree_leaves_with_path(tree)}
 
 
@@ -79,7 +79,7 @@ def test_sft_with_lora_trains_the_adapters_alone_and_resumes_bitwise(sft_runs):
   assert rows[-1]["loss"] < rows[0]["loss"], [r["loss"] for r in rows]
   changed = changed_leaves(initial, jax.device_get(whole.state.params))
   assert changed and all(is_adapter(p) for p in changed), changed
-  moments = [p for p in adapter_paths(whole.state.opt_state) if ".mu" in p or ".nu" in p]
+  moments = [p for p in leaf_paths(whole.state.opt_state) if ".mu" in p or ".nu" in p]
   assert moments and all(is_adapter(p) for p in moments), moments
   assert_bitwise(resumed.state, whole.state)
 
@@ -133,7 +133,7 @@ def test_rm_with_lora_trains_the_head_whole_and_the_backbone_adapters(tmp_path):
   assert {p for p in changed if not is_adapter(p)} == {"['head']['kernel']"}, changed
   # jaxpt.load's reader merges the adapters: the plain RewardModel on them scores as the LoRA one
   saved = load_run(str(tmp_path))
-  assert not any(is_adapter(p) for p in adapter_paths(saved.params))
+  assert not any(is_adapter(p) for p in leaf_paths(saved.params))
 
 
 @pytest.mark.slow
