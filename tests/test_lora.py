@@ -162,3 +162,36 @@ def test_trainable_part_keeps_only_marked_leaves():
   assert trainable_part(tree, mask) == {"a": {"lora_a": 2}}
   assert trainable_part(tree, None) is tree
   assert dataclasses.is_dataclass(LoRAConfig)
+
+
+def test_adapters_split_like_their_kernels_under_the_sharding_rules():
+  """A along `embed` over fsdp like its kernel's in axis, B along heads / mlp over tensor, the rank axis whole."""
+  from jaxpt.parallel.rules import get_rules
+
+  model = TransformerLM(ModelConfig(**TINY), lora=LoRA(rank=2, scale=1.0))
+  boxed = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))["params"]
+  specs = nn.logical_to_mesh(nn.get_partition_spec(boxed), get_rules("fsdp_tp"))["decoder"]["layers"]
+  assert tuple(specs["attn"]["query"]["lora_a"]) == (None, "fsdp", None)
+  assert tuple(specs["attn"]["query"]["lora_b"]) == (None, None, "tensor", None)
+  assert tuple(specs["attn"]["out"]["lora_a"]) == (None, "tensor", None, None)
+  assert tuple(specs["attn"]["out"]["lora_b"]) == (None, None, "fsdp")
+  assert tuple(specs["mlp"]["wo"]["lora_a"]) == (None, "tensor", None)
+
+
+def test_a_bfloat16_base_stays_frozen_beside_float32_adapters():
+  config = from_section(SFTRunConfig, dict(sft_config(rank=2, base_dtype="bfloat16"), optim={"warmup_steps": 0}),
+                        "config")
+  model = TransformerLM(config.model, lora=config.lora.spec())
+  shapes = {k: jax.ShapeDtypeStruct((2, 8), jnp.int32 if k != "weights" else jnp.float32)
+            for k in ("inputs", "targets", "weights")}
+  training = build_training(config, training_mesh(config, 2), model, (jnp.zeros((1, 8), jnp.int32),), shapes,
+                            loss_fn=make_lm_loss_fn(model))
+  state = training.init_state()
+  dtypes = {jax.tree_util.keystr(p): str(leaf.dtype) for p, leaf in jax.tree_util.tree_leaves_with_path(state.params)}
+  assert {d for p, d in dtypes.items() if p.endswith(("['lora_a']", "['lora_b']"))} == {"float32"}
+  assert {d for p, d in dtypes.items() if not p.endswith(("['lora_a']", "['lora_b']"))} == {"bfloat16"}
+  batch = {"inputs": np.ones((2, 8), np.int32), "targets": np.ones((2, 8), np.int32),
+           "weights": np.ones((2, 8), np.float32)}
+  new, metrics = training.train_step(state, batch)
+  assert np.isfinite(float(metrics["loss"])) and float(metrics["grad_norm"]) > 0
+  np.testing.assert_array_equal(new.params["embedding"], state.params["embedding"])

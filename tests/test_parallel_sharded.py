@@ -1,8 +1,8 @@
 """Sharded training on 8 simulated CPU devices: runs tests/multidevice/sharded_training.py (the shared step, state
 layout, checkpoints across meshes), sharded_grpo.py (GRPO and CLIPO end to end), sharded_vit.py (ViT and DiT
 steps), sharded_grpo_losses.py (every registered policy loss, bnpo and KDRL, 2 GRPO steps; `slow`) and
-sharded_ppo.py (PPO: policy, critic and its warm-up on three meshes; `slow`), each in a
-fresh process.
+sharded_ppo.py (PPO: policy, critic and its warm-up on three meshes; `slow`) and sharded_lora.py (LoRA on a
+data x fsdp x tensor mesh vs one device; `slow`), each in a fresh process.
 
 XLA fixes the number of host devices when its backend starts, so those tests cannot share this process (or the
 suite's): the subprocess sets XLA_FLAGS before importing jax and shares compiled work across its own tests.
@@ -18,10 +18,10 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # file in tests/multidevice -> tests it must collect
 SUITES = {"sharded_training.py": 22, "sharded_grpo.py": 10, "sharded_vit.py": 6, "sharded_grpo_losses.py": 10,
-          "sharded_ppo.py": 3}
+          "sharded_ppo.py": 3, "sharded_lora.py": 1}
 # every policy loss x 2 GRPO runs: about 3 CPU-minutes; PPO on 3 meshes and one device: about 3 minutes on 2 cores;
-# so `slow` (deselected by default in .ci/run)
-SLOW = {"sharded_grpo_losses.py", "sharded_ppo.py"}
+# LoRA on 8 devices vs 1: about a minute; so `slow` (deselected by default in .ci/run)
+SLOW = {"sharded_grpo_losses.py", "sharded_ppo.py", "sharded_lora.py"}
 
 
 def run_suite(env, suite, *args):

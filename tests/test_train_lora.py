@@ -4,6 +4,7 @@ reference policy is the base with its adapters off (no copy of the params)."""
 
 import json
 
+import flax.linen as nn
 import jax
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import pytest
 import jaxpt
 from experiments.configs import dpo_tiny, grpo_tiny, kto_tiny, rm_tiny, sft_lora_tiny
 from jaxpt.config import from_section
+from jaxpt.engine.init_from import init_params
 from jaxpt.engine.metrics import read_metrics
 from jaxpt.engine.saved_model import load_run
 from jaxpt.nn import lora as lora_lib
@@ -36,7 +38,7 @@ def config_of(module, overrides):
   return config
 
 
-def adapter_paths(tree):
+def leaf_paths(tree):
   return {jax.tree_util.keystr(p) for p, leaf in jax.tree_util.tree_leaves_with_path(tree)}
 
 
@@ -52,13 +54,14 @@ def is_adapter(path):
 
 
 def run_twice(trainer, config, root, stop_at):
-  """(built, initial params, the whole run, the run killed at `stop_at` and resumed, the whole run's metrics)."""
+  """(built, initial params, the whole run, the run killed at `stop_at` and resumed, the whole run's metrics, its
+  workdir)."""
   built = jaxpt.build(trainer, config, str(root / "whole"))
   initial = jax.device_get(built.training.init_state().params)
   whole = jaxpt.train(trainer, config, str(root / "whole"), built=built)
   jaxpt.train(trainer, config, str(root / "split"), built=built, stop_at=stop_at)
   resumed = jaxpt.train(trainer, config, str(root / "split"), built=built)
-  return built, initial, whole, resumed, read_metrics(str(root / "whole"))
+  return built, initial, whole, resumed, read_metrics(str(root / "whole")), str(root / "whole")
 
 
 def assert_bitwise(a, b):
@@ -72,17 +75,17 @@ def sft_runs(tmp_path_factory):
 
 
 def test_sft_with_lora_trains_the_adapters_alone_and_resumes_bitwise(sft_runs):
-  _, initial, whole, resumed, rows = sft_runs
+  _, initial, whole, resumed, rows, _ = sft_runs
   assert rows[-1]["loss"] < rows[0]["loss"], [r["loss"] for r in rows]
   changed = changed_leaves(initial, jax.device_get(whole.state.params))
   assert changed and all(is_adapter(p) for p in changed), changed
-  moments = [p for p in adapter_paths(whole.state.opt_state) if ".mu" in p or ".nu" in p]
+  moments = [p for p in leaf_paths(whole.state.opt_state) if ".mu" in p or ".nu" in p]
   assert moments and all(is_adapter(p) for p in moments), moments
   assert_bitwise(resumed.state, whole.state)
 
 
 def test_sft_with_lora_evaluates_the_merged_policy(sft_runs):
-  built, _, whole, _, rows = sft_runs
+  built, _, whole, _, rows, _ = sft_runs
   assert 0.0 <= rows[-1]["eval_answer_accuracy"] <= 1.0 and np.isfinite(rows[-1]["eval_loss"])
   params = whole.state.params
   tokens = (np.arange(8, dtype=np.int32)[None] * 7) % 100
@@ -92,13 +95,22 @@ def test_sft_with_lora_evaluates_the_merged_policy(sft_runs):
   np.testing.assert_allclose(lora_logits, merged, rtol=1e-4, atol=1e-4)
 
 
+def test_init_from_a_lora_run_starts_from_its_merged_params(sft_runs):
+  built, _, whole, _, _, workdir = sft_runs
+  plain = built.training.model.clone(lora=None)
+  template = jax.jit(lambda: nn.meta.unbox(plain.init(jax.random.PRNGKey(1), np.zeros((1, 8), np.int32))["params"]))()
+  started = init_params(workdir, built.config.model, template)
+  want = built.training.merged_params(whole.state.params)
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(started), jax.device_get(want))
+
+
 @pytest.fixture(scope="module")
 def dpo_runs(tmp_path_factory):
   return run_twice("dpo", config_of(dpo_tiny, {**PAIRS, "steps": 6}), tmp_path_factory.mktemp("dpo_lora"), stop_at=2)
 
 
 def test_dpo_with_lora_references_the_base_without_a_copy_and_resumes_bitwise(dpo_runs):
-  built, initial, whole, resumed, rows = dpo_runs
+  built, initial, whole, resumed, rows, _ = dpo_runs
   assert built.hooks.ref_params is None  # nothing copied
   params = whole.state.params
   base = built.hooks.reference_params(params)
@@ -121,7 +133,7 @@ def test_rm_with_lora_trains_the_head_whole_and_the_backbone_adapters(tmp_path):
   assert {p for p in changed if not is_adapter(p)} == {"['head']['kernel']"}, changed
   # jaxpt.load's reader merges the adapters: the plain RewardModel on them scores as the LoRA one
   saved = load_run(str(tmp_path))
-  assert not any(is_adapter(p) for p in adapter_paths(saved.params))
+  assert not any(is_adapter(p) for p in leaf_paths(saved.params))
 
 
 @pytest.mark.slow
@@ -139,7 +151,7 @@ def grpo_runs(tmp_path_factory):
 
 
 def test_grpo_with_lora_samples_the_merged_policy_and_references_the_base(grpo_runs):
-  built, initial, whole, resumed, _ = grpo_runs
+  built, initial, whole, resumed, _, _ = grpo_runs
   assert built.hooks.ref_params is None and built.config.grpo.uses_reference
   changed = changed_leaves(initial, jax.device_get(whole.state.params))
   assert changed and all(is_adapter(p) for p in changed), changed

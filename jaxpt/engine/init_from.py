@@ -62,7 +62,8 @@ def run_params(workdir: str, model_config: ModelConfig, template: Any) -> Any:
   model = TransformerLM(model_config, lora=lora.spec())
   adapted = jax.eval_shape(lambda: init_params_of(model_config, jax.random.PRNGKey(0), model=model))
   shardings = jax.tree.map(lambda leaf: leaf.sharding, template)
-  replicated = NamedSharding(jax.tree.leaves(shardings)[0].mesh, PartitionSpec())
+  first = jax.tree.leaves(shardings)[0]
+  replicated = NamedSharding(first.mesh, PartitionSpec()) if isinstance(first, NamedSharding) else first
   adapters = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=replicated), adapted)
   restored = load_run_params(workdir, lora_lib.with_adapters(template, adapters), FIELD)
   return jax.jit(lambda p: lora_lib.merge_params(p, lora.scale), out_shardings=shardings)(restored)

@@ -1,0 +1,66 @@
+"""LoRA training on 8 simulated CPU devices (run by tests/test_parallel_sharded.py in its own process): the shared
+step with adapters on a data x fsdp x tensor mesh equals the one-device run, and the adapters and their moments are
+split as their kernels' logical axes say (A along embed over fsdp, B along heads / mlp over tensor).
+
+  python -m pytest tests/multidevice/sharded_lora.py
+"""
+
+import os
+
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + (
+    " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
+    " --xla_llvm_disable_expensive_passes=true")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from jaxpt import parallel  # noqa: E402
+from jaxpt.config import from_section  # noqa: E402
+from jaxpt.engine.builder import build_training  # noqa: E402
+from jaxpt.models.transformer import TransformerLM  # noqa: E402
+from jaxpt.trainers.lm import make_lm_loss_fn  # noqa: E402
+from jaxpt.trainers.sft import SFTRunConfig  # noqa: E402
+
+BATCH, SEQ, STEPS = 8, 8, 3
+MODEL = dict(vocab_size=64, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, mlp_dim=64, max_seq_len=16,
+             norm_scheme="siamese_post_pre")
+
+
+def run(mesh_sizes, devices):
+  config = from_section(SFTRunConfig, {
+      "model": MODEL, "optim": {"warmup_steps": 0, "learning_rate": 1e-2},
+      "data": {"seq_len": SEQ, "batch_size": BATCH},
+      "decode": {"prompt_len": 8, "max_new_tokens": 8, "eval_problems": 0, "batch_size": 1},
+      "mesh": dict(mesh_sizes, rules="fsdp_tp"), "lora": {"rank": 2, "alpha": 4.0}}, "config")
+  mesh = parallel.make_mesh(config.mesh, devices)
+  model = TransformerLM(config.model, lora=config.lora.spec())
+  shapes = {k: jax.ShapeDtypeStruct((BATCH, SEQ), jnp.float32 if k == "weights" else jnp.int32)
+            for k in ("inputs", "targets", "weights")}
+  training = build_training(config, mesh, model, (jnp.zeros((1, SEQ), jnp.int32),), shapes,
+                            loss_fn=make_lm_loss_fn(model))
+  state, losses = training.init_state(), []
+  for t in range(STEPS):
+    rng = np.random.default_rng(t)
+    batch = {"inputs": rng.integers(0, 64, (BATCH, SEQ)).astype(np.int32),
+             "targets": rng.integers(0, 64, (BATCH, SEQ)).astype(np.int32),
+             "weights": np.ones((BATCH, SEQ), np.float32)}
+    state, metrics = training.train_step(state, parallel.global_batch(batch, training.sharded.batch_sharding, BATCH))
+    losses.append(float(metrics["loss"]))
+  return losses, state
+
+
+def test_lora_on_8_devices_matches_one_device_and_splits_the_adapters():
+  want_losses, want = run({"data": 1}, jax.devices()[:1])
+  losses, state = run({"data": 2, "fsdp": 2, "tensor": 2}, jax.devices())
+  np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
+  for path, got, ref in zip(jax.tree_util.tree_leaves_with_path(state.params), jax.tree.leaves(state.params),
+                            jax.tree.leaves(want.params)):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=1e-4, atol=2e-6,
+                               err_msg=jax.tree_util.keystr(path[0]))
+  attn = state.params["decoder"]["layers"]["attn"]
+  assert tuple(attn["query"]["lora_a"].sharding.spec)[:2] == (None, "fsdp")
+  assert tuple(attn["query"]["lora_b"].sharding.spec)[:3] == (None, None, "tensor")
+  moments = state.opt_state[1][0].mu["decoder"]["layers"]["attn"]["query"]
+  assert moments["lora_b"].sharding.spec == attn["query"]["lora_b"].sharding.spec
+  assert "kernel" not in moments  # no optimizer state for the frozen base
