@@ -17,11 +17,12 @@ Per step t (key fold_in(rng, t)), from the logits l of the last fed token (tempe
 A row stops at its first `eos_id` (kept, mask 1); later entries are pad_id with mask 0 and logprob 0. The loop
 ends when every row has stopped or after max_new_tokens.
 
-Speed (`benchmarks/sampler.py`, `benchmarks/shared_prefill.py`): the prefill runs once per distinct prompt, projects
-only the last prompt column onto the vocabulary and fills a prefix of exactly the prompt's slots; the decode loop
-runs in `cache_segments` consecutive while_loops, and before each the per-row cache grows (`KVCache.grow`, one copy
-of the responses so far) to the slots filled by that loop's end, so a step attends over no slot beyond them (the
-same arithmetic as attending to the whole buffer: the slots left out are ones the mask excludes).
+Speed (`benchmarks/sampler.py`, `benchmarks/shared_prefill.py`): the prefill runs once per distinct prompt (G > 1),
+projects only the last prompt column onto the vocabulary and fills a cache of exactly the prompt's slots; the
+decode loop runs in `cache_segments` consecutive while_loops, and before each the rows' own buffers grow
+(`KVCache.grow`, one copy; a shared prefix is not copied) to the slots filled by that loop's end, so a step attends
+over no slot beyond them (the same arithmetic as attending to the whole buffer: the slots left out are ones the
+mask excludes).
 `rollout_dtype="bfloat16"` decodes with bf16 weights, activations and KV cache: faster (half the bytes streamed per
 step), but the log-probs are those of the bf16 policy, so a trainer needing the fp32 policy's log-probs recomputes
 them by teacher forcing (`jaxpt.rl.logprobs`; the GRPO trainer does).
@@ -171,8 +172,9 @@ def make_sampler(model_config: ModelConfig, sampling: SamplingConfig, prompt_len
   reads each prompt's K/V G times; with the shared block a step reads a prompt's K/V once for its G rows (one
   batched matmul per group), the cache holds the prompt once, and the `cache_segments` growth copies only
   responses. Sharded, the row split keeps each device's groups whole when B / G is a multiple of the data-parallel
-  size (else XLA moves the prompt rows a device lacks). With G = 1 (eval, `jaxpt.load(...).generate`) there is
-  nothing to share and the prompt stays in each row's own buffers, response token t at slot P + t, as before.
+  size; otherwise (4 prompts on 8 devices) XLA's partitioner moves rows between devices, with the same results.
+  With G = 1 (eval, `jaxpt.load(...).generate`) there is nothing to share and the prompt stays in each row's own
+  buffers, response token t at slot P + t, as before.
   """
   if prompt_len <= 0:
     raise ValueError(f"prompt_len={prompt_len}: must be positive")
