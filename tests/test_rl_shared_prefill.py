@@ -55,7 +55,7 @@ def assert_same_rollouts(got, want, atol=2e-5):
     np.testing.assert_allclose(got.hidden, want.hidden, rtol=2e-5, atol=atol)
 
 
-@pytest.fixture(scope="module", params=["pre", "siamese_hybrid_pre",
+@pytest.fixture(scope="module", params=["pre", pytest.param("siamese_hybrid_pre", marks=pytest.mark.slow),
                                         pytest.param("post", marks=pytest.mark.slow),
                                         pytest.param("hybrid", marks=pytest.mark.slow),
                                         pytest.param("siamese_post_pre", marks=pytest.mark.slow),
