@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -123,7 +124,7 @@ def main(argv=None) -> dict:
                       "new_tokens": args.new_tokens, "rounds": args.rounds},
             "before": args.before if before is not None else None,
             "device": str(jax.devices()[0]), "jax": jax.__version__, "cpu_count": os.cpu_count(),
-            "machine": platform.machine(), "command": "python -m benchmarks.shared_prefill " + " ".join(
+            "machine": platform.machine(), "command": "python -m benchmarks.shared_prefill " + shlex.join(
                 sys.argv[1:] if argv is None else argv), **results}
   print(json.dumps(report, indent=1))
   return report

@@ -12,8 +12,9 @@ import pytest
 
 import jaxpt
 from jaxpt.engine.metrics import read_metrics
+from jaxpt.models.transformer import TransformerLM, init_cache
 from jaxpt.rl.rollouts import repeat_prompts
-from jaxpt.rl.sampler import SamplingConfig, make_sampler
+from jaxpt.rl.sampler import SamplingConfig, make_sampler, prompt_layout
 from jaxpt.trainers.grpo import replace_hooks
 from tests.micro_grpo import DAPO, even_length, micro_config
 from tests.test_models_hyper_connections import randomise_connections
@@ -54,7 +55,7 @@ def assert_same_rollouts(got, want, atol=2e-5):
     np.testing.assert_allclose(got.hidden, want.hidden, rtol=2e-5, atol=atol)
 
 
-@pytest.fixture(scope="module", params=["pre", "siamese_hybrid_pre",
+@pytest.fixture(scope="module", params=["pre", pytest.param("siamese_hybrid_pre", marks=pytest.mark.slow),
                                         pytest.param("post", marks=pytest.mark.slow),
                                         pytest.param("hybrid", marks=pytest.mark.slow),
                                         pytest.param("siamese_post_pre", marks=pytest.mark.slow),
@@ -90,7 +91,7 @@ def test_group_size_one_and_greedy_groups():
   """G = 1 (distinct prompts, as eval and `generate` sample) and a greedy G = 4 (every row of a group alike)."""
   cfg, params = model("pre")
   tokens, mask = left_padded_prompts(cfg)
-  greedy = SamplingConfig(max_new_tokens=NEW_TOKENS, greedy=True, cache_segments=2)
+  greedy = SamplingConfig(max_new_tokens=NEW_TOKENS, greedy=True, cache_segments=1)
   plain = sampler(cfg, greedy, 1)(params, tokens, mask, KEY)
   rows, row_mask = repeated_rows(cfg, 4)
   grouped = sampler(cfg, greedy, 4)(params, rows, row_mask, KEY)
@@ -101,9 +102,38 @@ def test_group_size_one_and_greedy_groups():
 def test_bfloat16_shared_prefill_equals_one_prefill_per_row():
   cfg, params = model("pre")
   tokens, mask = repeated_rows(cfg)
-  sampling = dataclasses.replace(SAMPLED, rollout_dtype="bfloat16")
+  sampling = dataclasses.replace(SAMPLED, rollout_dtype="bfloat16", cache_segments=1)
   assert_same_rollouts(sampler(cfg, sampling, G)(params, tokens, mask, KEY),
                        sampler(cfg, sampling, 1)(params, tokens, mask, KEY), atol=1e-2)
+
+
+@pytest.mark.parametrize("scan_layers", [True, False])
+def test_decode_over_a_shared_prefix_equals_the_prompt_in_each_rows_cache(scan_layers):
+  """The model, two decode steps: rows reading their prompt from a shared prefix (`KVCache.prefix`, one row per
+  prompt) against rows holding their own copy of it in their cache; scanned and unrolled layers."""
+  cfg, params = model_for("siamese_post_pre", scan_layers=scan_layers)
+  model = TransformerLM(cfg)
+  apply = jax.jit(lambda tokens, positions, segment_ids=None, *, cache, cache_index: model.apply(
+      {"params": params}, tokens, positions, segment_ids, return_hidden=True, cache=cache, cache_index=cache_index))
+  prompts, prompt_mask = left_padded_prompts(cfg)
+  tokens, mask = repeat_prompts(prompts, prompt_mask, G)[:2]
+  new = np.random.default_rng(2).integers(1, cfg.vocab_size, (len(tokens), 2)).astype(np.int32)
+  segment_ids, positions, lengths = prompt_layout(mask)
+  _, _, own = apply(tokens, positions, segment_ids, cache=init_cache(cfg, len(tokens), PROMPT_LEN + 2),
+                    cache_index=0)
+  segment_ids, positions, _ = prompt_layout(prompt_mask)
+  _, _, prefix = apply(prompts, positions, segment_ids, cache=init_cache(cfg, len(prompts), PROMPT_LEN),
+                       cache_index=0)
+  shared = init_cache(cfg, len(tokens), 2).replace(prefix=prefix)
+  for t in range(2):
+    position = (lengths + t)[:, None]
+    want_logits, want_hidden, own = apply(new[:, t:t + 1], position, cache=own, cache_index=PROMPT_LEN + t)
+    logits, hidden, shared = apply(new[:, t:t + 1], position, cache=shared, cache_index=t)
+    np.testing.assert_allclose(logits, want_logits, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(hidden, want_hidden, rtol=1e-5, atol=1e-5)
+  for got, want in zip(shared.key + shared.value, own.key + own.value):
+    np.testing.assert_allclose(got, want[:, :, PROMPT_LEN:], rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(shared.prefix.segment_ids, prompt_mask)
 
 
 def test_group_size_must_divide_the_rows():

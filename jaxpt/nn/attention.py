@@ -114,6 +114,31 @@ def grouped_attention(q, k, v, mask, query_chunk: int = 0, prefix=None):
   return out.reshape(batch, seq, num_heads, head_dim)
 
 
+def gather_pages(pages, page_table):
+  """pages [num_pages, H_kv, page_size, D], page_table int [B, n] -> [B, H_kv, n * page_size, D]: row b's pages in
+  the order of its table (a page id may appear in several rows: a prompt's pages shared by its rollouts)."""
+  rows = jnp.take(pages, page_table, axis=0)  # [B, n, H_kv, page_size, D]
+  batch, count, heads, size, dim = rows.shape
+  return rows.swapaxes(1, 2).reshape(batch, heads, count * size, dim)
+
+
+def paged_attention(q, k_pages, v_pages, page_table, lengths):
+  """Attention of new tokens over a paged KV cache, the pure-JAX gather path (issue 29's paged cache; on TPU a
+  ragged paged attention kernel would read the pages in place instead of gathering them).
+
+  q: [B, n, H, D] the queries of each row's last n tokens, whose K/V are already in its pages; k_pages, v_pages:
+  [num_pages, H_kv, page_size, D]; page_table int [B, pages_per_row] (a row's unused entries may name any page);
+  lengths int [B]: the tokens row b holds (its new ones included), at slots 0 .. lengths[b] - 1 of its pages in
+  table order (so rows may share a prompt's full pages; its last, partly filled page is copied into each row's
+  own). Query i of row b sits at slot lengths[b] - n + i and reads the slots up to it -> [B, n, H, D]. Not used by
+  the sampler yet (issue 29, item 2: continuous batching over a paged cache)."""
+  k, v = gather_pages(k_pages, page_table), gather_pages(v_pages, page_table)
+  num_new = q.shape[1]
+  query_slots = jnp.reshape(lengths, (-1, 1)) - num_new + jnp.arange(num_new)  # [B, n]
+  mask = jnp.arange(k.shape[2])[None, None, :] <= query_slots[:, :, None]
+  return grouped_attention(q, k, v, mask)
+
+
 def library_attention(q, k, v, segment_ids=None, causal: bool = True):
   """q: [B, S, H, D]; k, v: [B, S, H_kv, D] (sequence-major) -> [B, S, H, D] by `jax.nn.dot_product_attention`:
   softmax(q k^T / sqrt(D) + mask) v with the causal mask and, given segment_ids [B, S], attention only within a

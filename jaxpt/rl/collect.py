@@ -112,9 +112,9 @@ class RolloutCollector:
     params = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh), abstract_params,
                           layout.params)
     prompts_abstract = jax.ShapeDtypeStruct((rows, config.data.max_prompt_len), jnp.int32, sharding=layout.batch)
-    sample = sampler(False, config.group_size).lower(params, prompts_abstract, prompts_abstract,
-                                                     jax.ShapeDtypeStruct((2,), jnp.uint32,
-                                                                          sharding=layout.replicated)).compile()
+    sample = sampler(False, config.group_size).lower(
+        params, prompts_abstract, prompts_abstract,
+        jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=layout.replicated)).compile()
     temperature = config.sampling.temperature
     logprobs = layout.jit(lambda params, *arrays: response_logprobs(model, params, *arrays, temperature=temperature),
                           layout.batch, in_shardings=(layout.params,) + (layout.batch,) * 4)

@@ -4,9 +4,10 @@ Layout (shared with `jaxpt.rl.logprobs`, which recomputes the same log-probs by 
 - Prompts are LEFT-padded: `prompt_tokens` int32 [B, P], `prompt_mask` [B, P] (1 on real tokens, the rightmost of
   each row). Segment ids are the mask (0: padding, never attended to by real tokens), positions count from 0 at
   the first real token of each row: pos = cumsum(mask) - 1 (0 on padding).
-- The prompts' K/V are a shared prefix of the cache (`KVCache.prefix`, one row per distinct prompt, slots 0..P-1;
-  see `make_sampler`'s group_size) and each row's own buffers hold its response: response token t (which has
-  position n_real + t) is fed at the row's slot t. All rows share each step's slot, so one in-place
+- Cache slot = column of the sequence prompt ++ response: slots 0..P-1 hold the prompt, response token t (which
+  has position n_real + t) is fed at slot P + t. With `make_sampler`'s group_size G > 1 the prompts' slots are a
+  shared prefix of the cache (`KVCache.prefix`, one row per distinct prompt) and each row's own buffers hold its
+  response alone, token t at the row's slot t. All rows share each step's slot, so one in-place
   dynamic_update_slice writes the step's K/V for every layer.
 
 Per step t (key fold_in(rng, t)), from the logits l of the last fed token (temperature tau):
@@ -16,11 +17,12 @@ Per step t (key fold_in(rng, t)), from the logits l of the last fed token (tempe
 A row stops at its first `eos_id` (kept, mask 1); later entries are pad_id with mask 0 and logprob 0. The loop
 ends when every row has stopped or after max_new_tokens.
 
-Speed (`benchmarks/sampler.py`, `benchmarks/shared_prefill.py`): the prefill runs once per distinct prompt, projects
-only the last prompt column onto the vocabulary and fills a prefix of exactly the prompt's slots; the decode loop
-runs in `cache_segments` consecutive while_loops, and before each the per-row cache grows (`KVCache.grow`, one copy
-of the responses so far) to the slots filled by that loop's end, so a step attends over no slot beyond them (the
-same arithmetic as attending to the whole buffer: the slots left out are ones the mask excludes).
+Speed (`benchmarks/sampler.py`, `benchmarks/shared_prefill.py`): the prefill runs once per distinct prompt (G > 1),
+projects only the last prompt column onto the vocabulary and fills a cache of exactly the prompt's slots; the
+decode loop runs in `cache_segments` consecutive while_loops, and before each the rows' own buffers grow
+(`KVCache.grow`, one copy; a shared prefix is not copied) to the slots filled by that loop's end, so a step attends
+over no slot beyond them (the same arithmetic as attending to the whole buffer: the slots left out are ones the
+mask excludes).
 `rollout_dtype="bfloat16"` decodes with bf16 weights, activations and KV cache: faster (half the bytes streamed per
 step), but the log-probs are those of the bf16 policy, so a trainer needing the fp32 policy's log-probs recomputes
 them by teacher forcing (`jaxpt.rl.logprobs`; the GRPO trainer does).
@@ -170,7 +172,9 @@ def make_sampler(model_config: ModelConfig, sampling: SamplingConfig, prompt_len
   reads each prompt's K/V G times; with the shared block a step reads a prompt's K/V once for its G rows (one
   batched matmul per group), the cache holds the prompt once, and the `cache_segments` growth copies only
   responses. Sharded, the row split keeps each device's groups whole when B / G is a multiple of the data-parallel
-  size (else XLA moves the prompt rows a device lacks).
+  size; otherwise (4 prompts on 8 devices) XLA's partitioner moves rows between devices, with the same results.
+  With G = 1 (eval, `jaxpt.load(...).generate`) there is nothing to share and the prompt stays in each row's own
+  buffers, response token t at slot P + t, as before.
   """
   if prompt_len <= 0:
     raise ValueError(f"prompt_len={prompt_len}: must be positive")
@@ -206,7 +210,10 @@ def make_sampler(model_config: ModelConfig, sampling: SamplingConfig, prompt_len
         cache=init_cache(decode_config, prompts, prompt_len), cache_index=0, last_logits_only=True)
     rows = lambda x: jnp.repeat(x, group_size, axis=0)  # prompt p -> rows p*G .. p*G + G-1
     prompt_lengths = rows(prompt_lengths)
-    cache = init_cache(decode_config, batch, 0).replace(prefix=prompt_cache)  # response slots: none yet
+    if group_size == 1:  # nothing to share: the prompt stays in each row's own buffers, responses after it
+      cache, first_slot = prompt_cache, prompt_len
+    else:  # the prompts are the shared prefix; each row's own buffers will hold its response alone
+      cache, first_slot = init_cache(decode_config, batch, 0).replace(prefix=prompt_cache), 0
     outputs = SampleOutput(
         tokens=jnp.full((batch, steps), sampling.pad_id, jnp.int32),
         logprobs=jnp.zeros((batch, steps), jnp.float32), mask=jnp.zeros((batch, steps), jnp.float32),
@@ -229,7 +236,7 @@ def make_sampler(model_config: ModelConfig, sampling: SamplingConfig, prompt_len
 
     token, outputs, done = record(0, outputs, jnp.zeros((batch,), bool), rows(logits[:, -1]), rows(hidden[:, -1]))
     state = (jnp.int32(1), token, cache, outputs, done)
-    for end in segments:  # steps t < end fill response slots < end - 1: the cache grows to that, no further
+    for end in segments:  # steps t < end fill slots < first_slot + end - 1: the cache grows to that, no further
       def keep_going(state, end=end):
         t, _, _, _, done = state
         return (t < end) & ~jnp.all(done)
@@ -237,12 +244,12 @@ def make_sampler(model_config: ModelConfig, sampling: SamplingConfig, prompt_len
       def step(state):
         t, token, cache, outputs, done = state
         logits, hidden, cache = model.apply(variables, token[:, None], (prompt_lengths + t - 1)[:, None],
-                                            return_hidden=True, cache=cache, cache_index=t - 1)
+                                            return_hidden=True, cache=cache, cache_index=first_slot + t - 1)
         token, outputs, done = record(t, outputs, done, logits[:, 0], hidden[:, 0])
         return t + 1, token, cache, outputs, done
 
       t, token, cache, outputs, done = state
-      grown = cache.grow(max(end - 1, 1))  # (max_new_tokens 1: no step runs, but the loop body is traced)
+      grown = cache.grow(first_slot + max(end - 1, 1))  # (max_new_tokens 1: no step runs, its body is traced)
       state = lax.while_loop(keep_going, step, (t, token, grown, outputs, done))
     return state[3]
 
