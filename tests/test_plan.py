@@ -1,0 +1,146 @@
+"""`jaxpt plan` (`jaxpt.trainers.plan`): the analytic per-device memory against XLA's compiled analysis and the
+measured state of tiny SFT runs, LoRA's arithmetic, and the CLI (one JSON line, nothing written).
+
+Tolerances: the arguments of the compiled step (train state + batch) are the analytic params + AdamW state to 3%
+(the batch and the step / rng scalars are the rest), and the allocated state of a real init to 1%; the compiled
+step's temporaries are the analytic grads + activations + logits to 25% (the activation account counts a block's
+intermediates by hand: XLA's CPU schedule keeps a few more or fewer of them; measured ratios analytic / compiled
+0.76-1.22 over pre / siamese_post_pre, remat none / full, LoRA on / off, grad_accum 1 / 2 at `sft_tiny`'s sizes,
+32 rows of 96 tokens; smaller batches drift further: 1.36 at 16 rows of 64 tokens, where the one block's
+intermediates the account adds for the backward's recompute outweigh what XLA keeps alive at once).
+"""
+
+import functools
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from experiments.configs import sft_tiny
+from jaxpt.config import ConfigError
+from jaxpt.trainers import plan
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+QWEN_1_5B = os.path.join(ROOT, "tests", "assets", "qwen2_5_1_5b_shape")  # its config.json alone, no weights
+QWEN_1_5B_PARAMS = 1_543_714_304  # Qwen2.5-1.5B's published parameter count (tied embeddings)
+
+
+def tiny(remat="full", rank=0, scheme="pre", accum=1):
+  config = sft_tiny.get_config()
+  config.model.update(remat=remat, norm_scheme=scheme)  # data: 32 rows of 96 tokens
+  config.optim.grad_accum_steps = accum
+  config.lora.rank = rank
+  return config
+
+
+@functools.lru_cache(maxsize=None)
+def compiled(remat="full", rank=0, scheme="pre"):
+  """XLA's analysis of the tiny SFT step (compiled once per configuration for the whole module)."""
+  return plan.compiled_account("sft", plan.run_config("sft", tiny(remat, rank, scheme)), 1)
+
+
+@pytest.mark.parametrize("remat,rank,scheme", [("full", 0, "pre"), ("full", 8, "pre"),
+                                               ("none", 8, "siamese_post_pre")])
+def test_analytic_matches_compiled_step(remat, rank, scheme):
+  run = plan.run_config("sft", tiny(remat, rank, scheme))
+  parts = plan.account("sft", run, 1)
+  compiled_step = compiled(remat, rank, scheme)
+  state = parts["params"] + parts["optimizer"]
+  assert compiled_step["argument"] == pytest.approx(state, rel=0.03)
+  transient = parts["grads"] + parts["activations"] + parts["logits"]
+  assert compiled_step["temp"] == pytest.approx(transient, rel=0.25), (compiled_step, parts)
+
+
+def test_measured_state_is_the_analytic_state():
+  """A real tiny SFT state (init on this machine's device): its arrays' bytes are the plan's params + AdamW state,
+  and one step runs in the compiled program whose memory the plan reads."""
+  from jaxpt.engine.builder import build_training
+  from jaxpt.models.transformer import TransformerLM
+  from jaxpt.parallel.mesh import make_mesh
+  from jaxpt.trainers.lm import make_lm_loss_fn
+
+  run = plan.run_config("sft", tiny("full", 8))
+  model = TransformerLM(run.model, lora=run.lora.spec())
+  shape = (32, 96)
+  shapes = {k: jax.ShapeDtypeStruct(shape, jnp.int32) for k in ("inputs", "targets", "segment_ids", "positions")}
+  shapes["weights"] = jax.ShapeDtypeStruct(shape, jnp.float32)
+  training = build_training(run, make_mesh(run.mesh, jax.devices()[:1]), model, (jnp.zeros((1, 96), jnp.int32),),
+                            shapes, loss_fn=make_lm_loss_fn(model))
+  state = training.init_state()
+  measured = sum(leaf.addressable_shards[0].data.nbytes for leaf in jax.tree.leaves((state.params, state.opt_state)))
+  parts = plan.account("sft", run, 1)
+  assert measured == pytest.approx(parts["params"] + parts["optimizer"], rel=0.01)
+  batch = {k: jnp.ones(s.shape, s.dtype) for k, s in shapes.items()}
+  _, metrics = training.train_step(state, batch)
+  assert jnp.isfinite(metrics["loss"])
+
+
+def test_lora_lowers_grads_and_optimizer_as_the_arithmetic_says():
+  full = plan.account("sft", plan.run_config("sft", tiny()), 1)
+  lora = plan.account("sft", plan.run_config("sft", tiny(rank=8)), 1)
+  model = plan.run_config("sft", tiny()).model
+  adapters = 4 * model.num_layers * sum(8 * (k + n) for name, (k, n) in model.projection_dims().items()
+                                        if name != "mlp_in") + 4 * model.num_layers * 2 * 8 * (model.d_model +
+                                                                                                 model.mlp_dim)
+  # mlp_in is SwiGLU's two kernels (gate, up), each with its adapters
+  assert lora["optimizer"] == 2 * adapters
+  assert lora["grads"] == 2 * adapters  # float32 adapters: the gradient and AdamW's update tree
+  assert full["optimizer"] == 2 * full["params"]
+  assert lora["params"] == full["params"] + adapters
+  # and XLA agrees: the compiled step's arguments shrink by the AdamW state the frozen base no longer has
+  saved = compiled("full", 0, "pre")["argument"] - compiled("full", 8, "pre")["argument"]
+  assert saved == pytest.approx((full["params"] + full["optimizer"]) - (lora["params"] + lora["optimizer"]), rel=0.01)
+
+
+def test_qwen_1_5b_shape_is_read_from_config_json_alone():
+  config = __import__("experiments.configs.sft_hf", fromlist=["get_config"]).get_config()
+  config.init_from = f"hf:{QWEN_1_5B}"
+  run = plan.run_config("sft", config)
+  assert (run.model.d_model, run.model.num_layers, run.model.vocab_size) == (1536, 28, 151936)
+  assert plan.account("sft", run, 1)["params"] == 4 * QWEN_1_5B_PARAMS  # float32 params, tied embeddings
+  eight = plan.account("sft", plan.run_config("sft", dict(config, mesh=dict(fsdp=8, data=1))), 8)
+  assert eight["params"] < plan.account("sft", run, 1)["params"] / 7  # fsdp splits embed; a few small leaves stay
+
+
+def _plan_cli(tmp_path, *args):
+  env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  return subprocess.run([sys.executable, "-m", "jaxpt.cli", "plan", *args], cwd=tmp_path, env=env,
+                        capture_output=True, text=True, timeout=300)
+
+
+def test_cli_prints_one_json_line_and_writes_nothing(tmp_path):
+  before = sorted(os.listdir(QWEN_1_5B)), sorted(os.listdir(os.path.join(ROOT, "experiments", "configs")))
+  done = _plan_cli(tmp_path, "sft", "--config", os.path.join(ROOT, "experiments", "configs", "sft_hf.py"),
+                   f"--config.init_from=hf:{QWEN_1_5B}", "--config.lora.rank=8", "--devices", "1",
+                   "--device-gib", "16")
+  assert done.returncode == 0, done.stderr
+  lines = done.stdout.strip().splitlines()
+  assert len(lines) == 1
+  result = json.loads(lines[0])
+  assert set(result["per_device_gib"]) >= {"params", "grads", "optimizer", "activations", "logits", "total"}
+  assert isinstance(result["fits"], bool) and isinstance(result["advice"], list)
+  assert result["fits"] or all("--config." in tip for tip in result["advice"])
+  assert os.listdir(tmp_path) == []
+  assert (sorted(os.listdir(QWEN_1_5B)), sorted(os.listdir(os.path.join(ROOT, "experiments", "configs")))) == before
+
+
+@pytest.mark.parametrize("args,field", [
+    (("--config.model.d_model=-3", "--devices", "1", "--device-gib", "16"), "config.model.d_model"),
+    (("--devices", "0", "--device-gib", "16"), "--devices"),
+    (("--devices", "1"), "--device-gib"),
+    (("--devices", "3", "--device-gib", "16"), "config.data.batch_size"),
+])
+def test_cli_bad_input_is_one_line_naming_the_field(tmp_path, args, field):
+  done = _plan_cli(tmp_path, "sft", "--config", os.path.join(ROOT, "experiments", "configs", "sft_tiny.py"), *args)
+  assert done.returncode == 2
+  assert len(done.stderr.strip().splitlines()) == 1 and field in done.stderr, done.stderr
+  assert done.stdout == "" and os.listdir(tmp_path) == []
+
+
+def test_plan_refuses_what_it_cannot_read():
+  with pytest.raises(ConfigError, match="trainer"):
+    plan.run_config("vit", sft_tiny.get_config())
