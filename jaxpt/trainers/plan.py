@@ -10,14 +10,16 @@ the adapters, `jaxpt.engine.builder.lora_trainable`), b the micro-batch's rows o
 
     params       P in param_dtype (LoRA: the frozen base in lora.base_dtype, the adapters in param_dtype)
     grads        T in param_dtype, + T in float32 when grad_accum_steps > 1 (the accumulator), + T in float32 for the
-                 optimizer's update (the update tree AdamW builds before it is applied)
+                 optimizer's update (the update tree AdamW builds before the donated state is overwritten; XLA's
+                 analysis of a donated step keeps both)
     optimizer    AdamW's two moments: 2 T in param_dtype (optax keeps them in the params' dtype)
     reference    a frozen copy of the policy (DPO / KTO, GRPO with kl_coef > 0, PPO with a KL; not with LoRA, whose
                  reference is the base, adapters off): P in param_dtype
     activations  what the backward pass keeps of the L blocks, per layer and token (`_layer_bytes`):
                  remat none: every block intermediate (norms, q/k/v, attention out, the MLP's hidden, the attention
                  probabilities b H S (S + chunk) / 2 in float32); remat dots: the matmul outputs; remat full: the block
-                 input (x streams); plus one block's intermediates recomputed in the backward
+                 input (x streams); plus one block's intermediates recomputed in the backward; LoRA: + one block's
+                 frozen weights (read out of the stacked params in the backward)
     logits       [b, S, vocab / tensor] in float32, three times (the logits, their softmax and their gradient); a
                  reward model's scores are negligible
     kv_cache     GRPO / PPO's sampler: 2 L rows (prompt + new tokens) kv_heads head_dim c, rows split over data x
@@ -30,9 +32,9 @@ the adapters, `jaxpt.engine.builder.lora_trainable`), b the micro-batch's rows o
 Beside it, `compiled` (only with compile=True, pretrain / sft only: other trainers' steps need their data to be
 built): XLA's memory analysis of the trainer's real train step (`jaxpt.engine.builder.build_training`, compiled
 for the mesh from abstract shapes: no params are allocated), with the analytic terms it should match:
-argument ~ params + optimizer (+ the batch), temp ~ grads + activations + logits. On CPU the step is compiled
-without donating the state, so XLA's peak counts the new state a second time (`output`); an accelerator run
-donates it.
+argument ~ params + optimizer (+ the batch), temp ~ grads + activations + logits. The step is compiled donating
+the state, as an accelerator run does (the new state is written over the old: `alias` = `output`), also on CPU,
+where a run does not donate it.
 
 `hf:DIR` starts are read from DIR/config.json alone (no weights are opened): the model's architecture fields are
 filled as a run fills them (`jaxpt.engine.config.RunConfig.prepare_values`).
@@ -220,6 +222,9 @@ def account(trainer: str, run: RunConfig, devices: int) -> dict[str, float]:
   rows = -(-load.micro_rows // dp)
   tokens = rows * load.seq
   layer = lambda mode: _layer_bytes(model, tokens, rows, load.seq, tp, mode, run.lora.enabled)
+  # LoRA: the backward's scan reads one block's frozen weights out of the stacked params (a copy; the full
+  # fine-tune's update writes its gradients in place instead)
+  frozen_block = (p["params"] - p["trainable"]) / model.num_layers if run.lora.enabled else 0.0
   if model.remat == "none":
     blocks = model.num_layers * layer("saved")
   else:  # what remat keeps of each block, and one block's intermediates, recomputed in its backward
@@ -230,7 +235,7 @@ def account(trainer: str, run: RunConfig, devices: int) -> dict[str, float]:
       grads=(p["trainable"] + p["trainable_f32"] * (2 if accum > 1 else 1)) * load.models,
       optimizer=2 * p["trainable"] * load.models,
       reference=p["full"] if load.reference else 0.0,
-      activations=blocks * load.models,
+      activations=(blocks + frozen_block) * load.models,
       logits=logits,
       kv_cache=0.0,
       sampler_params=0.0)
@@ -265,7 +270,7 @@ def compiled_account(trainer: str, run: RunConfig, devices: int) -> dict[str, An
   shapes = dict(inputs=shape, targets=shape, segment_ids=shape, positions=shape,
                 weights=jax.ShapeDtypeStruct((load.rows, load.seq), jnp.float32))
   training = build_training(run, mesh, model, (jnp.zeros((1, load.seq), jnp.int32),), shapes,
-                            loss_fn=make_lm_loss_fn(model, run.loss.name, **run.loss.kwargs()))
+                            loss_fn=make_lm_loss_fn(model, run.loss.name, **run.loss.kwargs()), donate=True)
   stats = training.sharded.train_step.memory_analysis()
   if stats is None:
     return {"skipped": f"the {jax.default_backend()} backend gives no memory analysis"}
