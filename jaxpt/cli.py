@@ -61,6 +61,7 @@ _DEVICE_GIB = flags.DEFINE_float("device_gib", None, "jaxpt plan: memory of one 
 _COMPILE = flags.DEFINE_bool("compile", False, "jaxpt plan: also compile the step from abstract shapes (pretrain, "
                              "sft) and report XLA's memory analysis beside the analytic account.")
 PLAN_FLAGS = ("devices", "device_gib", "compile")  # flags of jaxpt plan only
+PLANNED_MODELS = ("lm", "reward", "actor_critic")  # the trainers jaxpt plan reads (`jaxpt.trainers.plan.PLANNED`)
 _OVERWRITE = flags.DEFINE_bool("overwrite", False, "jaxpt export-hf: replace a previous export in --out (one that "
                                 "holds only the files its jaxpt_export.json lists; anything else is refused).")
 
@@ -437,9 +438,10 @@ def main(argv: list[str] | None = None) -> None:
   if name == PLAN.name:  # jaxpt plan <trainer> ...: writes nothing (not even the config file's bytecode)
     sys.dont_write_bytecode = True
     trainer = argv[2] if len(argv) > 2 and not argv[2].startswith("-") else None
-    if trainer is None or trainer not in SUBCOMMANDS:
-      print(f"jaxpt plan: <trainer>: {'missing' if trainer is None else repr(trainer) + ' is no trainer'} (one of "
-            f"{trainer_list()}; {PLAN.usage})", file=sys.stderr)
+    planned = lambda t: t.model in PLANNED_MODELS
+    if trainer is None or trainer not in SUBCOMMANDS or not planned(TRAINERS.get(trainer)):
+      print(f"jaxpt plan: <trainer>: {'missing' if trainer is None else repr(trainer) + ' is not planned'} (one of "
+            f"{trainer_list(planned)}; {PLAN.usage})", file=sys.stderr)
       sys.exit(2)
     rest = [a.replace("--device-gib", "--device_gib", 1) if a.startswith("--device-gib") else a for a in argv[3:]]
     app.run(_run(name, trainer), argv=[f"{argv[0]} {name}"] + rest, flags_parser=lambda args: _parse_flags(name, args))

@@ -9,9 +9,9 @@ the adapters, `jaxpt.engine.builder.lora_trainable`), b the micro-batch's rows o
 (rows / grad_accum_steps / (data x fsdp)), S the step's sequence length, c the compute dtype's bytes:
 
     params       P in param_dtype (LoRA: the frozen base in lora.base_dtype, the adapters in param_dtype)
-    grads        T in param_dtype, + T in float32 when grad_accum_steps > 1 (the accumulator), + T in float32 for the
-                 optimizer's update (the update tree AdamW builds before the donated state is overwritten; XLA's
-                 analysis of a donated step keeps both)
+    grads        T in param_dtype (with grad_accum_steps > 1: the float32 accumulator the micro-batches' gradients
+                 are added into instead), + T in float32 for the optimizer's update (the update tree AdamW builds
+                 before the donated state is overwritten; XLA's analysis of a donated step keeps both)
     optimizer    AdamW's two moments: 2 T in param_dtype (optax keeps them in the params' dtype)
     reference    a frozen copy of the policy (DPO / KTO, GRPO with kl_coef > 0, PPO with a KL; not with LoRA, whose
                  reference is the base, adapters off): P in param_dtype
@@ -20,7 +20,7 @@ the adapters, `jaxpt.engine.builder.lora_trainable`), b the micro-batch's rows o
                  probabilities b H S (S + chunk) / 2 in float32); remat dots: the matmul outputs; remat full: the block
                  input (x streams); plus one block's intermediates recomputed in the backward; LoRA: + one block's
                  frozen weights (read out of the stacked params in the backward)
-    logits       [b, S, vocab / tensor] in float32, three times (the logits, their softmax and their gradient); a
+    logits       [b, S, vocab / tensor] in float32, twice (the logits and their gradient, the softmax fused in); a
                  reward model's scores are negligible
     kv_cache     GRPO / PPO's sampler: 2 L rows (prompt + new tokens) kv_heads head_dim c, rows split over data x
                  fsdp, heads over tensor
@@ -68,7 +68,7 @@ GIB = 2 ** 30
 HEADROOM = 0.10  # of device memory left for XLA's workspace, fragmentation and the runtime
 PLANNED = ("pretrain", "sft", "dpo", "kto", "rm", "grpo", "ppo")  # the language-model trainers `jaxpt plan` reads
 COMPILED = ("pretrain", "sft")  # whose real train step compiles from the config alone
-LOGIT_COPIES = 3  # logits, softmax, d logits (float32)
+LOGIT_COPIES = 2  # the logits and their gradient (float32; the softmax is fused into the gradient)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,7 +232,7 @@ def account(trainer: str, run: RunConfig, devices: int) -> dict[str, float]:
   logits = tokens * model.vocab_size / tp * 4 * LOGIT_COPIES if load.vocab_logits else 0.0
   parts = dict(
       params=p["params"] * load.models,
-      grads=(p["trainable"] + p["trainable_f32"] * (2 if accum > 1 else 1)) * load.models,
+      grads=((p["trainable"] if accum == 1 else p["trainable_f32"]) + p["trainable_f32"]) * load.models,
       optimizer=2 * p["trainable"] * load.models,
       reference=p["full"] if load.reference else 0.0,
       activations=(blocks + frozen_block) * load.models,
