@@ -153,3 +153,23 @@ def test_cli_bad_input_is_one_line_naming_the_field(tmp_path, args, field):
 def test_plan_refuses_what_it_cannot_read():
   with pytest.raises(ConfigError, match="trainer"):
     plan.run_config("vit", sft_tiny.get_config())
+
+
+def test_reference_copy_and_sampler_kv_cache():
+  """DPO keeps a copy of the policy as its reference unless LoRA makes the base the reference; GRPO's KV cache is
+  the sampler's own cache (`init_cache`) for every rollout, and with LoRA the sampler reads a merged copy."""
+  from experiments.configs import dpo_tiny, grpo_tiny
+  from jaxpt.models.transformer import init_cache
+
+  dpo = plan.account("dpo", plan.run_config("dpo", dpo_tiny.get_config()), 1)
+  assert dpo["reference"] == dpo["params"]
+  config = dpo_tiny.get_config()
+  config.lora.rank = 4
+  assert plan.account("dpo", plan.run_config("dpo", config), 1)["reference"] == 0
+  run = plan.run_config("grpo", grpo_tiny.get_config())
+  load = plan.workload("grpo", run)
+  cache = jax.eval_shape(lambda: init_cache(run.model, load.sampler_rows, load.sampler_len))
+  kv = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(cache) if leaf.ndim > 1)
+  parts = plan.account("grpo", run, 1)
+  assert parts["kv_cache"] == pytest.approx(kv, rel=0.01)
+  assert parts["total"] >= parts["params"] + parts["optimizer"] + parts["kv_cache"]
