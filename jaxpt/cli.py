@@ -56,6 +56,12 @@ _FORMAT = flags.DEFINE_enum("format", "auto", ["auto", "transformers", "jaxpt"],
                             "jaxpt export-hf: transformers (pre-scheme models), jaxpt (native), auto: the first "
                             "that fits.")
 WORKDIR_FLAGS = ("step", "out", "format", "overwrite")  # flags of the workdir subcommands only
+_DEVICES = flags.DEFINE_integer("devices", None, "jaxpt plan: the devices the run would have (the mesh's size).")
+_DEVICE_GIB = flags.DEFINE_float("device_gib", None, "jaxpt plan: memory of one device in GiB (--device-gib).")
+_COMPILE = flags.DEFINE_bool("compile", False, "jaxpt plan: also compile the step from abstract shapes (pretrain, "
+                             "sft) and report XLA's memory analysis beside the analytic account.")
+PLAN_FLAGS = ("devices", "device_gib", "compile")  # flags of jaxpt plan only
+PLANNED_MODELS = ("lm", "reward", "actor_critic")  # the trainers jaxpt plan reads (`jaxpt.trainers.plan.PLANNED`)
 _OVERWRITE = flags.DEFINE_bool("overwrite", False, "jaxpt export-hf: replace a previous export in --out (one that "
                                 "holds only the files its jaxpt_export.json lists; anything else is refused).")
 
@@ -132,7 +138,42 @@ WORKDIR_SUBCOMMANDS: dict[str, WorkdirSubcommand] = {c.name: c for c in (
                           "                 export, one holding only the files its jaxpt_export.json lists)",
                           "  --format F     auto | transformers | jaxpt (default auto)")),
 )}
-COMMANDS: dict[str, Subcommand | WorkdirSubcommand] = {**SUBCOMMANDS, **WORKDIR_SUBCOMMANDS}
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanSubcommand:
+  """`jaxpt plan <trainer> --config FILE [--config.x=y ...] --devices N --device-gib G [--compile]`: the per-device
+  memory of `<trainer>`'s training step (and rollout sampler) from its config alone, as one JSON line on stdout
+  (`jaxpt.trainers.plan`); no workdir, nothing written."""
+
+  name: str = "plan"
+  help: str = "Plan a run's per-device memory from its config alone (one JSON line: per_device_gib, fits, advice)."
+  flags: tuple[str, ...] = PLAN_FLAGS
+  usage: str = "jaxpt plan <trainer> --config FILE [--config.<field>=value ...] --devices N --device-gib G [--compile]"
+  details: tuple[str, ...] = (
+      "The analytic account of the step's memory on one device (params, grads, AdamW state, the reference",
+      "policy, activations under model.remat, float32 logits, the sampler's KV cache; each split per the",
+      "config.mesh rules over N devices), `fits` against G GiB less 10% headroom, and `advice`: concrete",
+      "overrides with the total each plans to. An hf:DIR start is read from DIR/config.json alone.", "",
+      "  <trainer>       pretrain, sft, dpo, kto, rm, grpo or ppo",
+      "  --devices N     devices of the run (the mesh's sizes are resolved for N)",
+      "  --device-gib G  memory of one device, GiB",
+      "  --compile       also compile the step from abstract shapes (pretrain, sft; N <= the local devices,",
+      "                  CPU devices are made as needed) and report XLA's memory analysis (compiled_gib)")
+
+  def __call__(self, trainer: str, config: Any) -> int:
+    import json
+
+    from jaxpt.trainers.plan import plan_memory
+
+    print(json.dumps(plan_memory(trainer, config, _DEVICES.value, _DEVICE_GIB.value, compile=_COMPILE.value)),
+          flush=True)
+    return 0
+
+
+PLAN = PlanSubcommand()
+COMMANDS: dict[str, Subcommand | WorkdirSubcommand | PlanSubcommand] = {**SUBCOMMANDS, **WORKDIR_SUBCOMMANDS,
+                                                                        PLAN.name: PLAN}
 _TRAIN_USAGE = ("--config <file.py> [--config.<field>=value ...] --workdir DIR\n"
                 "         [--distributed=auto|on|off --coordinator_address=HOST:PORT --num_processes=N --process_id=I]")
 
@@ -140,6 +181,7 @@ _TRAIN_USAGE = ("--config <file.py> [--config.<field>=value ...] --workdir DIR\n
 def _usage() -> str:
   lines = [f"usage: jaxpt <subcommand> {_TRAIN_USAGE}",
            *[f"       {c.usage}" for c in WORKDIR_SUBCOMMANDS.values()],
+           f"       {PLAN.usage}",
            "       jaxpt <subcommand> --help    (or jaxpt help <subcommand>: its config fields, defaults, meanings)",
            "",
            "subcommands:"]
@@ -173,7 +215,7 @@ def _fields_table(config_type: type, width: int) -> list[str]:
 def _subcommand_help(name: str) -> str:
   """`jaxpt <name> --help`: usage, what it does, and (training subcommands) every config field."""
   command = COMMANDS[name]
-  if isinstance(command, WorkdirSubcommand):
+  if isinstance(command, (WorkdirSubcommand, PlanSubcommand)):
     return "\n".join([f"usage: {command.usage}", "", command.help, *command.details])
   width = min(max(shutil.get_terminal_size((120, 24)).columns, 80), 160)
   return "\n".join([
@@ -265,7 +307,7 @@ def _signals_stop_the_command():
       signal.signal(signum, handler)
 
 
-def _run(name: str) -> Callable[[list[str]], int]:
+def _run(name: str, trainer: str | None = None) -> Callable[[list[str]], int]:
   def run(argv: list[str]) -> int:
     quiet = not flags.FLAGS["verbosity"].present
     if quiet:  # before the imports below: orbax logs INFO lines when jaxpt.engine.checkpoint is first imported
@@ -279,8 +321,25 @@ def _run(name: str) -> Callable[[list[str]], int]:
     if len(argv) > 1:
       print(f"jaxpt {name}: unexpected arguments {argv[1:]}\n\n{_usage()}", file=sys.stderr)
       return 2
-    own = {"step", *command.flags} if isinstance(command, WorkdirSubcommand) else set()
-    foreign = [f"--{f}" for f in WORKDIR_FLAGS if flags.FLAGS[f].present and f not in own]
+    own = {"step", *command.flags} if isinstance(command, WorkdirSubcommand) else set(getattr(command, "flags", ()))
+    foreign = [f"--{f}" for f in WORKDIR_FLAGS + PLAN_FLAGS if flags.FLAGS[f].present and f not in own]
+    if isinstance(command, PlanSubcommand):
+      if foreign or _WORKDIR.value:
+        print(f"jaxpt plan: {(foreign or ['--workdir'])[0]} is not a flag of jaxpt plan (it writes nothing)\n\n"
+              f"usage: {command.usage}", file=sys.stderr)
+        return 2
+      missing = [f for f, value in (("--config", _CONFIG.value), ("--devices", _DEVICES.value),
+                                    ("--device-gib", _DEVICE_GIB.value)) if value is None]
+      if missing:
+        print(f"jaxpt plan: {missing[0]}: required ({command.usage})", file=sys.stderr)
+        return 2
+      if _COMPILE.value:
+        _cpu_devices(_DEVICES.value)
+      try:
+        return command(trainer, _CONFIG.value)
+      except ConfigError as e:
+        print(f"jaxpt plan: config error: {e}", file=sys.stderr)
+        return 2
     if isinstance(command, WorkdirSubcommand):
       if _CONFIG.value is not None or not _WORKDIR.value or command.missing():
         print(f"jaxpt {name}: takes --workdir (the run's recorded config.json is read), no --config"
@@ -340,6 +399,18 @@ def _run(name: str) -> Callable[[list[str]], int]:
   return run
 
 
+def _cpu_devices(count: int) -> None:
+  """At least `count` CPU devices for `jaxpt plan --compile`'s mesh, when jax's backend has not started yet (else
+  the plan says how many devices it found)."""
+  import jax
+
+  try:
+    if count > 1:
+      jax.config.update("jax_num_cpu_devices", count)
+  except RuntimeError:  # the backend already started
+    pass
+
+
 def _print_help(text: str, code: int) -> None:
   """Prints `text` on stdout and exits with `code`; a reader that stops early (`jaxpt --help | head -3`) closes the
   pipe, which ends it quietly (same code, no BrokenPipeError traceback): the rest is written to /dev/null."""
@@ -364,6 +435,17 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(2)
   if asks_help:
     _print_help(_subcommand_help(name), 0)
+  if name == PLAN.name:  # jaxpt plan <trainer> ...: writes nothing (not even the config file's bytecode)
+    sys.dont_write_bytecode = True
+    trainer = argv[2] if len(argv) > 2 and not argv[2].startswith("-") else None
+    planned = lambda t: t.model in PLANNED_MODELS
+    if trainer is None or trainer not in SUBCOMMANDS or not planned(TRAINERS.get(trainer)):
+      print(f"jaxpt plan: <trainer>: {'missing' if trainer is None else repr(trainer) + ' is not planned'} (one of "
+            f"{trainer_list(planned)}; {PLAN.usage})", file=sys.stderr)
+      sys.exit(2)
+    rest = [a.replace("--device-gib", "--device_gib", 1) if a.startswith("--device-gib") else a for a in argv[3:]]
+    app.run(_run(name, trainer), argv=[f"{argv[0]} {name}"] + rest, flags_parser=lambda args: _parse_flags(name, args))
+    return
   app.run(_run(name), argv=[f"{argv[0]} {name}"] + argv[2:], flags_parser=lambda args: _parse_flags(name, args))
 
 

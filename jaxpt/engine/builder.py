@@ -171,7 +171,8 @@ def build_training(config: RunConfig, mesh: Mesh, model: nn.Module, init_args: t
                    grad_fn: GradFn | None = None, weight_key: str = "num_tokens", total_steps: int | None = None,
                    init_aux: Callable[[jax.Array], Any] | None = None,
                    init_from_subtree: str | None = None, new_heads: tuple[str, ...] = (),
-                   optimizer: Callable[[Any, int], tuple[Any, optax.Schedule]] | None = None) -> Training:
+                   optimizer: Callable[[Any, int], tuple[Any, optax.Schedule]] | None = None,
+                   donate: bool | None = None) -> Training:
   """Model params, optimizer and aux created sharded on `mesh`, and the shared step compiled for it.
 
   init_args: dummy inputs of `model.init` after the rng; shapes: the global batch shapes the step is compiled for;
@@ -179,7 +180,8 @@ def build_training(config: RunConfig, mesh: Mesh, model: nn.Module, init_args: t
   schedule (default config.steps); init_aux(rng) -> the TrainState's aux (default None); new_heads: top-level
   params subtrees that train with LoRA on (module docstring); optimizer(boxed params, steps) -> (optimizer,
   schedule) replaces `config.optim`'s (`make_optimizer`), e.g. one optimizer per params subtree
-  (`jaxpt.engine.optim.partitioned`; trainers that pass one do not take LoRA).
+  (`jaxpt.engine.optim.partitioned`; trainers that pass one do not take LoRA). donate: the step donates the state
+  (None: on accelerators only; `jaxpt plan` compiles a donated step on CPU to read an accelerator's memory).
   """
   rules = config.mesh.logical_rules
   init_rng, train_rng = jax.random.split(jax.random.PRNGKey(config.seed))
@@ -202,7 +204,7 @@ def build_training(config: RunConfig, mesh: Mesh, model: nn.Module, init_args: t
                             skip_nonfinite=config.on_nonfinite == "skip", trainable=trainable)
   # On CPU a checkpoint's host copy may alias device memory, so donate the state only on accelerators.
   sharded = shard_training(init_fn, step_fn, boxed, optimizer, mesh, rules, shapes,
-                           donate=jax.default_backend() != "cpu", trainable=trainable)
+                           donate=jax.default_backend() != "cpu" if donate is None else donate, trainable=trainable)
   return Training(config=config, model=model, optimizer=optimizer, schedule=schedule, sharded=sharded,
                   init_from_subtree=init_from_subtree, trainable=trainable)
 

@@ -1,0 +1,175 @@
+"""`jaxpt plan` (`jaxpt.trainers.plan`): the analytic per-device memory against XLA's compiled analysis and the
+measured state of tiny SFT runs, LoRA's arithmetic, and the CLI (one JSON line, nothing written).
+
+Tolerances: the arguments of the compiled step (train state + batch) are the analytic params + AdamW state to 3%
+(the batch and the step / rng scalars are the rest), and the allocated state of a real init to 1%; the compiled
+(donated) step's temporaries are the analytic grads + activations + logits to 25%, and its peak the analytic total
+to 25% (the activation account counts a block's intermediates by hand: XLA's CPU schedule keeps a few more or
+fewer of them). Measured ratios analytic / compiled (CPU, this suite's XLA flags), temporaries and peak: at
+`sft_tiny`'s sizes (32 rows of 96 tokens; pre / siamese_post_pre, remat none / full, LoRA rank 0 / 8, grad_accum
+1 / 2) 0.71-0.93 and 0.73-0.93 (the lowest, 0.71 / 0.73, siamese_post_pre with remat none and no LoRA, is
+outside 25% and not tested here); a params-heavy d512 model on 4 rows of 16 tokens 0.81-1.17 and 0.91-1.06.
+"""
+
+import functools
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from experiments.configs import sft_tiny
+from jaxpt.config import ConfigError
+from jaxpt.trainers import plan
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+QWEN_1_5B = os.path.join(ROOT, "tests", "assets", "qwen2_5_1_5b_shape")  # its config.json alone, no weights
+QWEN_1_5B_PARAMS = 1_543_714_304  # Qwen2.5-1.5B's published parameter count (tied embeddings)
+
+
+def tiny(remat="full", rank=0, scheme="pre", accum=1, params_heavy=False):
+  config = sft_tiny.get_config()
+  config.model.update(remat=remat, norm_scheme=scheme)  # data: 32 rows of 96 tokens
+  if params_heavy:
+    config.model.update(d_model=512, mlp_dim=2048, num_heads=8, num_kv_heads=8)
+    config.data.update(batch_size=4, seq_len=16)
+  config.optim.grad_accum_steps = accum
+  config.lora.rank = rank
+  return config
+
+
+@functools.lru_cache(maxsize=None)
+def compiled(remat, rank, scheme, params_heavy=False):
+  """XLA's analysis of the tiny SFT step (compiled once per configuration for the whole module)."""
+  return plan.compiled_account("sft", plan.run_config("sft", tiny(remat, rank, scheme, params_heavy=params_heavy)), 1)
+
+
+@pytest.mark.parametrize("remat,rank,scheme,params_heavy", [
+    ("full", 0, "pre", False), ("full", 8, "pre", False), ("none", 8, "siamese_post_pre", False),
+    ("full", 0, "pre", True)])
+def test_analytic_matches_compiled_step(remat, rank, scheme, params_heavy):
+  run = plan.run_config("sft", tiny(remat, rank, scheme, params_heavy=params_heavy))
+  parts = plan.account("sft", run, 1)
+  compiled_step = compiled(remat, rank, scheme, params_heavy)
+  assert compiled_step["alias"] == pytest.approx(compiled_step["output"], rel=0.01)  # donated: the new state (all
+  # but the metrics) overwrites the old
+  assert compiled_step["peak"] == pytest.approx(parts["total"], rel=0.25)
+  state = parts["params"] + parts["optimizer"]
+  assert compiled_step["argument"] == pytest.approx(state, rel=0.03)
+  transient = parts["grads"] + parts["activations"] + parts["logits"]
+  assert compiled_step["temp"] == pytest.approx(transient, rel=0.25), (compiled_step, parts)
+
+
+def test_measured_state_is_the_analytic_state():
+  """A real tiny SFT state (init on this machine's device): its arrays' bytes are the plan's params + AdamW state,
+  and one step runs in the compiled program whose memory the plan reads."""
+  from jaxpt.engine.builder import build_training
+  from jaxpt.models.transformer import TransformerLM
+  from jaxpt.parallel.mesh import make_mesh
+  from jaxpt.trainers.lm import make_lm_loss_fn
+
+  run = plan.run_config("sft", tiny("full", 8))
+  model = TransformerLM(run.model, lora=run.lora.spec())
+  shape = (32, 96)
+  shapes = {k: jax.ShapeDtypeStruct(shape, jnp.int32) for k in ("inputs", "targets", "segment_ids", "positions")}
+  shapes["weights"] = jax.ShapeDtypeStruct(shape, jnp.float32)
+  training = build_training(run, make_mesh(run.mesh, jax.devices()[:1]), model, (jnp.zeros((1, 96), jnp.int32),),
+                            shapes, loss_fn=make_lm_loss_fn(model))
+  state = training.init_state()
+  measured = sum(leaf.addressable_shards[0].data.nbytes for leaf in jax.tree.leaves((state.params, state.opt_state)))
+  parts = plan.account("sft", run, 1)
+  assert measured == pytest.approx(parts["params"] + parts["optimizer"], rel=0.01)
+  batch = {k: jnp.ones(s.shape, s.dtype) for k, s in shapes.items()}
+  _, metrics = training.train_step(state, batch)
+  assert jnp.isfinite(metrics["loss"])
+
+
+def test_lora_lowers_grads_and_optimizer_as_the_arithmetic_says():
+  full = plan.account("sft", plan.run_config("sft", tiny()), 1)
+  lora = plan.account("sft", plan.run_config("sft", tiny(rank=8)), 1)
+  model = plan.run_config("sft", tiny()).model
+  adapters = 4 * model.num_layers * sum(8 * (k + n) for name, (k, n) in model.projection_dims().items()
+                                        if name != "mlp_in") + 4 * model.num_layers * 2 * 8 * (model.d_model +
+                                                                                                 model.mlp_dim)
+  # mlp_in is SwiGLU's two kernels (gate, up), each with its adapters
+  assert lora["optimizer"] == 2 * adapters
+  assert lora["grads"] == 2 * adapters  # float32 adapters: the gradient and AdamW's update tree
+  assert full["grads"] == 2 * full["params"]
+  assert full["optimizer"] == 2 * full["params"]
+  assert lora["params"] == full["params"] + adapters
+  # and XLA agrees: the compiled step's arguments shrink by the AdamW state the frozen base no longer has
+  saved = compiled("full", 0, "pre", False)["argument"] - compiled("full", 8, "pre", False)["argument"]
+  assert saved == pytest.approx((full["params"] + full["optimizer"]) - (lora["params"] + lora["optimizer"]), rel=0.01)
+
+
+def test_qwen_1_5b_shape_is_read_from_config_json_alone():
+  config = __import__("experiments.configs.sft_hf", fromlist=["get_config"]).get_config()
+  config.init_from = f"hf:{QWEN_1_5B}"
+  run = plan.run_config("sft", config)
+  assert (run.model.d_model, run.model.num_layers, run.model.vocab_size) == (1536, 28, 151936)
+  assert plan.account("sft", run, 1)["params"] == 4 * QWEN_1_5B_PARAMS  # float32 params, tied embeddings
+  eight = plan.account("sft", plan.run_config("sft", dict(config, mesh=dict(fsdp=8, data=1))), 8)
+  assert eight["params"] < plan.account("sft", run, 1)["params"] / 7  # fsdp splits embed; a few small leaves stay
+
+
+def _plan_cli(tmp_path, *args):
+  env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  return subprocess.run([sys.executable, "-m", "jaxpt.cli", "plan", *args], cwd=tmp_path, env=env,
+                        capture_output=True, text=True, timeout=300)
+
+
+def test_cli_prints_one_json_line_and_writes_nothing(tmp_path):
+  before = sorted(os.listdir(QWEN_1_5B)), sorted(os.listdir(os.path.join(ROOT, "experiments", "configs")))
+  done = _plan_cli(tmp_path, "sft", "--config", os.path.join(ROOT, "experiments", "configs", "sft_hf.py"),
+                   f"--config.init_from=hf:{QWEN_1_5B}", "--config.lora.rank=8", "--devices", "1",
+                   "--device-gib", "16")
+  assert done.returncode == 0, done.stderr
+  lines = done.stdout.strip().splitlines()
+  assert len(lines) == 1
+  result = json.loads(lines[0])
+  assert set(result["per_device_gib"]) >= {"params", "grads", "optimizer", "activations", "logits", "total"}
+  assert isinstance(result["fits"], bool) and isinstance(result["advice"], list)
+  assert result["fits"] or all("--config." in tip for tip in result["advice"])
+  assert os.listdir(tmp_path) == []
+  assert (sorted(os.listdir(QWEN_1_5B)), sorted(os.listdir(os.path.join(ROOT, "experiments", "configs")))) == before
+
+
+@pytest.mark.parametrize("args,field", [
+    (("--config.model.d_model=-3", "--devices", "1", "--device-gib", "16"), "config.model.d_model"),
+    (("--devices", "0", "--device-gib", "16"), "--devices"),
+    (("--devices", "1"), "--device-gib"),
+    (("--devices", "3", "--device-gib", "16"), "config.data.batch_size"),
+])
+def test_cli_bad_input_is_one_line_naming_the_field(tmp_path, args, field):
+  done = _plan_cli(tmp_path, "sft", "--config", os.path.join(ROOT, "experiments", "configs", "sft_tiny.py"), *args)
+  assert done.returncode == 2
+  assert len(done.stderr.strip().splitlines()) == 1 and field in done.stderr, done.stderr
+  assert done.stdout == "" and os.listdir(tmp_path) == []
+
+
+def test_plan_refuses_what_it_cannot_read():
+  with pytest.raises(ConfigError, match="trainer"):
+    plan.run_config("vit", sft_tiny.get_config())
+
+
+def test_reference_copy_and_sampler_kv_cache():
+  """DPO keeps a copy of the policy as its reference unless LoRA makes the base the reference; GRPO's KV cache is
+  the sampler's own cache (`init_cache`) for every rollout, and with LoRA the sampler reads a merged copy."""
+  from experiments.configs import dpo_tiny, grpo_tiny
+  from jaxpt.models.transformer import init_cache
+
+  dpo = plan.account("dpo", plan.run_config("dpo", dpo_tiny.get_config()), 1)
+  assert dpo["reference"] == dpo["params"]
+  config = dpo_tiny.get_config()
+  config.lora.rank = 4
+  assert plan.account("dpo", plan.run_config("dpo", config), 1)["reference"] == 0
+  run = plan.run_config("grpo", grpo_tiny.get_config())
+  load = plan.workload("grpo", run)
+  cache = jax.eval_shape(lambda: init_cache(run.model, load.sampler_rows, load.sampler_len))
+  kv = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(cache) if leaf.ndim > 1)
+  parts = plan.account("grpo", run, 1)
+  assert parts["kv_cache"] == pytest.approx(kv, rel=0.01)
+  assert parts["total"] >= parts["params"] + parts["optimizer"] + parts["kv_cache"]
