@@ -19,7 +19,8 @@ from jaxpt.config import load_config_file
 def get_config():
   config = load_config_file(os.path.join(os.path.dirname(__file__), "grpo_tiny.py"))
   config.data.update(dict(max_prompt_len=44))  # the longest prompt (a distractor eval problem): 43 tokens
-  config.sampling.update(dict(max_new_tokens=32))  # SFT responses (solution, \boxed{answer}, EOS): 24 on average, 28 at most
+  # the SFT policy's responses (solution, \boxed{answer}, EOS): 24 tokens on average, 28 at most
+  config.sampling.update(dict(max_new_tokens=32))
   config.reward.update(dict(verifier_weight=0.0, model="", model_weight=1.0, normalize="batch", clip=5.0,
                             eos_missing_penalty=0.5))
   return config
