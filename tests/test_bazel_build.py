@@ -93,6 +93,8 @@ def _can_get_bazel() -> bool:
   return shutil.which("apt-get") is not None and (os.geteuid() == 0 or shutil.which("sudo") is not None)
 
 
+@pytest.mark.slow  # about 4 minutes of one worker (the build, then the fast test targets); the BUILD checks above
+# (every file in a target, every test with its py_test) stay in the default suite
 @pytest.mark.skipif(not _can_get_bazel(), reason="no bazel, and no apt-get as root to install Debian's "
                     "bazel-bootstrap (tools/bazel_test.sh needs one of them)")
 def test_bazel_builds_everything_and_passes_the_fast_tests():

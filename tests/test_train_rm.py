@@ -333,7 +333,7 @@ def tiny_config(**overrides):
     ({"data.synthetic_task": "trivia"}, "config.data.synthetic_task='trivia': must be one of arithmetic, tagged"),
     ({"data.label_noise": 0.1}, "config.data.label_noise=0.1: only the tagged synthetic task has label noise"),
     ({"data.synthetic_task": "tagged", "data.label_noise": 0.5}, "config.data.label_noise=0.5: must be in"),
-    ({"data.seq_len": 100}, "config.data.seq_len=100: longer than config.model.max_seq_len=64"),
+    ({"data.seq_len": 200}, "config.data.seq_len=200: longer than config.model.max_seq_len=128"),
     ({"optim.grad_accum_steps": 5}, "config.optim.grad_accum_steps=5: must divide"),
     ({"init_from": "/nonexistent/run"}, "config.init_from='/nonexistent/run'"),
 ])
