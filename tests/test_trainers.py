@@ -69,7 +69,7 @@ def test_jaxpt_help_lists_exactly_the_registered_trainers():
   assert shown.returncode == 0, shown.stderr
   listed = shown.stdout.split("\nsubcommands:\n", 1)[1].splitlines()
   names = [line.split()[0] for line in listed if line.strip()]
-  assert names == [*TRAINERS, "eval", "export-hf"], shown.stdout
+  assert names == [*TRAINERS, "eval", "export-hf", "plan"], shown.stdout
   for name in TRAINERS:
     assert f"  {name:<10} {TRAINERS.get(name).help}" in listed
 
