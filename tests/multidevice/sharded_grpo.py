@@ -75,7 +75,12 @@ def run(variant, preset):
   return read_metrics(workdir), jax.tree.map(np.asarray, result.state), trainer, result.state
 
 
-@pytest.mark.parametrize("variant,preset", CASES)
+# the default suite's cases cover every variant and every mesh once; the rest are `slow` (tests/test_parallel_sharded)
+DEFAULT_CASES = {("grpo", "fsdp_tp"), ("clipo", "dp"), ("clipo", "fsdp"), ("dapo", "fsdp_tp"), ("rm", "fsdp_tp")}
+
+
+@pytest.mark.parametrize("variant,preset", [c if c in DEFAULT_CASES else pytest.param(*c, marks=pytest.mark.slow)
+                                            for c in CASES])
 def test_two_steps_on_8_devices_equal_one_device(variant, preset):
   want_rows, want, _, _ = run(variant, "one device")
   rows, got, trainer, state = run(variant, preset)
