@@ -1,8 +1,8 @@
 """Sharded training on 8 simulated CPU devices: runs tests/multidevice/sharded_training.py (the shared step, state
 layout, checkpoints across meshes), sharded_grpo.py (GRPO and CLIPO end to end; three of its mesh x variant cases
 `slow`), sharded_vit.py (ViT and DiT steps; `slow`), sharded_grpo_losses.py (every registered policy loss, bnpo
-and KDRL, 2 GRPO steps; `slow`), sharded_ppo.py (PPO: policy, critic and its warm-up on three meshes; `slow`) and sharded_lora.py (LoRA on a
-data x fsdp x tensor mesh vs one device; `slow`), each in a fresh process.
+and KDRL, 2 GRPO steps; `slow`), sharded_ppo.py (PPO: policy, critic and its warm-up on three meshes; `slow`) and
+sharded_lora.py (LoRA on a data x fsdp x tensor mesh vs one device; `slow`), each in a fresh process.
 
 XLA fixes the number of host devices when its backend starts, so those tests cannot share this process (or the
 suite's): the subprocess sets XLA_FLAGS before importing jax and shares compiled work across its own tests.
