@@ -12,7 +12,7 @@ from experiments.configs import grpo_tiny, sft_tiny
 import jaxpt
 from jaxpt.config import ConfigError, from_section
 from jaxpt.rl.sampler import make_sampler
-from jaxpt.trainers.grpo import GRPORunConfig, _split_groups, replace_hooks
+from jaxpt.trainers.grpo import GRPORunConfig, split_groups, replace_hooks
 from jaxpt.engine.evaluate import evaluate_run
 from jaxpt.engine.metrics import read_metrics
 
@@ -136,7 +136,7 @@ def test_bfloat16_rollouts_train_on_the_fp32_policys_old_logprobs(grpo_run):
 
 
 def test_split_groups_keeps_groups_whole_and_covers_every_row():
-  parts = _split_groups(24, 4, 3, np.random.default_rng(0))
+  parts = split_groups(24, 4, 3, np.random.default_rng(0))
   assert len(parts) == 3
   rows = np.sort(np.concatenate(parts))
   np.testing.assert_array_equal(rows, np.arange(24))

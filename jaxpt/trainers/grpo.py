@@ -63,7 +63,7 @@ from jaxpt.engine.state import TrainState
 from jaxpt.engine.step import grad_fn_of
 
 
-def _split_groups(num_rows: int, group_size: int, minibatches: int, rng: np.random.Generator) -> list[np.ndarray]:
+def split_groups(num_rows: int, group_size: int, minibatches: int, rng: np.random.Generator) -> list[np.ndarray]:
   """Row indices of `minibatches` minibatches of whole groups, groups shuffled by `rng`."""
   groups = rng.permutation(num_rows // group_size)
   return [np.concatenate([np.arange(g * group_size, (g + 1) * group_size) for g in part])
@@ -229,7 +229,7 @@ class GRPOHooks(Hooks):
     state = state.replace(step=jnp.asarray(first_update, jnp.int32), rng=rng)
     update_metrics = []
     for _ in range(settings.epochs):
-      for rows in _split_groups(self.collector.rollout_rows, settings.group_size, settings.minibatches, shuffle):
+      for rows in split_groups(self.collector.rollout_rows, settings.group_size, settings.minibatches, shuffle):
         minibatch = dict(self.collector.take_rows(experience, rows),
                          **self.training.put({k: np.asarray(v[rows], shapes[k].dtype) for k, v in host.items()}))
         state, m = self.training.train_step(state, minibatch)

@@ -52,7 +52,7 @@ from jaxpt.rl import dapo
 from jaxpt.rl.collect import RolloutCollector
 from jaxpt.rl.logprobs import response_logits, token_logprobs
 from jaxpt.rl.reward_sources import QUALITY_HEAD, RewardModelSource, init_running_stats, same_tokens
-from jaxpt.trainers.grpo import _split_groups, assembled_rewards, load_reward_model, reward_functions, rl_start
+from jaxpt.trainers.grpo import split_groups, assembled_rewards, load_reward_model, reward_functions, rl_start
 from jaxpt.trainers.ppo_config import PPOConfig, PPORunConfig
 from jaxpt.engine.builder import Training, build_training
 from jaxpt.engine.optim import decay_mask, make_optimizer, partitioned
@@ -222,7 +222,7 @@ class PPOHooks(Hooks):
     state = state.replace(step=jnp.asarray(first_update, jnp.int32), rng=rng)
     update_metrics = []
     for _ in range(settings.epochs):
-      for rows in _split_groups(self.collector.rollout_rows, settings.group_size, settings.minibatches, shuffle):
+      for rows in split_groups(self.collector.rollout_rows, settings.group_size, settings.minibatches, shuffle):
         state, m = step_fn(state, self.collector.take_rows(experience, rows))
         update_metrics.append(m)
     means = jax.tree.map(lambda *xs: float(np.mean(xs)), *jax.device_get(update_metrics))
