@@ -2,12 +2,14 @@
 
     model = jaxpt.load("/tmp/jaxpt-tiny")               # a jaxpt run's workdir: its latest checkpoint (or step=N)
     model = jaxpt.load("hf:/models/Qwen2.5-0.5B")       # a Hugging Face checkpoint directory (jaxpt.models.hf)
+    model = jaxpt.load("hf:/models/Qwen2.5-0.5B", adapter="/adapters/x")  # with PEFT LoRA adapters (merged)
     model.config, model.params, model.tokenizer          # ModelConfig, the param tree, encode / decode
     model.logits(ids)                                    # int [batch, seq] -> float32 [batch, seq, vocab]
     model.generate(["2 + 3 ="], max_new_tokens=8)        # -> list[str], through the KV-cache sampler
     model.score(prompts, responses)                      # reward models: float32 [n]
     model.save_hf("/tmp/export")                         # config.json + safetensors (jaxpt.models.hf_export)
                                                          # (a reward model: transformers' ...ForSequenceClassification)
+    model.save_adapters("/tmp/adapters")                 # a LoRA run's (or adapter=) adapters in PEFT's format
 
 With `mesh=` (a `jax.sharding.Mesh`) the params are created in the logical-axis rules' sharding (`rules=`, default
 fsdp_tp) and every call runs on that mesh; without it they live on the first device.
@@ -21,18 +23,21 @@ import os
 import sys
 from typing import Any, Sequence
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh
+from jax.sharding import Mesh, SingleDeviceSharding
 
 from jaxpt.config import ConfigError
 from jaxpt.data.preference_batches import response_sequences
 from jaxpt.data.tokenizer import chat_prompt, encode_prompts_as_trained
-from jaxpt.models import hf, hf_config, hf_export
+from jaxpt.models import hf, hf_config, hf_export, hf_peft
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.reward import RewardModel
 from jaxpt.models.transformer import TransformerLM
+from jaxpt.nn import lora as lora_lib
+from jaxpt.nn.lora import LoRAConfig
 from jaxpt.parallel.rules import get_rules
 from jaxpt.parallel.sharding import param_shardings
 from jaxpt.rl.sampler import SamplingConfig, make_sampler
@@ -58,6 +63,9 @@ class Model:
   tokenizer_dir: str | None = None
   prompt_format: str = "plain"  # how the run it came from formatted prompts: 'plain' | 'chat' (its chat template)
   special_ids: dict | None = None  # config.json's bos/eos/pad_token_id of the HF checkpoint it came from
+  lora: LoRAConfig | None = None  # a LoRA model's lora section: `params` hold W + s A B, `adapters` A and B
+  adapters: Any = None  # its adapters (`jaxpt.nn.lora.adapter_params`, unmerged); None without LoRA
+  base_model: str | None = None  # the HF checkpoint directory the adapters belong to, if known
   _samplers: dict = dataclasses.field(default_factory=dict, repr=False)
 
   # -- language models --------------------------------------------------------------------------------------------
@@ -165,6 +173,20 @@ class Model:
                              tokenizer_dir=self.tokenizer_dir if self.tokenizer is not None else None,
                              overwrite=overwrite, reward=reward)
 
+  def save_adapters(self, out_dir: str, overwrite: bool = False) -> None:
+    """Writes the LoRA adapters alone in PEFT's format (adapter_config.json + adapter_model.safetensors,
+    `jaxpt.models.hf_peft`), which `peft.PeftModel.from_pretrained` loads on the transformers model of the base.
+    ValueError for a model without adapters or a reward model; ConfigError for a model transformers has no class
+    for; FileExistsError as save_hf (`overwrite` replaces a previous export)."""
+    if self.adapters is None:
+      raise ValueError(f"save_adapters: {self.source} has no LoRA adapters (a LoRA run's model, or "
+                       "load('hf:BASE', adapter=DIR), has them)")
+    if self.kind != "lm":
+      raise ValueError(f"save_adapters: {self.source} is a reward model (its score head is no adapter); save_hf "
+                       "writes it with the adapters merged")
+    hf_peft.save_adapters(self.adapters, self.config, self.lora, out_dir, base_model=self.base_model,
+                          overwrite=overwrite)
+
   # -- checks -----------------------------------------------------------------------------------------------------
 
   def _need(self, kind: str, what: str) -> None:
@@ -205,30 +227,62 @@ def _shardings(abstract: Any, mesh: Mesh | None, rules: str) -> Any:
   return param_shardings(abstract, mesh, get_rules(rules))
 
 
-def _load_hf(directory: str, mesh: Mesh | None, rules: str, overrides: dict) -> Model:
+def _load_hf(directory: str, mesh: Mesh | None, rules: str, overrides: dict, adapter: str | None = None) -> Model:
   source, special = f"{hf.HF_PREFIX}{directory}", hf_config.special_ids(directory)
   if hf_config.is_reward_model(hf_config.read_hf_json(directory)):  # a reward-model export (or classifier)
+    if adapter is not None:
+      raise ConfigError("adapter", f"{source} is a reward model; PEFT adapters load over a language model", adapter)
     config, params, record = hf.load_reward(directory, mesh=mesh, rules=rules, **overrides)
     return Model(config, params, maybe_tokenizer(directory), kind="reward", num_scores=record["num_scores"],
                  source=source, tokenizer_dir=directory, prompt_format=record["prompt_format"], special_ids=special)
-  config, params = hf.load(directory, mesh=mesh, rules=rules, **overrides)
+  config = hf_config.read_config(directory, **overrides)
+  lora = None
+  if adapter is not None:  # checked against the model before any array is read
+    lora = hf_peft.adapter_lora(adapter)
+    hf_peft.check_adapter(adapter, config, lora, "adapter")
+  params = hf.load_params(directory, config, mesh, rules=rules)
+  adapters = None
+  if lora is not None:
+    params, adapters = _with_peft_adapters(config, params, lora, mesh, rules)
   return Model(config, params, maybe_tokenizer(directory), source=source, tokenizer_dir=directory,
-               special_ids=special)
+               special_ids=special, lora=lora, adapters=adapters, base_model=directory if lora else None)
+
+
+def _with_peft_adapters(config: ModelConfig, params: Any, lora: LoRAConfig, mesh: Mesh | None,
+                        rules: str) -> tuple[Any, Any]:
+  """(params with the adapters of `lora.init_adapter` merged in, W + s A B; those adapters), laid out like the
+  params (on `mesh` by `rules`, else on the first device)."""
+  model = TransformerLM(config, lora=lora.spec())
+  boxed = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 1), jnp.int32)))["params"]
+  abstract = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), nn.meta.unbox(boxed))
+  shardings = _shardings(boxed, mesh, rules)
+  if shardings is None:
+    shardings = jax.tree.map(lambda _: SingleDeviceSharding(jax.devices()[0]), abstract)
+  template = jax.tree.map(lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s), abstract,
+                          shardings)
+  adapters = hf_peft.load_adapters(lora.init_adapter, template, "adapter")
+  full = lora_lib.with_adapters(params, lora_lib.replace_adapters(template, adapters))
+  merged = jax.jit(functools.partial(lora_lib.merge_params, scale=lora.scale),
+                   out_shardings=lora_lib.base_params(shardings))(full)
+  return merged, adapters
 
 
 def _load_run(workdir: str, step: int | None, mesh: Mesh | None, rules: str, overrides: dict) -> Model:
   saved = load_run(workdir, step, mesh, rules, overrides)
   return Model(saved.config, saved.params, saved.tokenizer, kind=saved.kind, num_scores=saved.num_scores,
-               source=workdir, tokenizer_dir=saved.tokenizer_dir, prompt_format=saved.prompt_format)
+               source=workdir, tokenizer_dir=saved.tokenizer_dir, prompt_format=saved.prompt_format,
+               lora=saved.lora, adapters=saved.adapters, base_model=saved.base_model)
 
 
 def load(path: str, *, step: int | None = None, mesh: Mesh | None = None, rules: str = "fsdp_tp",
-         kind: str | None = None, **model_overrides: Any) -> Model:
+         kind: str | None = None, adapter: str | None = None, **model_overrides: Any) -> Model:
   """A `Model` from `path`: `hf:DIR` (a Hugging Face checkpoint directory, or a jaxpt export: a reward model's
   loads as one), or the workdir of a jaxpt run whose checkpoints hold a language model or a reward model
   (`Trainer.model` in `jaxpt.engine.trainers.TRAINERS`) at its latest checkpoint or `step`.
 
   kind: 'lm' or 'reward' to refuse anything else (a ConfigError naming the path), checked before the params load.
+  adapter: with `hf:DIR`, a PEFT LoRA adapter directory (`jaxpt.models.hf_peft`) over that base: the params are
+  the merged W + s A B, `Model.adapters` the adapters (ConfigError naming `adapter` for adapters that do not fit).
   model_overrides: ModelConfig fields that change how the model runs (dtype, param_dtype, max_seq_len, remat,
   scan_layers, ...); one that contradicts the checkpoint's architecture is a ConfigError naming both values.
   """
@@ -238,7 +292,10 @@ def load(path: str, *, step: int | None = None, mesh: Mesh | None = None, rules:
     directory = os.path.expanduser(path[len(hf.HF_PREFIX):])
     if kind is not None:
       _check_kind(path, kind, "reward" if hf_config.is_reward_model(hf_config.read_hf_json(directory)) else "lm")
-    return _load_hf(directory, mesh, rules, model_overrides)
+    return _load_hf(directory, mesh, rules, model_overrides, None if adapter is None else os.path.expanduser(adapter))
+  if adapter is not None:
+    raise ConfigError("adapter", f"takes an hf:BASE path (the base the PEFT adapters belong to), not {path!r}",
+                      adapter)
   workdir = os.path.expanduser(path)
   if not os.path.isdir(workdir):
     raise FileNotFoundError(f"{path}: no such directory (a jaxpt workdir, or hf:DIR for a Hugging Face checkpoint)")
@@ -257,27 +314,46 @@ def _check_kind(path: str, wanted: str, found: str) -> None:
     raise ConfigError("path", f"holds {names[found]}, not {names[wanted]}", path)
 
 
-def run_export_hf(workdir: str, step: int | None, out: str, format: str = "auto", overwrite: bool = False) -> int:
+def run_export_hf(workdir: str, step: int | None, out: str, format: str = "auto", overwrite: bool = False,
+                  merge: bool = False, adapters: bool = False) -> int:
   """`jaxpt export-hf`: loads the run (or `hf:DIR`) at `step` and writes it to `out` (Model.save_hf); one line on
   stdout naming what was written; exit code 0, or 2 with one line on stderr (no such run or checkpoint, an `out`
-  that exists, a model the format cannot hold)."""
+  that exists, a model the format cannot hold). A LoRA run needs `merge` (the full model with W + s A B in place
+  of each adapted kernel) or `adapters` (the adapters alone in PEFT's format, Model.save_adapters)."""
   from jaxpt.progress import say
 
   out = os.path.abspath(os.path.expanduser(out))
   try:
     if step is not None and workdir.startswith(hf.HF_PREFIX):
       raise ValueError(f"--step={step}: a Hugging Face checkpoint ({workdir}) has no steps")
+    if merge and adapters:
+      raise ValueError("--merge and --adapters: choose one (the merged full model, or the adapters alone)")
+    if adapters and format != "auto":
+      raise ValueError(f"--format={format}: --adapters writes PEFT's format (--format is for full models)")
     say(f"loading {workdir}{'' if step is None else f' at step {step}'} ...")
     model = load(workdir, step=step)
+    if model.lora is None and (merge or adapters):
+      raise ValueError(f"--{'merge' if merge else 'adapters'}: {model.source} is not a LoRA run (no adapters)")
+    if model.lora is not None and not (merge or adapters):
+      raise ValueError(f"{model.source} is a LoRA run: --merge writes the full model with its adapters merged "
+                       "(W + s A B), --adapters the adapters alone in PEFT's format")
     say(f"writing {out} ...")
-    written = model.save_hf(out, format=format, overwrite=overwrite)
+    if adapters:
+      model.save_adapters(out, overwrite=overwrite)
+    else:
+      written = model.save_hf(out, format=format, overwrite=overwrite)
   except (FileNotFoundError, FileExistsError, ValueError) as e:  # ConfigError and DataError are ValueErrors
     print(f"jaxpt export-hf: {e}", file=sys.stderr)
     return 2
   if jax.process_index() != 0:
     return 0
   size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out) if f.endswith(".safetensors"))
+  if adapters:
+    print(f"jaxpt export-hf: wrote the LoRA adapters of {model.source} (rank {model.lora.rank}, targets "
+          f"{model.lora.targets}) in PEFT's format to {out} ({size / 2**10:.1f} KiB of safetensors)", flush=True)
+    return 0
   what = f"{written}-format {'reward-model ' if model.kind == 'reward' else ''}checkpoint"
-  print(f"jaxpt export-hf: wrote {model.source} as a {what} to {out} ({size / 2**20:.1f} MiB "
+  merged = ", its LoRA adapters merged," if merge else ""
+  print(f"jaxpt export-hf: wrote {model.source}{merged} as a {what} to {out} ({size / 2**20:.1f} MiB "
         f"of safetensors{', and its tokenizer' if model.tokenizer is not None else ''})", flush=True)
   return 0

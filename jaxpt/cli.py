@@ -55,7 +55,11 @@ _OUT = flags.DEFINE_string("out", None, "jaxpt export-hf: the directory to write
 _FORMAT = flags.DEFINE_enum("format", "auto", ["auto", "transformers", "jaxpt"],
                             "jaxpt export-hf: transformers (pre-scheme models), jaxpt (native), auto: the first "
                             "that fits.")
-WORKDIR_FLAGS = ("step", "out", "format", "overwrite")  # flags of the workdir subcommands only
+_MERGE = flags.DEFINE_bool("merge", False, "jaxpt export-hf: a LoRA run as the full model with its adapters merged "
+                           "(W + s A B).")
+_ADAPTERS = flags.DEFINE_bool("adapters", False, "jaxpt export-hf: a LoRA run's adapters alone, in PEFT's format "
+                              "(adapter_config.json + adapter_model.safetensors).")
+WORKDIR_FLAGS = ("step", "out", "format", "overwrite", "merge", "adapters")  # flags of the workdir subcommands only
 _DEVICES = flags.DEFINE_integer("devices", None, "jaxpt plan: the devices the run would have (the mesh's size).")
 _DEVICE_GIB = flags.DEFINE_float("device_gib", None, "jaxpt plan: memory of one device in GiB (--device-gib).")
 _COMPILE = flags.DEFINE_bool("compile", False, "jaxpt plan: also compile the step from abstract shapes (pretrain, "
@@ -124,19 +128,23 @@ WORKDIR_SUBCOMMANDS: dict[str, WorkdirSubcommand] = {c.name: c for c in (
                           f"  --workdir DIR  the workdir of a jaxpt {trainer_list()} run",
                           "  --step N       the checkpoint step to evaluate (default: the latest)")),
     WorkdirSubcommand("export-hf", "Write a run's checkpoint as a Hugging Face checkpoint (config.json + safetensors).",
-                      "jaxpt.api", "run_export_hf", flags=("out", "format", "overwrite"), details=(
+                      "jaxpt.api", "run_export_hf", flags=("out", "format", "overwrite", "merge", "adapters"), details=(
                           "Pre-Norm RMSNorm SwiGLU models (and every model imported from Hugging Face) are written",
                           "in transformers' Llama / Qwen2 / Qwen3 format; SiameseNorm, Post-Norm and HybridNorm",
                           "models, which transformers has no class for, as a jaxpt-native directory that",
                           "jaxpt.load('hf:OUT') reads back. The run's tokenizer files are copied along. A reward",
                           "model is written as a sequence classifier (transformers' LlamaForSequenceClassification",
-                          "and the like, or jaxpt's own) with its number of scores and prompt format.", "",
+                          "and the like, or jaxpt's own) with its number of scores and prompt format. A LoRA run",
+                          "needs --merge (the full model, W + s A B) or --adapters (the adapters alone in PEFT's",
+                          "format, which peft.PeftModel.from_pretrained loads over the transformers base).", "",
                           "  --workdir DIR  the workdir of a jaxpt "
                           f"{trainer_list(lambda t: t.model in ('lm', 'reward'))} run (or hf:DIR)",
                           "  --step N       the checkpoint step to export (default: the latest)",
                           "  --out OUT      the directory to write (new or empty; --overwrite replaces a previous",
                           "                 export, one holding only the files its jaxpt_export.json lists)",
-                          "  --format F     auto | transformers | jaxpt (default auto)")),
+                          "  --format F     auto | transformers | jaxpt (default auto)",
+                          "  --merge        a LoRA run: the full model with its adapters merged",
+                          "  --adapters     a LoRA run: adapter_config.json + adapter_model.safetensors (PEFT)")),
 )}
 
 

@@ -33,7 +33,7 @@ from jax.sharding import Mesh
 from jaxpt import parallel
 from jaxpt.data import order
 from jaxpt.engine.config import RunConfig
-from jaxpt.engine.init_from import init_params
+from jaxpt.engine.init_from import init_adapters, init_params
 from jaxpt.engine.optim import decay_mask, make_optimizer
 from jaxpt.engine.sharded import ShardedTraining, compile_step, shard_training
 from jaxpt.engine.state import TrainState, trainable_part
@@ -93,16 +93,18 @@ class Training:
   def init_state(self) -> TrainState:
     """A fresh (un-donated) initial state, sharded on the mesh; with `init_from`, its params (or the
     `init_from_subtree` of them) are that run's latest params or the HF checkpoint's (`jaxpt.engine.init_from`),
-    and the optimizer state starts fresh."""
+    and the optimizer state starts fresh; with LoRA, the adapters are fresh (B = 0) or `lora.init_adapter`'s."""
     state = self.sharded.init_state()
     init_from, model = self.config.init_from, self.config.model
     if not init_from:
       return state
 
-    def start(template: Any) -> Any:  # LoRA: the base from init_from, this run's fresh adapters beside it
+    def start(template: Any) -> Any:  # LoRA: the base from init_from, beside it fresh adapters or init_adapter's
       if not self.lora:
         return init_params(init_from, model, template)
       loaded = init_params(init_from, model, lora_lib.base_params(template))
+      if self.config.lora.init_adapter:
+        template = lora_lib.replace_adapters(template, init_adapters(self.config.lora.init_adapter, template))
       return lora_lib.with_adapters(frozen_dtype(loaded, self.config), template)
 
     if self.init_from_subtree is None:

@@ -11,9 +11,9 @@ import dataclasses
 import os
 
 from jaxpt.config import ConfigError, DataError, Section, as_dict, at_least, inline, section_values
-from jaxpt.models import hf, hf_config
+from jaxpt.models import hf, hf_config, hf_peft
 from jaxpt.models.config import ModelConfig
-from jaxpt.nn.lora import LoRAConfig
+from jaxpt.nn.lora import LoRAConfig, resolve_targets
 from jaxpt.parallel.mesh import MeshConfig
 from jaxpt.engine.loop import LoopConfig
 from jaxpt.engine.optim import OptimConfig
@@ -58,8 +58,10 @@ class RunConfig(Section):
   def prepare_values(cls, values: dict, path: str) -> dict:
     """A recorded config.json's `"trainer"` key is dropped when it names this class's trainer (ConfigError naming it
     otherwise). With `init_from='hf:DIR'`: the model section's fields left at their defaults take DIR's config.json
-    values (architecture and max_seq_len); `check` then refuses a set value that contradicts the checkpoint."""
-    values = _without_trainer_key(cls, values, path)
+    values (architecture and max_seq_len); `check` then refuses a set value that contradicts the checkpoint. With
+    `lora.init_adapter` (a PEFT adapter directory): the lora fields left at their defaults take its
+    adapter_config.json values (`_adapter_fields`)."""
+    values = _adapter_fields(_without_trainer_key(cls, values, path), path)
     init_from = values.get("init_from") or ""
     if not isinstance(init_from, str) or not init_from.startswith(hf.HF_PREFIX):
       return values
@@ -80,6 +82,8 @@ class RunConfig(Section):
   def check_lora(self) -> None:
     """ConfigError naming lora.rank for a trainer without adapters (`Trainer.lora`) or a rank above a targeted
     projection's dims, lora.targets for a projection the model lacks (MoE experts)."""
+    if self.lora.init_adapter:
+      self.check_init_adapter()
     if not self.lora.enabled:
       return
     trainer = trainer_of(type(self))
@@ -90,6 +94,17 @@ class RunConfig(Section):
       self.lora.check_dims(self.model.projection_dims(), " (MoE experts have none)" if self.model.num_experts else "")
     except ConfigError as e:
       raise e.under("lora") from None
+
+  def check_init_adapter(self) -> None:
+    """ConfigError naming lora.init_adapter without LoRA or `init_from` (the base the adapters belong to), or when
+    its adapter_model.safetensors does not hold exactly this model's adapters in their shapes (file headers only:
+    nothing is loaded before compile)."""
+    if not self.lora.enabled:
+      raise ConfigError("lora.init_adapter", "needs lora.rank > 0 (the adapters' rank)", self.lora.init_adapter)
+    if not self.init_from:
+      raise ConfigError("lora.init_adapter", "needs init_from (the base model the adapters were trained on, e.g. "
+                        "hf:DIR)", self.lora.init_adapter)
+    hf_peft.check_adapter(os.path.expanduser(self.lora.init_adapter), self.model, self.lora, "lora.init_adapter")
 
   def check_batch_split(self, rows: int, rows_field: str) -> None:
     """ConfigError naming optim.grad_accum_steps when it does not divide the `rows` of a step's batch."""
@@ -112,6 +127,42 @@ def _without_trainer_key(cls: type, values: dict, path: str) -> dict:
     raise ConfigError(f"{path}.{TRAINER_KEY}", f"the config of another trainer's run (this is jaxpt {trainer.name}'s)",
                       values[TRAINER_KEY])
   return {k: v for k, v in values.items() if k != TRAINER_KEY}
+
+
+PEFT_KEYS = {"rank": "r", "alpha": "lora_alpha", "rslora": "use_rslora", "targets": "target_modules",
+             "dropout": "lora_dropout"}  # lora field -> adapter_config.json key
+
+
+def _adapter_fields(values: dict, path: str) -> dict:
+  """`values` with the lora fields left at their defaults taken from the adapter_config.json of
+  `lora.init_adapter` (when set); ConfigError naming the field and the file for a set rank, alpha, rslora or
+  targets that contradicts it (dropout, which does not change what the adapters compute, may differ)."""
+  lora = section_values(values.get("lora"))
+  directory = lora.get("init_adapter") or ""
+  if not isinstance(directory, str) or not directory:
+    return values
+  found = hf_peft.read_adapter_fields(os.path.expanduser(directory), f"{path}.lora.init_adapter")
+  where = os.path.join(directory, hf_peft.ADAPTER_CONFIG)
+  defaults = {f.name: f.default for f in dataclasses.fields(LoRAConfig)}
+  for name, value in found.items():
+    given = lora.get(name, defaults[name])
+    if given == defaults[name]:
+      lora[name] = value
+    elif name != "dropout" and not _same_lora_value(name, given, value):
+      raise ConfigError(f"{path}.lora.{name}", f"contradicts {where}, which gives {PEFT_KEYS[name]} "
+                        f"({name}={value!r})", given)
+  return {**values, "lora": lora}
+
+
+def _same_lora_value(name: str, given, value) -> bool:
+  """Whether a set lora field equals the adapter's (targets: the same projections; an invalid value is left to
+  LoRAConfig.check)."""
+  try:
+    if name == "targets":
+      return resolve_targets(given) == resolve_targets(value)
+    return type(value)(given) == value
+  except (TypeError, ValueError):
+    return True
 
 
 def check_init_from(workdir: str, field: str = "init_from", critic: bool = False) -> None:

@@ -4,6 +4,8 @@
                                                     shardings: a jaxpt run's latest checkpoint (orbax partial
                                                     restore), or an HF checkpoint streamed block by block into
                                                     the template's shardings (`jaxpt.models.hf.load_params`)
+    init_adapters(init_adapter, template)           the adapters of PEFT adapter directory `lora.init_adapter`, in
+                                                    the template's shardings (`jaxpt.models.hf_peft`)
     init_tokenizer(init_from, workdir, resuming,    the tokenizer the starting params' embedding rows belong to,
                    model_config)                    copied into `workdir/tokenizer/` at the first launch (a
                                                     resumed run reads its own copy), or None for random init;
@@ -23,7 +25,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxpt.config import ConfigError, DataError
 from jaxpt.data import tokenizer as tokenizer_lib
-from jaxpt.models import hf
+from jaxpt.models import hf, hf_peft
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM, init_params as init_params_of
 from jaxpt.nn import lora as lora_lib
@@ -50,6 +52,13 @@ def init_params(init_from: str, model_config: ModelConfig, template: Any) -> Any
     return hf.load_params(directory, model_config, shardings=shardings)
   except DataError as e:
     raise ConfigError(FIELD, str(e), init_from) from None
+
+
+def init_adapters(init_adapter: str, template: Any) -> Any:
+  """The adapters (an `adapter_params` tree) of the PEFT adapter directory `init_adapter` for the adapter leaves of
+  `template` (a LoRA model's params, arrays), each in its template leaf's sharding; `RunConfig.check` has checked
+  the file against the model."""
+  return hf_peft.load_adapters(os.path.expanduser(init_adapter), template, "config.lora.init_adapter")
 
 
 def run_params(workdir: str, model_config: ModelConfig, template: Any) -> Any:

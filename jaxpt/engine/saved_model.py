@@ -34,7 +34,8 @@ LOADABLE = ("lm", "reward")  # the `Trainer.model` kinds a saved model can be
 @dataclasses.dataclass(eq=False)
 class SavedModel:
   """A run's model at one checkpoint: `TransformerLM` params (kind 'lm') or `RewardModel` params (kind 'reward',
-  `num_scores` heads: 2 for ODIN, quality then length); a LoRA run's adapters merged into its kernels."""
+  `num_scores` heads: 2 for ODIN, quality then length); a LoRA run's adapters merged into its kernels, and kept
+  apart too (`adapters`)."""
 
   config: ModelConfig
   params: Any
@@ -44,6 +45,9 @@ class SavedModel:
   tokenizer_dir: str | None
   prompt_format: str  # 'plain' | 'chat': how the run formatted its prompts
   step: int
+  lora: LoRAConfig | None = None  # a LoRA run's lora section (None: no adapters)
+  adapters: Any = None  # a LoRA run's adapters as they trained (`lora.adapter_params` of its params), not merged
+  base_model: str | None = None  # the HF checkpoint directory a run started from (`init_from='hf:DIR'`), if any
 
 
 def maybe_tokenizer(directory: str | None):
@@ -139,12 +143,17 @@ def load_run(workdir: str, step: int | None = None, mesh: Mesh | None = None, ru
     params = checkpointer.restore_params(template, step)
   finally:
     checkpointer.close()
+  adapters = None
   if lora.enabled:  # a LoRA run: its adapters merged into the kernels (the model without LoRA reads them)
+    adapters = lora_lib.adapter_params(params)
     params = lora_lib.merge_params(params, lora.scale)
   directory = run_tokenizer_dir(workdir, recorded)
   prompt_format = (recorded.get("task") or recorded.get("data") or {}).get("prompt_format", "plain")
+  init_from = recorded.get("init_from") or ""
+  base_model = os.path.expanduser(init_from[len(hf.HF_PREFIX):]) if init_from.startswith(hf.HF_PREFIX) else None
   return SavedModel(config, params, maybe_tokenizer(directory), kind=model_kind, num_scores=num_scores,
-                    tokenizer_dir=directory, prompt_format=prompt_format, step=step)
+                    tokenizer_dir=directory, prompt_format=prompt_format, step=step,
+                    lora=lora if lora.enabled else None, adapters=adapters, base_model=base_model)
 
 
 def load_reward_run(path: str, mesh: Mesh | None, rules: str, field: str = "reward.model",

@@ -41,10 +41,10 @@ INDEX_FILE = "model.safetensors.index.json"
 class Checkpoint:
   """The safetensors files of a checkpoint directory, open for lazy slicing (a context manager)."""
 
-  def __init__(self, path: str):
+  def __init__(self, path: str, weights_file: str = WEIGHTS_FILE):
     self.path = path
-    index_file, single = os.path.join(path, INDEX_FILE), os.path.join(path, WEIGHTS_FILE)
-    if os.path.isfile(index_file):
+    index_file, single = os.path.join(path, INDEX_FILE), os.path.join(path, weights_file)
+    if weights_file == WEIGHTS_FILE and os.path.isfile(index_file):
       self.where = index_file
       weight_map = read_json_object(index_file).get("weight_map")
       if not isinstance(weight_map, dict):
@@ -52,8 +52,10 @@ class Checkpoint:
       self.files = {name: os.path.join(path, file) for name, file in weight_map.items()}
     elif os.path.isfile(single):
       self.where, self.files = single, None
-    else:
+    elif weights_file == WEIGHTS_FILE:
       raise DataError(f"{path}: not a Hugging Face checkpoint directory (no {WEIGHTS_FILE} or {INDEX_FILE})")
+    else:
+      raise DataError(f"{path}: no {weights_file}")
     self.stack = contextlib.ExitStack()
     self.handles: dict[str, Any] = {}
 
@@ -118,7 +120,7 @@ def load_params(path: str, config: ModelConfig, mesh: Mesh | None = None, shardi
     check_importable(config)
   boxed = jax.eval_shape(lambda: TransformerLM(config).init(jax.random.PRNGKey(0), jnp.zeros((1, 1), jnp.int32)))
   dtype = jnp.dtype(config.param_dtype)
-  return _load_tree(path, boxed["params"], lambda names, ndim: (tensor_source(names, ndim, native), dtype), mesh,
+  return load_tree(path, boxed["params"], lambda names, ndim: (tensor_source(names, ndim, native), dtype), mesh,
                     shardings, rules)
 
 
@@ -143,13 +145,14 @@ def load_reward_params(path: str, config: ModelConfig, num_scores: int, mesh: Me
       return (None, False), dtype  # zeros
     return (tensor_source(names[1:], ndim, native) if names[0] == "backbone" else None), dtype
 
-  return _load_tree(path, boxed["params"], locate, mesh, shardings, rules)
+  return load_tree(path, boxed["params"], locate, mesh, shardings, rules)
 
 
-def _load_tree(path: str, boxed: Any, locate: Callable, mesh: Mesh | None, shardings: Any, rules: str) -> Any:
-  """The param tree of abstract `boxed` read from checkpoint `path`. `locate(names, ndim)` -> (where, dtype) for
-  each leaf: where is (Source, stacked), (None, False) for a leaf of zeros, or None for one that has no tensor (a
-  ConfigError)."""
+def load_tree(path: str, boxed: Any, locate: Callable, mesh: Mesh | None, shardings: Any, rules: str,
+              weights_file: str = WEIGHTS_FILE) -> Any:
+  """The param tree of abstract `boxed` read from checkpoint `path` (its `weights_file`, or the shards its index
+  names). `locate(names, ndim)` -> (where, dtype) for each leaf: where is (Source, stacked), (None, False) for a
+  leaf of zeros, or None for one that has no tensor (a ConfigError)."""
   abstract = nn.meta.unbox(boxed)
   if shardings is None:
     if mesh is None:
@@ -158,7 +161,7 @@ def _load_tree(path: str, boxed: Any, locate: Callable, mesh: Mesh | None, shard
       shardings = param_shardings(boxed, mesh, get_rules(rules))
   leaves, treedef = jax.tree_util.tree_flatten_with_path(abstract)
   sharding_leaves = treedef.flatten_up_to(shardings)
-  with Checkpoint(path) as checkpoint:
+  with Checkpoint(path, weights_file) as checkpoint:
     plans = []
     for key_path, leaf in leaves:
       names = tuple(str(getattr(k, "key", k)) for k in key_path)

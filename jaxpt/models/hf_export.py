@@ -129,7 +129,7 @@ def to_hf_layout(block: np.ndarray, source: hf_layout.Source) -> np.ndarray:
   return np.transpose(block.reshape(sizes), np.argsort([axis for axis, _ in source.groups]))
 
 
-def _host_value(leaf: jax.Array) -> np.ndarray:
+def host_value(leaf: jax.Array) -> np.ndarray:
   """The whole of `leaf` on this host (every process must call this: multi-host gathers are collective)."""
   if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
     return np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
@@ -144,7 +144,7 @@ def hf_tensors(params: Any, native: bool) -> Iterator[tuple[str, np.ndarray]]:
     if found is None:
       raise ConfigError("model", f"parameter {'/'.join(names)} has no Hugging Face tensor")
     source, stacked = found
-    value = _host_value(leaf)
+    value = host_value(leaf)
     if stacked:
       for layer in range(value.shape[0]):
         yield source.name.format(layer=layer), np.ascontiguousarray(to_hf_layout(value[layer], source))
@@ -157,19 +157,19 @@ def reward_tensors(params: Any, native: bool) -> Iterator[tuple[str, np.ndarray]
   params = nn.meta.unbox(params)
   backbone = {name: value for name, value in params["backbone"].items() if name != hf_layout.LM_HEAD_PATH[0]}
   yield from hf_tensors(backbone, native)
-  head = _host_value(params[hf_layout.REWARD_HEAD_PATH[0]][hf_layout.REWARD_HEAD_PATH[1]])
+  head = host_value(params[hf_layout.REWARD_HEAD_PATH[0]][hf_layout.REWARD_HEAD_PATH[1]])
   yield hf_layout.SCORE_SOURCE.name, np.ascontiguousarray(to_hf_layout(head, hf_layout.SCORE_SOURCE))
 
 
-def _shard_names(count: int) -> list[str]:
+def _shard_names(count: int, weights_file: str = hf.WEIGHTS_FILE) -> list[str]:
   if count == 1:
-    return [hf.WEIGHTS_FILE]
+    return [weights_file]
   return [f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)]
 
 
 def _write_tensors(tensors: Iterator[tuple[str, np.ndarray]], directory: str, max_shard_bytes: int,
-                   write: bool) -> None:
-  """Safetensors files of at most ~max_shard_bytes each (one file: model.safetensors; more: numbered + index).
+                   write: bool, weights_file: str = hf.WEIGHTS_FILE) -> None:
+  """Safetensors files of at most ~max_shard_bytes each (one file: `weights_file`; more: numbered + index).
   Every tensor is drawn from `tensors` on every process (the gathers are collective), also after a failed write,
   which is raised at the end."""
   shards: list[list[str]] = []
@@ -202,7 +202,7 @@ def _write_tensors(tensors: Iterator[tuple[str, np.ndarray]], directory: str, ma
   flush()
   if error is not None:
     raise error
-  files = _shard_names(len(shards))
+  files = _shard_names(len(shards), weights_file)
   for i, file in enumerate(files):
     os.replace(os.path.join(directory, f"part-{i}.safetensors"), os.path.join(directory, file))
   if len(files) > 1:
@@ -300,7 +300,7 @@ def _on_process_0(action: Callable[[], None], others: Callable[[], None] = lambd
   if jax.process_count() > 1:
     failed = multihost_utils.broadcast_one_to_all(np.int32(error is not None))
     if failed and error is None:
-      raise RuntimeError("save_hf failed on process 0 (its error is in process 0's log)")
+      raise RuntimeError("the export failed on process 0 (its error is in process 0's log)")
   if error is not None:
     raise error
 
@@ -329,6 +329,26 @@ def save_hf(params: Any, config: ModelConfig, out_dir: str, *, format: str = "au
   hf_json = native_config(config, ids) if native else transformers_config(config, family, ids)
   if reward is not None:
     hf_json = reward_config(hf_json, None if native else family, reward)
+
+  def files(directory: str) -> None:
+    with open(os.path.join(directory, hf_config.CONFIG_FILE), "w") as f:
+      json.dump(hf_json, f, indent=2, sort_keys=True)
+    if tokenizer_dir is not None:
+      copy_tokenizer(tokenizer_dir, directory)
+
+  tensors = hf_tensors(params, native) if reward is None else reward_tensors(params, native)
+  write_export(out_dir, tensors, files, "jaxpt" if native else "transformers", overwrite=overwrite,
+               max_shard_bytes=max_shard_bytes)
+  return "jaxpt" if native else "transformers"
+
+
+def write_export(out_dir: str, tensors: Iterator[tuple[str, np.ndarray]], files: Callable[[str], None], format: str,
+                 *, overwrite: bool = False, max_shard_bytes: int = MAX_SHARD_BYTES,
+                 weights_file: str = hf.WEIGHTS_FILE) -> None:
+  """Writes an export to `out_dir`: the (name, array) `tensors` as safetensors (`weights_file`, or shards above
+  `max_shard_bytes`), then `files(directory)` (config.json and the like) and the EXPORT_MARKER recording `format`,
+  into a folder beside `out_dir` renamed into place when complete (`save_hf`). FileExistsError (one line) for an
+  `out_dir` that `_check_out_dir` refuses. Multi-host: every process calls it, process 0 writes."""
   write = jax.process_index() == 0
   out_dir = os.path.abspath(os.path.expanduser(out_dir))
   work: list[str] = []  # process 0: a new folder beside out_dir (new/: the export, old/: the one it replaces)
@@ -341,20 +361,15 @@ def save_hf(params: Any, config: ModelConfig, out_dir: str, *, format: str = "au
 
   def finish() -> None:
     partial = os.path.join(work[0], "new")
-    with open(os.path.join(partial, hf_config.CONFIG_FILE), "w") as f:
-      json.dump(hf_json, f, indent=2, sort_keys=True)
-    if tokenizer_dir is not None:
-      copy_tokenizer(tokenizer_dir, partial)
-    _write_marker(partial, "jaxpt" if native else "transformers")
+    files(partial)
+    _write_marker(partial, format)
     _replace(out_dir, partial, os.path.join(work[0], "old"))
 
   _on_process_0(start)  # before any gather: a refused out_dir stops every process
   try:
-    tensors = hf_tensors(params, native) if reward is None else reward_tensors(params, native)
-    _on_process_0(lambda: _write_tensors(tensors, os.path.join(work[0], "new"), max_shard_bytes, write=True),
+    _on_process_0(lambda: _write_tensors(tensors, os.path.join(work[0], "new"), max_shard_bytes, True, weights_file),
                   others=lambda: _write_tensors(tensors, "", max_shard_bytes, write=False))
     _on_process_0(finish)
   finally:
     if write and work:
       shutil.rmtree(work[0], ignore_errors=True)  # made by this call: the unfinished export or the replaced one
-  return "jaxpt" if native else "transformers"

@@ -35,8 +35,9 @@ import jax.numpy as jnp
 
 from jaxpt.config import ConfigError, Section, at_least, in_range, one_of
 
-__all__ = ["ADAPTER_NAMES", "LORA_AXIS", "PROJECTIONS", "LoRA", "LoRAConfig", "adapter_mask", "base_params",
-           "lora_delta", "lora_scale", "merge_kernel", "merge_params", "resolve_targets", "with_adapters"]
+__all__ = ["ADAPTER_NAMES", "LORA_AXIS", "PROJECTIONS", "LoRA", "LoRAConfig", "adapter_mask", "adapter_params",
+           "base_params", "lora_delta", "lora_scale", "merge_kernel", "merge_params", "replace_adapters",
+           "resolve_targets", "with_adapters"]
 
 PROJECTIONS = ("q", "k", "v", "o", "mlp_in", "mlp_out")
 ADAPTER_NAMES = ("lora_a", "lora_b")  # the adapter params beside a projection's kernel
@@ -86,12 +87,31 @@ def base_params(params: Any) -> Any:
 
 
 def with_adapters(base: Any, adapted: Any) -> Any:
-  """`base` (a params tree without adapters) with the adapters of `adapted` put back beside their kernels."""
-  if not isinstance(adapted, dict):
+  """`base` (a params tree without adapters) with the adapters of `adapted` (an adapted params tree, or only its
+  `adapter_params`) put back beside their kernels."""
+  if not isinstance(base, dict) or not isinstance(adapted, dict):
     return base
-  out = {k: with_adapters(base[k], v) for k, v in adapted.items() if k not in ADAPTER_NAMES}
+  out = {k: with_adapters(v, adapted.get(k)) for k, v in base.items()}
   out.update({k: v for k, v in adapted.items() if k in ADAPTER_NAMES})
   return out
+
+
+def adapter_params(params: Any) -> Any:
+  """The part of `params` (a dict tree) that leads to its adapter leaves (lora_a / lora_b), nothing else."""
+  out = {}
+  for key, value in params.items() if isinstance(params, dict) else ():
+    sub = value if key in ADAPTER_NAMES else adapter_params(value)
+    if not isinstance(sub, dict) or sub:
+      out[key] = sub
+  return out
+
+
+def replace_adapters(params: Any, adapters: Any) -> Any:
+  """`params` with each adapter leaf that `adapters` (an `adapter_params` tree) holds put in its place."""
+  if not isinstance(params, dict) or not isinstance(adapters, dict):
+    return params
+  return {k: adapters[k] if k in ADAPTER_NAMES and k in adapters else replace_adapters(v, adapters.get(k))
+          for k, v in params.items()}
 
 
 def adapter_mask(params: Any) -> Any:
@@ -157,6 +177,10 @@ class LoRAConfig(Section):
       o (attention's query, key, value, out), mlp_in (wi_gate and wi_up, or GELU's wi), mlp_out (wo).
     rslora: scale by alpha / sqrt(r) (rank-stabilised LoRA) instead of alpha / r.
     base_dtype: the dtype the frozen base params are kept in: float32 | bfloat16 (adapters stay float32).
+    init_adapter: '' = fresh adapters (B = 0); or a PEFT adapter directory (adapter_config.json +
+      adapter_model.safetensors, `jaxpt.models.hf_peft`) whose adapters start the run, over the base `init_from`
+      gives; its r, lora_alpha, use_rslora, target_modules and lora_dropout fill rank, alpha, rslora, targets and
+      dropout left at their defaults (a set rank, alpha, rslora or targets that contradicts them is an error).
   """
 
   rank: int = 0
@@ -165,6 +189,7 @@ class LoRAConfig(Section):
   targets: str = "q,k,v,o,mlp_in,mlp_out"
   rslora: bool = False
   base_dtype: str = "float32"
+  init_adapter: str = ""
 
   def check(self) -> None:
     at_least(self, "rank", 0)
