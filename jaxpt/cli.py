@@ -7,7 +7,7 @@ the `--config` (ml_collections config file, Flax-examples style) and `--workdir`
 (or `jaxpt help <subcommand>`) lists the run config's fields with their types, defaults and meanings
 (`jaxpt.config.describe_fields`). `jaxpt eval --workdir DIR [--step N]` evaluates a checkpoint of an existing run
 (`jaxpt.engine.evaluate`); `jaxpt export-hf --workdir DIR --out OUT` writes one as a Hugging Face checkpoint
-(`jaxpt.api.run_export_hf`).
+(`jaxpt.api.run_export_hf`; a LoRA run with `--merge`, or its adapters alone in PEFT's format with `--adapters`).
 
 Exit codes: 0 finished; 2 a config or data error (one line naming the field, or the file and line; no traceback);
 3 a non-finite loss, gradient or parameter stopped the run (nothing of it saved), or on_nonfinite='skip' skipped

@@ -7,6 +7,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -160,8 +162,10 @@ def test_export_merge_computes_as_the_unmerged_run_and_adapters_round_trip(lora_
   merged = jaxpt.load(f"hf:{tmp_path / 'merged'}", dtype="float32")
   np.testing.assert_allclose(forward({"params": merged.params}, ids), unmerged, atol=tolerance(unmerged), rtol=0)
 
-  assert run_export_hf(workdir, None, str(tmp_path / "adapters"), adapters=True) == 0
-  assert "in PEFT's format" in capsys.readouterr().out
+  command = [sys.executable, "-m", "jaxpt.cli", "export-hf", "--workdir", workdir, "--out", str(tmp_path / "adapters"),
+             "--adapters"]  # the CLI's flag, end to end
+  result = subprocess.run(command, capture_output=True, text=True, check=False)
+  assert result.returncode == 0 and "in PEFT's format" in result.stdout, result.stderr
   with open(tmp_path / "adapters" / hf_peft.ADAPTER_CONFIG) as f:
     assert json.load(f)["base_model_name_or_path"] == base
   again = jaxpt.load(f"hf:{base}", adapter=str(tmp_path / "adapters"), dtype="float32")

@@ -16,7 +16,13 @@ N(0, 1 / in) and N(0, 0.25 / r), so the adapters move the logits by O(1) and a r
 `--check DIR --logits FILE` is the reverse direction: `PeftModel.from_pretrained` loads the adapters in DIR (e.g.
 written by `jaxpt export-hf --adapters`) on the transformers model of their base (adapter_config.json's
 base_model_name_or_path, or --base), runs on FILE's input_ids and prints the largest difference from FILE's logits
-(jaxpt's), as one JSON line.
+(jaxpt's), with how far the adapters move PEFT's logits from the base's, as one JSON line. The jaxpt side, for a
+LoRA run RUN over an `hf:` base (e.g. `jaxpt sft --config experiments/configs/sft_hf.py
+--config.init_from=hf:tests/assets/hf/llama --config.lora.rank=4 ...`):
+    jaxpt export-hf --workdir RUN --out DIR --adapters
+    python3 -c "import jaxpt, numpy as np; m = jaxpt.load('RUN', dtype='float32'); \
+      ids = np.load('tests/assets/hf/llama/reference.npz')['input_ids']; \
+      np.savez('FILE.npz', input_ids=ids, logits=np.asarray(m.logits(ids)))"
 
 Run in a venv with torch, transformers and peft (kept outside the repository; torch 2.13.0 is the local CPU wheel):
     python3 -m venv /tmp/peftref && /tmp/peftref/bin/pip install torch==2.13.0 transformers peft safetensors
@@ -112,7 +118,8 @@ def check(directory: str, logits_file: str, base: str | None) -> dict:
   reference = np.load(logits_file)
   with torch.no_grad():
     logits = model(torch.from_numpy(reference["input_ids"].astype(np.int64))).logits.float().numpy()
-    base_logits = model.get_base_model()(torch.from_numpy(reference["input_ids"].astype(np.int64))).logits.numpy()
+    with model.disable_adapter():  # the base alone: how far the adapters move the logits
+      base_logits = model(torch.from_numpy(reference["input_ids"].astype(np.int64))).logits.float().numpy()
   want = reference["logits"]
   return {"adapters": directory, "base": base, "loaded_modules": sorted({name.split(".")[-1] for name, module in
                                                                           model.named_modules()
