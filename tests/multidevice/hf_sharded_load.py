@@ -84,3 +84,19 @@ def test_python_api_on_a_mesh_gives_the_single_device_results(mesh):
   np.testing.assert_allclose(np.asarray(on_mesh.logits(ids)), np.asarray(single.logits(ids)), rtol=1e-5, atol=1e-5)
   prompts = ["x = 1", "def f():"]
   assert on_mesh.generate(prompts, max_new_tokens=6) == single.generate(prompts, max_new_tokens=6)
+
+
+def test_peft_adapters_load_in_the_rules_sharding_and_give_peft_logits(mesh):
+  """jaxpt.load("hf:BASE", adapter=DIR, mesh=): each adapter in its kernel's split (A along embed over fsdp, B
+  along kv_heads over tensor, the rank axis whole), the merged model's logits PEFT's (tests/assets/peft)."""
+  import jaxpt
+
+  directory = os.path.join(ROOT, "tests", "assets", "peft", "llama")
+  model = jaxpt.load(f"hf:{os.path.join(ASSETS, 'llama')}", adapter=directory, mesh=mesh, dtype="float32")
+  value = model.adapters["decoder"]["layers"]["attn"]["value"]
+  assert value["lora_a"].sharding.spec == P(None, "fsdp", None), value["lora_a"].sharding.spec  # [layers, d, r]
+  assert value["lora_b"].sharding.spec == P(None, None, "tensor", None), value["lora_b"].sharding.spec
+  assert model.params["decoder"]["layers"]["attn"]["value"]["kernel"].sharding.spec == P(None, "fsdp", "tensor", None)
+  reference = np.load(os.path.join(directory, "reference.npz"))
+  np.testing.assert_allclose(np.asarray(model.logits(reference["input_ids"])), reference["logits"], rtol=0,
+                             atol=1e-5 * float(np.abs(reference["logits"]).max()))
