@@ -81,9 +81,9 @@ class RunConfig(Section):
 
   def check_lora(self) -> None:
     """ConfigError naming lora.rank for a trainer without adapters (`Trainer.lora`) or a rank above a targeted
-    projection's dims, lora.targets for a projection the model lacks (MoE experts)."""
-    if self.lora.init_adapter:
-      self.check_init_adapter()
+    projection's dims, lora.targets for a projection the model lacks (MoE experts); then `lora.init_adapter`."""
+    if self.lora.init_adapter and not self.lora.enabled:
+      raise ConfigError("lora.init_adapter", "needs lora.rank > 0 (the adapters' rank)", self.lora.init_adapter)
     if not self.lora.enabled:
       return
     trainer = trainer_of(type(self))
@@ -94,13 +94,13 @@ class RunConfig(Section):
       self.lora.check_dims(self.model.projection_dims(), " (MoE experts have none)" if self.model.num_experts else "")
     except ConfigError as e:
       raise e.under("lora") from None
+    if self.lora.init_adapter:
+      self.check_init_adapter()
 
   def check_init_adapter(self) -> None:
-    """ConfigError naming lora.init_adapter without LoRA or `init_from` (the base the adapters belong to), or when
-    its adapter_model.safetensors does not hold exactly this model's adapters in their shapes (file headers only:
+    """ConfigError naming lora.init_adapter without `init_from` (the base the adapters belong to), or when its
+    adapter_model.safetensors does not hold exactly this model's adapters in their shapes (file headers only:
     nothing is loaded before compile)."""
-    if not self.lora.enabled:
-      raise ConfigError("lora.init_adapter", "needs lora.rank > 0 (the adapters' rank)", self.lora.init_adapter)
     if not self.init_from:
       raise ConfigError("lora.init_adapter", "needs init_from (the base model the adapters were trained on, e.g. "
                         "hf:DIR)", self.lora.init_adapter)
