@@ -164,6 +164,22 @@ def test_trainable_part_keeps_only_marked_leaves():
   assert dataclasses.is_dataclass(LoRAConfig)
 
 
+def test_adapter_trees_take_apart_and_put_back():
+  """adapter_params keeps the paths to the adapters alone; replace_adapters and with_adapters put them back, the
+  latter from a whole adapted tree or from its adapters alone."""
+  adapted = {"attn": {"query": {"kernel": 1, "lora_a": 2, "lora_b": 3}, "norm": {"scale": 4}},
+             "mlp": {"wo": {"kernel": 5}}, "embedding": 6}
+  adapters = lora_lib.adapter_params(adapted)
+  assert adapters == {"attn": {"query": {"lora_a": 2, "lora_b": 3}}}
+  assert lora_lib.adapter_params({"embedding": 6, "mlp": {"wo": {"kernel": 5}}}) == {}
+  new = {"attn": {"query": {"lora_a": 20}}}
+  replaced = lora_lib.replace_adapters(adapted, new)
+  assert replaced == {**adapted, "attn": {"query": {"kernel": 1, "lora_a": 20, "lora_b": 3}, "norm": {"scale": 4}}}
+  base = lora_lib.base_params(adapted)
+  assert lora_lib.with_adapters(base, adapted) == adapted == lora_lib.with_adapters(base, adapters)
+  assert lora_lib.with_adapters(base, {}) == base
+
+
 def test_adapters_split_like_their_kernels_under_the_sharding_rules():
   """A along `embed` over fsdp like its kernel's in axis, B along heads / mlp over tensor, the rank axis whole."""
   from jaxpt.parallel.rules import get_rules
