@@ -79,7 +79,8 @@ class RunConfig(Section):
 
   def check_lora(self) -> None:
     """ConfigError naming lora.rank for a trainer without adapters (`Trainer.lora`) or a rank above a targeted
-    projection's dims, lora.targets for a projection the model lacks (MoE experts)."""
+    projection's dims, lora.targets for a projection the model lacks (MoE experts), lora.base_quant_block for blocks
+    that do not divide a quantized kernel's input axis."""
     if not self.lora.enabled:
       return
     trainer = trainer_of(type(self))
@@ -87,7 +88,8 @@ class RunConfig(Section):
       raise ConfigError("lora.rank", f"jaxpt {trainer.name} trains every parameter; LoRA is for jaxpt "
                         f"{trainer_list(lambda t: t.lora)}", self.lora.rank)
     try:
-      self.lora.check_dims(self.model.projection_dims(), " (MoE experts have none)" if self.model.num_experts else "")
+      self.lora.check_dims(self.model.projection_dims(), " (MoE experts have none)" if self.model.num_experts else "",
+                           self.model.projection_blocked_dims())
     except ConfigError as e:
       raise e.under("lora") from None
 
