@@ -1,0 +1,200 @@
+"""QLoRA (`lora.base_quant`): blockwise int8 / NF4 quantization (`jaxpt.nn.quant`) against float64 NumPy statements
+with their per-block error bounds, the quantized `Dense` and its adapter gradients against NumPy, B = 0 giving the
+dequantized base's logits, a tiny SFT run (only adapters change, loss falls, bitwise resume), the plan's params
+bytes against the real quantized tree, and the one-line refusals."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxpt
+from experiments.configs import sft_lora_tiny
+from jaxpt.config import ConfigError, from_section
+from jaxpt.engine.metrics import read_metrics
+from jaxpt.models.config import ModelConfig
+from jaxpt.models.transformer import TransformerLM
+from jaxpt.nn import lora as lora_lib
+from jaxpt.nn.dense import Dense
+from jaxpt.nn.quant import NF4, Quant, dequantize, quantize
+from jaxpt.trainers import plan
+from jaxpt.trainers.sft import SFTRunConfig
+from tests.test_train_lora import SFT, assert_bitwise, changed_leaves, config_of, is_adapter
+
+NF4_HALF_GAP = float(np.max(np.diff(NF4.astype(np.float64)))) / 2
+
+
+def numpy_quantize(w, scheme, block):
+  """float64 statement of `jaxpt.nn.quant` for w [m, k, n] blocked along k: (values in [-127, 127] or NF4 indices,
+  per-block scales [m, k / B, n])."""
+  m, k, n = w.shape
+  blocks = w.astype(np.float64).reshape(m, k // block, block, n)
+  absmax = np.abs(blocks).max(axis=2, keepdims=True)
+  if scheme == "int8":
+    scale = absmax / 127.0
+    return np.round(blocks / np.where(scale > 0, scale, 1.0)).reshape(m, k, n), scale[:, :, 0]
+  normed = blocks / np.where(absmax > 0, absmax, 1.0)
+  index = np.abs(normed[..., None] - NF4.astype(np.float64)).argmin(-1)  # the nearest NF4 value
+  return index.reshape(m, k, n), absmax[:, :, 0]
+
+
+def numpy_decode(codes, scales, scheme, block):
+  """float64 W~ from stored codes (int8, or uint8 with two NF4 indices a byte: low nibble = even row)."""
+  codes = np.asarray(codes)
+  if scheme == "int8":
+    values = codes.astype(np.float64)
+  else:
+    m, rows, n = codes.shape
+    index = np.empty((m, 2 * rows, n), np.int64)
+    index[:, 0::2], index[:, 1::2] = codes & 15, codes >> 4
+    values = NF4.astype(np.float64)[index]
+  m, k, n = values.shape
+  return (values.reshape(m, k // block, block, n) * np.asarray(scales, np.float64)[:, :, None, :]).reshape(m, k, n)
+
+
+@pytest.mark.parametrize("scheme", ["int8", "nf4"])
+def test_quantize_dequantize_match_numpy_within_the_block_bounds(scheme):
+  block = 16
+  w = np.array(jax.random.normal(jax.random.PRNGKey(0), (2, 64, 6)) * 0.3, np.float32)
+  w[0, :block, 0] = 0.0  # a block of zeros: scale 0, decodes to 0
+  codes, scales = quantize(jnp.asarray(w), Quant(scheme, block), axis=1)
+  assert codes.dtype == (np.int8 if scheme == "int8" else np.uint8)
+  assert codes.shape == (2, 64 // (2 if scheme == "nf4" else 1), 6) and scales.shape == (2, 4, 6)
+  want_values, want_scales = numpy_quantize(w, scheme, block)
+  np.testing.assert_allclose(scales, want_scales, rtol=1e-6)
+  got = numpy_decode(codes, scales, scheme, block)
+  index = got / np.repeat(np.where(want_scales > 0, want_scales, 1.0), block, axis=1)
+  if scheme == "int8":
+    np.testing.assert_allclose(index, want_values, atol=1e-4)
+  else:  # the stored NF4 indices (decoded back from W~ / s) are the float64 nearest ones
+    stored = np.abs(index[..., None] - NF4.astype(np.float64)).argmin(-1)
+    assert (stored == want_values).mean() == 1.0
+  np.testing.assert_allclose(dequantize(codes, scales, Quant(scheme, block)), got, rtol=1e-6, atol=1e-7)
+  bound = np.repeat(want_scales / 2 if scheme == "int8" else want_scales * NF4_HALF_GAP, block, axis=1)
+  err = np.abs(got - w)
+  assert np.all(err <= bound * (1 + 1e-5) + 1e-7), float((err - bound).max())
+  assert np.all(got[0, :block, 0] == 0.0)
+  assert err.mean() < bound.mean() / 2  # rounding to nearest: well inside the bound on average
+
+
+@pytest.mark.parametrize("scheme", ["int8", "nf4"])
+def test_quantized_dense_and_its_adapter_gradients_match_numpy(scheme):
+  """An out-projection-like Dense [heads, head_dim] -> [d] (blocked along head_dim): y = x W~ + s (x A) B, and the
+  gradients of sum(y * g) in A, B and x, against float64 NumPy."""
+  quant, heads, hd, d, rank, scale = Quant(scheme, 8), 2, 16, 12, 3, 1.5
+  dense = Dense((d,), ("heads", "kv", "embed"), num_in_axes=2, lora=lora_lib.LoRA(rank, scale, quant=quant))
+  x = jax.random.normal(jax.random.PRNGKey(1), (3, 5, heads, hd))
+  params = nn.meta.unbox(dense.init(jax.random.PRNGKey(2), x)["params"])
+  params["lora_b"] = jax.random.normal(jax.random.PRNGKey(3), params["lora_b"].shape) * 0.1
+  assert params["kernel_q"].shape == (heads, hd // quant.pack, d) and params["kernel_scale"].shape == (heads, 2, d)
+  w = numpy_decode(params["kernel_q"].reshape(heads, hd // quant.pack, d),
+                   params["kernel_scale"], scheme, 8).reshape(heads * hd, d)
+  x2 = np.asarray(x, np.float64).reshape(-1, heads * hd)
+  a = np.asarray(params["lora_a"], np.float64).reshape(heads * hd, rank)
+  b = np.asarray(params["lora_b"], np.float64)
+  g = np.asarray(jax.random.normal(jax.random.PRNGKey(4), (15, d)), np.float64)
+  y = x2 @ w + scale * (x2 @ a) @ b
+  np.testing.assert_allclose(dense.apply({"params": params}, x).reshape(15, d), y, rtol=1e-4, atol=1e-5)
+
+  def loss(adapters, x):
+    out = dense.apply({"params": {**params, **adapters}}, x)
+    return jnp.sum(out.reshape(15, d) * g.astype(np.float32))
+
+  grads, dx = jax.grad(loss, argnums=(0, 1))({k: params[k] for k in ("lora_a", "lora_b")}, x)
+  np.testing.assert_allclose(grads["lora_b"], scale * (x2 @ a).T @ g, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(grads["lora_a"].reshape(-1, rank), scale * x2.T @ (g @ b.T), rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(dx.reshape(15, -1), g @ (w + scale * a @ b).T, rtol=1e-4, atol=1e-5)
+
+
+MODEL = ModelConfig(vocab_size=64, d_model=32, num_layers=1, num_heads=2, num_kv_heads=1, mlp_dim=64, max_seq_len=16,
+                    remat="none")
+
+
+@pytest.mark.parametrize("scheme", [pytest.param("int8", marks=pytest.mark.slow), "nf4"])
+def test_b_zero_gives_the_dequantized_base_and_only_adapters_get_gradients(scheme):
+  spec = lora_lib.LoRA(4, 2.0, quant=Quant(scheme, 16))
+  model, tokens = TransformerLM(MODEL, lora=spec), (jnp.arange(16, dtype=jnp.int32)[None] * 5) % 64
+  params = nn.meta.unbox(jax.jit(model.init)(jax.random.PRNGKey(0), tokens)["params"])
+  apply = jax.jit(lambda m, p: m.apply({"params": p}, tokens), static_argnums=0)
+  logits = apply(model, params)
+  dequantized = jax.jit(lora_lib.dequantize_params, static_argnums=1)(lora_lib.base_params(params), spec.quant)
+  base = apply(TransformerLM(MODEL), dequantized)
+  np.testing.assert_array_equal(logits, base)  # B = 0: exactly the dequantized base
+  reference = apply(model.clone(lora=lora_lib.base_spec(spec)), lora_lib.base_params(params))
+  np.testing.assert_array_equal(reference, base)  # the reference reads the codes, no float copy
+  requantize = jax.jit(lambda p: lora_lib.quantize_params(lora_lib.dequantize_params(p, spec.quant), spec.quant))
+  again = requantize(params)
+  jax.tree.map(np.testing.assert_array_equal, again, params)  # W~ requantizes to itself: the stored base is fixed
+  # merged (W~ + s A B) == the LoRA model once B != 0
+  params = jax.tree_util.tree_map_with_path(
+      lambda p, v: v + 0.05 if jax.tree_util.keystr(p).endswith("['lora_b']") else v, params)
+  merged = apply(TransformerLM(MODEL), jax.jit(lora_lib.merge_params, static_argnums=(1, 2))(params, spec.scale,
+                                                                                               spec.quant))
+  np.testing.assert_allclose(apply(model, params), merged, rtol=1e-5, atol=1e-5)
+  grads = jax.jit(jax.grad(lambda p: jnp.mean(model.apply({"params": p}, tokens) ** 2), allow_int=True))(params)
+  for path, grad in jax.tree_util.tree_leaves_with_path(grads):
+    name = jax.tree_util.keystr(path)
+    if name.endswith("['kernel_q']"):
+      assert grad.dtype == jax.dtypes.float0
+    if is_adapter(name):
+      assert np.abs(np.asarray(grad)).max() > 0, name
+
+
+QLORA = {**SFT, "steps": 8, "log_every": 2, "eval_every": 0, "lora.base_quant": "nf4", "lora.base_quant_block": 16}
+
+
+@pytest.fixture(scope="module")
+def sft_qlora(tmp_path_factory):  # ~50 s on 2 busy cores
+  root = tmp_path_factory.mktemp("sft_qlora")
+  config = config_of(sft_lora_tiny, QLORA)
+  built = jaxpt.build("sft", config, str(root / "whole"))
+  initial = jax.device_get(built.training.init_state().params)
+  whole = jaxpt.train("sft", config, str(root / "whole"), built=built)
+  jaxpt.train("sft", config, str(root / "split"), built=built, stop_at=4)
+  resumed = jaxpt.train("sft", config, str(root / "split"), built=built)
+  return built, initial, whole, resumed, read_metrics(str(root / "whole"))
+
+
+@pytest.mark.slow
+def test_sft_with_qlora_trains_adapters_alone_and_resumes_bitwise(sft_qlora):
+  built, initial, whole, resumed, rows = sft_qlora
+  assert rows[-1]["loss"] < rows[0]["loss"], [r["loss"] for r in rows]
+  codes = [leaf for path, leaf in jax.tree_util.tree_leaves_with_path(initial)
+           if jax.tree_util.keystr(path).endswith("['kernel_q']")]
+  assert codes and all(leaf.dtype == np.uint8 for leaf in codes)
+  changed = changed_leaves(initial, jax.device_get(whole.state.params))
+  assert changed and all(is_adapter(p) for p in changed), changed
+  assert_bitwise(resumed.state, whole.state)
+
+
+def test_plan_params_are_the_real_quantized_tree_bytes():
+  """`jaxpt plan`'s params figure (codes + scales + the bf16 rest + adapters) is the bytes of the tree a run
+  holds: the model's init with the frozen leaves cast as the builder casts them; `frozen_float` the dequantized
+  base's (what GRPO's sampler reads)."""
+  from jaxpt.engine.builder import frozen_dtype, lora_trainable
+
+  run = from_section(SFTRunConfig, config_of(sft_lora_tiny, {**QLORA, "lora.base_dtype": "bfloat16"}), "config")
+  model = TransformerLM(run.model, lora=run.lora.spec())
+  boxed = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))["params"]
+  params = frozen_dtype(nn.meta.unbox(boxed), run, lora_trainable(boxed))
+  planned = plan.param_bytes(run, plan._mesh_shape(run, 1))
+  assert planned["params"] == sum(leaf.nbytes for leaf in jax.tree.leaves(params))
+  floats = lora_lib.base_params(lora_lib.dequantize_params(params, run.lora.quant, jnp.bfloat16))
+  assert planned["frozen_float"] == sum(leaf.nbytes for leaf in jax.tree.leaves(floats))
+  codes = [p for p, leaf in jax.tree_util.tree_leaves_with_path(params) if leaf.dtype == jnp.uint8]
+  assert len(codes) == 7 and planned["params"] < planned["full"] / 2
+
+
+@pytest.mark.parametrize("overrides, field", [
+    ({"lora.base_quant": "int8"}, "lora.base_quant"),  # rank 0: a frozen base with nothing to train
+    ({"lora.rank": 4, "lora.base_quant": "int4"}, "lora.base_quant"),
+    ({"lora.rank": 4, "lora.base_quant": "nf4", "lora.base_quant_block": 7}, "lora.base_quant_block"),
+    ({"lora.rank": 4, "lora.base_quant": "nf4", "lora.base_quant_block": 2}, "lora.base_quant_block"),
+    ({"lora.rank": 4, "lora.base_quant": "int8", "lora.base_quant_block": 24}, "lora.base_quant_block"),
+])
+def test_refusals_are_one_line_naming_the_field(overrides, field):
+  config = config_of(sft_lora_tiny, {**SFT, "lora.rank": 0, **overrides})
+  with pytest.raises(ConfigError) as e:
+    from_section(SFTRunConfig, config, "config")
+  assert e.value.where.endswith(field) and "\n" not in str(e.value), str(e.value)
