@@ -198,3 +198,29 @@ def test_refusals_are_one_line_naming_the_field(overrides, field):
   with pytest.raises(ConfigError) as e:
     from_section(SFTRunConfig, config, "config")
   assert e.value.where.endswith(field) and "\n" not in str(e.value), str(e.value)
+
+
+@pytest.mark.slow
+def test_an_hf_start_is_quantized_once_from_the_checkpoint(tmp_path):
+  """`init_from=hf:DIR` with QLoRA: the run starts from the checkpoint's kernels quantized (what `quantize_params`
+  makes of them), its other params as loaded, and B = 0 adapters."""
+  from experiments.configs import sft_hf
+  from jaxpt.engine.init_from import init_params
+
+  config = sft_hf.get_config()
+  config.update_from_flattened_dict({
+      "init_from": "hf:tests/assets/hf/qwen2", "steps": 1, "progress": False, "task.name": "arithmetic",
+      "task.path": "", "task.train_size": 32, "task.test_size": 8, "task.prompt_format": "plain",
+      "model.max_seq_len": 128, "data.seq_len": 128, "data.batch_size": 8, "data.eval_batches": 1,
+      "decode.prompt_len": 112, "decode.max_new_tokens": 8, "decode.eval_problems": 8, "decode.batch_size": 8,
+      "lora.rank": 4, "lora.base_quant": "int8", "lora.base_quant_block": 16})
+  built = jaxpt.build("sft", config, str(tmp_path))
+  params = jax.device_get(built.training.init_state().params)
+  plain = TransformerLM(built.config.model)
+  template = jax.jit(lambda: nn.meta.unbox(plain.init(jax.random.PRNGKey(1), jnp.zeros((1, 8), jnp.int32))["params"]))()
+  loaded = init_params(built.config.init_from, built.config.model, template)
+  quant = built.config.lora.quant
+  want = lora_lib.quantize_params(lora_lib.with_adapters(loaded, lora_lib.dequantize_params(params, quant)), quant)
+  jax.tree.map(np.testing.assert_array_equal, params, jax.device_get(want))
+  assert all(not np.any(leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+             if jax.tree_util.keystr(path).endswith("['lora_b']"))

@@ -127,10 +127,11 @@ def base_params(params: Any) -> Any:
 
 
 def with_adapters(base: Any, adapted: Any) -> Any:
-  """`base` (a params tree without adapters) with the adapters of `adapted` put back beside their kernels."""
-  if not isinstance(adapted, dict):
+  """`base` (a params tree without adapters) with the adapters of `adapted` put back beside their kernels (base's
+  own leaves kept: a float base beside a QLoRA tree's adapters gives the float tree `quantize_params` takes)."""
+  if not isinstance(adapted, dict) or not isinstance(base, dict):
     return base
-  out = {k: with_adapters(base[k], v) for k, v in adapted.items() if k not in ADAPTER_NAMES}
+  out = {k: with_adapters(v, adapted.get(k)) for k, v in base.items()}
   out.update({k: v for k, v in adapted.items() if k in ADAPTER_NAMES})
   return out
 
