@@ -153,12 +153,12 @@ def sft_qlora(tmp_path_factory):  # ~50 s on 2 busy cores
   whole = jaxpt.train("sft", config, str(root / "whole"), built=built)
   jaxpt.train("sft", config, str(root / "split"), built=built, stop_at=4)
   resumed = jaxpt.train("sft", config, str(root / "split"), built=built)
-  return built, initial, whole, resumed, read_metrics(str(root / "whole"))
+  return built, initial, whole, resumed, read_metrics(str(root / "whole")), str(root / "whole")
 
 
 @pytest.mark.slow
 def test_sft_with_qlora_trains_adapters_alone_and_resumes_bitwise(sft_qlora):
-  built, initial, whole, resumed, rows = sft_qlora
+  built, initial, whole, resumed, rows, _ = sft_qlora
   assert rows[-1]["loss"] < rows[0]["loss"], [r["loss"] for r in rows]
   codes = [leaf for path, leaf in jax.tree_util.tree_leaves_with_path(initial)
            if jax.tree_util.keystr(path).endswith("['kernel_q']")]
@@ -198,6 +198,23 @@ def test_refusals_are_one_line_naming_the_field(overrides, field):
   with pytest.raises(ConfigError) as e:
     from_section(SFTRunConfig, config, "config")
   assert e.value.where.endswith(field) and "\n" not in str(e.value), str(e.value)
+
+
+@pytest.mark.slow
+def test_a_qlora_run_starts_others_and_loads_as_its_merged_dequantized_policy(sft_qlora):
+  """`init_from` a QLoRA run and `jaxpt.load` of it read W~ + s A B (codes restored, dequantized, merged)."""
+  from jaxpt.engine.init_from import init_params
+
+  built, _, whole, _, _, workdir = sft_qlora
+  params = whole.state.params
+  merged = jax.device_get(built.training.merged_params(params))
+  plain = built.training.model.clone(lora=None)
+  template = jax.jit(lambda: nn.meta.unbox(plain.init(jax.random.PRNGKey(1), jnp.zeros((1, 8), jnp.int32))["params"]))()
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(init_params(workdir, built.config.model, template)),
+               merged)
+  tokens = (np.arange(8, dtype=np.int32)[None] * 7) % 100
+  want = jax.jit(built.training.model.apply)({"params": params}, tokens)
+  np.testing.assert_allclose(jaxpt.load(workdir).logits(tokens), want, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.slow
