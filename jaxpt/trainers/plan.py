@@ -405,7 +405,8 @@ def plan_memory(trainer: str, config: Any, devices: int, device_gib: float, comp
   out = dict(
       trainer=trainer, devices=devices, mesh=mesh_shape, rules=run.mesh.rules,
       workload=dict(dataclasses.asdict(load), remat=run.model.remat, dtype=run.model.dtype,
-                    param_dtype=run.model.param_dtype, lora_rank=run.lora.rank),
+                    param_dtype=run.model.param_dtype, lora_rank=run.lora.rank,
+                    lora_base_quant=run.lora.base_quant),
       per_device_gib={k: _gib(v) for k, v in parts.items()},
       device_gib=device_gib, headroom=HEADROOM, fits=parts["total"] <= device_gib * GIB * (1 - HEADROOM),
       advice=advice(trainer, run, devices, device_gib, parts))
