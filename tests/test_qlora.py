@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import jaxpt
-from experiments.configs import sft_lora_tiny
+from experiments.configs import dpo_tiny, grpo_tiny, rm_tiny, sft_lora_tiny
 from jaxpt.config import ConfigError, from_section
 from jaxpt.engine.metrics import read_metrics
 from jaxpt.models.config import ModelConfig
@@ -20,7 +20,8 @@ from jaxpt.nn.dense import Dense
 from jaxpt.nn.quant import NF4, Quant, dequantize, quantize
 from jaxpt.trainers import plan
 from jaxpt.trainers.sft import SFTRunConfig
-from tests.test_train_lora import SFT, assert_bitwise, changed_leaves, config_of, is_adapter
+from tests.micro_grpo import OVERRIDES as GRPO_MICRO
+from tests.test_train_lora import LORA, PAIRS, SFT, assert_bitwise, changed_leaves, config_of, is_adapter, run_twice
 
 NF4_HALF_GAP = float(np.max(np.diff(NF4.astype(np.float64)))) / 2
 
@@ -260,3 +261,33 @@ def test_an_hf_start_is_quantized_once_from_the_checkpoint(tmp_path):
   jax.tree.map(np.testing.assert_array_equal, params, jax.device_get(want))
   assert all(not np.any(leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(params)
              if jax.tree_util.keystr(path).endswith("['lora_b']"))
+
+
+NF4_16 = {"lora.base_quant": "nf4", "lora.base_quant_block": 16}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trainer", ["dpo", "grpo", "rm"])
+def test_qlora_on_dpo_grpo_and_rm(trainer, tmp_path):
+  """DPO (its reference: the quantized base, adapters off; loss log 2 at B = 0), GRPO (rollouts on the merged
+  dequantized copy, KL reference on the dequantized base) resume bitwise and change only the adapters; RM trains its
+  head whole beside them."""
+  if trainer == "rm":
+    config = config_of(rm_tiny, {**PAIRS, "steps": 3, **NF4_16})
+    built = jaxpt.build("rm", config, str(tmp_path))
+    initial = jax.device_get(built.training.init_state().params)
+    state = jaxpt.train("rm", config, str(tmp_path), built=built).state
+    changed = changed_leaves(initial, jax.device_get(state.params))
+    assert {p for p in changed if not is_adapter(p)} == {"['head']['kernel']"}, changed
+    return
+  if trainer == "dpo":
+    config, stop_at = config_of(dpo_tiny, {**PAIRS, "steps": 4, **NF4_16}), 2
+  else:
+    config, stop_at = config_of(grpo_tiny, {**GRPO_MICRO, **LORA, "checkpoint_every": 1, **NF4_16}), 1
+  built, initial, whole, resumed, rows, _ = run_twice(trainer, config, tmp_path, stop_at=stop_at)
+  assert built.hooks.ref_params is None
+  changed = changed_leaves(initial, jax.device_get(whole.state.params))
+  assert changed and all(is_adapter(p) for p in changed), changed
+  assert_bitwise(resumed.state, whole.state)
+  if trainer == "dpo":
+    assert rows[0]["dpo_loss"] == pytest.approx(np.log(2.0), abs=1e-6)
