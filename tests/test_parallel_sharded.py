@@ -2,7 +2,7 @@
 layout, checkpoints across meshes), sharded_grpo.py (GRPO and CLIPO end to end; three of its mesh x variant cases
 `slow`), sharded_vit.py (ViT and DiT steps; `slow`), sharded_grpo_losses.py (every registered policy loss, bnpo
 and KDRL, 2 GRPO steps; `slow`), sharded_ppo.py (PPO: policy, critic and its warm-up on three meshes; `slow`) and
-sharded_lora.py (LoRA on a data x fsdp x tensor mesh vs one device; `slow`), each in a fresh process.
+sharded_lora.py (LoRA and QLoRA on a data x fsdp x tensor mesh vs one device; `slow`), each in a fresh process.
 
 XLA fixes the number of host devices when its backend starts, so those tests cannot share this process (or the
 suite's): the subprocess sets XLA_FLAGS before importing jax and shares compiled work across its own tests.
@@ -21,7 +21,7 @@ SUITES = {"sharded_training.py": ("sharded_training.py", "", 22),
           "sharded_grpo.py": ("sharded_grpo.py", "not slow", 7),
           "sharded_grpo.py slow cases": ("sharded_grpo.py", "slow", 3),
           "sharded_vit.py": ("sharded_vit.py", "", 6), "sharded_grpo_losses.py": ("sharded_grpo_losses.py", "", 10),
-          "sharded_ppo.py": ("sharded_ppo.py", "", 3), "sharded_lora.py": ("sharded_lora.py", "", 1)}
+          "sharded_ppo.py": ("sharded_ppo.py", "", 3), "sharded_lora.py": ("sharded_lora.py", "", 2)}
 # every policy loss x 2 GRPO runs: about 3 CPU-minutes; PPO on 3 meshes and one device: about 3 minutes on 2 cores;
 # LoRA on 8 devices vs 1: about a minute; ViT and DiT: about a minute; three of GRPO's eight mesh x variant cases
 # (the others cover each variant and each mesh): about 100 s; so `slow` (deselected by default in .ci/run)

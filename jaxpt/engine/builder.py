@@ -11,7 +11,8 @@ estimator, the CLIPO head), the params subtree `init_from` fills, and the number
 
 LoRA (`config.lora.rank > 0`, the model built with `config.lora.spec()`): only the adapters and the top-level
 params subtrees `new_heads` (a reward head) train and have optimizer state (`Training.trainable`); the frozen base
-is kept in `lora.base_dtype`. `Training.merged_params` is the policy as the same model without LoRA reads it
+is kept in `lora.base_dtype` (QLoRA, `lora.base_quant`: the adapted kernels quantized once, when the run gets its base:
+`Training.init_state`). `Training.merged_params` is the policy as the same model without LoRA reads it
 (samplers, evaluators built on `config.model` alone), `Training.base_params` the base, adapters off (the reference
 policy of DPO / GRPO, without a copy).
 """
@@ -102,10 +103,19 @@ class Training:
     def start(template: Any) -> Any:  # LoRA: the base from init_from, beside it fresh adapters or init_adapter's
       if not self.lora:
         return init_params(init_from, model, template)
-      loaded = init_params(init_from, model, lora_lib.base_params(template))
       if self.config.lora.init_adapter:
         template = lora_lib.replace_adapters(template, init_adapters(self.config.lora.init_adapter, template))
-      return lora_lib.with_adapters(frozen_dtype(loaded, self.config), template)
+      if self.quant is None:
+        loaded = init_params(init_from, model, lora_lib.base_params(template))
+        return lora_lib.with_adapters(frozen_dtype(loaded, self.config), template)
+      # QLoRA: the float base loaded into the dequantized layout, then quantized once, on the mesh
+      shardings = jax.tree.map(lambda leaf: leaf.sharding, template)
+      floats = jax.eval_shape(lambda p: lora_lib.dequantize_params(p, self.quant, self.base_dtype), template)
+      floats = jax.tree.map(lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
+                            floats, lora_lib.dequantized_layout(shardings))
+      loaded = init_params(init_from, model, lora_lib.base_params(floats))
+      quantize = jax.jit(lambda p: lora_lib.quantize_params(p, self.quant), out_shardings=shardings)
+      return quantize(lora_lib.with_adapters(frozen_dtype(loaded, self.config), template))
 
     if self.init_from_subtree is None:
       return state.replace(params=start(state.params))
@@ -115,25 +125,50 @@ class Training:
   def lora(self) -> bool:
     return self.config.lora.enabled
 
+  @property
+  def quant(self) -> Any:
+    """QLoRA's `jaxpt.nn.quant.Quant` of the frozen base (None: a float base)."""
+    return self.config.lora.quant if self.lora else None
+
+  @property
+  def base_dtype(self) -> Any:
+    return jnp.dtype(self.config.lora.base_dtype)
+
   def merged_params(self, params: Any) -> Any:
-    """The params as the model without LoRA reads them: W + s A B in place of each adapted kernel (jitted on the
-    mesh; `params` itself without LoRA)."""
+    """The params as the model without LoRA reads them: W + s A B in place of each adapted kernel, W dequantized
+    (QLoRA) to lora.base_dtype (jitted on the mesh; `params` itself without LoRA)."""
     return self._merge(params) if self.lora else params
 
   @functools.cached_property
   def _merge(self) -> Callable[[Any], Any]:
-    scale = self.config.lora.scale
-    return jax.jit(lambda params: lora_lib.merge_params(params, scale), out_shardings=self.merged_layout.params)
+    scale, quant, dtype = self.config.lora.scale, self.quant, self.base_dtype
+    return jax.jit(lambda params: lora_lib.merge_params(params, scale, quant, dtype),
+                   out_shardings=self.merged_layout.params)
 
   @property
   def merged_layout(self) -> parallel.MeshLayout:
-    """`layout` for programs that read `merged_params` or `base_params` (the params' shardings without adapters)."""
+    """`layout` for programs that read `merged_params` or `dequantized_base` (the params' shardings without
+    adapters, a quantized kernel's as its codes')."""
     layout = self.layout
-    return dataclasses.replace(layout, params=lora_lib.base_params(layout.params)) if self.lora else layout
+    if not self.lora:
+      return layout
+    return dataclasses.replace(layout, params=lora_lib.base_params(lora_lib.dequantized_layout(layout.params)))
 
   def base_params(self, params: Any) -> Any:
-    """The base params, adapters off (the same arrays: no copy); `params` itself without LoRA."""
+    """The base params, adapters off (the same arrays: no copy; QLoRA: the codes, for the model with
+    `lora_lib.base_spec`); `params` itself without LoRA."""
     return lora_lib.base_params(params) if self.lora else params
+
+  def dequantized_base(self, params: Any) -> Any:
+    """The base params, adapters off, as the model without LoRA reads them: QLoRA's kernels dequantized to
+    lora.base_dtype (a copy, jitted on the mesh); `base_params` otherwise."""
+    return self._dequantize(self.base_params(params)) if self.quant is not None else self.base_params(params)
+
+  @functools.cached_property
+  def _dequantize(self) -> Callable[[Any], Any]:
+    quant, dtype = self.quant, self.base_dtype
+    return jax.jit(lambda params: lora_lib.dequantize_params(params, quant, dtype),
+                   out_shardings=self.merged_layout.params)
 
   def put(self, batch: dict) -> dict:
     """A host batch every process holds whole -> global arrays laid out like the training batches."""
@@ -219,10 +254,11 @@ def lora_trainable(boxed: Any, new_heads: tuple[str, ...] = ()) -> Any:
 
 def frozen_dtype(params: Any, config: RunConfig, trainable: Any = None) -> Any:
   """LoRA with `lora.base_dtype` bfloat16: the frozen float leaves (all but the adapters, or those `trainable`
-  says do not train) cast to it; `params` unchanged otherwise."""
+  says do not train; QLoRA's float32 scales kept) cast to it; `params` unchanged otherwise."""
   if not config.lora.enabled or config.lora.base_dtype == "float32":
     return params
   dtype = jnp.dtype(config.lora.base_dtype)
   keep = trainable if trainable is not None else nn.meta.unbox(lora_lib.adapter_mask(params))
+  keep = jax.tree.map(lambda train, quant: train or quant, keep, nn.meta.unbox(lora_lib.quant_mask(params)))
   cast = lambda p, train: p if train or not jnp.issubdtype(p.dtype, jnp.floating) else p.astype(dtype)
   return jax.tree.map(cast, params, keep)

@@ -81,7 +81,8 @@ class RunConfig(Section):
 
   def check_lora(self) -> None:
     """ConfigError naming lora.rank for a trainer without adapters (`Trainer.lora`) or a rank above a targeted
-    projection's dims, lora.targets for a projection the model lacks (MoE experts); then `lora.init_adapter`."""
+    projection's dims, lora.targets for a projection the model lacks (MoE experts), lora.base_quant_block for blocks
+    that do not divide a quantized kernel's input axis; then `lora.init_adapter`."""
     if self.lora.init_adapter and not self.lora.enabled:
       raise ConfigError("lora.init_adapter", "needs lora.rank > 0 (the adapters' rank)", self.lora.init_adapter)
     if not self.lora.enabled:
@@ -91,7 +92,8 @@ class RunConfig(Section):
       raise ConfigError("lora.rank", f"jaxpt {trainer.name} trains every parameter; LoRA is for jaxpt "
                         f"{trainer_list(lambda t: t.lora)}", self.lora.rank)
     try:
-      self.lora.check_dims(self.model.projection_dims(), " (MoE experts have none)" if self.model.num_experts else "")
+      self.lora.check_dims(self.model.projection_dims(), " (MoE experts have none)" if self.model.num_experts else "",
+                           self.model.projection_blocked_dims())
     except ConfigError as e:
       raise e.under("lora") from None
     if self.lora.init_adapter:

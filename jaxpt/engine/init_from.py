@@ -20,6 +20,7 @@ import os
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -63,7 +64,7 @@ def init_adapters(init_adapter: str, template: Any) -> Any:
 
 def run_params(workdir: str, model_config: ModelConfig, template: Any) -> Any:
   """The latest params of the jaxpt run in `workdir` as `template` has them; a LoRA run's adapters (restored
-  replicated) merged into its kernels."""
+  replicated) merged into its kernels (a QLoRA run's quantized kernels, restored replicated, dequantized first)."""
   path = os.path.expanduser(workdir)
   lora = recorded_lora(recorded_config(path)) if os.path.isfile(os.path.join(path, CONFIG_FILE)) else None
   if lora is None or not lora.enabled:
@@ -74,8 +75,20 @@ def run_params(workdir: str, model_config: ModelConfig, template: Any) -> Any:
   first = jax.tree.leaves(shardings)[0]
   replicated = NamedSharding(first.mesh, PartitionSpec()) if isinstance(first, NamedSharding) else first
   adapters = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=replicated), adapted)
-  restored = load_run_params(workdir, lora_lib.with_adapters(template, adapters), FIELD)
-  return jax.jit(lambda p: lora_lib.merge_params(p, lora.scale), out_shardings=shardings)(restored)
+  restored = load_run_params(workdir, _restore_target(template, adapters), FIELD)
+  merge = lambda p: lora_lib.merge_params(p, lora.scale, lora.quant, jnp.dtype(model_config.param_dtype))
+  return jax.jit(merge, out_shardings=shardings)(restored)
+
+
+def _restore_target(template: Any, adapted: Any) -> Any:
+  """`template` (a model's params without LoRA) with the adapters of `adapted` (a LoRA run's params) beside their
+  kernels, and a QLoRA run's quantized kernels (codes and scales) in place of the kernels."""
+  if not isinstance(adapted, dict):
+    return template
+  extra = lora_lib.ADAPTER_NAMES + lora_lib.QUANT_NAMES
+  out = {k: _restore_target(template[k], v) for k, v in adapted.items() if k not in extra}
+  out.update({k: v for k, v in adapted.items() if k in extra})
+  return out
 
 
 def _source_tokenizer_dir(init_from: str) -> str:

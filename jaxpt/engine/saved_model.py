@@ -146,7 +146,7 @@ def load_run(workdir: str, step: int | None = None, mesh: Mesh | None = None, ru
   adapters = None
   if lora.enabled:  # a LoRA run: its adapters merged into the kernels (the model without LoRA reads them)
     adapters = lora_lib.adapter_params(params)
-    params = lora_lib.merge_params(params, lora.scale)
+    params = lora_lib.merge_params(params, lora.scale, lora.quant, jnp.dtype(config.param_dtype))
   directory = run_tokenizer_dir(workdir, recorded)
   prompt_format = (recorded.get("task") or recorded.get("data") or {}).get("prompt_format", "plain")
   init_from = recorded.get("init_from") or ""

@@ -42,7 +42,7 @@ def split_micro_batches(batch: dict, num_micro: int) -> dict:
 def grad_fn_of(loss_fn: Callable[..., tuple[jax.Array, dict]], reads_aux: bool = False) -> GradFn:
   """The GradFn of `loss_fn(params, batch, rng) -> (loss, metrics)`, or with `reads_aux` of `loss_fn(params, batch,
   rng, aux)` (the aux state as a fixed input, e.g. GRPO's CLIPO head); `aux` passes through unchanged."""
-  value_and_grad = jax.value_and_grad(loss_fn, has_aux=True)
+  value_and_grad = jax.value_and_grad(loss_fn, has_aux=True, allow_int=True)  # QLoRA's int codes: float0 grads
 
   def grad_fn(params: Any, aux: Any, batch: dict, rng: jax.Array) -> tuple[Any, Any, dict]:
     (_, metrics), grads = value_and_grad(params, batch, rng, *((aux,) if reads_aux else ()))

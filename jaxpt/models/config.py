@@ -157,6 +157,12 @@ class ModelConfig(Section):
       dims.update(mlp_in=(self.d_model, self.mlp_dim), mlp_out=(self.mlp_dim, self.d_model))
     return dims
 
+  def projection_blocked_dims(self) -> dict[str, int]:
+    """The size of each projection kernel's last input axis (a quantized base's blocks run along it,
+    `jaxpt.nn.quant`): d_model, head_dim for o, mlp_dim for mlp_out."""
+    d = self.d_model
+    return {"q": d, "k": d, "v": d, "o": self.resolved_head_dim, "mlp_in": d, "mlp_out": self.mlp_dim}
+
   def check(self) -> None:
     """ConfigError (relative field name) for an impossible combination; `jaxpt.config.from_section` calls it."""
     for field in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "mlp_dim", "max_seq_len",

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxpt.nn.lora import LORA_AXIS, LoRA, kaiming_uniform_init, lora_delta
+from jaxpt.nn.quant import dequantize, quantize
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -59,18 +60,24 @@ def _matmul_bwd(out_dtype, residuals, g):
 matmul.defvjp(_matmul_fwd, _matmul_bwd)
 
 
+def kernel_init(ndim: int, num_in_axes: int = 1):
+  """Fan-in scaled truncated normal (variance 1/fan_in) for a kernel `[*in_shape, *out_shape]` of `ndim` axes."""
+  in_axes, out_axes = tuple(range(num_in_axes)), tuple(range(num_in_axes, ndim))
+  return nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal", in_axis=in_axes, out_axis=out_axes)
+
+
 def dense_init(logical_axes: Sequence[str], num_in_axes: int = 1):
-  """Fan-in scaled truncated normal (variance 1/fan_in) for a kernel `[*in_shape, *out_shape]`."""
-  in_axes = tuple(range(num_in_axes))
-  out_axes = tuple(range(num_in_axes, len(logical_axes)))
-  init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal", in_axis=in_axes, out_axis=out_axes)
-  return nn.with_logical_partitioning(init, tuple(logical_axes))
+  """`kernel_init` with the kernel's logical axis names."""
+  return nn.with_logical_partitioning(kernel_init(len(logical_axes), num_in_axes), tuple(logical_axes))
 
 
 class Dense(nn.Module):
   """y = x W (+ b with `use_bias`): `[..., *in_shape] -> [..., *out_shape]`, kernel `[*in_shape, *out_shape]`,
   bias `[*out_shape]` (init 0). With `zero_init` the kernel starts at 0 too (DiT's adaLN-Zero and output layers).
-  With `lora` it adds s (dropout(x) A) B, A `[*in_shape, r]`, B `[r, *out_shape]` (`jaxpt.nn.lora`).
+  With `lora` it adds s (dropout(x) A) B, A `[*in_shape, r]`, B `[r, *out_shape]` (`jaxpt.nn.lora`); with
+  `lora.quant` (QLoRA) the kernel is `kernel_q` codes and `kernel_scale` scales blocked along the last input axis
+  (`jaxpt.nn.quant`), W~ dequantized to the compute dtype before the matmul; at init they quantize the kernel the
+  float Dense would draw.
 
   `logical_axes` names every kernel axis (in axes first); `num_in_axes` trailing axes of x are contracted.
   """
@@ -90,12 +97,15 @@ class Dense(nn.Module):
     out_shape = tuple(self.out_shape)
     init = (nn.with_logical_partitioning(nn.initializers.zeros, tuple(self.logical_axes)) if self.zero_init
             else dense_init(self.logical_axes, self.num_in_axes))
-    kernel = self.param("kernel", init, in_shape + out_shape, self.param_dtype)
     lead = x.shape[:x.ndim - self.num_in_axes]
     fan_in, fan_out = math.prod(in_shape), math.prod(out_shape)
+    if self.lora is not None and self.lora.quant is not None:
+      kernel = self.quantized_kernel(in_shape + out_shape)
+    else:
+      kernel = self.param("kernel", init, in_shape + out_shape, self.param_dtype)
     flat = x.reshape(-1, fan_in).astype(self.dtype)
     y = matmul(flat, kernel.reshape(fan_in, fan_out).astype(self.dtype))
-    if self.lora is not None:
+    if self.lora is not None and self.lora.adapters:
       y = y + self.adapter(flat, in_shape, out_shape)
     y = y.reshape(lead + out_shape)
     if self.use_bias:
@@ -104,6 +114,20 @@ class Dense(nn.Module):
                         self.param_dtype)
       y = y + bias.astype(self.dtype)
     return y
+
+  def quantized_kernel(self, shape):
+    """W~ [*in_shape, *out_shape] in the compute dtype from the params `kernel_q` and `kernel_scale` (their init:
+    the float init, quantized)."""
+    quant, axes, axis = self.lora.quant, tuple(self.logical_axes), self.num_in_axes - 1
+    codes_shape, scales_shape = quant.shapes(shape, axis)
+    initial = (None, None)
+    if self.is_initializing() and not self.has_variable("params", "kernel_q"):
+      draw = nn.initializers.zeros if self.zero_init else kernel_init(len(shape), self.num_in_axes)
+      initial = quantize(draw(self.make_rng("params"), shape, self.param_dtype), quant, axis)
+    scale_axes = axes[:axis] + (None,) + axes[axis + 1:]  # the blocked axis whole: split as the kernel's out axes
+    codes = self.param("kernel_q", nn.with_logical_partitioning(lambda *_: initial[0], axes), codes_shape)
+    scales = self.param("kernel_scale", nn.with_logical_partitioning(lambda *_: initial[1], scale_axes), scales_shape)
+    return dequantize(codes, scales, quant, self.dtype)
 
   def adapter(self, flat, in_shape, out_shape):
     """s (dropout(x) A) B for x flattened to [tokens, k] -> [tokens, n]; A, B float32 params."""

@@ -37,6 +37,7 @@ from jaxpt.data import preference_batches
 from jaxpt.data.preference_batches import PreferenceDataConfig
 from jaxpt.losses import get_loss
 from jaxpt.models.transformer import TransformerLM
+from jaxpt.nn import lora as lora_lib
 from jaxpt.progress import say
 from jaxpt.rl.logprobs import token_logprobs
 from jaxpt.trainers import dir_estimator
@@ -226,7 +227,8 @@ def build(config: DPORunConfig | Any, workdir: str) -> BuiltRun:
   """Checks `config` (ConfigError naming the field), then builds the DPO run (`build_reference_run`)."""
   config = from_section(DPORunConfig, config, "config")
   settings = config.dpo
-  model, reference_model = TransformerLM(config.model, lora=config.lora.spec()), TransformerLM(config.model)
+  model = TransformerLM(config.model, lora=config.lora.spec())
+  reference_model = TransformerLM(config.model, lora=config.lora.base_spec())  # QLoRA: the quantized base
 
   def init_aux(rng: jax.Array) -> Optional[dict]:  # always given: the policy's init key is the same with or without DIR
     return dir_estimator.init_estimator(settings.dir_settings, config.model.d_model, rng) if settings.dir else None
@@ -273,7 +275,7 @@ def build_reference_run(trainer: str, config: RunConfig, workdir: str, model: Tr
   reference = jax.jit(parallel.with_activation_sharding(reference, mesh, rules),
                       out_shardings={k: batch_sharding for k in reference_keys})
 
-  reference_model = model.clone(lora=None)  # with LoRA the reference params are the base alone
+  reference_model = model.clone(lora=lora_lib.base_spec(model.lora))  # with LoRA the reference params: the base
 
   def implicit_rewards(params: Any, ref_params: Any, batch: dict) -> jax.Array:
     """r = beta (logp - ref) [2B] of the batch's [chosen; rejected] rows."""

@@ -164,9 +164,9 @@ class GRPOHooks(Hooks):
     return state
 
   def reference_params(self, params: Any) -> Any:
-    """The reference policy of the policy `params`: with LoRA their base (the same arrays), else the initial
-    params' copy."""
-    return self.training.base_params(params) if self.training.lora else self.ref_params
+    """The reference policy of the policy `params`: with LoRA their base (the same arrays; QLoRA: dequantized, a
+    copy while the log-probs run, as the collector's model reads float params), else the initial params' copy."""
+    return self.training.dequantized_base(params) if self.training.lora else self.ref_params
 
   def train_step(self, training: Training, state: TrainState, batch: dict) -> tuple[TrainState, dict]:
     settings, cfg = self.config.grpo, self.config.clipo
@@ -321,7 +321,7 @@ def build(config: GRPORunConfig | Any, workdir: str) -> BuiltRun:
                             weight_key=weight_key, total_steps=max(1, config.steps * config.updates_per_step),
                             init_aux=init_aux)
 
-  params = training.base_params(jax.eval_shape(training.sharded.init_state).params)  # merged: the base's shapes
+  params = jax.eval_shape(training.merged_params, jax.eval_shape(training.sharded.init_state).params)  # merged
   collector = RolloutCollector.create(config, model.clone(lora=None), training.merged_layout, params, tokenizer,
                                       config.task.data_dir(workdir))
   kl_rewards = lambda *arrays: kl_penalized_rewards(*arrays, config.grpo.kl_coef, config.grpo.kl_kind)

@@ -155,7 +155,7 @@ def make_kto_grad_fn(model: TransformerLM, settings: KTOConfig) -> GradFn:
     return loss, dict(metrics, num_pairs=jnp.sum(batch["weights"].astype(jnp.float32)))
 
   def grad_fn(params: Any, aux: Any, batch: dict, rng: jax.Array) -> tuple[Any, Any, dict]:
-    grads, metrics = jax.grad(loss_fn, has_aux=True)(params, batch, rng)
+    grads, metrics = jax.grad(loss_fn, has_aux=True, allow_int=True)(params, batch, rng)  # QLoRA: int codes
     return grads, aux, metrics
 
   return grad_fn
@@ -165,7 +165,8 @@ def build(config: KTORunConfig | Any, workdir: str) -> BuiltRun:
   """Checks `config` (ConfigError naming the field), then builds the KTO run on the preference-trainer build that
   DPO uses (`jaxpt.trainers.dpo.build_reference_run`: data, policy, compiled step, reference, evaluator)."""
   config = from_section(KTORunConfig, config, "config")
-  model, reference_model = TransformerLM(config.model, lora=config.lora.spec()), TransformerLM(config.model)
+  model = TransformerLM(config.model, lora=config.lora.spec())
+  reference_model = TransformerLM(config.model, lora=config.lora.base_spec())  # QLoRA: the quantized base
   settings = config.kto
   return build_reference_run(
       "kto", config, workdir, model, make_kto_grad_fn(model, settings), settings.beta,

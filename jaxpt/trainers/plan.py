@@ -8,7 +8,8 @@ The analytic account (`account`), per device, with P the params each device hold
 the adapters, `jaxpt.engine.builder.lora_trainable`), b the micro-batch's rows on one device
 (rows / grad_accum_steps / (data x fsdp)), S the step's sequence length, c the compute dtype's bytes:
 
-    params       P in param_dtype (LoRA: the frozen base in lora.base_dtype, the adapters in param_dtype)
+    params       P in param_dtype (LoRA: the frozen base in lora.base_dtype, the adapters in param_dtype; QLoRA:
+                 the adapted kernels as stored, codes (1 byte, nf4 1/2) + float32 scales (4 / base_quant_block))
     grads        T in param_dtype (with grad_accum_steps > 1: the float32 accumulator the micro-batches' gradients
                  are added into instead), + T in float32 for the optimizer's update (the update tree AdamW builds
                  before the donated state is overwritten; XLA's analysis of a donated step keeps both)
@@ -24,7 +25,8 @@ the adapters, `jaxpt.engine.builder.lora_trainable`), b the micro-batch's rows o
                  reward model's scores are negligible
     kv_cache     GRPO / PPO's sampler: 2 L rows (prompt + new tokens) kv_heads head_dim c, rows split over data x
                  fsdp, heads over tensor
-    sampler_params  with LoRA, the merged policy W + s A B the sampler reads (the base's size and dtype)
+    sampler_params  with LoRA, the merged policy W + s A B the sampler reads (the base's size in lora.base_dtype;
+                 QLoRA: dequantized)
     total        params + optimizer + reference (alive all run) + the larger of the two phases: the step's grads +
                  activations + logits, or the rollouts' kv_cache + sampler_params; `fits` when
                  total <= device_gib (1 - HEADROOM)
@@ -58,6 +60,7 @@ from jaxpt.models.transformer import TransformerLM
 from jaxpt.parallel.mesh import resolve_mesh_shape
 from jaxpt.parallel.rules import DATA_AXES
 from jaxpt.engine.builder import lora_trainable
+from jaxpt.nn import lora as lora_lib
 from jaxpt.engine.config import RunConfig, check_hf_model, config_json
 from jaxpt.engine.trainers import TRAINERS
 
@@ -159,14 +162,21 @@ def param_bytes(run: RunConfig, mesh_shape: dict[str, int]) -> dict[str, float]:
   trainable = lora_trainable(boxed) if run.lora.enabled else jax.tree.map(
       lambda _: True, boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))
   base = jnp.dtype(run.lora.base_dtype) if run.lora.enabled else None
+  quant = run.lora.quant if run.lora.enabled else None
   rules = run.mesh.logical_rules
-  out = dict(params=0.0, trainable=0.0, trainable_f32=0.0, full=0.0)
-  leaves = jax.tree.leaves(boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))
-  for leaf, train in zip(leaves, jax.tree.leaves(trainable)):
+  out = dict(params=0.0, trainable=0.0, trainable_f32=0.0, full=0.0, frozen_float=0.0)
+  leaves = jax.tree.leaves_with_path(boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+  for (path, leaf), train in zip(leaves, jax.tree.leaves(trainable)):
     value = leaf.value if isinstance(leaf, nn.Partitioned) else leaf
     names = leaf.names if isinstance(leaf, nn.Partitioned) else (None,) * value.ndim
     elements = _shard_elements(value.shape, names, rules, mesh_shape)
     size = jnp.dtype(value.dtype).itemsize
+    name = getattr(path[-1], "key", None)
+    if name in lora_lib.QUANT_NAMES:  # QLoRA: codes and float32 scales as stored; the float kernel they stand for
+      out["params"] += elements * size
+      out["frozen_float"] += elements * quant.pack * base.itemsize if name == "kernel_q" else 0
+      out["full"] += elements * quant.pack * jnp.dtype(run.model.param_dtype).itemsize if name == "kernel_q" else 0
+      continue
     out["full"] += elements * size
     if train:
       out["params"] += elements * size
@@ -175,6 +185,7 @@ def param_bytes(run: RunConfig, mesh_shape: dict[str, int]) -> dict[str, float]:
     else:
       frozen = base if base is not None and jnp.issubdtype(value.dtype, jnp.floating) else value.dtype
       out["params"] += elements * jnp.dtype(frozen).itemsize
+      out["frozen_float"] += elements * jnp.dtype(frozen).itemsize
   return out
 
 
@@ -224,7 +235,7 @@ def account(trainer: str, run: RunConfig, devices: int) -> dict[str, float]:
   layer = lambda mode: _layer_bytes(model, tokens, rows, load.seq, tp, mode, run.lora.enabled)
   # LoRA: the backward's scan reads one block's frozen weights out of the stacked params (a copy; the full
   # fine-tune's update writes its gradients in place instead)
-  frozen_block = (p["params"] - p["trainable"]) / model.num_layers if run.lora.enabled else 0.0
+  frozen_block = p["frozen_float"] / model.num_layers if run.lora.enabled else 0.0  # QLoRA: dequantized
   if model.remat == "none":
     blocks = model.num_layers * layer("saved")
   else:  # what remat keeps of each block, and one block's intermediates, recomputed in its backward
@@ -244,7 +255,7 @@ def account(trainer: str, run: RunConfig, devices: int) -> dict[str, float]:
     parts["kv_cache"] = (2 * model.num_layers * kv_rows * load.sampler_len * model.num_kv_heads / tp
                          * model.resolved_head_dim * jnp.dtype(model.dtype).itemsize)
     if run.lora.enabled:  # the sampler reads the merged policy W + s A B, a copy in the base's dtype
-      parts["sampler_params"] = p["params"] - p["trainable"]
+      parts["sampler_params"] = p["frozen_float"]
   resident = parts["params"] + parts["optimizer"] + parts["reference"]
   step = parts["grads"] + parts["activations"] + parts["logits"]
   parts["total"] = resident + max(step, parts["kv_cache"] + parts["sampler_params"])
@@ -308,6 +319,8 @@ def _candidates(trainer: str, run: RunConfig, devices: int) -> list[tuple[str, d
                 {"lora.rank": 8}))
   if run.lora.enabled and run.lora.base_dtype == "float32":
     out.append(("the frozen base in bfloat16", {"lora.base_dtype": "bfloat16"}))
+  if run.lora.enabled and run.lora.quant is None and _quant_block_fits(run):
+    out.append(("QLoRA: the adapted kernels in 4-bit NF4 (0.56 bytes a param)", {"lora.base_quant": "nf4"}))
   if run.model.remat != "full":
     out.append(("recompute the blocks in the backward", {"model.remat": "full"}))
   if run.model.dtype == "float32":
@@ -323,6 +336,12 @@ def _candidates(trainer: str, run: RunConfig, devices: int) -> list[tuple[str, d
     out.append(("half the prompts per step: the rollouts, their KV cache and the step's rows halve",
                 {"data.prompts_per_step": run.data.prompts_per_step // 2}))
   return out
+
+
+def _quant_block_fits(run: RunConfig) -> bool:
+  """Whether lora.base_quant_block divides every adapted kernel's blocked axis (so nf4 can be advised)."""
+  dims = run.model.projection_blocked_dims()
+  return all(dims[name] % run.lora.base_quant_block == 0 for name in lora_lib.resolve_targets(run.lora.targets))
 
 
 def _flags(changes: dict[str, Any]) -> str:
@@ -386,7 +405,8 @@ def plan_memory(trainer: str, config: Any, devices: int, device_gib: float, comp
   out = dict(
       trainer=trainer, devices=devices, mesh=mesh_shape, rules=run.mesh.rules,
       workload=dict(dataclasses.asdict(load), remat=run.model.remat, dtype=run.model.dtype,
-                    param_dtype=run.model.param_dtype, lora_rank=run.lora.rank),
+                    param_dtype=run.model.param_dtype, lora_rank=run.lora.rank,
+                    lora_base_quant=run.lora.base_quant),
       per_device_gib={k: _gib(v) for k, v in parts.items()},
       device_gib=device_gib, headroom=HEADROOM, fits=parts["total"] <= device_gib * GIB * (1 - HEADROOM),
       advice=advice(trainer, run, devices, device_gib, parts))

@@ -1,6 +1,7 @@
 """LoRA training on 8 simulated CPU devices (run by tests/test_parallel_sharded.py in its own process): the shared
 step with adapters on a data x fsdp x tensor mesh equals the one-device run, and the adapters and their moments are
-split as their kernels' logical axes say (A along embed over fsdp, B along heads / mlp over tensor).
+split as their kernels' logical axes say (A along embed over fsdp, B along heads / mlp over tensor); with a quantized
+base (QLoRA) too, its codes split as the kernels and its scales as the kernels' out axes.
 
   python -m pytest tests/multidevice/sharded_lora.py
 """
@@ -27,12 +28,12 @@ MODEL = dict(vocab_size=64, d_model=32, num_layers=2, num_heads=4, num_kv_heads=
              norm_scheme="siamese_post_pre")
 
 
-def run(mesh_sizes, devices):
+def run(mesh_sizes, devices, **lora):
   config = from_section(SFTRunConfig, {
       "model": MODEL, "optim": {"warmup_steps": 0, "learning_rate": 1e-2},
       "data": {"seq_len": SEQ, "batch_size": BATCH},
       "decode": {"prompt_len": 8, "max_new_tokens": 8, "eval_problems": 0, "batch_size": 1},
-      "mesh": dict(mesh_sizes, rules="fsdp_tp"), "lora": {"rank": 2, "alpha": 4.0}}, "config")
+      "mesh": dict(mesh_sizes, rules="fsdp_tp"), "lora": {"rank": 2, "alpha": 4.0, **lora}}, "config")
   mesh = parallel.make_mesh(config.mesh, devices)
   model = TransformerLM(config.model, lora=config.lora.spec())
   shapes = {k: jax.ShapeDtypeStruct((BATCH, SEQ), jnp.float32 if k == "weights" else jnp.int32)
@@ -64,3 +65,17 @@ def test_lora_on_8_devices_matches_one_device_and_splits_the_adapters():
   moments = state.opt_state[1][0].mu["decoder"]["layers"]["attn"]["query"]
   assert moments["lora_b"].sharding.spec == attn["query"]["lora_b"].sharding.spec
   assert "kernel" not in moments  # no optimizer state for the frozen base
+
+
+def test_qlora_on_8_devices_matches_one_device_and_splits_codes_and_scales():
+  quant = {"base_quant": "nf4", "base_quant_block": 8}
+  want_losses, want = run({"data": 1}, jax.devices()[:1], **quant)
+  losses, state = run({"data": 2, "fsdp": 2, "tensor": 2}, jax.devices(), **quant)
+  np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
+  for path, got, ref in zip(jax.tree_util.tree_leaves_with_path(state.params), jax.tree.leaves(state.params),
+                            jax.tree.leaves(want.params)):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=1e-4, atol=2e-6,
+                               err_msg=jax.tree_util.keystr(path[0]))
+  query = state.params["decoder"]["layers"]["attn"]["query"]
+  assert query["kernel_q"].dtype == jnp.uint8 and tuple(query["kernel_q"].sharding.spec)[:3] == (None, "fsdp", "tensor")
+  assert tuple(query["kernel_scale"].sharding.spec)[:3] == (None, None, "tensor")
