@@ -23,6 +23,7 @@ from jaxpt.models import hf, hf_peft
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM
 from jaxpt.nn import lora as lora_lib
+from jaxpt.nn import quant as quant_lib
 from jaxpt.nn.lora import LoRAConfig
 from jaxpt.trainers.sft import SFTRunConfig
 from tests.test_models_hf import ASSETS, ROOT
@@ -260,3 +261,23 @@ def test_load_names_a_tensor_of_another_shape(tmp_path):
                      r"model\.layers\.1\.self_attn\.q_proj\.lora_B\.weight' has shape \[32, 2\]; the model's q "
                      r"adapter with rank 2 is \[64, 2\]"):
     jaxpt.load(f"hf:{os.path.join(ASSETS, 'qwen2')}", adapter=directory)
+
+
+def test_a_qlora_run_from_peft_adapters_starts_with_them_over_the_quantized_base(lora_run, tmp_path):
+  """lora.init_adapter with lora.base_quant=int8: the adapters are PEFT's, the base kernels are the codes of the
+  checkpoint's (quantized once, after the adapters were put in)."""
+  _, _, _, base = lora_run
+  config = experiment_config("sft_hf", base, **{**SFT, "steps": 1, "lora.init_adapter": os.path.join(PEFT, "qwen2"),
+                                                "lora.base_quant": "int8", "lora.base_quant_block": 16})
+  built = jaxpt.build("sft", config, str(tmp_path / "qlora"))
+  initial = jax.device_get(built.training.init_state().params)
+  _, tensors, _ = golden("qwen2")
+  value = initial["decoder"]["layers"]["attn"]["value"]
+  stem = "base_model.model.model.layers.0.self_attn.v_proj"
+  np.testing.assert_array_equal(value["lora_a"][0], tensors[f"{stem}.lora_A.weight"].T)
+  np.testing.assert_array_equal(value["lora_b"][0].reshape(2, -1), tensors[f"{stem}.lora_B.weight"].T)
+  float_base = hf.load_params(base, built.config.model)["decoder"]["layers"]["attn"]["value"]["kernel"]
+  quant = built.config.lora.quant
+  codes, scales = jax.device_get(quant_lib.quantize(jnp.asarray(float_base), quant, axis=1))
+  np.testing.assert_array_equal(value["kernel_q"], codes)
+  np.testing.assert_array_equal(value["kernel_scale"], scales)
