@@ -11,6 +11,10 @@ A property that states its own max_examples (the data, tokenizer and reward test
 XLA's CPU backend compiles the suite's tiny programs with cheaper LLVM code generation (the same HLO; compile time,
 not run time, dominates them), set here before any test starts jax's backend and inherited by the subprocesses the
 tests launch (notebook kernels, CLI runs). The multi-device suites (tests/multidevice) ask for the same.
+
+The README's two workers (`-n 2 --dist loadfile`) take whole files, so a module's compiled fixtures are
+built once, not once per worker; the longest files go first (`LONGEST_FIRST`), so the run does not end on one worker
+with a long file while the other is idle.
 """
 
 import os
@@ -18,6 +22,12 @@ import subprocess
 
 import pytest
 from hypothesis import settings
+
+# files of half a minute or more on one worker (from a quiet run's --durations, summed per file), longest first
+LONGEST_FIRST = ("test_parallel_sharded.py", "test_train_grpo.py", "test_parallel_multiprocess.py", "test_notebooks.py",
+                 "test_rl_sampler.py", "test_device_check.py", "test_train_grpo_reward_model.py", "test_qlora.py",
+                 "test_train_ppo.py", "test_peft.py", "test_train_rm.py", "test_train_lora.py", "test_train_from_hf.py",
+                 "test_train_grpo_kdrl.py")
 
 FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 if FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):
@@ -48,3 +58,9 @@ def small_disk(tmp_path):
   yield mount_small_disk
   for folder in mounted:
     subprocess.run(["umount", str(folder)], check=True)
+
+
+def pytest_collection_modifyitems(items):
+  """Runs the files of LONGEST_FIRST first, in that order; the rest keep their collection order."""
+  rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
