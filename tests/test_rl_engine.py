@@ -1,6 +1,6 @@
 """The rollout engine (`jaxpt.rl.engine`, issue 29): continuous batching over a paged KV cache against the static
 sampler (`make_sampler(..., row_keys=True)`, the same per-rollout keys) on the same rows: the same tokens, masks
-and lengths, log-probs and hidden states to 1e-5, with EOS hit at different steps, fewer slots than rollouts (so
+and lengths, log-probs and hidden states to 1e-5, with EOS hit at different steps (and token budgets), fewer slots than rollouts (so
 slots are refilled), shared prompts (G > 1), scanned and unrolled layers; a short page pool waits (and, without
 reserved pages, fails with a clear error when every slot waits); its free list against a plain stack; bad input
 refused before compiling."""
@@ -37,13 +37,15 @@ def static(cfg, sampling, group_size):
   return make_sampler(cfg, sampling, PROMPT_LEN, group_size=group_size, row_keys=True)
 
 
-def eos_run(free, eos, pad_id=0):
-  """The static sampler's output with `eos_id=eos`, stated from its run without EOS (per-row keys: a row's tokens
-  up to its first EOS are those it draws without one): after each row's first EOS, pad_id with mask, log-prob and
-  hidden state 0."""
+def eos_run(free, eos, budgets=None, pad_id=0):
+  """The static sampler's output with `eos_id=eos` (and token `budgets` [B]), stated from its run without EOS
+  (per-row keys: a row's tokens up to its first EOS are those it draws without one): after each row's first EOS
+  or budgets[b] tokens, pad_id with mask, log-prob and hidden state 0."""
   tokens = np.asarray(free.tokens)
   hit = tokens == eos
   after = (np.cumsum(hit, axis=1) - hit) > 0  # columns past the first EOS
+  if budgets is not None:
+    after |= np.arange(tokens.shape[1])[None, :] >= np.asarray(budgets)[:, None]
   mask = (~after).astype(np.float32)
   return dataclasses.replace(
       free, tokens=np.where(after, pad_id, tokens), logprobs=np.asarray(free.logprobs) * mask, mask=mask,
@@ -67,12 +69,13 @@ def assert_same_rollouts(got, want):
     np.testing.assert_allclose(got.hidden, want.hidden, rtol=1e-5, atol=1e-5)
 
 
-CASES = {  # name: (scheme, model overrides, sampling, G, distinct prompts, engine)
-    "pre_scanned_sampled_shared": ("pre", {}, SAMPLED, 3, 4, EngineConfig(num_slots=4, page_size=2)),
+BUDGETS = np.array([9, 2, 9, 1, 9, 5, 9, 9, 7, 9, 3, 9])  # token budgets of the 12 rows of 4 prompts x G = 3
+CASES = {  # name: (scheme, model overrides, sampling, G, distinct prompts, engine, budgets)
+    "pre_scanned_sampled_shared": ("pre", {}, SAMPLED, 3, 4, EngineConfig(num_slots=4, page_size=2), BUDGETS),
     "siamese_unrolled_greedy": ("siamese_post_pre", {"scan_layers": False}, GREEDY, 1, 6,
-                                EngineConfig(num_slots=3, page_size=4)),
+                                EngineConfig(num_slots=3, page_size=4), None),
     "siamese_hybrid_scanned_sampled_shared": ("siamese_hybrid_pre", {}, SAMPLED, 2, 4,
-                                              EngineConfig(num_slots=3, page_size=3)),
+                                              EngineConfig(num_slots=3, page_size=3), None),
 }
 
 
@@ -80,13 +83,13 @@ CASES = {  # name: (scheme, model overrides, sampling, G, distinct prompts, engi
                                         for name in CASES])
 def case(request):
   """(cfg, params, sampling with EOS, G, rows, mask, expected output, engine output, engine stats, engine config)."""
-  scheme, overrides, sampling, group_size, prompts, engine = CASES[request.param]
+  scheme, overrides, sampling, group_size, prompts, engine, budgets = CASES[request.param]
   cfg, params = model_for(scheme, **overrides)
   tokens, mask = rows(cfg, group_size, prompts)
   free = static(cfg, sampling, group_size)(params, tokens, mask, KEY)
   sampling = dataclasses.replace(sampling, eos_id=ending_token(free))
-  want = eos_run(free, sampling.eos_id)
-  got, stats = Engine(cfg, sampling, PROMPT_LEN, engine, group_size).run(params, tokens, mask, KEY)
+  want = eos_run(free, sampling.eos_id, budgets)
+  got, stats = Engine(cfg, sampling, PROMPT_LEN, engine, group_size).run(params, tokens, mask, KEY, budgets)
   return cfg, params, sampling, group_size, tokens, mask, want, got, stats, engine
 
 
@@ -102,21 +105,22 @@ def test_engine_equals_the_static_sampler(case):
 
 
 @pytest.mark.slow  # states the expectation the engine tests use (one more compile)
-def test_the_static_sampler_with_eos_is_its_run_without_eos_cut_at_eos():
+def test_the_static_sampler_with_eos_and_budgets_is_its_run_without_them_cut_short():
   cfg, params = model_for("pre")
   tokens, mask = rows(cfg, 3)
   free = static(cfg, SAMPLED, 3)(params, tokens, mask, KEY)
   sampling = dataclasses.replace(SAMPLED, eos_id=ending_token(free), return_hidden=False)
-  want = eos_run(dataclasses.replace(free, hidden=None), sampling.eos_id)
-  assert_same_rollouts(static(cfg, sampling, 3)(params, tokens, mask, KEY), want)
+  want = eos_run(dataclasses.replace(free, hidden=None), sampling.eos_id, BUDGETS)
+  assert_same_rollouts(static(cfg, sampling, 3)(params, tokens, mask, KEY, BUDGETS), want)
 
 
 def test_a_short_page_pool_waits_for_pages_and_gives_the_same_rollouts(case):
   cfg, params, sampling, group_size, tokens, mask, want, *_ = case
   if group_size == 1:
     pytest.skip("one short-pool run (shared prompts) is enough")
+  budgets = CASES["pre_scanned_sampled_shared"][-1] if cfg.norm_scheme == "pre" else None
   short = EngineConfig(num_slots=4, page_size=2, num_pages=7)  # one rollout: 3 prompt + 4 response pages
-  got, stats = Engine(cfg, sampling, PROMPT_LEN, short, group_size).run(params, tokens, mask, KEY)
+  got, stats = Engine(cfg, sampling, PROMPT_LEN, short, group_size).run(params, tokens, mask, KEY, budgets)
   assert_same_rollouts(got, want)
   assert int(stats.waits) > 0 and int(stats.peak_pages) <= 7
 
@@ -145,6 +149,8 @@ def test_bad_input_is_refused_before_compiling():
     engine.run(None, tokens, mask, KEY)  # refused before params are read
   with pytest.raises(ValueError, match=r"prompt_len=6"):
     engine.run(None, tokens[:, 1:], mask[:, 1:], KEY)
+  with pytest.raises(ValueError, match=r"^budgets: must be 4 token budgets in 1 .. max_new_tokens=9"):
+    Engine(cfg, GREEDY, PROMPT_LEN).run(None, tokens, mask, KEY, np.array([1, 9, 10, 2]))
 
 
 def test_free_list_is_a_stack_of_unused_pages():

@@ -18,7 +18,7 @@ Each iteration of the decode loop:
 1. admit: while a slot is free and rollouts are pending (in row order), take the next one unless the pool is short
    (its prompt's pages, if it is its group's first, and with `reserve_pages` the worst case of every admitted row:
    then it waits for rows to finish); a group's first rollout prefills the prompt and draws the group's G first
-   tokens from its last logits (a rollout whose first token is EOS, or T = 1, is done without a slot);
+   tokens from its last logits (a rollout whose first token is EOS, or whose budget is 1 token, is done without a slot);
 2. page: each active slot whose response reaches a new page takes one from the free list, in slot order, while it
    lasts; a slot left without one waits this step (only without `reserve_pages`);
 3. decode one token for every slot that has its page (the others compute into the sink page, discarded), draw and
@@ -45,6 +45,7 @@ import dataclasses
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from jaxpt.config import Section, at_least, fail
@@ -132,8 +133,10 @@ def page_counts(engine: EngineConfig, prompt_len: int, max_new_tokens: int) -> t
 
 class Engine:
   """`Engine(model_config, sampling, prompt_len, engine, group_size)(params, prompt_tokens [B, P], prompt_mask
-  [B, P], rng) -> SampleOutput` (see the module doc); `run` also returns the `EngineStats`. G = group_size must
-  divide B; every row needs at least one real prompt token. Checks its inputs before compiling."""
+  [B, P], rng[, budgets]) -> SampleOutput` (see the module doc); `run` also returns the `EngineStats`. G =
+  group_size must divide B; every row needs at least one real prompt token; `budgets` (int [B] in 1 ..
+  max_new_tokens, default all max_new_tokens): row b also stops after budgets[b] tokens, as the static sampler's.
+  Checks its inputs before compiling."""
 
   def __init__(self, model_config: ModelConfig, sampling: SamplingConfig, prompt_len: int,
                engine: EngineConfig = EngineConfig(), group_size: int = 1):
@@ -156,16 +159,21 @@ class Engine:
     self.decode_config = decode_config
     self.jitted = jax.jit(self.generate)
 
-  def __call__(self, params, prompt_tokens, prompt_mask, rng) -> SampleOutput:
-    return self.run(params, prompt_tokens, prompt_mask, rng)[0]
+  def __call__(self, params, prompt_tokens, prompt_mask, rng, budgets=None) -> SampleOutput:
+    return self.run(params, prompt_tokens, prompt_mask, rng, budgets)[0]
 
-  def run(self, params, prompt_tokens, prompt_mask, rng) -> tuple[SampleOutput, EngineStats]:
+  def run(self, params, prompt_tokens, prompt_mask, rng, budgets=None) -> tuple[SampleOutput, EngineStats]:
     rows, columns = jnp.shape(prompt_tokens)
     if columns != self.prompt_len:
       raise ValueError(f"prompt_tokens has {columns} columns, the engine was built for prompt_len={self.prompt_len}")
     if rows % self.group_size:
       raise ValueError(f"group_size={self.group_size} does not divide the {rows} prompt rows")
-    outputs, stats = self.jitted(params, prompt_tokens, prompt_mask, rng)
+    steps = self.sampling.max_new_tokens
+    if budgets is None:
+      budgets = np.full((rows,), steps, np.int32)
+    elif np.shape(budgets) != (rows,) or not 1 <= np.min(budgets) <= np.max(budgets) <= steps:
+      raise ValueError(f"budgets: must be {rows} token budgets in 1 .. max_new_tokens={steps}")
+    outputs, stats = self.jitted(params, prompt_tokens, prompt_mask, rng, jnp.asarray(budgets, jnp.int32))
     if bool(stats.stuck):
       raise RuntimeError(
           f"engine.num_pages={self.num_pages}: the page pool ran out with every active slot waiting for a page "
@@ -173,7 +181,7 @@ class Engine:
           f"{self.engine.num_slots}")
     return outputs, stats
 
-  def generate(self, params, prompt_tokens, prompt_mask, rng) -> tuple[SampleOutput, EngineStats]:
+  def generate(self, params, prompt_tokens, prompt_mask, rng, budgets) -> tuple[SampleOutput, EngineStats]:
     cfg, sampling, G = self.decode_config, self.sampling, self.group_size
     S, ps, KP, KR, T = (self.engine.num_slots, self.engine.page_size, self.prompt_pages, self.response_pages,
                         sampling.max_new_tokens)
@@ -207,7 +215,7 @@ class Engine:
       group_rows = group * G + jnp.arange(G)
       first, logprobs = choose_tokens(jnp.repeat(logits[:, -1], G, axis=0), rollout_keys(rng, group_rows, 0),
                                       sampling)
-      done = jnp.full((G,), T == 1)
+      done = lax.dynamic_slice_in_dim(budgets, group * G, G) <= 1
       if sampling.eos_id is not None:
         done = done | (first == sampling.eos_id)
       live = G - jnp.sum(done.astype(jnp.int32))
@@ -280,7 +288,7 @@ class Engine:
       cache = cache.replace(page_table=None, write_page=None, write_offset=None, mask=None)
       t = s.t + 1
       tokens, logprobs = choose_tokens(logits[:, 0], rollout_keys(rng, s.rollout, t), sampling)
-      done = stepping & (t == T - 1)
+      done = stepping & (t >= budgets[s.rollout] - 1)
       if sampling.eos_id is not None:
         done = done | (stepping & (tokens == sampling.eos_id))
       out = state.outputs

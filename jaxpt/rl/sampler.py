@@ -166,7 +166,11 @@ def decode_segments(steps: int, count: int) -> list[int]:
 def make_sampler(model_config: ModelConfig, sampling: SamplingConfig, prompt_len: int,
                  layout: MeshLayout | None = None, group_size: int = 1,
                  row_keys: bool = False) -> Callable[..., SampleOutput]:
-  """-> jitted `sample(params, prompt_tokens [B, P], prompt_mask [B, P], rng) -> SampleOutput` for P = prompt_len.
+  """-> jitted `sample(params, prompt_tokens [B, P], prompt_mask [B, P], rng[, budgets]) -> SampleOutput` for
+  P = prompt_len.
+
+  `budgets` (optional int [B], in 1 .. max_new_tokens): row b also stops after budgets[b] tokens (its token budget;
+  a benchmark forces long-tailed lengths with it; as if the last were EOS, but it is kept as drawn).
 
   Keys: token t of every row is drawn with fold_in(rng, t) (one uniform per row from that key); with `row_keys`,
   token t of row b with its own key fold_in(fold_in(rng, b), t) (`rollout_keys`), the scheme of the rollout engine
@@ -204,7 +208,7 @@ def make_sampler(model_config: ModelConfig, sampling: SamplingConfig, prompt_len
   steps = sampling.max_new_tokens
   segments = decode_segments(steps, sampling.cache_segments)
 
-  def sample(params, prompt_tokens, prompt_mask, rng) -> SampleOutput:
+  def sample(params, prompt_tokens, prompt_mask, rng, budgets=None) -> SampleOutput:
     batch = prompt_tokens.shape[0]
     if prompt_tokens.shape[1] != prompt_len:
       raise ValueError(f"prompt_tokens has {prompt_tokens.shape[1]} columns, the sampler was built for "
@@ -248,6 +252,8 @@ def make_sampler(model_config: ModelConfig, sampling: SamplingConfig, prompt_len
           hidden=None if outputs.hidden is None else put(outputs.hidden, jnp.where(live[:, None], hidden, 0.0)))
       if sampling.eos_id is not None:
         done = done | (tokens == sampling.eos_id)
+      if budgets is not None:
+        done = done | (t + 1 >= budgets)
       return tokens, outputs, done
 
     token, outputs, done = record(0, outputs, jnp.zeros((batch,), bool), rows(logits[:, -1]), rows(hidden[:, -1]))
