@@ -1,9 +1,9 @@
 """The rollout engine (`jaxpt.rl.engine`, issue 29): continuous batching over a paged KV cache against the static
 sampler (`make_sampler(..., row_keys=True)`, the same per-rollout keys) on the same rows: the same tokens, masks
-and lengths, log-probs and hidden states to 1e-5, with EOS hit at different steps (and token budgets), fewer slots than rollouts (so
-slots are refilled), shared prompts (G > 1), scanned and unrolled layers; a short page pool waits (and, without
-reserved pages, fails with a clear error when every slot waits); its free list against a plain stack; bad input
-refused before compiling."""
+and lengths, log-probs and hidden states to 1e-5, with EOS hit at different steps (and token budgets), fewer
+slots than rollouts (so slots are refilled), shared prompts (G > 1), scanned and unrolled layers; a short page
+pool waits (and, without reserved pages, fails with a clear error when every slot waits); its free list against
+a plain stack; bad input refused before compiling."""
 
 import dataclasses
 import functools
