@@ -3,7 +3,8 @@ sampler (`make_sampler(..., row_keys=True)`, the same per-rollout keys) on the s
 and lengths, log-probs and hidden states to 1e-5, with EOS hit at different steps (and token budgets), fewer
 slots than rollouts (so slots are refilled), shared prompts (G > 1), scanned and unrolled layers; a short page
 pool waits (and, without reserved pages, fails with a clear error when every slot waits); its free list against
-a plain stack; bad input refused before compiling."""
+a plain stack; the paged attention branch (`PagedLayerCache`) against float64 NumPy; bad input refused before
+compiling."""
 
 import dataclasses
 import functools
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 from jaxpt.config import ConfigError
+from jaxpt.nn.attention import PagedLayerCache, gather_pages, grouped_attention
 from jaxpt.nn.paged_cache import FreeList
 from jaxpt.rl.engine import Engine, EngineConfig
 from jaxpt.rl.rollouts import repeat_prompts
@@ -173,3 +175,32 @@ def test_free_list_is_a_stack_of_unused_pages():
     stack += [int(i) for i, g in zip(ids, give) if g]
     assert int(free.count) == len(stack)
     np.testing.assert_array_equal(np.asarray(free.pages)[:len(stack)], stack)
+
+
+def test_paged_layer_cache_writes_the_new_token_then_attends_over_its_pages():
+  """`PagedLayerCache` (the Attention layer's paged branch: write, gather, attend) against plain float64 NumPy."""
+  rng = np.random.default_rng(1)
+  heads, kv_heads, dim, page, rows_, columns = 4, 2, 8, 3, 3, 4
+  k_pages, v_pages = (rng.normal(size=(9, kv_heads, page, dim)) for _ in range(2))
+  table = np.array([[1, 2, 0, 0], [3, 4, 5, 0], [1, 6, 7, 8]])  # row 2 shares page 1 with row 0
+  write_page, write_offset = np.array([2, 5, 0]), np.array([1, 2, 0])  # row 2 idle: writes into the sink
+  mask = rng.random((rows_, 1, columns * page)) < 0.6
+  mask[0, 0, 4] = mask[1, 0, 8] = mask[2, 0, 0] = True  # a row reads its new token's slot
+  q, k, v = rng.normal(size=(rows_, 1, heads, dim)), *rng.normal(size=(2, rows_, 1, kv_heads, dim))
+  cache = PagedLayerCache(*map(jax.numpy.asarray, (k_pages, v_pages, table, write_page, write_offset, mask)))
+  k_new, v_new = cache.write(jax.numpy.asarray(k, np.float32), jax.numpy.asarray(v, np.float32))
+  got = grouped_attention(jax.numpy.asarray(q, np.float32), gather_pages(k_new, cache.page_table),
+                          gather_pages(v_new, cache.page_table), cache.mask)
+  want_k, want_v = k_pages.copy(), v_pages.copy()
+  for b in range(rows_):
+    want_k[write_page[b], :, write_offset[b]], want_v[write_page[b], :, write_offset[b]] = k[b, 0], v[b, 0]
+  np.testing.assert_allclose(k_new, want_k, atol=1e-6)
+  for b in range(rows_):
+    keys = np.concatenate([want_k[p] for p in table[b]], axis=1)  # [kv_heads, columns * page, dim]
+    values = np.concatenate([want_v[p] for p in table[b]], axis=1)
+    for h in range(heads):
+      scores = keys[h // (heads // kv_heads)] @ q[b, 0, h] / np.sqrt(dim)
+      scores = np.where(mask[b, 0], scores, -np.inf)
+      weights = np.exp(scores - scores.max())
+      want = (weights / weights.sum()) @ values[h // (heads // kv_heads)]
+      np.testing.assert_allclose(got[b, 0, h], want, rtol=1e-5, atol=1e-5)
