@@ -13,7 +13,9 @@ losses into the `losses` collection: `apply(..., mutable=["losses"])` returns th
 Decoding (`jaxpt.rl.sampler`): called with a `KVCache` (`init_cache`) and a `cache_index`, the model writes the new
 tokens' segment ids and, layer by layer, K/V into slots cache_index .. + seq - 1 (dynamic_update_slice), attends
 over the cache's filled slots (and its shared `prefix`, if any: read, never written) and returns the updated cache
-as its last output. Prefill is one such call with the whole prompt on an empty cache, decode one per token. Remat
+as its last output. Prefill is one such call with the whole prompt on an empty cache, decode one per token. With a
+`PagedKVCache` instead (`jaxpt.rl.engine`), one token per row is written into each layer's page pool and attends
+over the row's pages (positions given, cache_index unused). Remat
 settings are ignored when decoding. Unrolled layers read their weights and cache buffers in place; scanned layers
 slice both out of stacked arrays every step (copies), so the sampler decodes with unrolled layers
 (`unstack_layers`).
@@ -27,6 +29,7 @@ import jax.numpy as jnp
 
 from jaxpt.models.config import ModelConfig
 from jaxpt.nn.attention import KVCache, LayerCache, write_slots
+from jaxpt.nn.paged_cache import PagedKVCache
 from jaxpt.models.blocks import BLOCKS, RESIDUAL_AXES, OutputMerge
 from jaxpt.nn.dense import Dense, matmul
 from jaxpt.nn.lora import LoRA
@@ -61,6 +64,12 @@ class DecoderStack(nn.Module):
       if cfg.remat != "none":
         block = nn.remat(block, policy=CHECKPOINT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers)
       return self.stack(block, streams, positions, segment_ids)
+    if isinstance(cache, PagedKVCache):  # one token per row over page pools (jaxpt.rl.engine): unrolled layers only
+      if cfg.scan_layers:
+        raise ValueError("DecoderStack: a paged cache decodes with unrolled layers (scan_layers=False)")
+      streams, (key, value) = self.stack(block, streams, positions, segment_ids,
+                                         [cache.layer(layer) for layer in range(cfg.num_layers)])
+      return streams, cache.replace(key_pages=tuple(key), value_pages=tuple(value))
     if segment_ids is None:
       segment_ids = jnp.ones(streams[0].shape[:2], jnp.int32)
     cache_index = jnp.asarray(cache_index, jnp.int32)

@@ -21,6 +21,12 @@ K/V held once for each group of G = B / P consecutive rows ([P, kv_heads, L, hea
 b // G). Its slots come before every slot of the per-row buffers (a prompt, then each row's own response), so a
 query reads prefix slot j iff it holds the query's segment; the softmax runs over the prefix and the row's own
 slots together (`grouped_attention`'s `prefix`).
+
+Paged decoding (`PagedLayerCache`, the rollout engine's cache, `jaxpt.rl.engine`): a layer's K/V live in a pool of
+fixed-size pages shared by all rows; each row names its pages in a page table and carries a precomputed mask over
+the slots of its pages in table order. The call writes the one new token's K/V into page write_page[b] at offset
+write_offset[b] (a scatter, in place), then attends over the row's pages gathered in table order (the pure-JAX
+gather path; on TPU a ragged paged attention kernel would read the pages in place).
 """
 
 from __future__ import annotations
@@ -130,8 +136,8 @@ def paged_attention(q, k_pages, v_pages, page_table, lengths):
   [num_pages, H_kv, page_size, D]; page_table int [B, pages_per_row] (a row's unused entries may name any page);
   lengths int [B]: the tokens row b holds (its new ones included), at slots 0 .. lengths[b] - 1 of its pages in
   table order (so rows may share a prompt's full pages; its last, partly filled page is copied into each row's
-  own). Query i of row b sits at slot lengths[b] - n + i and reads the slots up to it -> [B, n, H, D]. Not used by
-  the sampler yet (issue 29, item 2: continuous batching over a paged cache)."""
+  own). Query i of row b sits at slot lengths[b] - n + i and reads the slots up to it -> [B, n, H, D]. (The rollout
+  engine decodes through `PagedLayerCache`, whose rows carry their own masks.)"""
   k, v = gather_pages(k_pages, page_table), gather_pages(v_pages, page_table)
   num_new = q.shape[1]
   query_slots = jnp.reshape(lengths, (-1, 1)) - num_new + jnp.arange(num_new)  # [B, n]
@@ -254,6 +260,31 @@ class LayerCache:
     return segment_ids[:, :, None] == prefix_segments[:, None, :]
 
 
+@flax.struct.dataclass
+class PagedLayerCache:
+  """What one attention layer reads when decoding one token per row over a paged KV cache (see the module doc).
+
+  key_pages, value_pages: [num_pages, kv_heads, page_size, head_dim], the layer's page pool (keys after RoPE).
+  page_table:   int32 [batch, n], row b's pages in table order (entries it does not use may name any page).
+  write_page, write_offset: int32 [batch], where the new token's K/V go (page id, slot within the page).
+  mask:         bool [batch, 1, n * page_size], the slots of row b's gathered pages its new token reads (its own
+                slot included, since it is written first).
+  """
+
+  key_pages: jax.Array
+  value_pages: jax.Array
+  page_table: jax.Array
+  write_page: jax.Array
+  write_offset: jax.Array
+  mask: jax.Array
+
+  def write(self, k, v):
+    """k, v: [batch, 1, kv_heads, head_dim] (sequence-major) -> the pools with row b's at (write_page[b], :,
+    write_offset[b], :)."""
+    put = lambda pages, new: pages.at[self.write_page, :, self.write_offset].set(new[:, 0].astype(pages.dtype))
+    return put(self.key_pages, k), put(self.value_pages, v)
+
+
 class Attention(nn.Module):
   num_heads: int
   num_kv_heads: int
@@ -274,12 +305,13 @@ class Attention(nn.Module):
   lora: LoRA | None = None  # adapters on the projections it targets (q, k, v, o; `jaxpt.nn.lora`)
 
   @nn.compact
-  def __call__(self, x, positions, segment_ids=None, cache: LayerCache | None = None):
+  def __call__(self, x, positions, segment_ids=None, cache: LayerCache | PagedLayerCache | None = None):
     """x: [batch, seq, d_model]; positions, segment_ids: [batch, seq] -> [batch, seq, d_model] (positions are
     read only by RoPE: None is allowed with rope=False).
 
-    With `cache` -> (out, (key, value)): the layer's buffers with the new tokens' K/V written in (see the module
-    doc); `segment_ids` (default 1) must match those already written into `cache.segment_ids`.
+    With `cache` -> (out, (key, value)): the layer's buffers (or page pools, with a `PagedLayerCache`) with the new
+    tokens' K/V written in (see the module doc); `segment_ids` (default 1) must match those already written into
+    `cache.segment_ids` (a paged cache reads its `mask` instead).
     """
     d_model = x.shape[-1]
 
@@ -311,6 +343,11 @@ class Attention(nn.Module):
       head_major = lambda t: t.swapaxes(1, 2)
       out = grouped_attention(q, head_major(k), head_major(v), attention_mask(x.shape[1], segment_ids, self.causal),
                               self.query_chunk if self.causal else 0)
+    elif isinstance(cache, PagedLayerCache):
+      if x.shape[1] != 1 or not self.causal:
+        raise ValueError("Attention: a paged cache decodes one causal token per row")
+      k, v = cache.write(k, v)
+      out = grouped_attention(q, gather_pages(k, cache.page_table), gather_pages(v, cache.page_table), cache.mask)
     else:
       if not self.causal:
         raise ValueError("Attention: a KV cache decodes causally; causal=False has no cache")

@@ -135,14 +135,24 @@ def categorical(key, logits):
   return jnp.sum(cdf < u, axis=-1).astype(jnp.int32)
 
 
+def rollout_keys(rng, rows, t):
+  """The key of token t of each rollout in `rows` int [B] (`make_sampler(row_keys=True)`, `jaxpt.rl.engine`):
+  fold_in(fold_in(rng, row), t) -> keys [B]; t: int scalar or int [B]."""
+  return jax.vmap(lambda row, step: jax.random.fold_in(jax.random.fold_in(rng, row), step))(
+      rows, jnp.broadcast_to(t, jnp.shape(rows)))
+
+
 def choose_tokens(logits, key, sampling: SamplingConfig):
-  """logits float32 [B, vocab] -> (tokens int32 [B], logprobs float32 [B]) per the module doc."""
+  """logits float32 [B, vocab] -> (tokens int32 [B], logprobs float32 [B]) per the module doc. `key`: one key for
+  the whole batch, or keys [B] (`rollout_keys`), one draw per row from its own key."""
   if sampling.greedy:
     tokens = jnp.argmax(logits, axis=-1)
     scaled = logits
   else:
     scaled = logits / sampling.temperature
-    tokens = categorical(key, filter_logits(scaled, sampling.top_k, sampling.top_p))
+    filtered = filter_logits(scaled, sampling.top_k, sampling.top_p)
+    one_key = jnp.ndim(key) == (0 if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) else 1)
+    tokens = categorical(key, filtered) if one_key else jax.vmap(categorical)(key, filtered)
   logprobs = jnp.take_along_axis(jax.nn.log_softmax(scaled, axis=-1), tokens[:, None], axis=-1)[:, 0]
   return tokens.astype(jnp.int32), logprobs
 
@@ -154,8 +164,17 @@ def decode_segments(steps: int, count: int) -> list[int]:
 
 
 def make_sampler(model_config: ModelConfig, sampling: SamplingConfig, prompt_len: int,
-                 layout: MeshLayout | None = None, group_size: int = 1) -> Callable[..., SampleOutput]:
-  """-> jitted `sample(params, prompt_tokens [B, P], prompt_mask [B, P], rng) -> SampleOutput` for P = prompt_len.
+                 layout: MeshLayout | None = None, group_size: int = 1,
+                 row_keys: bool = False) -> Callable[..., SampleOutput]:
+  """-> jitted `sample(params, prompt_tokens [B, P], prompt_mask [B, P], rng[, budgets]) -> SampleOutput` for
+  P = prompt_len.
+
+  `budgets` (optional int [B], in 1 .. max_new_tokens): row b also stops after budgets[b] tokens (its token budget;
+  a benchmark forces long-tailed lengths with it; as if the last were EOS, but it is kept as drawn).
+
+  Keys: token t of every row is drawn with fold_in(rng, t) (one uniform per row from that key); with `row_keys`,
+  token t of row b with its own key fold_in(fold_in(rng, b), t) (`rollout_keys`), the scheme of the rollout engine
+  (`jaxpt.rl.engine`), under which a rollout's tokens do not depend on the other rows of the batch.
 
   Every row must hold at least one real prompt token. With a `layout`, it is compiled for that mesh: params laid
   out as `layout.params`, prompts and every output split by rows as `layout.batch` (each device decodes its rows;
@@ -189,7 +208,7 @@ def make_sampler(model_config: ModelConfig, sampling: SamplingConfig, prompt_len
   steps = sampling.max_new_tokens
   segments = decode_segments(steps, sampling.cache_segments)
 
-  def sample(params, prompt_tokens, prompt_mask, rng) -> SampleOutput:
+  def sample(params, prompt_tokens, prompt_mask, rng, budgets=None) -> SampleOutput:
     batch = prompt_tokens.shape[0]
     if prompt_tokens.shape[1] != prompt_len:
       raise ValueError(f"prompt_tokens has {prompt_tokens.shape[1]} columns, the sampler was built for "
@@ -222,7 +241,8 @@ def make_sampler(model_config: ModelConfig, sampling: SamplingConfig, prompt_len
 
     def record(t, outputs, done, logits, hidden):
       """Samples token t from `logits` [B, vocab] and writes it (pad once a row is done) into column t."""
-      tokens, logprobs = choose_tokens(logits, jax.random.fold_in(rng, t), sampling)
+      keys = rollout_keys(rng, jnp.arange(batch), t) if row_keys else jax.random.fold_in(rng, t)
+      tokens, logprobs = choose_tokens(logits, keys, sampling)
       live = ~done
       tokens = jnp.where(live, tokens, sampling.pad_id)
       put = lambda buf, col: lax.dynamic_update_index_in_dim(buf, col.astype(buf.dtype), t, axis=1)
@@ -232,6 +252,8 @@ def make_sampler(model_config: ModelConfig, sampling: SamplingConfig, prompt_len
           hidden=None if outputs.hidden is None else put(outputs.hidden, jnp.where(live[:, None], hidden, 0.0)))
       if sampling.eos_id is not None:
         done = done | (tokens == sampling.eos_id)
+      if budgets is not None:
+        done = done | (t + 1 >= budgets)
       return tokens, outputs, done
 
     token, outputs, done = record(0, outputs, jnp.zeros((batch,), bool), rows(logits[:, -1]), rows(hidden[:, -1]))

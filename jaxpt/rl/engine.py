@@ -1,0 +1,342 @@
+"""The rollout engine: continuous batching of rollouts through a fixed number of decode slots over a paged KV cache.
+
+Input and output are the static sampler's (`jaxpt.rl.sampler.make_sampler`, its module doc): left-padded prompts
+[B, P], rows p*G .. p*G + G-1 the G rollouts of prompt p, and a `SampleOutput` [B, max_new_tokens] in the rows'
+order, so a trainer reads it unchanged. Token t of rollout b is drawn with key fold_in(fold_in(rng, b), t)
+(`rollout_keys`): which slot a rollout lands in, and which rollouts share a step with it, cannot change its tokens;
+the static sampler with `row_keys=True` draws the same tokens.
+
+Memory (`jaxpt.nn.paged_cache`): one pool of `num_pages` pages of `page_size` slots per layer. A prompt of n real
+tokens is prefilled once for its G rollouts, when its first rollout is admitted, into ceil(n / page_size) pages
+that every row of the group names in its page table (freed when the group's last row finishes); a row's response
+token t goes to slot t of its own pages, taken from the free list one page at a time as the response reaches it and
+given back when the row stops. A row's table: KP = ceil(P / page_size) prompt entries, then KR = ceil((T - 1) /
+page_size) response entries (T = max_new_tokens); the new token of a row with n prompt tokens at response index t
+has position n + t and reads the gathered slots j < n and KP * page_size <= j <= KP * page_size + t.
+
+Each iteration of the decode loop:
+1. admit: while a slot is free and rollouts are pending (in row order), take the next one unless the pool is short
+   (its prompt's pages, if it is its group's first, and with `reserve_pages` the worst case of every admitted row:
+   then it waits for rows to finish); a group's first rollout prefills the prompt and draws the group's G first
+   tokens from its last logits (a rollout whose first token is EOS, or whose budget is 1 token, is done without a slot);
+2. page: each active slot whose response reaches a new page takes one from the free list, in slot order, while it
+   lasts; a slot left without one waits this step (only without `reserve_pages`);
+3. decode one token for every slot that has its page (the others compute into the sink page, discarded), draw and
+   record token t + 1 of each stepping rollout; a row that drew EOS or its last token frees its slot and pages.
+Slot-steps lost to the pool are counted in `EngineStats.waits`. Without `reserve_pages`, if no slot can step with
+rollouts left (every active slot waits for a page only they could free), the loop stops and the call raises
+(`EngineStats.stuck`); with it (the default) that cannot happen, and a pool smaller than one rollout's KP + KR is
+refused before compiling.
+
+Why one `lax.while_loop` with the refills inside it rather than a host loop over compiled chunks of K steps: the
+loop never leaves the device (no host round trip, no dispatch per chunk, no wasted steps between a row's end and
+the chunk's), and the admission is itself a while_loop inside it, cheap when nothing is admitted. (The host-chunk
+variant was not built or measured in this increment.) Static shapes throughout: [num_slots] decode batches, fixed
+page tables, masked pops and pushes (`jaxpt.nn.paged_cache.FreeList`).
+
+Speed (`benchmarks/engine.py --model small --rounds 2`, `benchmarks/results_engine_realistic_small_cpu.json`: 256
+rollouts of 32 prompts x G = 8, prompts 64-256, forced answer lengths median 93, max 512; 64 slots; a 2-core CPU
+under load): 1.02x the static sampler's rollout tokens/s; 61.5% of its slot-steps decode a rollout token against
+the static sampler's 28.5%, but a slot-step costs about twice a static row-step (the gather path copies every
+slot's whole page table, KP + KR pages, in each layer and step, and the tail of long rows runs with slots empty);
+compiled peak memory 282 MiB against 632 MiB (KV: a 192 MiB pool, at most 56 MiB of it in use, against 543 MiB).
+
+Not yet (issue 29): a mesh layout (the static sampler's `layout`), a Pallas paged-attention kernel (the gather path
+copies a slot's pages each layer and step), batched prefills of several prompts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jaxpt.config import Section, at_least, fail
+from jaxpt.models.config import ModelConfig
+from jaxpt.models.transformer import TransformerLM, init_cache, unstack_layers
+from jaxpt.nn.paged_cache import FreeList, PagedKVCache
+from jaxpt.rl.sampler import SampleOutput, SamplingConfig, choose_tokens, prompt_layout, rollout_keys
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig(Section):
+  """The engine's slots and page pool.
+
+  Attributes:
+    num_slots: rollouts decoded together (the decode batch).
+    page_size: KV slots per page.
+    num_pages: pages in each layer's pool (0: every slot can hold a whole rollout, num_slots * (KP + KR)); at
+      least one whole rollout's KP + KR (see the module doc).
+    reserve_pages: admit a rollout only while the free pages cover the rest of every admitted rollout's worst case
+      (KR response pages each): pages are still taken as the responses grow, but no row ever waits for one
+      mid-response and the loop cannot get stuck. False: admit whenever the prompt fits (more rows at once in a
+      small pool, but rows may wait mid-response and, if all wait, the call fails).
+  """
+
+  num_slots: int = 8
+  page_size: int = 16
+  num_pages: int = 0
+  reserve_pages: bool = True
+
+  def check(self) -> None:
+    at_least(self, "num_slots", 1)
+    at_least(self, "page_size", 1)
+    at_least(self, "num_pages", 0)
+
+
+@flax.struct.dataclass
+class EngineStats:
+  """steps: decode iterations; useful: slot-steps that decoded a token of a rollout (of steps * num_slots);
+  waits: slot-steps lost to the page pool (a slot left empty with rollouts pending, or a row waiting for its next
+  page); peak_pages: most pool pages in use at once; stuck: the loop
+  stopped with rollouts left because no slot could get a page."""
+
+  steps: jax.Array
+  useful: jax.Array
+  waits: jax.Array
+  peak_pages: jax.Array
+  stuck: jax.Array
+
+
+@flax.struct.dataclass
+class Slots:
+  """Per slot [S]: active, rollout (its row), group, prompt length n, t (response index of `token`, the next token
+  fed), token; table int32 [S, KP + KR]."""
+
+  active: jax.Array
+  rollout: jax.Array
+  group: jax.Array
+  length: jax.Array
+  t: jax.Array
+  token: jax.Array
+  table: jax.Array
+
+
+@flax.struct.dataclass
+class State:
+  cache: PagedKVCache
+  free: FreeList
+  slots: Slots
+  group_pages: jax.Array  # int32 [B / G, KP]
+  group_rows: jax.Array  # int32 [B / G]: the group's rows not yet finished
+  first_token: jax.Array  # int32 [B]
+  first_done: jax.Array  # bool [B]
+  next_row: jax.Array
+  finished: jax.Array
+  outputs: SampleOutput
+  stats: EngineStats
+
+
+def page_counts(engine: EngineConfig, prompt_len: int, max_new_tokens: int) -> tuple[int, int, int]:
+  """-> (KP prompt pages, KR response pages of a table, pool pages) per the module doc."""
+  prompt_pages = -(-prompt_len // engine.page_size)
+  response_pages = -(-(max_new_tokens - 1) // engine.page_size)
+  return prompt_pages, response_pages, engine.num_pages or engine.num_slots * (prompt_pages + response_pages)
+
+
+class Engine:
+  """`Engine(model_config, sampling, prompt_len, engine, group_size)(params, prompt_tokens [B, P], prompt_mask
+  [B, P], rng[, budgets]) -> SampleOutput` (see the module doc); `run` also returns the `EngineStats`. G =
+  group_size must divide B; every row needs at least one real prompt token; `budgets` (int [B] in 1 ..
+  max_new_tokens, default all max_new_tokens): row b also stops after budgets[b] tokens, as the static sampler's.
+  Checks its inputs before compiling."""
+
+  def __init__(self, model_config: ModelConfig, sampling: SamplingConfig, prompt_len: int,
+               engine: EngineConfig = EngineConfig(), group_size: int = 1):
+    if prompt_len <= 0:
+      raise ValueError(f"prompt_len={prompt_len}: must be positive")
+    if group_size < 1:
+      raise ValueError(f"group_size={group_size}: must be positive")
+    self.prompt_pages, self.response_pages, self.num_pages = page_counts(engine, prompt_len,
+                                                                        sampling.max_new_tokens)
+    need = self.prompt_pages + self.response_pages
+    if self.num_pages < need:
+      raise fail(engine, "num_pages", f"holds less than one rollout: a {prompt_len}-token prompt and "
+                 f"{sampling.max_new_tokens} new tokens need {need} pages of {engine.page_size} slots")
+    self.model_config, self.sampling, self.prompt_len, self.engine = model_config, sampling, prompt_len, engine
+    self.group_size = group_size
+    decode_config = dataclasses.replace(model_config, scan_layers=False)
+    if sampling.rollout_dtype != "float32":
+      decode_config = dataclasses.replace(decode_config, dtype=sampling.rollout_dtype,
+                                          param_dtype=sampling.rollout_dtype)
+    self.decode_config = decode_config
+    self.jitted = jax.jit(self.generate)
+
+  def __call__(self, params, prompt_tokens, prompt_mask, rng, budgets=None) -> SampleOutput:
+    return self.run(params, prompt_tokens, prompt_mask, rng, budgets)[0]
+
+  def run(self, params, prompt_tokens, prompt_mask, rng, budgets=None) -> tuple[SampleOutput, EngineStats]:
+    rows, columns = jnp.shape(prompt_tokens)
+    if columns != self.prompt_len:
+      raise ValueError(f"prompt_tokens has {columns} columns, the engine was built for prompt_len={self.prompt_len}")
+    if rows % self.group_size:
+      raise ValueError(f"group_size={self.group_size} does not divide the {rows} prompt rows")
+    steps = self.sampling.max_new_tokens
+    if budgets is None:
+      budgets = np.full((rows,), steps, np.int32)
+    elif np.shape(budgets) != (rows,) or not 1 <= np.min(budgets) <= np.max(budgets) <= steps:
+      raise ValueError(f"budgets: must be {rows} token budgets in 1 .. max_new_tokens={steps}")
+    outputs, stats = self.jitted(params, prompt_tokens, prompt_mask, rng, jnp.asarray(budgets, jnp.int32))
+    if bool(stats.stuck):
+      raise RuntimeError(
+          f"engine.num_pages={self.num_pages}: the page pool ran out with every active slot waiting for a page "
+          f"that only those slots could free; give it more pages or use fewer than num_slots="
+          f"{self.engine.num_slots}")
+    return outputs, stats
+
+  def generate(self, params, prompt_tokens, prompt_mask, rng, budgets) -> tuple[SampleOutput, EngineStats]:
+    cfg, sampling, G = self.decode_config, self.sampling, self.group_size
+    S, ps, KP, KR, T = (self.engine.num_slots, self.engine.page_size, self.prompt_pages, self.response_pages,
+                        sampling.max_new_tokens)
+    rows, prompts = prompt_tokens.shape[0], prompt_tokens.shape[0] // G
+    model = TransformerLM(cfg)
+    if self.model_config.scan_layers:
+      params = unstack_layers(params, self.model_config.num_layers)
+    if cfg.dtype != "float32":
+      params = jax.tree.map(lambda p: p.astype(cfg.dtype) if jnp.issubdtype(p.dtype, jnp.floating) else p, params)
+    variables = {"params": params}
+    prompt_tokens, prompt_mask = prompt_tokens.astype(jnp.int32), prompt_mask[::G]
+    prompt_lengths = jnp.sum(prompt_mask > 0, axis=1).astype(jnp.int32)
+    width = (KP + KR) * ps
+
+    def prefill(state: State, group):
+      """Prefills prompt `group` into pages and draws its G rows' first tokens."""
+      tokens, mask = lax.dynamic_index_in_dim(prompt_tokens, group * G), lax.dynamic_index_in_dim(prompt_mask, group)
+      segment_ids, positions, _ = prompt_layout(mask)
+      logits, hidden, cache = model.apply(variables, tokens, positions, segment_ids, return_hidden=True,
+                                          cache=init_cache(cfg, 1, self.prompt_len), cache_index=0,
+                                          last_logits_only=True)
+      n = prompt_lengths[group]
+      ids, free = state.free.pop(jnp.arange(KP) < -(-n // ps))
+      slots = jnp.clip(self.prompt_len - n + jnp.arange(KP * ps), 0, self.prompt_len - 1)  # left-aligned
+
+      def to_pages(buffer):  # [1, H_kv, P, D] -> [KP, H_kv, ps, D], real token i at page i // ps, slot i % ps
+        kv = buffer[0][:, slots].reshape(buffer.shape[1], KP, ps, buffer.shape[3])
+        return kv.swapaxes(0, 1)
+
+      kv_cache = state.cache.write_pages(ids, [to_pages(k) for k in cache.key], [to_pages(v) for v in cache.value])
+      group_rows = group * G + jnp.arange(G)
+      first, logprobs = choose_tokens(jnp.repeat(logits[:, -1], G, axis=0), rollout_keys(rng, group_rows, 0),
+                                      sampling)
+      done = lax.dynamic_slice_in_dim(budgets, group * G, G) <= 1
+      if sampling.eos_id is not None:
+        done = done | (first == sampling.eos_id)
+      live = G - jnp.sum(done.astype(jnp.int32))
+      free = free.push(ids, (jnp.arange(KP) < -(-n // ps)) & (live == 0))  # every row already done
+      put = lambda buf, first_column, fill=0: lax.dynamic_update_slice_in_dim(  # the group's rows: column 0 only
+          buf, jnp.full((G,) + buf.shape[1:], fill, buf.dtype).at[:, 0].set(first_column.astype(buf.dtype)),
+          group * G, axis=0)
+      out = state.outputs
+      out = out.replace(
+          tokens=put(out.tokens, first, sampling.pad_id),
+          logprobs=put(out.logprobs, logprobs), mask=put(out.mask, jnp.ones((G,))),
+          lengths=lax.dynamic_update_slice_in_dim(out.lengths, jnp.ones((G,), jnp.int32), group * G, axis=0),
+          hidden=None if out.hidden is None else put(out.hidden, jnp.repeat(hidden[:, -1], G, axis=0)))
+      return state.replace(
+          cache=kv_cache, free=free, outputs=out, group_pages=state.group_pages.at[group].set(ids),
+          group_rows=state.group_rows.at[group].set(live),
+          first_token=lax.dynamic_update_slice_in_dim(state.first_token, first, group * G, axis=0),
+          first_done=lax.dynamic_update_slice_in_dim(state.first_done, done, group * G, axis=0),
+          finished=state.finished + G - live)
+
+    def blocked(state: State):
+      """Whether the next pending rollout cannot be admitted for want of pages (see `reserve_pages`)."""
+      row, s = state.next_row, state.slots
+      prompt = jnp.where(row % G == 0, -(-prompt_lengths[jnp.minimum(row // G, prompts - 1)] // ps), 0)
+      if not self.engine.reserve_pages:
+        return state.free.count < prompt
+      held = jnp.sum(s.table[:, KP:] > 0, axis=1)
+      owed = jnp.sum(jnp.where(s.active, KR - held, 0))  # the admitted rows' worst case still to come
+      return state.free.count - prompt < owed + KR
+
+    def can_admit(state: State):
+      return (state.next_row < rows) & ~jnp.all(state.slots.active) & ~blocked(state)
+
+    def admit(state: State):
+      row = state.next_row
+      group = row // G
+      state = lax.cond(row % G == 0, prefill, lambda s, g: s, state, group)
+      slot = jnp.argmin(state.slots.active)  # the first free one
+      take = ~state.first_done[row]
+      s = state.slots
+      at = lambda x, value: x.at[slot].set(jnp.where(take, value, x[slot]))
+      table = s.table.at[slot].set(jnp.where(take, jnp.concatenate(
+          [state.group_pages[group], jnp.zeros((KR,), jnp.int32)]), s.table[slot]))
+      slots = Slots(active=at(s.active, True), rollout=at(s.rollout, row), group=at(s.group, group),
+                    length=at(s.length, prompt_lengths[group]), t=at(s.t, 0), token=at(s.token, state.first_token[row]),
+                    table=table)
+      return state.replace(slots=slots, next_row=row + 1)
+
+    def step(state: State):
+      state = lax.while_loop(can_admit, admit, state)
+      s, free = state.slots, state.free
+      idle = jnp.where(state.next_row < rows, jnp.sum(~s.active), 0)  # free slots while rollouts wait for pages
+      column = KP + s.t // ps  # the table entry of the slot response token t goes to
+      page = jnp.take_along_axis(s.table, column[:, None], axis=1)[:, 0]
+      needs = s.active & (s.t % ps == 0) & (page == 0)
+      granted = needs & (jnp.cumsum(needs.astype(jnp.int32)) <= free.count)
+      new_pages, free = free.pop(granted)
+      used = free.in_use()  # the step's peak: pages are given back only after it
+      page = jnp.where(granted, new_pages, page)
+      table = s.table.at[jnp.arange(S), column].set(jnp.where(granted, new_pages, s.table[jnp.arange(S), column]))
+      stepping = s.active & ~(needs & ~granted)
+      slot_index = jnp.arange(width)[None, :]
+      reads = (slot_index < s.length[:, None]) | (
+          (slot_index >= KP * ps) & (slot_index <= KP * ps + s.t[:, None]))
+      reads = jnp.where(stepping[:, None], reads, slot_index == 0)  # idle slots read the sink, discarded
+      cache = state.cache.replace(page_table=table, write_page=jnp.where(stepping, page, 0),
+                                  write_offset=jnp.where(stepping, s.t % ps, 0), mask=reads[:, None, :])
+      logits, hidden, cache = model.apply(variables, s.token[:, None], (s.length + s.t)[:, None],
+                                          return_hidden=True, cache=cache)
+      cache = cache.replace(page_table=None, write_page=None, write_offset=None, mask=None)
+      t = s.t + 1
+      tokens, logprobs = choose_tokens(logits[:, 0], rollout_keys(rng, s.rollout, t), sampling)
+      done = stepping & (t >= budgets[s.rollout] - 1)
+      if sampling.eos_id is not None:
+        done = done | (stepping & (tokens == sampling.eos_id))
+      out = state.outputs
+      row = jnp.where(stepping, s.rollout, rows)  # out of range: dropped
+      put = lambda buf, new: buf.at[row, t].set(new.astype(buf.dtype), mode="drop")
+      out = out.replace(tokens=put(out.tokens, tokens), logprobs=put(out.logprobs, logprobs),
+                        mask=put(out.mask, jnp.ones((S,))), lengths=out.lengths.at[row].add(1, mode="drop"),
+                        hidden=None if out.hidden is None else put(out.hidden, hidden[:, 0]))
+      # rows that stopped give back their response pages, and the last row of a group its prompt's pages
+      group_rows = state.group_rows.at[jnp.where(done, s.group, prompts)].add(-1, mode="drop")
+      same_group_before = (s.group[:, None] == s.group[None, :]) & done[None, :] & (
+          jnp.arange(S)[None, :] < jnp.arange(S)[:, None])
+      frees_prompt = done & (group_rows[s.group] == 0) & ~jnp.any(same_group_before, axis=1)
+      free = free.push(table[:, KP:], done[:, None] & (table[:, KP:] > 0))
+      prompt_pages = state.group_pages[s.group]
+      free = free.push(prompt_pages, frees_prompt[:, None] & (prompt_pages > 0))
+      slots = s.replace(active=s.active & ~done, t=jnp.where(stepping, t, s.t),
+                        token=jnp.where(stepping, tokens, s.token),
+                        table=jnp.where(done[:, None], jnp.zeros_like(table), table))
+      stats = state.stats
+      stats = stats.replace(
+          steps=stats.steps + 1, useful=stats.useful + jnp.sum(stepping), waits=stats.waits + idle + jnp.sum(
+              s.active & ~stepping), peak_pages=jnp.maximum(stats.peak_pages, used),
+          stuck=~jnp.any(stepping) & (state.finished < rows))
+      return state.replace(cache=cache, free=free, slots=slots, group_rows=group_rows, outputs=out, stats=stats,
+                           finished=state.finished + jnp.sum(done))
+
+    zeros = lambda *shape, dtype=jnp.int32: jnp.zeros(shape, dtype)
+    state = State(
+        cache=PagedKVCache.create(cfg.num_layers, self.num_pages, ps, cfg.num_kv_heads, cfg.resolved_head_dim,
+                                  jnp.dtype(cfg.dtype)),
+        free=FreeList.full(self.num_pages),
+        slots=Slots(active=zeros(S, dtype=bool), rollout=zeros(S), group=zeros(S), length=zeros(S), t=zeros(S),
+                    token=zeros(S), table=zeros(S, KP + KR)),
+        group_pages=zeros(prompts, KP), group_rows=zeros(prompts), first_token=zeros(rows),
+        first_done=zeros(rows, dtype=bool), next_row=jnp.int32(0), finished=jnp.int32(0),
+        outputs=SampleOutput(
+            tokens=jnp.full((rows, T), sampling.pad_id, jnp.int32), logprobs=zeros(rows, T, dtype=jnp.float32),
+            mask=zeros(rows, T, dtype=jnp.float32), lengths=zeros(rows),
+            hidden=zeros(rows, T, self.model_config.d_model, dtype=jnp.float32) if sampling.return_hidden else None),
+        stats=EngineStats(steps=jnp.int32(0), useful=jnp.int32(0), waits=jnp.int32(0), peak_pages=jnp.int32(0),
+                          stuck=jnp.bool_(False)))
+    state = lax.while_loop(lambda s: (s.finished < rows) & ~s.stats.stuck, step, state)
+    return state.outputs, state.stats

@@ -1,0 +1,206 @@
+"""The rollout engine (`jaxpt.rl.engine`, issue 29): continuous batching over a paged KV cache against the static
+sampler (`make_sampler(..., row_keys=True)`, the same per-rollout keys) on the same rows: the same tokens, masks
+and lengths, log-probs and hidden states to 1e-5, with EOS hit at different steps (and token budgets), fewer
+slots than rollouts (so slots are refilled), shared prompts (G > 1), scanned and unrolled layers; a short page
+pool waits (and, without reserved pages, fails with a clear error when every slot waits); its free list against
+a plain stack; the paged attention branch (`PagedLayerCache`) against float64 NumPy; bad input refused before
+compiling."""
+
+import dataclasses
+import functools
+
+import jax
+import numpy as np
+import pytest
+
+from jaxpt.config import ConfigError
+from jaxpt.nn.attention import PagedLayerCache, gather_pages, grouped_attention
+from jaxpt.nn.paged_cache import FreeList
+from jaxpt.rl.engine import Engine, EngineConfig
+from jaxpt.rl.rollouts import repeat_prompts
+from jaxpt.rl.sampler import SamplingConfig, make_sampler
+from tests.test_rl_sampler import TINY, left_padded_prompts, model_for
+
+PROMPT_LEN, NEW_TOKENS = 6, 9
+LENGTHS = np.array([6, 3, 1, 4, 2, 5])  # real prompt tokens of each distinct prompt
+KEY = jax.random.PRNGKey(3)
+SAMPLED = SamplingConfig(max_new_tokens=NEW_TOKENS, temperature=0.8, top_k=40, return_hidden=True)
+GREEDY = SamplingConfig(max_new_tokens=NEW_TOKENS, greedy=True)
+
+
+def rows(cfg, group_size, prompts=4):
+  tokens, mask = left_padded_prompts(cfg, LENGTHS[:prompts])
+  tokens, mask, _ = repeat_prompts(tokens, mask, group_size)
+  return tokens, mask
+
+
+@functools.lru_cache(maxsize=None)
+def static(cfg, sampling, group_size):
+  return make_sampler(cfg, sampling, PROMPT_LEN, group_size=group_size, row_keys=True)
+
+
+def eos_run(free, eos, budgets=None, pad_id=0):
+  """The static sampler's output with `eos_id=eos` (and token `budgets` [B]), stated from its run without EOS
+  (per-row keys: a row's tokens up to its first EOS are those it draws without one): after each row's first EOS
+  or budgets[b] tokens, pad_id with mask, log-prob and hidden state 0."""
+  tokens = np.asarray(free.tokens)
+  hit = tokens == eos
+  after = (np.cumsum(hit, axis=1) - hit) > 0  # columns past the first EOS
+  if budgets is not None:
+    after |= np.arange(tokens.shape[1])[None, :] >= np.asarray(budgets)[:, None]
+  mask = (~after).astype(np.float32)
+  return dataclasses.replace(
+      free, tokens=np.where(after, pad_id, tokens), logprobs=np.asarray(free.logprobs) * mask, mask=mask,
+      lengths=mask.sum(axis=1).astype(np.int32),
+      hidden=None if free.hidden is None else np.asarray(free.hidden) * mask[..., None])
+
+
+def ending_token(free):
+  """The token whose first occurrences end the rows of a run without EOS at the most different steps."""
+  tokens = np.asarray(free.tokens)
+  steps = {int(t): {int(np.flatnonzero(row == t)[0]) for row in tokens if t in row} for t in np.unique(tokens)}
+  return max(steps, key=lambda t: (len(steps[t]), -t))
+
+
+def assert_same_rollouts(got, want):
+  np.testing.assert_array_equal(got.tokens, want.tokens)
+  np.testing.assert_array_equal(got.mask, want.mask)
+  np.testing.assert_array_equal(got.lengths, want.lengths)
+  np.testing.assert_allclose(got.logprobs, want.logprobs, rtol=1e-5, atol=1e-5)
+  if want.hidden is not None:
+    np.testing.assert_allclose(got.hidden, want.hidden, rtol=1e-5, atol=1e-5)
+
+
+BUDGETS = np.array([9, 2, 9, 1, 9, 5, 9, 9, 7, 9, 3, 9])  # token budgets of the 12 rows of 4 prompts x G = 3
+CASES = {  # name: (scheme, model overrides, sampling, G, distinct prompts, engine, budgets)
+    "pre_scanned_sampled_shared": ("pre", {}, SAMPLED, 3, 4, EngineConfig(num_slots=4, page_size=2), BUDGETS),
+    "siamese_unrolled_greedy": ("siamese_post_pre", {"scan_layers": False}, GREEDY, 1, 6,
+                                EngineConfig(num_slots=3, page_size=4), None),
+    "siamese_hybrid_scanned_sampled_shared": ("siamese_hybrid_pre", {}, SAMPLED, 2, 4,
+                                              EngineConfig(num_slots=3, page_size=3), None),
+}
+
+
+@pytest.fixture(scope="module", params=[name if "hybrid" not in name else pytest.param(name, marks=pytest.mark.slow)
+                                        for name in CASES])
+def case(request):
+  """(cfg, params, sampling with EOS, G, rows, mask, expected output, engine output, engine stats, engine config)."""
+  scheme, overrides, sampling, group_size, prompts, engine, budgets = CASES[request.param]
+  cfg, params = model_for(scheme, **overrides)
+  tokens, mask = rows(cfg, group_size, prompts)
+  free = static(cfg, sampling, group_size)(params, tokens, mask, KEY)
+  sampling = dataclasses.replace(sampling, eos_id=ending_token(free))
+  want = eos_run(free, sampling.eos_id, budgets)
+  got, stats = Engine(cfg, sampling, PROMPT_LEN, engine, group_size).run(params, tokens, mask, KEY, budgets)
+  return cfg, params, sampling, group_size, tokens, mask, want, got, stats, engine
+
+
+def test_engine_equals_the_static_sampler(case):
+  *_, want, got, stats, engine = case
+  assert_same_rollouts(got, want)
+  lengths = np.asarray(want.lengths)
+  assert len(set(lengths)) >= 2 and lengths.min() < NEW_TOKENS  # EOS at different steps, some rows cut short
+  assert len(lengths) > engine.num_slots  # slots were refilled
+  # every decoded token is one useful slot-step (the first comes from the prefill): nothing decoded twice
+  assert int(stats.useful) == lengths.sum() - len(lengths) and not bool(stats.stuck)
+  assert int(stats.steps) < NEW_TOKENS * -(-len(lengths) // engine.num_slots)
+
+
+@pytest.mark.slow  # states the expectation the engine tests use (one more compile)
+def test_the_static_sampler_with_eos_and_budgets_is_its_run_without_them_cut_short():
+  cfg, params = model_for("pre")
+  tokens, mask = rows(cfg, 3)
+  free = static(cfg, SAMPLED, 3)(params, tokens, mask, KEY)
+  sampling = dataclasses.replace(SAMPLED, eos_id=ending_token(free), return_hidden=False)
+  want = eos_run(dataclasses.replace(free, hidden=None), sampling.eos_id, BUDGETS)
+  assert_same_rollouts(static(cfg, sampling, 3)(params, tokens, mask, KEY, BUDGETS), want)
+
+
+def test_a_short_page_pool_waits_for_pages_and_gives_the_same_rollouts(case):
+  cfg, params, sampling, group_size, tokens, mask, want, *_ = case
+  if group_size == 1:
+    pytest.skip("one short-pool run (shared prompts) is enough")
+  budgets = CASES["pre_scanned_sampled_shared"][-1] if cfg.norm_scheme == "pre" else None
+  short = EngineConfig(num_slots=4, page_size=2, num_pages=7)  # one rollout: 3 prompt + 4 response pages
+  got, stats = Engine(cfg, sampling, PROMPT_LEN, short, group_size).run(params, tokens, mask, KEY, budgets)
+  assert_same_rollouts(got, want)
+  assert int(stats.waits) > 0 and int(stats.peak_pages) <= 7
+
+
+def test_without_reserved_pages_every_slot_waiting_is_an_error():
+  cfg, params = model_for("pre", num_layers=1)
+  tokens, mask = rows(cfg, 3)
+  sampling = dataclasses.replace(GREEDY, max_new_tokens=5)  # one rollout: 3 prompt pages + 2 response pages
+  engine = Engine(cfg, sampling, PROMPT_LEN, EngineConfig(num_slots=2, page_size=2, num_pages=5,
+                                                          reserve_pages=False), group_size=3)
+  with pytest.raises(RuntimeError, match=r"engine.num_pages=5: the page pool ran out"):
+    engine(params, tokens, mask, KEY)  # two rows of prompt 0 (3 pages) both need a 2nd response page: none left
+
+
+def test_bad_input_is_refused_before_compiling():
+  cfg = TINY
+  with pytest.raises(ConfigError, match=r"^num_slots=0: "):
+    EngineConfig(num_slots=0)
+  with pytest.raises(ConfigError, match=r"^page_size=0: "):
+    EngineConfig(page_size=0)
+  with pytest.raises(ConfigError, match=r"^num_pages=6: holds less than one rollout"):
+    Engine(cfg, GREEDY, PROMPT_LEN, EngineConfig(page_size=2, num_pages=6))
+  engine = Engine(cfg, GREEDY, PROMPT_LEN, group_size=3)
+  tokens, mask = rows(cfg, 1)  # 4 rows
+  with pytest.raises(ValueError, match=r"^group_size=3 does not divide the 4 prompt rows"):
+    engine.run(None, tokens, mask, KEY)  # refused before params are read
+  with pytest.raises(ValueError, match=r"prompt_len=6"):
+    engine.run(None, tokens[:, 1:], mask[:, 1:], KEY)
+  with pytest.raises(ValueError, match=r"^budgets: must be 4 token budgets in 1 .. max_new_tokens=9"):
+    Engine(cfg, GREEDY, PROMPT_LEN).run(None, tokens, mask, KEY, np.array([1, 9, 10, 2]))
+
+
+def test_free_list_is_a_stack_of_unused_pages():
+  stack = list(range(1, 9))  # the plain statement: pop from the end, push onto it
+  free = FreeList.full(8)
+  rng = np.random.default_rng(0)
+  held = []
+  for _ in range(20):
+    want = rng.random(3) < 0.6
+    if want.sum() <= len(stack):
+      ids, free = jax.jit(FreeList.pop)(free, want)
+      expected = [stack.pop() if w else 0 for w in want]
+      np.testing.assert_array_equal(ids, expected)
+      held += [i for i in expected if i]
+    give = np.zeros(4, bool)
+    ids = np.zeros(4, np.int32)
+    for j in range(min(len(held), rng.integers(0, 3))):
+      ids[j], give[j] = held.pop(rng.integers(len(held))), True
+    free = jax.jit(FreeList.push)(free, ids, give)
+    stack += [int(i) for i, g in zip(ids, give) if g]
+    assert int(free.count) == len(stack)
+    np.testing.assert_array_equal(np.asarray(free.pages)[:len(stack)], stack)
+
+
+def test_paged_layer_cache_writes_the_new_token_then_attends_over_its_pages():
+  """`PagedLayerCache` (the Attention layer's paged branch: write, gather, attend) against plain float64 NumPy."""
+  rng = np.random.default_rng(1)
+  heads, kv_heads, dim, page, rows_, columns = 4, 2, 8, 3, 3, 4
+  k_pages, v_pages = (rng.normal(size=(9, kv_heads, page, dim)) for _ in range(2))
+  table = np.array([[1, 2, 0, 0], [3, 4, 5, 0], [1, 6, 7, 8]])  # row 2 shares page 1 with row 0
+  write_page, write_offset = np.array([2, 5, 0]), np.array([1, 2, 0])  # row 2 idle: writes into the sink
+  mask = rng.random((rows_, 1, columns * page)) < 0.6
+  mask[0, 0, 4] = mask[1, 0, 8] = mask[2, 0, 0] = True  # a row reads its new token's slot
+  q, k, v = rng.normal(size=(rows_, 1, heads, dim)), *rng.normal(size=(2, rows_, 1, kv_heads, dim))
+  cache = PagedLayerCache(*map(jax.numpy.asarray, (k_pages, v_pages, table, write_page, write_offset, mask)))
+  k_new, v_new = cache.write(jax.numpy.asarray(k, np.float32), jax.numpy.asarray(v, np.float32))
+  got = grouped_attention(jax.numpy.asarray(q, np.float32), gather_pages(k_new, cache.page_table),
+                          gather_pages(v_new, cache.page_table), cache.mask)
+  want_k, want_v = k_pages.copy(), v_pages.copy()
+  for b in range(rows_):
+    want_k[write_page[b], :, write_offset[b]], want_v[write_page[b], :, write_offset[b]] = k[b, 0], v[b, 0]
+  np.testing.assert_allclose(k_new, want_k, atol=1e-6)
+  for b in range(rows_):
+    keys = np.concatenate([want_k[p] for p in table[b]], axis=1)  # [kv_heads, columns * page, dim]
+    values = np.concatenate([want_v[p] for p in table[b]], axis=1)
+    for h in range(heads):
+      scores = keys[h // (heads // kv_heads)] @ q[b, 0, h] / np.sqrt(dim)
+      scores = np.where(mask[b, 0], scores, -np.inf)
+      weights = np.exp(scores - scores.max())
+      want = (weights / weights.sum()) @ values[h // (heads // kv_heads)]
+      np.testing.assert_allclose(got[b, 0, h], want, rtol=1e-5, atol=1e-5)
