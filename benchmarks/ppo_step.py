@@ -1,7 +1,7 @@
 """Seconds per PPO step split into its parts, beside a GRPO step on the same rollouts' shape, their compiled peak
 memory per device, and the RM-reward variant's scoring cost. One JSON object.
 
-    python -m benchmarks.ppo_step [--rounds 2] [--scheme pre] [--small]
+    python -m benchmarks.ppo_step [--rounds 2] [--scheme pre] [--small] [--minibatches 2]
 
 The d512 model of `benchmarks/grpo_step.py` (8 layers, SwiGLU 2048, vocab 8192; random init), 8 prompts x 8
 rollouts (64 rows) of 64 prompt + 128 new tokens at temperature 1, two minibatches, one epoch, float32 rollouts,
@@ -22,6 +22,8 @@ update step (PPO's also its critic-only warm-up step) and rollout sampler (XLA's
 `grpo_step.rm_scoring_vs_reference` on the GRPO run's rollouts. `uptime`: the load average when the run ended (the
 machine is shared: every figure here is a ratio of peers timed in alternation, or a wall time under that load).
 --small: the d256 / 4-layer model, 4 prompts x 4 rollouts, 64 + 32 tokens (a labelled smaller point).
+--minibatches 4: updates of 16 rows (both trainers): at the default 32 rows the two d512 runs in one process
+(the GRPO and PPO builds, alternated) went past the memory left on a shared 23 GB machine (killed at 10.7 GB).
 """
 
 from __future__ import annotations
@@ -71,18 +73,18 @@ def shared_fields(size: dict, scheme: str) -> dict:
           "data.eval_prompts": 0, "sampling.max_new_tokens": size["new_tokens"]}
 
 
-def grpo_config(size: dict, scheme: str):
+def grpo_config(size: dict, scheme: str, minibatches: int):
   config = grpo_step.grpo_tiny.get_config()
   config.update_from_flattened_dict({**shared_fields(size, scheme), "grpo.group_size": size["group"],
-                                     "grpo.minibatches": grpo_step.MINIBATCHES, "grpo.epochs": 1,
+                                     "grpo.minibatches": minibatches, "grpo.epochs": 1,
                                      "grpo.kl_coef": 0.001})
   return config
 
 
-def ppo_config(size: dict, scheme: str):
+def ppo_config(size: dict, scheme: str, minibatches: int):
   config = ppo_tiny.get_config()
   config.update_from_flattened_dict({**shared_fields(size, scheme), "ppo.group_size": size["group"],
-                                     "ppo.minibatches": grpo_step.MINIBATCHES, "ppo.epochs": 1,
+                                     "ppo.minibatches": minibatches, "ppo.epochs": 1,
                                      "ppo.value_warmup_steps": 1, "ppo.kl_coef": PPO_KL})
   return config
 
@@ -148,11 +150,13 @@ def main(argv=None) -> None:
   parser.add_argument("--rounds", type=int, default=2)
   parser.add_argument("--scheme", default="pre")
   parser.add_argument("--small", action="store_true", help="the smaller labelled point (see the module doc)")
+  parser.add_argument("--minibatches", type=int, default=grpo_step.MINIBATCHES, help="updates per step (both)")
   args = parser.parse_args(argv)
   size = sizes(args.small)
   with tempfile.TemporaryDirectory() as workdir:
-    grpo = jaxpt.build("grpo", grpo_config(size, args.scheme), os.path.join(workdir, "grpo"))
-    ppo = with_reward_model(jaxpt.build("ppo", ppo_config(size, args.scheme), os.path.join(workdir, "ppo")))
+    grpo = jaxpt.build("grpo", grpo_config(size, args.scheme, args.minibatches), os.path.join(workdir, "grpo"))
+    ppo = with_reward_model(jaxpt.build("ppo", ppo_config(size, args.scheme, args.minibatches),
+                                        os.path.join(workdir, "ppo")))
     grpo_state, batch = grpo.init_state(), grpo.hooks.collector.prompts.batch(0)
     ppo_state = ppo.init_state().replace(step=jax.numpy.asarray(1, jax.numpy.int32))  # after the value warm-up
     clock = collections.Counter()
@@ -169,7 +173,7 @@ def main(argv=None) -> None:
     mem = {"grpo": memory(grpo), "ppo": memory(ppo)}
 
   config = dict(size["model"], norm_scheme=args.scheme, prompts=size["prompts"], group=size["group"],
-                prompt_len=size["prompt_len"], new_tokens=size["new_tokens"], minibatches=grpo_step.MINIBATCHES,
+                prompt_len=size["prompt_len"], new_tokens=size["new_tokens"], minibatches=args.minibatches,
                 epochs=1, grpo_kl_coef=0.001, ppo_kl_coef=PPO_KL, rounds=args.rounds, rollout_dtype="float32")
   report = {"benchmark": "ppo_step", "point": "small (--small)" if args.small else "default (d512)",
             "config": config, "device": str(jax.devices()[0]), "jax": jax.__version__, "cpu_count": os.cpu_count(),
