@@ -22,8 +22,9 @@ update step (PPO's also its critic-only warm-up step) and rollout sampler (XLA's
 `grpo_step.rm_scoring_vs_reference` on the GRPO run's rollouts. `uptime`: the load average when the run ended (the
 machine is shared: every figure here is a ratio of peers timed in alternation, or a wall time under that load).
 --small: the d256 / 4-layer model, 4 prompts x 4 rollouts, 64 + 32 tokens (a labelled smaller point).
---minibatches 4: updates of 16 rows (both trainers): at the default 32 rows the two d512 runs in one process
-(the GRPO and PPO builds, alternated) went past the memory left on a shared 23 GB machine (killed at 10.7 GB).
+--minibatches N: updates of 64 / N rows (both trainers). At the default d512 point the one process holding both
+builds was killed by the kernel's OOM killer on the shared 23 GB machine, at 10.7 GB resident with 32-row updates
+and at 11.8 GB with 16-row ones (`--minibatches 4`), so `results_ppo_step_small_cpu.json` holds the --small point.
 """
 
 from __future__ import annotations
