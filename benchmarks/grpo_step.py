@@ -2,6 +2,7 @@
 object.
 
     python -m benchmarks.grpo_step [--peer-python /tmp/peers-venv/bin/python] [--rounds 3] [--scheme pre]
+                                   [--rm-reward]
 
 The d512 model of the other benchmarks (8 layers, 8 heads with 4 KV heads, SwiGLU 2048, vocab 8192, tied;
 random init) in `jaxpt grpo`'s own trainer (`jaxpt.build("grpo", ...)` on `experiments/configs/grpo_tiny.py` with
@@ -18,6 +19,11 @@ Both rollout dtypes (`sampling.rollout_dtype` float32 and bfloat16) are timed. W
 google-tunix 0.1.7), `benchmarks/tunix_grpo_update.py` times tunix's update of one such minibatch (32 rows of
 64 + 128 tokens) in a persistent process, one call per round in alternation with jaxpt's steps;
 `update_vs_tunix` is the median over rounds of 2 x tunix's update seconds / jaxpt's update seconds per step.
+
+With --rm-reward the report gains `rm_scoring` (`rm_scoring_vs_reference`): the RM-reward variant's extra cost,
+scoring one step's rollouts (64 rows) with a reward model of the policy's size (`RewardModelSource`, the rollouts'
+own tokens, compiled on the run's mesh as `reward.model` is) against the reference policy's teacher-forced forward
+(`collector.logprobs`) on the same rows, in alternation (goal: rm / reference <= 1.3).
 """
 
 from __future__ import annotations
@@ -41,9 +47,12 @@ import time
 import jax
 import jax.numpy as jnp
 
-from benchmarks.common import Peer
+from benchmarks.common import Peer, alternating_seconds, median_ratio
 from benchmarks.train_step import MODEL
 from experiments.configs import grpo_tiny
+from jaxpt.models.reward import RewardModel
+from jaxpt.parallel import get_rules, param_shardings
+from jaxpt.rl.reward_sources import RewardModelSource
 from jaxpt.rl.sampler import make_sampler
 from jaxpt.engine.run import BuiltRun
 from jaxpt.trainers.grpo import replace_hooks
@@ -63,30 +72,27 @@ def grpo_config(scheme: str):
   return config
 
 
+def clocked(clock: collections.Counter, name: str, fn):
+  """`fn` whose calls add their seconds (outputs blocked on) to `clock[name]`."""
+
+  def call(*args, **kwargs):
+    start = time.perf_counter()
+    out = jax.block_until_ready(fn(*args, **kwargs))
+    clock[name] += time.perf_counter() - start
+    return out
+
+  return call
+
+
 def timed_trainer(trainer: BuiltRun, clock: collections.Counter, rollout_dtype: str) -> BuiltRun:
   """`trainer` sampling in `rollout_dtype`, whose sampler calls and policy updates add their seconds to `clock`."""
   sampling = dataclasses.replace(trainer.config.sampling, rollout_dtype=rollout_dtype,
                                  eos_id=trainer.tokenizer.eos_id, pad_id=trainer.tokenizer.pad_id)
   sampler = make_sampler(trainer.config.model, sampling, trainer.config.data.max_prompt_len,
                          group_size=trainer.config.grpo.group_size)
-
-  def sample(*args):
-    start = time.perf_counter()
-    out = jax.block_until_ready(sampler(*args))
-    clock["rollout"] += time.perf_counter() - start
-    return out
-
-  timed = replace_hooks(trainer, sample=sample, config=dataclasses.replace(trainer.config, sampling=sampling))
-  updates = timed.hooks._policy_updates
-
-  def policy_updates(*args):
-    start = time.perf_counter()
-    state, metrics = updates(*args)
-    jax.block_until_ready(state.params)
-    clock["update"] += time.perf_counter() - start
-    return state, metrics
-
-  object.__setattr__(timed.hooks, "_policy_updates", policy_updates)
+  timed = replace_hooks(trainer, sample=clocked(clock, "rollout", sampler),
+                        config=dataclasses.replace(trainer.config, sampling=sampling))
+  object.__setattr__(timed.hooks, "_policy_updates", clocked(clock, "update", timed.hooks._policy_updates))
   return timed
 
 
@@ -108,11 +114,44 @@ def timed_step(trainer: BuiltRun, clock: collections.Counter, state, batch) -> d
           "scoring": total - clock["rollout"] - clock["update"], "response_length": float(metrics["response_length"])}
 
 
+def random_reward_model(trainer: BuiltRun, seed: int = 1) -> RewardModelSource:
+  """A reward-model source of the policy's size and tokenizer (random init: the cost does not depend on the
+  weights), params sharded by the run's rules on its mesh, reading the rollouts' own tokens."""
+  config, layout = trainer.config, trainer.training.layout
+  module = RewardModel(config.model, num_scores=1)
+  args = (jnp.zeros((1, 8), jnp.int32), jnp.zeros((1,), jnp.int32))
+  boxed = jax.eval_shape(module.init, jax.random.PRNGKey(seed), *args)["params"]
+  shardings = param_shardings(boxed, layout.mesh, get_rules(config.mesh.rules))
+  params = jax.jit(lambda rng: module.init(rng, *args)["params"], out_shardings=shardings)(jax.random.PRNGKey(seed))
+  params = jax.tree.map(lambda x: x.unbox() if hasattr(x, "unbox") else x, params)
+  return RewardModelSource.create(config.model, params, 1, trainer.tokenizer, "plain", trainer.tokenizer, "plain",
+                                  layout, config.data.max_prompt_len, config.sampling.max_new_tokens,
+                                  source="(random, the policy's size)")
+
+
+def rm_scoring_vs_reference(trainer: BuiltRun, state, batch, rounds: int) -> dict:
+  """Seconds to score one step's rollouts with `random_reward_model` (its compaction into the RM's layout, the
+  forward, the scores to the host) vs the reference policy's teacher-forced log-probs of the same rows, medians
+  over `rounds` alternated calls after one warm-up each; `rm_over_reference` is the median of the per-round
+  ratios."""
+  collector = trainer.hooks.collector
+  ro = collector.rollouts(state.params, batch, jax.random.PRNGKey(0))
+  source = random_reward_model(trainer)
+  inputs = [ro[k] for k in ("prompt_tokens", "prompt_mask", "tokens", "mask")]
+  times = alternating_seconds({"rm": lambda: source.scores(ro),
+                               "reference": lambda: collector.logprobs(state.params, *inputs)}, rounds)
+  med = {k: statistics.median(v) for k, v in times.items()}
+  return {"rows": int(ro["tokens"].shape[0]), "rm_seq_len": source.seq_len, "rm_s": round(med["rm"], 3),
+          "reference_s": round(med["reference"], 3),
+          "rm_over_reference": round(median_ratio(times["rm"], times["reference"]), 3), "goal": "<= 1.3"}
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--rounds", type=int, default=3)
   parser.add_argument("--scheme", default="pre")
   parser.add_argument("--peer-python", default="", help="python of a venv with google-tunix 0.1.7")
+  parser.add_argument("--rm-reward", action="store_true", help="also time RM scoring vs the reference forward")
   args = parser.parse_args(argv)
   rows = PROMPTS * GROUP // MINIBATCHES
   tunix = (Peer("tunix_update", [args.peer_python, str(TUNIX_SCRIPT), str(rows), str(PROMPT_LEN), str(NEW_TOKENS)])
@@ -135,6 +174,7 @@ def main(argv=None) -> None:
         tunix_seconds.append(tunix.seconds(r + 1))
     if tunix:
       tunix.close()
+    rm_scoring = rm_scoring_vs_reference(base, state, batch, max(3, args.rounds)) if args.rm_reward else None
 
   config = dict(MODEL, norm_scheme=args.scheme, prompts=PROMPTS, group=GROUP, prompt_len=PROMPT_LEN,
                 new_tokens=NEW_TOKENS, minibatches=MINIBATCHES, kl_coef=0.001, rounds=args.rounds)
@@ -152,6 +192,8 @@ def main(argv=None) -> None:
     report[f"rollout_{dtype}"] = entry
   if tunix_seconds:
     report["tunix_update_s_per_minibatch"] = round(statistics.median(tunix_seconds), 2)
+  if rm_scoring is not None:
+    report["rm_scoring"] = rm_scoring
   json.dump(report, sys.stdout, indent=2)
   print()
 

@@ -1,6 +1,7 @@
 """The Python surface for notebooks and scripts: `jaxpt.load(path)` -> `Model`.
 
     model = jaxpt.load("/tmp/jaxpt-tiny")               # a jaxpt run's workdir: its latest checkpoint (or step=N)
+                                                         # (a PPO run's: its policy; the critic is not loaded)
     model = jaxpt.load("hf:/models/Qwen2.5-0.5B")       # a Hugging Face checkpoint directory (jaxpt.models.hf)
     model = jaxpt.load("hf:/models/Qwen2.5-0.5B", adapter="/adapters/x")  # with PEFT LoRA adapters (merged)
     model.config, model.params, model.tokenizer          # ModelConfig, the param tree, encode / decode
@@ -278,7 +279,8 @@ def load(path: str, *, step: int | None = None, mesh: Mesh | None = None, rules:
          kind: str | None = None, adapter: str | None = None, **model_overrides: Any) -> Model:
   """A `Model` from `path`: `hf:DIR` (a Hugging Face checkpoint directory, or a jaxpt export: a reward model's
   loads as one), or the workdir of a jaxpt run whose checkpoints hold a language model or a reward model
-  (`Trainer.model` in `jaxpt.engine.trainers.TRAINERS`) at its latest checkpoint or `step`.
+  (`Trainer.model` in `jaxpt.engine.trainers.TRAINERS`) at its latest checkpoint or `step`. A PPO run loads as its
+  policy (kind 'lm'; its critic is not part of the Model, and `save_hf` / `jaxpt export-hf` write the policy only).
 
   kind: 'lm' or 'reward' to refuse anything else (a ConfigError naming the path), checked before the params load.
   adapter: with `hf:DIR`, a PEFT LoRA adapter directory (`jaxpt.models.hf_peft`) over that base: the params are

@@ -134,11 +134,13 @@ WORKDIR_SUBCOMMANDS: dict[str, WorkdirSubcommand] = {c.name: c for c in (
                           "models, which transformers has no class for, as a jaxpt-native directory that",
                           "jaxpt.load('hf:OUT') reads back. The run's tokenizer files are copied along. A reward",
                           "model is written as a sequence classifier (transformers' LlamaForSequenceClassification",
-                          "and the like, or jaxpt's own) with its number of scores and prompt format. A LoRA run",
-                          "needs --merge (the full model, W + s A B) or --adapters (the adapters alone in PEFT's",
-                          "format, which peft.PeftModel.from_pretrained loads over the transformers base).", "",
+                          "and the like, or jaxpt's own) with its number of scores and prompt format; a PPO run",
+                          "as its policy (a language model; the critic is not written). A LoRA run needs --merge",
+                          "(the full model, W + s A B) or --adapters (the adapters alone in PEFT's format, which",
+                          "peft.PeftModel.from_pretrained loads over the transformers base).", "",
                           "  --workdir DIR  the workdir of a jaxpt "
-                          f"{trainer_list(lambda t: t.model in ('lm', 'reward'))} run (or hf:DIR)",
+                          f"{trainer_list(lambda t: t.model in ('lm', 'reward') or t.lm_key is not None)} run "
+                          "(or hf:DIR)",
                           "  --step N       the checkpoint step to export (default: the latest)",
                           "  --out OUT      the directory to write (new or empty; --overwrite replaces a previous",
                           "                 export, one holding only the files its jaxpt_export.json lists)",

@@ -7,7 +7,7 @@ import re
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxpt.config import ConfigError, from_section
@@ -75,6 +75,16 @@ def test_informative_groups():
   values = np.array([1, 1, 1, 0, 0, 0, 1, 0, 0, 0.5, 0.5, 0.5])
   assert dapo.informative_groups(values, 3).tolist() == [False, False, True, False]
   assert dapo.informative_groups(values, 1).tolist() == [True] * 12  # verl keeps single-rollout groups
+
+
+@settings(max_examples=200)
+@given(st.lists(st.floats(-10, 10), min_size=12, max_size=12), st.floats(0.0, 3.0), st.sampled_from([2, 3, 4, 6]))
+def test_informative_groups_with_a_minimum_std_is_the_population_std_above_it(values, min_std, group_size):
+  values = np.asarray(values, np.float32)
+  std = np.array([np.std(values[i:i + group_size].astype(np.float64)) for i in range(0, 12, group_size)])
+  want = std > min_std if min_std > 0 else np.array([len(set(values[i:i + group_size])) > 1
+                                                      for i in range(0, 12, group_size)])
+  np.testing.assert_array_equal(dapo.informative_groups(values, group_size, min_std), want)
 
 
 G, B = 3, 4
@@ -159,6 +169,7 @@ def test_refill_stream_is_a_function_of_seed_and_position_and_differs_from_the_t
     ("filter_metric", "acc", "config.dapo.filter_metric='acc': must be one of score, reward"),
     ("overlong_buffer", -1, "config.dapo.overlong_buffer=-1: must be >= 0"),
     ("overlong_penalty_factor", -0.5, "config.dapo.overlong_penalty_factor=-0.5: must be in [0.0, inf]"),
+    ("filter_min_std", -0.1, "config.dapo.filter_min_std=-0.1: must be in [0.0, inf]"),
 ])
 def test_dapo_section_errors_name_the_field_in_one_line(field, value, message):
   with pytest.raises(ConfigError, match=re.escape(message)) as error:

@@ -13,8 +13,8 @@ from hypothesis.extra import numpy as hnp
 
 from jaxpt.config import ConfigError, from_section
 from jaxpt.data.preference_batches import response_sequences
-from jaxpt.rl.reward_sources import (EPS, RewardConfig, assemble_rewards, init_running_stats, rm_sequences,
-                                     check_model_fits)
+from jaxpt.rl.reward_sources import (EPS, RewardConfig, assemble_rewards, init_running_stats, raw_rewards,
+                                     rm_sequences, check_model_fits)
 from jaxpt.engine.saved_model import load_reward_run
 from jaxpt.engine.trainers import TRAINER_KEY
 from jaxpt.models.config import ModelConfig
@@ -65,6 +65,22 @@ def test_assembly_matches_the_float64_statement_over_three_steps(normalize, clip
     assert float(stats["count"]) == len(seen)
     np.testing.assert_allclose(float(stats["mean"]), seen.mean(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(float(stats["m2"]) / len(seen), seen.var(), rtol=1e-4)
+
+
+def test_raw_rewards_on_the_host_and_on_device_match_the_float64_statement():
+  """`raw_rewards` (what DAPO's filter reads, with numpy) is the unnormalised, unclipped statement, in numpy and in
+  jax.numpy alike."""
+  settings = RewardConfig(verifier_weight=0.5, model="rm", model_weight=2.0, clip=0.8, normalize="batch",
+                          eos_missing_penalty=0.3)
+  rng = np.random.default_rng(1)
+  scores, rm = rng.integers(0, 2, 16).astype(np.float32), rng.normal(0, 1.5, 16).astype(np.float32)
+  extra, truncated = -rng.uniform(0, 0.5, 16).astype(np.float32), rng.random(16) < 0.3
+  want = raw_of(settings, scores, rm, extra, truncated)
+  host = raw_rewards(settings, scores, rm, extra, truncated, np)
+  assert isinstance(host, np.ndarray) and host.dtype == np.float32
+  np.testing.assert_allclose(host, want, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(raw_rewards(settings, scores, rm, extra, truncated)), want, rtol=1e-6,
+                             atol=1e-6)
 
 
 def test_default_section_is_the_verifier_as_it_is():

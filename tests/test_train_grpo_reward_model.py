@@ -54,10 +54,16 @@ class Recorder:
     return got
 
 
-def test_grpo_is_rewarded_by_the_reward_models_scores_of_its_rollouts(runs, tmp_path):
-  sft, rm = runs
-  config = grpo_config(sft, rm)
-  built = jaxpt.build("grpo", config, str(tmp_path))
+@pytest.fixture(scope="module")
+def built_grpo(runs, tmp_path_factory):
+  """(config, built): the GRPO run rewarded by the RM alone, built (compiled) once for the tests below."""
+  config = grpo_config(*runs)
+  return config, jaxpt.build("grpo", config, str(tmp_path_factory.mktemp("grpo_built")))
+
+
+def test_grpo_is_rewarded_by_the_reward_models_scores_of_its_rollouts(runs, built_grpo, tmp_path):
+  _, rm = runs
+  config, built = built_grpo
   source = built.hooks.reward_model
   assert source.shared  # the RM started from the SFT run: the policy's tokenizer, plain prompts
   recorder = Recorder(source)
@@ -152,3 +158,61 @@ def test_an_hf_export_of_the_reward_model_is_the_same_reward_source(runs, tmp_pa
   jaxpt.load(sft).save_hf(str(tmp_path / "sft_hf"))
   with pytest.raises(ConfigError, match=r"reward.model=.*sft_hf: its config.json is a language model's"):
     jaxpt.build("grpo", grpo_config(sft, f"hf:{tmp_path / 'sft_hf'}"), str(tmp_path / "refused"))
+
+
+def test_dynamic_sampling_filters_groups_on_the_reward_trained_on(runs, built_grpo):
+  """DAPO's filter with a reward model reads the reward the run trains on (0.5 x verifier + the RM's score here),
+  not the verifier's: with filter_min_std set between the two groups' std of round 0 (computed independently in
+  float64 from the RM's scores of those rollouts), exactly one of them is kept, more rounds are drawn, and the RM
+  scores the assembly receives are those of the kept groups (each round scored once), dropped ones after."""
+  from jaxpt.config import from_section
+  from jaxpt.trainers.grpo import reward_functions
+  from jaxpt.trainers.grpo_config import GRPORunConfig
+
+  sft, rm = runs
+  extra = {"reward.verifier_weight": 0.5, "dapo.dynamic_sampling": True, "dapo.filter_metric": "reward",
+           "dapo.max_rounds": 3}
+
+  def with_config(built, config, **changes):  # the shared build's compiled programs, this config's reward assembly
+    config = from_section(GRPORunConfig, config, "config")
+    assemble, _ = reward_functions(config, built.training.layout, built.tokenizer, None)
+    return replace_hooks(built, config=config, assemble=changes.pop("assemble", assemble), **changes)
+
+  built = with_config(built_grpo[1], grpo_config(sft, rm, **extra))
+  hooks, g = built.hooks, 4
+  state = hooks.init_state(built.training)
+  batch = hooks.collector.prompts.batch(0)
+  first = hooks.collector.rollouts(state.params, batch, jax.random.split(state.step_rng(), 3)[0])
+  composed = lambda ro, rm_scores: 0.5 * np.asarray(ro["scores"], np.float64) + np.asarray(rm_scores, np.float64)
+  stds = composed(first, hooks.reward_model.scores(first)).reshape(-1, g).std(axis=1)
+  assert stds.max() > 1.01 * stds.min(), stds  # the RM's scores differ across groups
+  tolerance = float(np.sqrt(stds.min() * stds.max()))
+  recorder, outputs = Recorder(hooks.reward_model), []
+
+  def recording_assemble(*arrays):
+    outputs.append(np.asarray(arrays[1]))  # the rm_scores the assembly is given
+    return hooks.assemble(*arrays)
+
+  built = with_config(built, grpo_config(sft, rm, **extra, **{"dapo.filter_min_std": tolerance}),
+                      reward_model=recorder, assemble=recording_assemble)
+  _, metrics = built.hooks.train_step(built.training, state, batch)
+  kept, dropped = [], []
+  for r, (ro, scores) in enumerate(recorder.calls):
+    flags = composed(ro, scores).reshape(-1, g).std(axis=1) > tolerance
+    kept += [(r, k) for k in np.flatnonzero(flags)]
+    dropped += [(r, k) for k in np.flatnonzero(~flags)]
+    if r == 0:
+      np.testing.assert_array_equal(ro["tokens"], np.asarray(jax.device_get(first["tokens"])))  # the same round 0
+      assert flags.sum() == 1, flags
+  assert metrics["dapo_rounds"] == len(recorder.calls) >= 2
+  assert metrics["dapo_groups_informative"] == len(kept)
+  picks = (kept + dropped)[:2]
+  want = np.concatenate([recorder.calls[r][1][k * g:(k + 1) * g] for r, k in picks])
+  np.testing.assert_array_equal(outputs[0], want)
+
+
+def test_dynamic_sampling_on_the_verifier_score_with_a_reward_model_is_refused(runs, tmp_path):
+  sft, rm = runs
+  with pytest.raises(ConfigError, match=r"^config\.dapo\.filter_metric='score': .* use 'reward'") as e:
+    jaxpt.build("grpo", grpo_config(sft, rm, **{"dapo.dynamic_sampling": True}), str(tmp_path))
+  assert "\n" not in str(e.value)

@@ -153,3 +153,69 @@ def test_a_critic_in_a_grpo_run_is_refused():
   config.ppo = {"critic_init": "/rm"}
   with pytest.raises(ConfigError, match=r"^config\.ppo: unknown field"):
     from_section(GRPORunConfig, config, "config")
+
+
+# -- a PPO run's policy is usable: jaxpt.load, export-hf, init_from (the critic is not part of any) -------------------
+
+def _policy_logits(config, params, ids):
+  """float32 [batch, seq, vocab]: TransformerLM of the run's model section applied to `params` directly (jitted, as
+  `Model.logits` is: eager and jitted float32 programs may differ in the last bit)."""
+  from jaxpt.config import from_section
+  from jaxpt.models.config import ModelConfig
+  from jaxpt.models.transformer import TransformerLM
+
+  model = TransformerLM(from_section(ModelConfig, config.model.to_dict(), "model"))
+  return np.asarray(jax.jit(lambda p, x: model.apply({"params": p}, x).astype(np.float32))(params, ids))
+
+
+def _ids(config):
+  return np.random.default_rng(0).integers(0, config.model.vocab_size, (2, 12)).astype(np.int32)
+
+
+def test_load_of_a_ppo_run_is_its_policy(ppo_run):
+  """`jaxpt.load(PPO_RUN)`: a language model whose params are the checkpoint's policy (the critic is not read), its
+  logits those of TransformerLM applied to the policy params directly; `generate` samples from it."""
+  config, _, workdir, result = ppo_run
+  policy = result.state.params["policy"]  # the uninterrupted run's final state: its last checkpoint
+  model = jaxpt.load(workdir)
+  assert model.kind == "lm" and jax.tree.structure(model.params) == jax.tree.structure(policy)
+  for got, want in zip(jax.tree.leaves(model.params), jax.tree.leaves(policy)):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  ids = _ids(config)
+  np.testing.assert_array_equal(np.asarray(model.logits(ids)), _policy_logits(config, policy, ids))
+  assert jaxpt.load(workdir, kind="lm").kind == "lm"
+  with pytest.raises(ConfigError, match="holds a language model, not a reward model"):
+    jaxpt.load(workdir, kind="reward")
+  (text,) = model.generate(["1 + 2 ="], max_new_tokens=4)
+  assert isinstance(text, str)
+
+
+def test_export_hf_of_a_ppo_run_writes_its_policy(ppo_run, tmp_path):
+  from jaxpt.api import run_export_hf
+
+  config, _, workdir, result = ppo_run
+  out = str(tmp_path / "export")
+  assert run_export_hf(workdir, None, out) == 0
+  exported = jaxpt.load("hf:" + out)
+  assert exported.kind == "lm" and exported.tokenizer is not None
+  ids = _ids(config)
+  np.testing.assert_array_equal(np.asarray(exported.logits(ids)),
+                                _policy_logits(config, result.state.params["policy"], ids))
+
+
+def test_init_from_a_ppo_run_starts_from_its_policy(ppo_run, tmp_path):
+  """An SFT run with `init_from=PPO_RUN` starts from exactly the policy's params (and copies its tokenizer)."""
+  from experiments.configs import sft_tiny
+
+  ppo_config_, _, workdir, result = ppo_run
+  config = sft_tiny.get_config()
+  config.update_from_flattened_dict({**flat("model", ppo_config_.model.to_dict()), **TASK, **QUIET, "steps": 1,
+                                     "init_from": workdir, "data.seq_len": 48, "data.batch_size": 8,
+                                     "data.eval_batches": 0, "decode.eval_problems": 0, "decode.prompt_len": 32,
+                                     "decode.max_new_tokens": 16})
+  built = jaxpt.build("sft", config, str(tmp_path / "sft"))
+  params = built.training.init_state().params
+  policy = result.state.params["policy"]
+  assert jax.tree.structure(params) == jax.tree.structure(policy)
+  for got, want in zip(jax.tree.leaves(params), jax.tree.leaves(policy)):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

@@ -93,8 +93,9 @@ def test_eval_and_export_help_name_the_registered_trainers():
   shown = {command: subprocess.run([sys.executable, "-m", "jaxpt.cli", command, "--help"], capture_output=True,
                                    text=True, cwd=ROOT, timeout=120).stdout for command in ("eval", "export-hf")}
   assert f"the workdir of a jaxpt {trainer_list()} run" in shown["eval"]
-  exported = trainer_list(lambda t: t.model in ("lm", "reward"))  # what jaxpt.load reads: reward models export too
-  assert exported == "pretrain, sft, grpo, rm, dpo or kto"
+  # what jaxpt.load reads: reward models export too, a PPO run as its policy
+  exported = trainer_list(lambda t: t.model in ("lm", "reward") or t.lm_key is not None)
+  assert exported == "pretrain, sft, grpo, ppo, rm, dpo or kto"
   assert f"the workdir of a jaxpt {exported} run (or hf:DIR)" in " ".join(shown["export-hf"].split())
 
 
@@ -147,14 +148,15 @@ def test_the_readers_follow_the_key_not_the_sections(tmp_path):
   (tmp_path / "checkpoints").mkdir()
   (tmp_path / "config.json").write_text(json.dumps({TRAINER_KEY: "rm", "model": {}}))  # no rm section
   with pytest.raises(ConfigError, match=re.escape("is the workdir of a reward-model run (jaxpt rm); init_from "
-                                                  "takes the run of jaxpt pretrain, sft, grpo, vit, dit, dpo or "
-                                                  "kto")):
+                                                  "takes the run of jaxpt pretrain, sft, grpo, ppo, vit, dit, dpo "
+                                                  "or kto")):
     check_init_from(str(tmp_path))
   (tmp_path / "config.json").write_text(json.dumps({TRAINER_KEY: "pretrain", "rm": {}, "model": {}}))
   check_init_from(str(tmp_path))  # an rm section, but a pretrain run
   (tmp_path / "config.json").write_text(json.dumps({TRAINER_KEY: "vit", "model": {}}))
   with pytest.raises(ConfigError, match=re.escape("is the workdir of a jaxpt vit run (image-classifier); jaxpt.load "
-                                                  "takes the run of jaxpt pretrain, sft, grpo, rm, dpo or kto")):
+                                                  "takes the run of jaxpt pretrain, sft, grpo, ppo, rm, dpo or "
+                                                  "kto")):
     jaxpt.load(str(tmp_path))
   with pytest.raises(ConfigError, match=re.escape("config.trainer='pretrain': the config of another trainer's run "
                                                   "(this is jaxpt sft's)")):

@@ -491,6 +491,33 @@ for ax, (loss, workdir) in zip(axes, runs.items()):
 plt.show()
 '''),
     md("""
+## The reward model in the RL loop: two GRPO steps rewarded by it
+
+An RL run reads a reward model through its `reward` section: `reward.model` is the RM run's workdir (or `hf:DIR`,
+its `jaxpt export-hf` export), scored on the run's mesh; `reward.verifier_weight=0` leaves the RM as the only
+source. The policy here is a fresh tiny LM on jaxpt's arithmetic prompts with its own tokenizer, so the RM scores
+the decoded prompt + response re-tokenized with its own (said once at start). Each step's metrics carry the RM's
+mean score (`rm_score`), the verifier's (`gold_score`: the task still knows the right answer), the response length
+and the bias monitors' shares (`bias_<name>_share`): the numbers to watch for reward hacking.
+"""),
+    code('''
+from jaxpt.engine.metrics import read_metrics
+
+rlhf_config = jaxpt.config_dict(
+    jaxpt.GRPORunConfig, steps=2, log_every=1, eval_every=0, checkpoint_every=0, seed=0,
+    model=dict(vocab_size=512, d_model=32, num_layers=1, num_heads=2, num_kv_heads=2, mlp_dim=64, max_seq_len=64,
+               norm_scheme="pre"),
+    task=dict(name="arithmetic", num_steps=1, max_value=9, ops="+", train_size=64, test_size=8),
+    data=dict(prompts_per_step=2, max_prompt_len=32, eval_prompts=0), sampling=dict(max_new_tokens=16),
+    grpo=dict(group_size=4, minibatches=1),
+    reward=dict(model=runs["dir"], verifier_weight=0.0, normalize="batch"))  # prompt + response fit the RM's 64
+rlhf_dir = os.path.join(WORKDIR, "rlhf")
+jaxpt.train("grpo", rlhf_config, rlhf_dir)
+for row in read_metrics(rlhf_dir):
+  print(f"step {row['step']}: rm_score {row['rm_score']:+.3f}, gold_score {row['gold_score']:.3f}, response length "
+        f"{row['response_length']:.1f}, reward_mean {row['reward_mean']:+.3f}")
+'''),
+    md("""
 150 steps of a one-layer model are too few for a verdict: at this size both models can still rank mostly by
 length, and the numbers move with the seed; the point here is the pipeline. The README and `experiments/` hold the
 committed multi-seed comparison.
@@ -502,6 +529,10 @@ committed multi-seed comparison.
 - Real preferences: `data.source="jsonl"`, `data.path=...` (`{"prompt", "chosen", "rejected"}` per line, or
   hh-rlhf), and a pretrained backbone: `init_from="hf:/path/to/Llama-3.2-1B"` (see `experiments/configs/rm_hf.py`).
 - DIR knobs: `rm.mi_weight` (lambda), `rm.inner_steps`, `rm.bias` (length, sycophancy, format).
+- RLHF against the RM from an SFT policy (`jaxpt sft` -> `jaxpt rm` -> `jaxpt grpo --config
+  experiments/configs/rlhf_tiny.py --config.init_from=SFT --config.reward.model=RM`, or `jaxpt ppo --config
+  experiments/configs/ppo_tiny.py ...` with a learned critic); `reward_hacking.png` in the run's workdir plots
+  RM score, gold score and length over steps.
 """),
     code(CLEANUP),
 ]

@@ -185,18 +185,21 @@ class Checkpointer:
       self._set_aside(skipped, restored)
     self._unrestorable = ([], None)
 
-  def restore_params(self, template: Any, step: int | None = None) -> Any:
-    """Only the `params` of a saved TrainState (latest step by default), restored into `template`'s structure,
-    dtypes and shardings (e.g. to start a reward model or GRPO policy from a pretraining / SFT run). Optimizer
-    state, rng and aux are not read, so the saving run may have used any optimizer."""
+  def restore_params(self, template: Any, step: int | None = None, key: str | None = None) -> Any:
+    """Only the `params` of a saved TrainState (latest step by default), or only their subtree `key` (a PPO run's
+    'policy'), restored into `template`'s structure, dtypes and shardings (e.g. to start a reward model or GRPO
+    policy from a pretraining / SFT run). Optimizer state, rng, aux and the rest of the params are not read, so the
+    saving run may have used any optimizer."""
     step = self._manager.latest_step() if step is None else step
     if step is None:
       raise FileNotFoundError(f"no checkpoint in {self.directory}")
-    abstract = {"params": jax.tree.map(ocp.utils.to_shape_dtype_struct, template)}
+    wanted = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
+    abstract = {"params": {key: wanted} if key else wanted}
     restore_args = ocp.checkpoint_utils.construct_restore_args(abstract)
     args = ocp.args.PyTreeRestore(item=abstract, restore_args=restore_args, partial_restore=True)
     with ocp.PyTreeCheckpointer() as reader:  # the manager's `state` handler restores whole trees only
-      return reader.restore(os.path.join(self._step_dir(step), "state"), args=args)["params"]
+      params = reader.restore(os.path.join(self._step_dir(step), "state"), args=args)["params"]
+    return params[key] if key else params
 
   def close(self) -> None:
     """Waits until every save is committed (and its manifest written), then releases the manager."""
@@ -242,11 +245,11 @@ class Checkpointer:
     return {_path_names(path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(getattr(saved, "tree",
                                                                                                      saved))}
 
-  def params_misfit(self, template: Any, step: int) -> str | None:
+  def params_misfit(self, template: Any, step: int, key: str | None = None) -> str | None:
     """The first parameter of `template` (a params tree of arrays or ShapeDtypeStructs) that the params saved at
-    `step` lack or hold in another shape, as 'blocks/.../kernel has shape (64, 32) there, the config gives (128,
-    32)'; None when all fit. Reads only the checkpoint's metadata."""
-    return _first_misfit(self._saved_leaves(step), template, ("params",))
+    `step` (their subtree `key`, if given) lack or hold in another shape, as 'blocks/.../kernel has shape (64, 32)
+    there, the config gives (128, 32)'; None when all fit. Reads only the checkpoint's metadata."""
+    return _first_misfit(self._saved_leaves(step), template, ("params",) + ((key,) if key else ()))
 
   def _misfit(self, step: int, abstract: TrainState) -> str | None:
     """Why `step`'s saved tree cannot be read (a corrupt checkpoint: None lets the caller fall back), or raises
@@ -287,13 +290,13 @@ def _first_misfit(saved: dict[tuple[str, ...], Any], template: Any, prefix: tupl
   return None
 
 
-def check_run_params(workdir: str, template: Any, field: str = "config.init_from") -> None:
+def check_run_params(workdir: str, template: Any, field: str = "config.init_from", key: str | None = None) -> None:
   """ConfigError naming `field` when the jaxpt run in `workdir` has no checkpoint, or the params of its latest one
-  lack a parameter of `template` or hold it in another shape. Reads only the checkpoint's metadata, so a trainer
-  checks its `init_from` before any data work; nothing is written in `workdir`."""
+  (their subtree `key`, if given) lack a parameter of `template` or hold it in another shape. Reads only the
+  checkpoint's metadata, so a trainer checks its `init_from` before any data work; nothing is written in `workdir`."""
   checkpointer = _open_run(workdir, field)
   try:
-    _check_params(checkpointer, template, field, workdir)
+    _check_params(checkpointer, template, field, workdir, key)
   finally:
     checkpointer.close()
 
@@ -306,29 +309,29 @@ def _open_run(workdir: str, field: str) -> Checkpointer:
   return Checkpointer(os.path.expanduser(workdir), async_save=False, create=False)
 
 
-def _check_params(checkpointer: Checkpointer, template: Any, field: str, workdir: str) -> None:
+def _check_params(checkpointer: Checkpointer, template: Any, field: str, workdir: str, key: str | None) -> None:
   """`check_run_params` on an open reader."""
   step = checkpointer.latest_step()
   if step is None:
     raise ConfigError(field, f"no checkpoint under {checkpointer.directory}", workdir)
   try:
-    misfit = checkpointer.params_misfit(template, step)
+    misfit = checkpointer.params_misfit(template, step, key)
   except Exception as e:  # an unreadable checkpoint: orbax raises ValueError, FileNotFoundError, ...
     raise ConfigError(field, f"the checkpoint at step {step} does not read ({describe(e)})", workdir) from None
   if misfit is not None:
     raise ConfigError(field, f"its params do not fit config.model: {misfit}", workdir)
 
 
-def load_run_params(workdir: str, template: Any, field: str = "config.init_from") -> Any:
-  """The `params` of the latest checkpoint of a jaxpt pretrain / SFT run in `workdir` (nothing else is read),
-  restored into the structure, dtypes and shardings of `template` (e.g. a TransformerLM params tree: a policy, or
-  a reward model's backbone). ConfigError naming `field` when the run has no checkpoint or its parameter tree or
-  shapes differ from `template`'s (`check_run_params`).
+def load_run_params(workdir: str, template: Any, field: str = "config.init_from", key: str | None = None) -> Any:
+  """The `params` of the latest checkpoint of a jaxpt pretrain / SFT run in `workdir`, or their subtree `key` (a
+  PPO run's 'policy'; nothing else is read), restored into the structure, dtypes and shardings of `template` (e.g.
+  a TransformerLM params tree: a policy, or a reward model's backbone). ConfigError naming `field` when the run has
+  no checkpoint or its parameter tree or shapes differ from `template`'s (`check_run_params`).
   """
   checkpointer = _open_run(workdir, field)
   try:
-    _check_params(checkpointer, template, field, workdir)
-    return checkpointer.restore_params(template)
+    _check_params(checkpointer, template, field, workdir, key)
+    return checkpointer.restore_params(template, key=key)
   except (ValueError, KeyError, TypeError) as e:
     raise ConfigError(field, f"its params do not restore into config.model's ({describe(e)})", workdir) from None
   finally:

@@ -2,8 +2,9 @@
 
     init_params(init_from, model_config, template)  the starting params, in `template`'s structure, dtypes and
                                                     shardings: a jaxpt run's latest checkpoint (orbax partial
-                                                    restore), or an HF checkpoint streamed block by block into
-                                                    the template's shardings (`jaxpt.models.hf.load_params`)
+                                                    restore; a PPO run's policy, never its critic), or an HF
+                                                    checkpoint streamed block by block into the template's
+                                                    shardings (`jaxpt.models.hf.load_params`)
     init_adapters(init_adapter, template)           the adapters of PEFT adapter directory `lora.init_adapter`, in
                                                     the template's shardings (`jaxpt.models.hf_peft`)
     init_tokenizer(init_from, workdir, resuming,    the tokenizer the starting params' embedding rows belong to,
@@ -31,7 +32,7 @@ from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM, init_params as init_params_of
 from jaxpt.nn import lora as lora_lib
 from jaxpt.engine.checkpoint import check_run_params, load_run_params
-from jaxpt.engine.record import CONFIG_FILE, recorded_config
+from jaxpt.engine.record import CONFIG_FILE, recorded_config, run_lm_key
 from jaxpt.engine.saved_model import recorded_lora
 
 FIELD = "config.init_from"
@@ -63,19 +64,21 @@ def init_adapters(init_adapter: str, template: Any) -> Any:
 
 
 def run_params(workdir: str, model_config: ModelConfig, template: Any) -> Any:
-  """The latest params of the jaxpt run in `workdir` as `template` has them; a LoRA run's adapters (restored
-  replicated) merged into its kernels (a QLoRA run's quantized kernels, restored replicated, dequantized first)."""
+  """The latest params of the jaxpt run in `workdir` as `template` has them (a PPO run's policy: its critic is not
+  read); a LoRA run's adapters (restored replicated) merged into its kernels (a QLoRA run's quantized kernels,
+  restored replicated, dequantized first)."""
   path = os.path.expanduser(workdir)
   lora = recorded_lora(recorded_config(path)) if os.path.isfile(os.path.join(path, CONFIG_FILE)) else None
+  key = run_lm_key(path)
   if lora is None or not lora.enabled:
-    return load_run_params(workdir, template, FIELD)
+    return load_run_params(workdir, template, FIELD, key)
   model = TransformerLM(model_config, lora=lora.spec())
   adapted = jax.eval_shape(lambda: init_params_of(model_config, jax.random.PRNGKey(0), model=model))
   shardings = jax.tree.map(lambda leaf: leaf.sharding, template)
   first = jax.tree.leaves(shardings)[0]
   replicated = NamedSharding(first.mesh, PartitionSpec()) if isinstance(first, NamedSharding) else first
   adapters = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=replicated), adapted)
-  restored = load_run_params(workdir, _restore_target(template, adapters), FIELD)
+  restored = load_run_params(workdir, _restore_target(template, adapters), FIELD, key)
   merge = lambda p: lora_lib.merge_params(p, lora.scale, lora.quant, jnp.dtype(model_config.param_dtype))
   return jax.jit(merge, out_shardings=shardings)(restored)
 
@@ -102,7 +105,8 @@ def check_fits(init_from: str, model_config: ModelConfig) -> None:
   needs no check here: its model config is read from the checkpoint's own config.json."""
   if not init_from or hf_directory(init_from) is not None:
     return
-  check_run_params(init_from, jax.eval_shape(lambda: init_params_of(model_config, jax.random.PRNGKey(0))), FIELD)
+  check_run_params(init_from, jax.eval_shape(lambda: init_params_of(model_config, jax.random.PRNGKey(0))), FIELD,
+                   run_lm_key(init_from))
 
 
 def init_tokenizer(init_from: str, workdir: str, resuming: bool, model_config: ModelConfig):

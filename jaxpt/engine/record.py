@@ -37,7 +37,7 @@ import jax
 from jaxpt.config import ConfigError, as_dict
 from jaxpt.data.tokenizer import save_tokenizer
 from jaxpt.oserrors import write_atomically
-from jaxpt.engine.trainers import TRAINER_KEY, recorded_trainer, trainer_of
+from jaxpt.engine.trainers import TRAINER_KEY, TRAINERS, recorded_trainer, trainer_of
 
 CONFIG_FILE = "config.json"
 HISTORY_FILE = "config_history.jsonl"
@@ -82,6 +82,17 @@ def run_inputs(corpus_id: str, tokenizer: Any) -> dict[str, str]:
 def resumes(workdir: str) -> bool:
   """Whether a launch into `workdir` resumes a run (it holds a committed checkpoint)."""
   return bool(checkpoint_steps(workdir))
+
+
+def run_lm_key(workdir: str) -> str | None:
+  """The params key under which the checkpoints of the run in `workdir` hold its language model (`Trainer.lm_key`:
+  'policy' for a PPO run), or None: its params are the model, or it has no readable record or an unknown trainer
+  (whose params the restore itself checks)."""
+  try:
+    name = recorded_trainer(recorded_config(os.path.expanduser(workdir)))
+  except NoRunRecord:
+    return None
+  return TRAINERS.get(name).lm_key if name in TRAINERS else None
 
 
 def checkpoint_steps(workdir: str) -> list[int]:

@@ -28,14 +28,14 @@ from jaxpt.engine.checkpoint import Checkpointer
 from jaxpt.engine.record import CONFIG_FILE, checkpoint_steps, recorded_config
 from jaxpt.engine.trainers import TRAINERS, recorded_trainer, trainer_list
 
-LOADABLE = ("lm", "reward")  # the `Trainer.model` kinds a saved model can be
+LOADABLE = ("lm", "reward")  # the kinds a saved model can be (a PPO run's checkpoints load as their policy, 'lm')
 
 
 @dataclasses.dataclass(eq=False)
 class SavedModel:
-  """A run's model at one checkpoint: `TransformerLM` params (kind 'lm') or `RewardModel` params (kind 'reward',
-  `num_scores` heads: 2 for ODIN, quality then length); a LoRA run's adapters merged into its kernels, and kept
-  apart too (`adapters`)."""
+  """A run's model at one checkpoint: `TransformerLM` params (kind 'lm'; of a PPO run, its policy: the critic is not
+  read) or `RewardModel` params (kind 'reward', `num_scores` heads: 2 for ODIN, quality then length); a LoRA run's
+  adapters merged into its kernels, and kept apart too (`adapters`)."""
 
   config: ModelConfig
   params: Any
@@ -72,16 +72,21 @@ def run_tokenizer_dir(workdir: str, recorded: dict) -> str | None:
   return None
 
 
+def _loads(trainer: Any) -> bool:
+  return trainer.model in LOADABLE or trainer.lm_key is not None
+
+
 def loadable_model(workdir: str, trainer: str, field: str = "path") -> str:
-  """'lm' or 'reward': what the checkpoints of a run of `trainer` hold; ConfigError naming `field` otherwise."""
+  """'lm' or 'reward': what a run of `trainer` loads as ('lm' for a PPO run: its policy, `Trainer.lm_key`);
+  ConfigError naming `field` otherwise."""
   if trainer not in TRAINERS:
     raise ConfigError(field, f"is the workdir of a run of trainer {trainer!r}, which this jaxpt does not have "
                       f"(known: {', '.join(TRAINERS)})", workdir)
-  model = TRAINERS.get(trainer).model
-  if model not in LOADABLE:
-    raise ConfigError(field, f"is the workdir of a jaxpt {trainer} run ({TRAINERS.get(trainer).model_kind}); "
-                      f"jaxpt.load takes the run of jaxpt {trainer_list(lambda t: t.model in LOADABLE)}", workdir)
-  return model
+  entry = TRAINERS.get(trainer)
+  if not _loads(entry):
+    raise ConfigError(field, f"is the workdir of a jaxpt {trainer} run ({entry.model_kind}); "
+                      f"jaxpt.load takes the run of jaxpt {trainer_list(_loads)}", workdir)
+  return "lm" if entry.lm_key is not None else entry.model
 
 
 def run_model_config(recorded: dict, overrides: dict) -> ModelConfig:
@@ -110,9 +115,12 @@ def load_run(workdir: str, step: int | None = None, mesh: Mesh | None = None, ru
              overrides: dict | None = None) -> SavedModel:
   """The run in `workdir` at its latest checkpoint (or `step`), params in the logical-axis rules' sharding on
   `mesh` (first device without one). FileNotFoundError without such a checkpoint, ValueError for one that does
-  not fit the run's config.json, ConfigError (field 'path') for a run whose checkpoints hold no loadable model."""
+  not fit the run's config.json, ConfigError (field 'path') for a run whose checkpoints hold no loadable model. A
+  PPO run loads as its policy (params['policy'], kind 'lm'): its critic is not read."""
   recorded = recorded_config(workdir)
-  model_kind = loadable_model(workdir, recorded_trainer(recorded))
+  trainer = recorded_trainer(recorded)
+  model_kind = loadable_model(workdir, trainer)
+  key = TRAINERS.get(trainer).lm_key
   config = run_model_config(recorded, overrides or {})
   lora = recorded_lora(recorded)
   if model_kind == "reward":
@@ -137,10 +145,10 @@ def load_run(workdir: str, step: int | None = None, mesh: Mesh | None = None, ru
   step = steps[-1] if step is None else step
   checkpointer = Checkpointer(workdir, async_save=False, create=False)
   try:
-    misfit = checkpointer.params_misfit(template, step)
+    misfit = checkpointer.params_misfit(template, step, key)
     if misfit is not None:  # e.g. a config.json edited by hand: restoring would give arrays of the wrong shapes
       raise ValueError(f"{workdir}: the checkpoint at step {step} does not fit the run's {CONFIG_FILE}: {misfit}")
-    params = checkpointer.restore_params(template, step)
+    params = checkpointer.restore_params(template, step, key)
   finally:
     checkpointer.close()
   adapters = None

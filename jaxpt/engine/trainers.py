@@ -19,12 +19,13 @@ from typing import Any, Callable, Mapping
 
 from jaxpt.registry import Registry
 
-__all__ = ["MODEL_KINDS", "TRAINERS", "TRAINER_KEY", "Trainer", "legacy_trainer", "recorded_trainer", "trainer_list",
-           "trainer_of"]
+__all__ = ["LM_KEYS", "MODEL_KINDS", "TRAINERS", "TRAINER_KEY", "Trainer", "legacy_trainer", "recorded_trainer",
+           "trainer_list", "trainer_of"]
 
 TRAINER_KEY = "trainer"  # the top-level key of a run's config.json that names its trainer
 MODEL_KINDS = {"lm": "language-model", "reward": "reward-model", "vit": "image-classifier", "dit": "diffusion-model",
                "actor_critic": "policy-and-critic"}
+LM_KEYS = {"actor_critic": "policy"}  # model kind -> the params key holding its language model beside other models
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +43,7 @@ class Trainer:
       `jaxpt eval` rebuilds from a recorded config.
     model: what its checkpoints hold (a key of MODEL_KINDS): 'lm' (TransformerLM), 'reward' (RewardModel), 'vit',
       'dit', 'actor_critic' (PPO: params {"policy": TransformerLM, "critic": RewardModel read per token}).
-    starts_runs: whether its runs may be another run's `init_from`.
+    starts_runs: whether its runs may be another run's `init_from` (a PPO run starts another from its policy).
     eval_set: the config field whose 0 means the run has no eval set ('' = it always has one).
     config_module: the module defining `config_class`, when not `module` ('' = `module`).
     lora: whether it trains LoRA adapters when `config.lora.rank > 0` (`jaxpt.nn.lora`); the others refuse them.
@@ -76,6 +77,13 @@ class Trainer:
     """'language-model', 'reward-model', ...: what its checkpoints hold, in words."""
     return MODEL_KINDS[self.model]
 
+  @property
+  def lm_key(self) -> str | None:
+    """The key of its checkpoints' params under which its language model sits beside another model ('policy' for
+    'actor_critic': `jaxpt.load`, `export-hf` and `init_from` read that, never the critic); None when the params
+    are the model itself."""
+    return LM_KEYS.get(self.model)
+
   def owns(self, config_type: type) -> bool:
     """Whether `config_type` is this trainer's run config class (exactly: SFTRunConfig extends PretrainRunConfig)."""
     return ((config_type.__module__, config_type.__qualname__) ==
@@ -96,7 +104,7 @@ for _trainer in (
             eval_set="data.eval_prompts", config_module="jaxpt.trainers.grpo_config", lora=True),
     Trainer("ppo", "PPO with a learned critic (from a reward-model run or the policy), GAE and KL-shaped rewards.",
             "jaxpt.trainers.ppo", "PPORunConfig", ("reward_mean", "accuracy", "value_loss", "eval_accuracy*"),
-            "actor_critic", starts_runs=False, eval_set="data.eval_prompts", config_module="jaxpt.trainers.ppo_config"),
+            "actor_critic", eval_set="data.eval_prompts", config_module="jaxpt.trainers.ppo_config"),
     Trainer("rm", "Train a reward model (Bradley-Terry, DIR, ODIN) and write its evaluation report.",
             "jaxpt.trainers.rm", "RMRunConfig", ("loss", "accuracy", "eval_accuracy", "eval_pearson_score_length",
                                                  "eval_spearman_score_length"), "reward", starts_runs=False,

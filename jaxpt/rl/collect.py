@@ -39,7 +39,7 @@ from jaxpt.rl.rewards import math_reward
 from jaxpt.rl.rollouts import RewardFn, repeat_prompts, response_texts, verifier_rewards
 from jaxpt.rl.sampler import make_sampler
 
-_FILTER_KEYS = {"score": "scores", "reward": "rewards"}  # dapo.filter_metric -> the rollouts' key
+TRAIN_REWARDS = "train_rewards"  # a round's reward as the run trains on it, when its `score` hook gives one
 BIAS_PREFIX = "bias_"  # the rollouts' per-row flags of each text_bias detector: bias_<name> bool [N]
 
 
@@ -179,10 +179,14 @@ class RolloutCollector:
             **host, "rewards": rewards, "labels": (host["scores"] > 0).astype(np.int32),
             "group_ids": np.repeat(np.arange(self.config.data.prompts_per_step, dtype=np.int32), g)}
 
-  def step_rollouts(self, params: Any, batch: dict, step: int, rng: jax.Array) -> tuple[dict, dict]:
+  def step_rollouts(self, params: Any, batch: dict, step: int, rng: jax.Array,
+                    score: Callable[[dict], dict] | None = None) -> tuple[dict, dict]:
     """The rollouts trained on at `step` (`rollouts` of `batch`, key `rng`), and their DAPO metrics; with
     `dapo.dynamic_sampling`, round r >= 1 samples `prompts.refill_batch(step * (max_rounds - 1) + r - 1)` with
     key fold_in(rng, r) until the batch holds data.prompts_per_step informative groups (`jaxpt.rl.dapo`).
+    score(round) -> {name: host array [N]}: added to every generation round's rollouts before the filter reads
+    them (a trainer's reward-model scores, so each round is scored once); its `TRAIN_REWARDS` array, the reward the
+    run trains on before normalisation, is what filter_metric 'reward' reads (else the collector's `rewards`).
     With bf16 rollouts (`sampling.rollout_dtype`) the trained rows' old_logp are then recomputed by the fp32 policy
     (teacher forcing), once, after any refills; CLIPO's hidden states stay the sampler's.
     Metrics: truncated_frac, overlong_penalty_mean, bias_<name>_share (the share of responses each
@@ -190,18 +194,20 @@ class RolloutCollector:
     dapo_groups_drawn / _informative / _filled and dapo_step_accuracy (the step's own prompts: comparable across
     runs, where the loop's `accuracy` is the trained batch's, which dynamic sampling biases)."""
     settings = self.config.dapo
-    first = self.rollouts(params, batch, rng)
+    scored = lambda ro: {**ro, **score(ro)} if score is not None else ro
+    first = scored(self.rollouts(params, batch, rng))
     ro, metrics = first, {}
     if settings.dynamic_sampling:
       def draw(r: int) -> dict:
         if r == 0:
           return first
         extra = self.prompts.refill_batch(step * (settings.max_rounds - 1) + r - 1, *self.process_slice)
-        return self.rollouts(params, extra, jax.random.fold_in(rng, r))
+        return scored(self.rollouts(params, extra, jax.random.fold_in(rng, r)))
 
+      key = "scores" if settings.filter_metric == "score" else TRAIN_REWARDS if TRAIN_REWARDS in first else "rewards"
       ro, metrics = dapo.dynamic_sampling(draw, self.config.data.prompts_per_step, self.config.group_size,
-                                          settings.max_rounds, settings.at_cap, _FILTER_KEYS[settings.filter_metric],
-                                          take=self.take_rows)
+                                          settings.max_rounds, settings.at_cap, key, take=self.take_rows,
+                                          min_std=settings.filter_min_std)
       metrics["dapo_step_accuracy"] = float(first["scores"].mean())
     if self.config.sampling.rollout_dtype != "float32":  # the bf16 sampler's log-probs -> the fp32 policy's
       ro["old_logp"] = self.logprobs(params, *(ro[k] for k in ("prompt_tokens", "prompt_mask", "tokens", "mask")))

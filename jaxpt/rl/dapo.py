@@ -12,7 +12,17 @@ Conventions follow verl's DAPO recipe (github volcengine/verl at 246cac4c, befor
   same for all its rollouts, or it has one rollout (verl: `std > 0 or len == 1`; here max > min, the exact form of
   "not all equal"); kept groups of successive generation rounds are concatenated and the first `prompts_per_step`
   are trained on. verl's metric for DAPO is `acc` (the verifier's 0/1, `run_dapo_qwen2.5_32b.sh:26`): here
-  'score'; 'reward' adds the overlong punishment (verl's `seq_reward`).
+  'score'; 'reward' is the reward the run trains on before its normalisation (the `reward` section's raw sum,
+  `jaxpt.rl.reward_sources.raw_rewards`: with the default section the score plus the overlong punishment, verl's
+  `seq_reward`; with `reward.model`, the reward model's scores weighted in). Normalisation ('batch', 'running') is
+  one affine map per step, so it changes no group's being all-equal; clipping after it may tie a group further,
+  which the filter does not see.
+- a reward model's scores are continuous: exact ties within a group are rare, so "all equal" keeps nearly every
+  group, and a group whose rewards differ by float rounding only carries noise as its advantage (GRPO divides by
+  the group's std). `filter_min_std` > 0 keeps a group only when the (population) std of its filter metric exceeds
+  it, in the reward's own units before normalisation (e.g. a small fraction of the RM scores' spread over a
+  batch); 0 is the exact rule above. With `reward.model` set, filter_metric 'score' (the verifier's) is refused:
+  it would drop groups on a signal the run does not train on (`jaxpt.trainers.grpo_config`).
 - the cap: verl raises an error after `max_num_gen_batches` rounds (`dapo_ray_trainer.py:273-284`; <= 0 means no
   limit). Here `at_cap='error'` does that, and the default `at_cap='fill'` tops the batch up with the dropped
   groups, first drawn first: their filter metric is equal across the group, so the part of their advantage that
@@ -54,7 +64,10 @@ class DAPOConfig(Section):
     dynamic_sampling: drop groups whose filter_metric is equal over all their rollouts and sample more prompts until
       data.prompts_per_step groups are informative (or max_rounds is reached).
     filter_metric: what must vary within a kept group: 'score' (the verifier's 1/0, verl's `acc`) | 'reward'
-      (score + the overlong punishment, verl's `seq_reward`).
+      (the reward trained on, before normalisation: score + the overlong punishment, verl's `seq_reward`, and the
+      `reward` section's terms: reward.model's weighted scores, the EOS-missing penalty).
+    filter_min_std: a group is informative when the std of its filter metric exceeds this (0 = when it is not all
+      equal, verl's rule); for a reward model's continuous scores, in the reward's units.
     max_rounds: generation rounds per step at most, the step's own prompts included (verl's max_num_gen_batches).
     at_cap: max_rounds rounds left too few informative groups: 'fill' (top up with dropped groups, first drawn
       first) | 'error' (stop the run, as verl does).
@@ -65,6 +78,7 @@ class DAPOConfig(Section):
 
   dynamic_sampling: bool = False
   filter_metric: str = "score"
+  filter_min_std: float = 0.0
   max_rounds: int = 3
   at_cap: str = "fill"
   overlong_filtering: bool = False
@@ -76,6 +90,7 @@ class DAPOConfig(Section):
     one_of(self, "at_cap", AT_CAP)
     at_least(self, "max_rounds", 1)
     at_least(self, "overlong_buffer", 0)
+    in_range(self, "filter_min_std", 0.0)
     in_range(self, "overlong_penalty_factor", 0.0)
 
 
@@ -105,11 +120,14 @@ def filter_overlong(mask: jax.Array, is_truncated: np.ndarray) -> jax.Array:
   return jnp.where(np.asarray(is_truncated, bool)[:, None], jnp.zeros((), mask.dtype), mask)
 
 
-def informative_groups(values: np.ndarray, group_size: int) -> np.ndarray:
-  """bool [num_groups]: values [N = num_groups * G] (groups contiguous) are not all equal within the group, or
-  G = 1 (verl keeps single-rollout groups)."""
+def informative_groups(values: np.ndarray, group_size: int, min_std: float = 0.0) -> np.ndarray:
+  """bool [num_groups]: values [N = num_groups * G] (groups contiguous) are not all equal within the group (min_std
+  0), or their population std (float64) exceeds min_std; always True for G = 1 (verl keeps single-rollout
+  groups)."""
   v = np.asarray(values).reshape(-1, group_size)
-  return np.ones(len(v), bool) if group_size == 1 else v.max(axis=1) > v.min(axis=1)
+  if group_size == 1:
+    return np.ones(len(v), bool)
+  return v.max(axis=1) > v.min(axis=1) if min_std == 0 else v.astype(np.float64).std(axis=1) > min_std
 
 
 def _take_rows(tree: Any, rows: np.ndarray) -> Any:
@@ -130,11 +148,12 @@ def _gather(rounds: list[dict], picks: list[tuple[int, int]], group_size: int, t
 
 
 def dynamic_sampling(draw: Callable[[int], dict], num_groups: int, group_size: int, max_rounds: int,
-                     at_cap: str, metric_key: str, take: Callable = _take_rows) -> tuple[dict, dict]:
+                     at_cap: str, metric_key: str, take: Callable = _take_rows,
+                     min_std: float = 0.0) -> tuple[dict, dict]:
   """DAPO dynamic sampling (module doc). draw(r) -> round r's rollouts: a dict of per-row values (host numpy
   [N, ...], device arrays or None), N = num_groups * G, groups contiguous, `metric_key` the filter metric [N] (on
   the host, whole). take(tree, rows) gathers rows of device arrays (default jnp.take; the GRPO trainer passes one
-  compiled to keep the rows split over its mesh).
+  compiled to keep the rows split over its mesh). A group is informative by `informative_groups(.., min_std)`.
 
   Rounds r = 0, 1, ... are drawn until they hold num_groups informative groups or max_rounds were drawn; the
   batch is the first num_groups informative groups in draw order, topped up (at_cap='fill') with the dropped
@@ -146,7 +165,7 @@ def dynamic_sampling(draw: Callable[[int], dict], num_groups: int, group_size: i
   while len(rounds) < max_rounds and len(kept) < num_groups:
     r = len(rounds)
     rounds.append(draw(r))
-    flags = informative_groups(rounds[r][metric_key], group_size)
+    flags = informative_groups(rounds[r][metric_key], group_size, min_std)
     if len(flags) != num_groups:
       raise ValueError(f"round {r} drew {len(flags)} groups, expected {num_groups}")
     kept += [(r, g) for g in np.flatnonzero(flags)]

@@ -11,7 +11,8 @@ punishment, 0 when off; rm_i a reward model's score, ODIN's quality head; trunca
                                                       included (Chan's parallel update of count, mean, M2)
     reward = clip(norm, -clip, clip)                  (clip 0 = off)
 
-`assemble_rewards` is that statement (jax.numpy, jitted by the trainer; the running statistics are a pytree the
+`raw_rewards` is the first line (also on the host: DAPO's dynamic sampling filters groups on it, `jaxpt.rl.dapo`);
+`assemble_rewards` is the whole statement (jax.numpy, jitted by the trainer; the running statistics are a pytree the
 trainer keeps in its TrainState's `aux`, so they are checkpointed and resume bitwise). The per-token KL penalty in
 the reward stays the trainer's one mechanism (`grpo.kl_in_reward`), applied after this assembly. With the default
 section (verifier only, weight 1, no options) the trainer skips the assembly: the rewards are today's, bit for bit.
@@ -100,14 +101,20 @@ def _scale(std: jax.Array, mean: jax.Array) -> jax.Array:
   return jnp.where(std > EPS * (1 + jnp.abs(mean)), std, 1.0)
 
 
+def raw_rewards(settings: RewardConfig, scores: Any, rm_scores: Any, extra: Any, truncated: Any, xp: Any = jnp) -> Any:
+  """raw float32 [N] = verifier_weight * scores + extra + model_weight * rm_scores - eos_missing_penalty * truncated
+  (the module docstring's first line), in `xp` (jax.numpy, or numpy on the host). scores, rm_scores (zeros without
+  a model), extra (DAPO's punishment) float [N]; truncated bool [N]."""
+  f32 = lambda x: xp.asarray(x, xp.float32)
+  return (settings.verifier_weight * f32(scores) + f32(extra) + settings.model_weight * f32(rm_scores)
+          - settings.eos_missing_penalty * f32(truncated))
+
+
 def assemble_rewards(settings: RewardConfig, scores: jax.Array, rm_scores: jax.Array, extra: jax.Array,
                      truncated: jax.Array, stats: dict | None = None) -> tuple[jax.Array, dict | None]:
   """(rewards float32 [N], the updated running statistics, or `stats` unchanged when not 'running'): the module
-  docstring's statement. scores, rm_scores (zeros without a model), extra (DAPO's punishment) float [N];
-  truncated bool [N]."""
-  f32 = lambda x: jnp.asarray(x, jnp.float32)
-  raw = (settings.verifier_weight * f32(scores) + f32(extra) + settings.model_weight * f32(rm_scores)
-         - settings.eos_missing_penalty * f32(truncated))
+  docstring's statement; the arrays as `raw_rewards` takes them."""
+  raw = raw_rewards(settings, scores, rm_scores, extra, truncated)
   if settings.normalize == "batch":
     mean, std = jnp.mean(raw), jnp.std(raw)
     raw = (raw - mean) / _scale(std, mean)

@@ -29,6 +29,7 @@ would.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import os
 from typing import Any, Callable
@@ -46,8 +47,8 @@ from jaxpt.models.transformer import TransformerLM
 from jaxpt.progress import say
 from jaxpt.rl import clipo, dapo
 from jaxpt.rl.reward_sources import (RewardConfig, RewardModelSource, assemble_rewards, check_model_fits,
-                                     init_running_stats)
-from jaxpt.rl.collect import RolloutCollector
+                                     init_running_stats, raw_rewards)
+from jaxpt.rl.collect import TRAIN_REWARDS, RolloutCollector
 from jaxpt.rl.logprobs import response_logits, token_logprobs
 from jaxpt.trainers.grpo_config import GRPOConfig, GRPORunConfig
 from jaxpt.trainers.teacher import load_teacher
@@ -173,7 +174,8 @@ class GRPOHooks(Hooks):
     step = int(state.step)
     sample_rng, clipo_rng, update_rng = jax.random.split(state.step_rng(), 3)
     # the collector's programs read config.model alone: with LoRA, the merged params (W + s A B)
-    ro, dapo_metrics = self.collector.step_rollouts(training.merged_params(state.params), batch, step, sample_rng)
+    ro, dapo_metrics = self.collector.step_rollouts(training.merged_params(state.params), batch, step, sample_rng,
+                                                    score=self.score_hook)
     metrics: dict[str, Any] = {"accuracy": float(ro["scores"].mean()), "response_length": float(ro["lengths"].mean()),
                                "num_tokens": float(ro["lengths"].sum()), **dapo_metrics}
     rewards = ro["rewards"]
@@ -216,6 +218,11 @@ class GRPOHooks(Hooks):
     return self.teacher.logprobs(self.teacher.params, *(
         experience[k] for k in ("prompt_tokens", "prompt_mask", "tokens", "mask")))
 
+  @property
+  def score_hook(self) -> Callable[[dict], dict] | None:
+    """The collector's score hook (`round_rewards`) when the `reward` section is not the default, else None."""
+    return None if self.assemble is None else functools.partial(round_rewards, self.config.reward, self.reward_model)
+
   def _assembled_rewards(self, ro: dict, aux: Any, metrics: dict) -> tuple[np.ndarray, Any]:
     return assembled_rewards(self.config.reward, self.assemble, self.reward_model, ro, aux, metrics)
 
@@ -242,16 +249,25 @@ class GRPOHooks(Hooks):
     return self.collector.evaluate(self.training.merged_params(state.params))
 
 
+def round_rewards(settings: RewardConfig, reward_model: RewardModelSource | None, ro: dict) -> dict:
+  """A generation round's reward parts on the host, added to its rollouts by the collector's score hook
+  (`RolloutCollector.step_rollouts`) before DAPO's filter reads them: rm_scores float32 [N] (the reward model's
+  scores of the rollouts, zeros without one) and `TRAIN_REWARDS` [N], the reward trained on before normalisation
+  (`reward_sources.raw_rewards`; dapo.filter_metric='reward' filters on it)."""
+  scores = ro["scores"]
+  rm_scores = np.zeros_like(scores) if reward_model is None else reward_model.scores(ro)
+  return {"rm_scores": rm_scores,
+          TRAIN_REWARDS: raw_rewards(settings, scores, rm_scores, ro["rewards"] - scores, ro["truncated"], np)}
+
+
 def assembled_rewards(settings: RewardConfig, assemble: Callable, reward_model: RewardModelSource | None, ro: dict,
                       aux: Any, metrics: dict) -> tuple[np.ndarray, Any]:
   """The `reward` section's rewards [N] of rollouts `ro` (the collector's verifier scores and DAPO punishment, the
-  reward model's scores: metrics rm_score, their mean, and gold_score, the verifier's mean score, which the task
-  knows whatever reward.verifier_weight is), by `assemble` (`reward_functions`), and `aux` with the running
-  statistics updated (GRPO and PPO)."""
-  scores = ro["scores"]
-  rm_scores = np.zeros_like(scores)
+  reward model's scores `round_rewards` added: metrics rm_score, their mean, and gold_score, the verifier's mean
+  score, which the task knows whatever reward.verifier_weight is), by `assemble` (`reward_functions`), and `aux`
+  with the running statistics updated (GRPO and PPO)."""
+  scores, rm_scores = ro["scores"], ro["rm_scores"]
   if reward_model is not None:
-    rm_scores = reward_model.scores(ro)
     metrics["rm_score"], metrics["gold_score"] = float(np.mean(rm_scores)), float(np.mean(scores))
   running = settings.normalize == "running"
   rewards, stats = assemble(scores, rm_scores, ro["rewards"] - scores, ro["truncated"],

@@ -155,6 +155,10 @@ class GRPORunConfig(RunConfig):
   def check(self) -> None:
     super().check()
     check_config(self)  # prompt + response length, DAPO's overlong settings
+    if self.dapo.dynamic_sampling and self.dapo.filter_metric == "score" and self.reward.uses_model:
+      raise ConfigError("dapo.filter_metric", f"'score' filters groups on the verifier's score, but the run trains on "
+                        f"reward.model's ({self.reward.model}): use 'reward' (and dapo.filter_min_std for its "
+                        "continuous scores)", "score")
     if self.data.prompts_per_step % self.grpo.minibatches:
       raise ConfigError("grpo.minibatches", f"must divide config.data.prompts_per_step={self.data.prompts_per_step}",
                         self.grpo.minibatches)

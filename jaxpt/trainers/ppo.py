@@ -33,6 +33,7 @@ start with a fresh head.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -52,7 +53,8 @@ from jaxpt.rl import dapo
 from jaxpt.rl.collect import RolloutCollector
 from jaxpt.rl.logprobs import response_logits, token_logprobs
 from jaxpt.rl.reward_sources import QUALITY_HEAD, RewardModelSource, init_running_stats, same_tokens
-from jaxpt.trainers.grpo import split_groups, assembled_rewards, load_reward_model, reward_functions, rl_start
+from jaxpt.trainers.grpo import (assembled_rewards, load_reward_model, reward_functions, rl_start, round_rewards,
+                                  split_groups)
 from jaxpt.trainers.ppo_config import PPOConfig, PPORunConfig
 from jaxpt.engine.builder import Training, build_training
 from jaxpt.engine.optim import decay_mask, make_optimizer, partitioned
@@ -189,7 +191,8 @@ class PPOHooks(Hooks):
     settings = self.config.ppo
     step = int(state.step)
     sample_rng, update_rng = jax.random.split(state.step_rng())
-    ro, dapo_metrics = self.collector.step_rollouts(state.params["policy"], batch, step, sample_rng)
+    score = None if self.assemble is None else functools.partial(round_rewards, self.config.reward, self.reward_model)
+    ro, dapo_metrics = self.collector.step_rollouts(state.params["policy"], batch, step, sample_rng, score=score)
     metrics: dict[str, Any] = {"accuracy": float(ro["scores"].mean()), "response_length": float(ro["lengths"].mean()),
                                "num_tokens": float(ro["lengths"].sum()), **dapo_metrics}
     rewards, aux = ro["rewards"], state.aux

@@ -30,7 +30,7 @@ from jaxpt.models.transformer import TransformerLM
 from jaxpt.rl.logprobs import response_logprobs
 from jaxpt.engine.checkpoint import load_run_params
 from jaxpt.engine.init_from import hf_directory
-from jaxpt.engine.record import NoRunRecord, recorded_config
+from jaxpt.engine.record import NoRunRecord, recorded_config, run_lm_key
 
 FIELD = "config.grpo.teacher"
 
@@ -103,7 +103,7 @@ def load_teacher(source: str, layout: parallel.MeshLayout, tokenizer: Any, tempe
   if directory is None:
     template = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), nn.meta.unbox(boxed),
                             shardings)
-    params = load_run_params(os.path.expanduser(source), template, FIELD)
+    params = load_run_params(os.path.expanduser(source), template, FIELD, run_lm_key(source))  # PPO: its policy
   else:
     try:
       params = hf.load_params(directory, config, shardings=shardings)
