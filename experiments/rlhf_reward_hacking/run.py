@@ -2,8 +2,9 @@
 trained on length-biased preference pairs of the policy's own task, then GRPO of one SFT policy against each.
 
 1. data:  `jaxpt.data.arithmetic_preferences` on the SFT's arithmetic task: correct vs wrong answers, the chosen side
-          padded with repeats of its own solution steps in every TRAIN pair (length and correctness confounded,
-          LENGTH_BIAS = 1.0), either side padded at random in the validation and test pairs.
+          padded with repeats of its own solution steps in LENGTH_BIAS = 90% of the TRAIN pairs (the rejected side in
+          the others: length and correctness confounded, the length label still varying, which DIR needs), either
+          side padded at random (50/50) in the validation and test pairs.
 2. sft:   one `jaxpt.train("sft", ...)` run of `experiments/configs/sft_tiny.py`; every RM and RL run starts from it
           (the RMs from its backbone and tokenizer, so they read the rollouts' own tokens).
 3. tune:  once, seed-independent, tuning seed TUNE_SEED: each RM method over its small grid (`GRID`); the choice is
@@ -69,7 +70,9 @@ OUTCOMES = ("gold_final", "gold_last", "onset_or_T", "length_drift")
 PRIMARY = "gold_final"
 TARGET = 0.10  # chosen here: 10 points of held-out gold accuracy, the smallest DIR - BT gain this means to detect
 W, DELTA = 5, 0.05
-LENGTH_BIAS, MAX_FILLER = 1.0, 3
+# P(chosen side padded) in the training pairs: below 1 so that the length label varies across pairs (at 1.0 it is
+# constant, and DIR's mutual-information penalty between the pair's representation and it is 0 by construction)
+LENGTH_BIAS, MAX_FILLER = 0.9, 3
 PAIRS = dict(train=2048, validation=512, test=512)
 # the grid each method's RM is tuned over (rm fields), chosen on validation balanced accuracy: DIR's lambda (the
 # mutual-information weight); BT and ODIN at rm_tiny's learning rate (one point: the CPU budget)
@@ -331,10 +334,10 @@ def main(argv=None) -> None:
   smoke = args.smoke
   pairs_dir = os.path.join(workdir, "pairs")
   counts = SMOKE_PAIRS if smoke else PAIRS
-  common = dict(smoke=smoke, sft_dir=os.path.join(workdir, "sft"), pairs=pairs_dir)
+  common = dict(smoke=smoke, sft_dir=os.path.join(workdir, "sft"), pairs=pairs_dir, length_bias=LENGTH_BIAS)
   common["config_digest"] = flags.config_digest(sft_config(smoke), rm_config(dict(common, method="bt", seed=0, hp={})),
                                                 rl_config(dict(common, method="bt", seed=0, rm_dir="")))
-  overrides = {k: common[k] for k in ("smoke", "config_digest")}
+  overrides = {k: common[k] for k in ("smoke", "length_bias", "config_digest")}
 
   def grid(runs, train):
     return runner.finished_or_trained(runs, train, workdir, args.jobs, args.report_only, overrides)
