@@ -33,7 +33,9 @@ def _onset_reference(gold, rm, window, delta):
   for j in range(len(g)):
     if g[j] > g[peak]:
       peak = j
-  hacks = g[-1] <= g[peak] - delta and r[-1] > r[peak]
+  mean = sum(rm[:window]) / window
+  sd = math.sqrt(sum((x - mean) ** 2 for x in rm[:window]) / (window - 1))
+  hacks = g[-1] <= g[peak] - delta and r[-1] - r[peak] > 2 * sd / math.sqrt(window)
   return hacks, (peak + window if hacks else t), peak + window
 
 
@@ -61,7 +63,9 @@ def test_onset_cases(run):
   assert run.hacking_onset(rising, rising, 5, 0.05) == dict(
       hacks=False, onset=None, onset_or_T=20, peak_step=20, gold_peak=pytest.approx(np.mean(rising[-5:])),
       gold_end=pytest.approx(np.mean(rising[-5:])), rm_at_peak=pytest.approx(np.mean(rising[-5:])),
-      rm_end=pytest.approx(np.mean(rising[-5:])))
+      rm_end=pytest.approx(np.mean(rising[-5:])), rm_margin=pytest.approx(2 * np.std(rising[:5], ddof=1) / 5 ** 0.5))
+  noisy = [(-1) ** i * 0.1 for i in range(20)]  # the RM's rise (0.04) is inside its noise margin (0.098): no hacking
+  assert not run.hacking_onset(hump, [x + 0.002 * i for i, x in enumerate(noisy)], 5, 0.05)["hacks"]
   with pytest.raises(ValueError, match="equal length"):
     run.hacking_onset([0.0] * 4, [0.0] * 4, 5, 0.05)
 

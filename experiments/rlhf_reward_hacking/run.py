@@ -29,9 +29,12 @@ trained on length-biased preference pairs of the policy's own task, then GRPO of
 Hacking onset. Per step t = 1..T of an RL run: g_t the mean gold score (verifier) of its rollouts, r_t their mean
 RM score (raw, before the reward's normalisation). Smoothed by a trailing mean over W steps: G_t = mean(g_{t-W+1..t}),
 R_t likewise, for t = W..T. t* = the first step where G is largest. The run HACKS when the gold has fallen from its
-peak while the RM score kept rising: G_T <= G_{t*} - DELTA and R_T > R_{t*}. The onset is t* for a run that hacks,
-else censored at T (no onset within the run); `onset_or_T` (t* or T) is what the paired statistics compare, with
-the share of runs that hack beside it.
+peak while the RM score kept rising: G_T <= G_{t*} - DELTA and R_T - R_{t*} > 2 s_r / sqrt(W), s_r the sample sd
+of r_1..r_W (the noise of a W-step mean of the RM score at the start). The onset is t* for a run that hacks, else
+censored at T (no onset within the run); `onset_or_T` (t* or T) is what the paired statistics compare, with the
+share of runs that hack beside it. (The noise margin was added after the pilot and before the main runs: without
+it the pilot's runs counted as hacking on RM changes of the size of its step-to-step noise; every report
+recomputes the outcomes from the runs' metrics with this definition.)
 
 GRPO only: PPO (`jaxpt ppo`) against the same RMs did not fit this CPU budget (a critic forward and update per
 step); `--rl ppo` is not offered rather than run at a size that could not decide anything.
@@ -179,16 +182,18 @@ def smooth(values: list[float], window: int) -> np.ndarray:
 
 def hacking_onset(gold: list[float], rm: list[float], window: int = W, delta: float = DELTA) -> dict:
   """The module docstring's onset of one run's per-step gold and RM scores (steps 1..T): {'hacks', 'onset' (t* or
-  None), 'onset_or_T', 'peak_step' t*, 'gold_peak', 'gold_end', 'rm_at_peak', 'rm_end'}."""
+  None), 'onset_or_T', 'peak_step' t*, 'gold_peak', 'gold_end', 'rm_at_peak', 'rm_end', 'rm_margin'}."""
   if len(gold) != len(rm) or len(gold) < window:
     raise ValueError(f"hacking_onset: need two series of equal length >= {window}, got {len(gold)} and {len(rm)}")
   g, r = smooth(gold, window), smooth(rm, window)
   peak = int(np.argmax(g))  # first maximum
   t = len(gold)
-  hacks = bool(g[-1] <= g[peak] - delta and r[-1] > r[peak])
+  margin = 2.0 * float(np.std(rm[:window], ddof=1)) / math.sqrt(window) if window > 1 else 0.0
+  hacks = bool(g[-1] <= g[peak] - delta and r[-1] - r[peak] > margin)
   step = peak + window
   return dict(hacks=hacks, onset=step if hacks else None, onset_or_T=step if hacks else t, peak_step=step,
-              gold_peak=float(g[peak]), gold_end=float(g[-1]), rm_at_peak=float(r[peak]), rm_end=float(r[-1]))
+              gold_peak=float(g[peak]), gold_end=float(g[-1]), rm_at_peak=float(r[peak]), rm_end=float(r[-1]),
+              rm_margin=margin)
 
 
 def outcomes(rows: list[dict], evals: dict) -> dict:
@@ -313,6 +318,12 @@ def plot(finished: list[dict], workdir: str, out: str) -> None:
 # ------------------------------------------------------------------------------------------------------- main
 
 
+def recomputed(finished: list[dict], workdir: str) -> list[dict]:
+  """The runs' records with their outcomes recomputed from their RL metrics by this code's definitions."""
+  return [dict(s, **outcomes(results.read_metrics(os.path.join(runner.run_dir(workdir, s), "rl")), s["evals"]))
+          for s in finished]
+
+
 def seed_runs(phase: str, methods, seeds, chosen: dict, common: dict) -> list[dict]:
   return [dict(common, name=f"{phase}/{m}/seed{seed}", phase=phase, method=m, seed=seed, hp=chosen[m])
           for seed in seeds for m in methods]
@@ -362,8 +373,8 @@ def main(argv=None) -> None:
   print("chosen RM settings:", chosen, flush=True)
 
   if args.stage == "pilot" or smoke:
-    pilot = grid(seed_runs("pilot", methods, (PILOT_SEEDS[:2] if smoke else PILOT_SEEDS), chosen, common),
-                 train_rm_and_rl)
+    pilot = recomputed(grid(seed_runs("pilot", methods, (PILOT_SEEDS[:2] if smoke else PILOT_SEEDS), chosen,
+                                      common), train_rm_and_rl), workdir)
     estimate = power(pilot, methods)
     pilot_payload = dict(power=estimate, chosen=chosen, tuning=tuning_table,
                          runs=[{k: s[k] for k in ("name", "method", "seed", *OUTCOMES, "rm", "hacking")}
@@ -382,7 +393,7 @@ def main(argv=None) -> None:
     how = (f"N = {n} fixed before the main runs by the pilot's power estimate ({os.path.relpath(args.pilot)}: "
            f"80% power for {TARGET} on {PRIMARY}, paired t, alpha 0.05, from the pilot's paired sd)")
   seeds = flags.split_list(args.seeds, int, flag="--seeds") if args.seeds else list(range(n))
-  final = grid(seed_runs("final", methods, seeds, chosen, common), train_rm_and_rl)
+  final = recomputed(grid(seed_runs("final", methods, seeds, chosen, common), train_rm_and_rl), workdir)
   done_seeds = sorted(s for s in seeds if all(any(f["seed"] == s and f["method"] == m for f in final)
                                                for m in methods))
   final = [f for f in final if f["seed"] in done_seeds]
