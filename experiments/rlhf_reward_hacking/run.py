@@ -415,7 +415,9 @@ def main(argv=None) -> None:
       rl_config=rl_config(dict(common, method="bt", seed=0, rm_dir="RM")).to_dict())
   results.write_json(os.path.join(out, "results.json"), payload, sft + tuning + final, report_only=args.report_only)
   results.copy_run_files(workdir, sft + tuning, out)
-  for s in final:  # each run's RL metrics and the RM's record
+  pilot_done = [d for d in (runner.load_done(workdir, r) for r in seed_runs(
+      "pilot", methods, PILOT_SEEDS[:2] if smoke else PILOT_SEEDS, chosen, common)) if d is not None]
+  for s in final + pilot_done:  # each run's RL metrics and the RM's record (the pilot's too)
     target = os.path.join(out, "runs", s["name"])
     os.makedirs(target, exist_ok=True)
     source = runner.run_dir(workdir, s)
