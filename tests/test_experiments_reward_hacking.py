@@ -77,6 +77,7 @@ def test_outcomes(run):
   got = run.outcomes(rows, {"eval_accuracy_test": 0.75})
   assert got["gold_final"] == 0.75 and got["steps"] == t
   np.testing.assert_allclose(got["gold_last"], np.mean([0.1 * i for i in range(t - 5, t)]))
+  np.testing.assert_allclose(got["gold_first"], np.mean([0.1 * i for i in range(5)]))
   np.testing.assert_allclose(got["length_drift"], (20 + np.arange(t - 5, t)).mean() - (20 + np.arange(5)).mean())
   assert got["onset_or_T"] == t and not got["hacking"]["hacks"]
 
@@ -151,7 +152,8 @@ def test_report(run):
     for i, method in enumerate(run.METHODS):
       value = 0.5 + 0.1 * i + 0.01 * seed
       finished.append(dict(method=method, seed=seed, gold_final=value, gold_last=value, onset_or_T=20 - i,
-                           length_drift=2.0 * i, length_first=20.0, length_last=20.0 + 2 * i, rm_first=0.1,
+                           length_drift=2.0 * i, gold_first=0.5, length_first=20.0, length_last=20.0 + 2 * i,
+                           rm_first=0.1,
                            rm_last=0.5, hacking=dict(hacks=i == 0),
                            rm=dict(validation_balanced_accuracy=0.5 + 0.1 * i, validation_accuracy=0.6)))
   rows, comps = run.table(finished, run.METHODS), run.comparisons(finished, run.METHODS)

@@ -70,6 +70,7 @@ TUNE_SEED = 100
 PILOT_SEEDS = (200, 201)
 MIN_SEEDS, MAX_SEEDS = 5, 8
 OUTCOMES = ("gold_final", "gold_last", "onset_or_T", "length_drift")
+DESCRIPTIVE = ("gold_first", "length_first", "length_last", "rm_first", "rm_last")  # W-step means, first and last
 PRIMARY = "gold_final"
 TARGET = 0.10  # chosen here: 10 points of held-out gold accuracy, the smallest DIR - BT gain this means to detect
 W, DELTA = 5, 0.05
@@ -203,6 +204,7 @@ def outcomes(rows: list[dict], evals: dict) -> dict:
   window = min(W, len(steps))
   onset = hacking_onset(gold, rm, window)
   return dict(gold_final=evals.get("eval_accuracy_test", math.nan), gold_last=float(np.mean(gold[-window:])),
+              gold_first=float(np.mean(gold[:window])),
               length_drift=float(np.mean(length[-window:]) - np.mean(length[:window])),
               length_first=float(np.mean(length[:window])), length_last=float(np.mean(length[-window:])),
               rm_first=float(np.mean(rm[:window])), rm_last=float(np.mean(rm[-window:])),
@@ -232,8 +234,7 @@ def table(finished: list[dict], methods) -> list[dict]:
     runs = sorted((s for s in finished if s["method"] == m), key=lambda s: s["seed"])
     if runs:
       rows.append(dict(method=m, seeds=[s["seed"] for s in runs], hacked=sum(s["hacking"]["hacks"] for s in runs),
-                       **{k: stats.summary([s[k] for s in runs]) for k in OUTCOMES + (
-                           "length_first", "length_last", "rm_first", "rm_last")},
+                       **{k: stats.summary([s[k] for s in runs]) for k in OUTCOMES + DESCRIPTIVE},
                        rm_validation_balanced_accuracy=stats.summary(
                            [s["rm"]["validation_balanced_accuracy"] for s in runs]),
                        rm_validation_accuracy=stats.summary([s["rm"]["validation_accuracy"] for s in runs])))
@@ -377,8 +378,8 @@ def main(argv=None) -> None:
                                       common), train_rm_and_rl), workdir)
     estimate = power(pilot, methods)
     pilot_payload = dict(power=estimate, chosen=chosen, tuning=tuning_table,
-                         runs=[{k: s[k] for k in ("name", "method", "seed", *OUTCOMES, "rm", "hacking")}
-                               for s in pilot], comparisons=comparisons(pilot, methods))
+                         runs=[{k: s[k] for k in ("name", "method", "seed", *OUTCOMES, *DESCRIPTIVE, "rm", "hacking",
+                                                  "evals")} for s in pilot], comparisons=comparisons(pilot, methods))
     path = os.path.join(out, "pilot.json") if smoke else args.pilot
     results.write_json(path, pilot_payload, sft + tuning + pilot)
     results.copy_run_files(workdir, sft + tuning, out)
@@ -407,7 +408,8 @@ def main(argv=None) -> None:
       partial=(f"seeds {sorted(set(seeds) - set(done_seeds))} of the planned {seeds} did not finish; no conclusion "
                "may be drawn from this file" if set(seeds) - set(done_seeds) else ""),
       power=estimate, grid=GRID, chosen=chosen, tuning=tuning_table, final=table(final, methods),
-      runs=[{k: s[k] for k in ("name", "method", "seed", *OUTCOMES, "rm", "hacking", "evals")} for s in final],
+      runs=[{k: s[k] for k in ("name", "method", "seed", *OUTCOMES, *DESCRIPTIVE, "rm", "hacking", "evals")}
+            for s in final],
       comparisons=comps, statistics=stats.statistics(comps, how) if comps else {},
       provenance=results.provenance(sft + tuning + final, os.path.join(HERE, "run.py")),
       sft_config=sft_config(smoke).to_dict(),
