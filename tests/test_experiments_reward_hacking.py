@@ -1,0 +1,165 @@
+"""experiments/rlhf_reward_hacking/run.py: the hacking onset and outcomes against plain NumPy statements, the power
+estimate, the configs it trains with (checked, nothing compiled), and its --smoke pipeline (slow)."""
+
+import importlib
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+from experiments.toolkit import stats
+from jaxpt.config import from_section
+from jaxpt.trainers.grpo import GRPORunConfig
+from jaxpt.trainers.rm import RMRunConfig
+from jaxpt.trainers.sft import SFTRunConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "experiments", "rlhf_reward_hacking", "run.py")
+
+
+@pytest.fixture(scope="module")
+def run():
+  return importlib.import_module("experiments.rlhf_reward_hacking.run")  # importable: its workers unpickle it
+
+
+def _onset_reference(gold, rm, window, delta):
+  """The docstring's definition, written out with float64 loops."""
+  t = len(gold)
+  g = [sum(gold[j - window + 1:j + 1]) / window for j in range(window - 1, t)]  # G at steps window..T
+  r = [sum(rm[j - window + 1:j + 1]) / window for j in range(window - 1, t)]
+  peak = 0
+  for j in range(len(g)):
+    if g[j] > g[peak]:
+      peak = j
+  mean = sum(rm[:window]) / window
+  sd = math.sqrt(sum((x - mean) ** 2 for x in rm[:window]) / (window - 1))
+  hacks = g[-1] <= g[peak] - delta and r[-1] - r[peak] > 2 * sd / math.sqrt(window)
+  return hacks, (peak + window if hacks else t), peak + window
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_onset_matches_reference(run, seed):
+  rng = np.random.default_rng(seed)
+  t = 30
+  steps = np.arange(1, t + 1)
+  peak = int(rng.integers(8, 25))
+  gold = np.where(steps <= peak, 0.5 + 0.02 * steps, 0.5 + 0.02 * peak - 0.03 * (steps - peak))
+  gold = (gold + rng.normal(0, 0.02 * (seed % 3), t)).tolist()
+  rm = (0.1 * steps * (1 if seed % 2 else -1) + rng.normal(0, 0.05, t)).tolist()
+  got = run.hacking_onset(gold, rm, 5, 0.05)
+  hacks, onset_or_t, peak_step = _onset_reference(gold, rm, 5, 0.05)
+  assert (got["hacks"], got["onset_or_T"], got["peak_step"]) == (hacks, onset_or_t, peak_step)
+  assert got["onset"] == (onset_or_t if hacks else None)
+
+
+def test_onset_cases(run):
+  rising = list(np.linspace(0, 1, 20))
+  hump = [0.5 + 0.05 * min(i, 10) - 0.05 * max(0, i - 10) for i in range(20)]
+  got = run.hacking_onset(hump, rising, 5, 0.05)  # gold peaks (smoothed, at step 13), falls; RM rises: hacks
+  assert got["hacks"] and got["onset"] == 13 and got["peak_step"] == 13
+  assert not run.hacking_onset(hump, rising[::-1], 5, 0.05)["hacks"]  # RM fell too: not hacking
+  assert run.hacking_onset(rising, rising, 5, 0.05) == dict(
+      hacks=False, onset=None, onset_or_T=20, peak_step=20, gold_peak=pytest.approx(np.mean(rising[-5:])),
+      gold_end=pytest.approx(np.mean(rising[-5:])), rm_at_peak=pytest.approx(np.mean(rising[-5:])),
+      rm_end=pytest.approx(np.mean(rising[-5:])), rm_margin=pytest.approx(2 * np.std(rising[:5], ddof=1) / 5 ** 0.5))
+  noisy = [(-1) ** i * 0.1 for i in range(20)]  # the RM's rise (0.04) is inside its noise margin (0.098): no hacking
+  assert not run.hacking_onset(hump, [x + 0.002 * i for i, x in enumerate(noisy)], 5, 0.05)["hacks"]
+  with pytest.raises(ValueError, match="equal length"):
+    run.hacking_onset([0.0] * 4, [0.0] * 4, 5, 0.05)
+
+
+def test_outcomes(run):
+  t = 12
+  rows = [dict(step=i + 1, gold_score=0.1 * i, rm_score=1.0 - 0.01 * i, response_length=20.0 + i) for i in range(t)]
+  rows.insert(3, dict(step=3, eval_accuracy_test=0.3))  # rows without the step metrics are skipped
+  got = run.outcomes(rows, {"eval_accuracy_test": 0.75})
+  assert got["gold_final"] == 0.75 and got["steps"] == t
+  np.testing.assert_allclose(got["gold_last"], np.mean([0.1 * i for i in range(t - 5, t)]))
+  np.testing.assert_allclose(got["gold_first"], np.mean([0.1 * i for i in range(5)]))
+  np.testing.assert_allclose(got["length_drift"], (20 + np.arange(t - 5, t)).mean() - (20 + np.arange(5)).mean())
+  assert got["onset_or_T"] == t and not got["hacking"]["hacks"]
+
+
+def test_comparisons_and_power(run):
+  finished = []
+  for seed, (b, d, o) in enumerate([(0.5, 0.6, 0.4), (0.6, 0.65, 0.5), (0.55, 0.7, 0.58)]):
+    for method, value in zip(("bt", "dir", "odin"), (b, d, o)):
+      finished.append(dict(method=method, seed=seed, gold_final=value, gold_last=value, onset_or_T=30,
+                           length_drift=value))
+  comps = run.comparisons(finished, run.METHODS)
+  assert len(comps) == 2 * len(run.OUTCOMES)
+  dir_gold = next(c for c in comps if c["a"] == "dir" and c["metric"] == "gold_final")
+  d = np.array([0.1, 0.05, 0.15])
+  np.testing.assert_allclose(dir_gold["mean_diff"], d.mean())
+  np.testing.assert_allclose(dir_gold["std_diff"], d.std(ddof=1))
+  assert "p_t_holm" in dir_gold
+  p = run.power(finished, run.METHODS)
+  sd = max(np.std([0.1, 0.05, 0.15], ddof=1), np.std([-0.1, -0.1, 0.03], ddof=1))
+  np.testing.assert_allclose(p["sd_used"], sd)
+  assert p["n_for_80_power"] == stats.paired_n_for_power(sd, run.TARGET)
+  assert p["n"] == min(max(p["n_for_80_power"], run.MIN_SEEDS), run.MAX_SEEDS)
+  assert p["cap_binds"] == (p["n_for_80_power"] > run.MAX_SEEDS)
+  assert math.isclose(p["power_at_n"], stats.paired_power(sd, run.TARGET, p["n"]))
+
+
+@pytest.mark.parametrize("smoke", [False, True])
+def test_configs_are_valid(run, smoke, tmp_path):
+  """Every config the experiment trains with passes jaxpt's own checks (nothing is built or compiled)."""
+  common = dict(smoke=smoke, sft_dir="", pairs=str(tmp_path))  # init_from "": its checkpoint is not checked here
+  from_section(SFTRunConfig, run.sft_config(smoke), "config")
+  for method in run.METHODS:
+    for hp in run.GRID[method]:
+      config = run.rm_config(dict(common, method=method, seed=1, hp=hp))
+      checked = from_section(RMRunConfig, config, "config")
+      assert checked.rm.loss == method and checked.model == from_section(SFTRunConfig, run.sft_config(smoke),
+                                                                         "config").model
+  rl = from_section(GRPORunConfig, run.rl_config(dict(common, method="bt", seed=3, rm_dir="/tmp/rm")), "config")
+  assert rl.reward.model == "/tmp/rm" and rl.seed == 3 and rl.eval_every == rl.steps
+  # the RM holds prompt + response: the longest training pair and the policy's rollouts
+  rm = from_section(RMRunConfig, run.rm_config(dict(common, method="bt", seed=1, hp={})), "config")
+  assert rl.data.max_prompt_len + rl.sampling.max_new_tokens + 1 <= rm.model.max_seq_len
+
+
+def test_committed_pilot_fixes_n(run):
+  """The committed pilot.json states N and how it was computed (issue 31: seeds fixed in advance)."""
+  path = os.path.join(os.path.dirname(SCRIPT), "pilot.json")
+  if not os.path.exists(path):
+    pytest.skip("no committed pilot yet")
+  with open(path) as f:
+    p = json.load(f)["power"]
+  assert p["n"] >= run.MIN_SEEDS and p["n"] == min(max(p["n_for_80_power"] or math.inf, run.MIN_SEEDS),
+                                                   run.MAX_SEEDS)
+
+
+@pytest.mark.slow
+def test_smoke_pipeline(run, tmp_path):
+  """The whole pipeline at toy size (SFT, RM tuning, pilot, main, report): minutes on 2 shared cores."""
+  run.main(["--smoke", "--methods", "bt,dir", "--jobs", "1", "--workdir", str(tmp_path / "w"),
+            "--out", str(tmp_path / "out")])
+  with open(tmp_path / "out" / "results.json") as f:
+    payload = json.load(f)
+  assert payload["design"]["reported_seeds"] == [0, 1]
+  assert {c["metric"] for c in payload["comparisons"]} == set(run.OUTCOMES)
+  assert os.path.exists(tmp_path / "out" / "reward_hacking.png")
+
+
+def test_report(run):
+  """table + comparisons + markdown of made-up finished runs: every row and comparison is printed."""
+  finished = []
+  for seed in range(3):
+    for i, method in enumerate(run.METHODS):
+      value = 0.5 + 0.1 * i + 0.01 * seed
+      finished.append(dict(method=method, seed=seed, gold_final=value, gold_last=value, onset_or_T=20 - i,
+                           length_drift=2.0 * i, gold_first=0.5, length_first=20.0, length_last=20.0 + 2 * i,
+                           rm_first=0.1,
+                           rm_last=0.5, hacking=dict(hacks=i == 0),
+                           rm=dict(validation_balanced_accuracy=0.5 + 0.1 * i, validation_accuracy=0.6)))
+  rows, comps = run.table(finished, run.METHODS), run.comparisons(finished, run.METHODS)
+  assert [r["hacked"] for r in rows] == [3, 0, 0]
+  payload = dict(provenance="p", power=run.power(finished, run.METHODS), chosen={m: {} for m in run.METHODS},
+                 tuning=[dict(method=m, hp={}, validation_balanced_accuracy=0.5, validation_accuracy=0.5)
+                         for m in run.METHODS], final=rows, comparisons=comps, partial="")
+  text = run.markdown(payload)
+  assert text.count("| gold_final |") == 2 and "3/3" in text and "Holm" in text
