@@ -316,6 +316,18 @@ def _check_kind(path: str, wanted: str, found: str) -> None:
     raise ConfigError("path", f"holds {names[found]}, not {names[wanted]}", path)
 
 
+def adapter_caveats(model: Model) -> list[str]:
+  """What a user loading `model`'s exported adapters must know: a base that is no HF checkpoint, a quantized one."""
+  caveats = []
+  if model.base_model is None:
+    caveats.append("base_model_name_or_path is null: the run's base is no Hugging Face checkpoint (export the run it "
+                   "started from with export-hf, and load the adapters over that)")
+  if model.lora.base_quant != "none":
+    caveats.append(f"trained over a {model.lora.base_quant}-quantized base (lora.base_quant): over a float base the "
+                   "outputs differ by the quantization error")
+  return caveats
+
+
 def run_export_hf(workdir: str, step: int | None, out: str, format: str = "auto", overwrite: bool = False,
                   merge: bool = False, adapters: bool = False) -> int:
   """`jaxpt export-hf`: loads the run (or `hf:DIR`) at `step` and writes it to `out` (Model.save_hf); one line on
@@ -353,6 +365,8 @@ def run_export_hf(workdir: str, step: int | None, out: str, format: str = "auto"
   if adapters:
     print(f"jaxpt export-hf: wrote the LoRA adapters of {model.source} (rank {model.lora.rank}, targets "
           f"{model.lora.targets}) in PEFT's format to {out} ({size / 2**10:.1f} KiB of safetensors)", flush=True)
+    for caveat in adapter_caveats(model):
+      print(f"jaxpt export-hf: note: {caveat}", flush=True)
     return 0
   what = f"{written}-format {'reward-model ' if model.kind == 'reward' else ''}checkpoint"
   merged = ", its LoRA adapters merged," if merge else ""

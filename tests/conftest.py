@@ -13,8 +13,9 @@ not run time, dominates them), set here before any test starts jax's backend and
 tests launch (notebook kernels, CLI runs). The multi-device suites (tests/multidevice) ask for the same.
 
 The README's two workers (`-n 2 --dist loadfile`) take whole files, so a module's compiled fixtures are
-built once, not once per worker; the longest files go first (`LONGEST_FIRST`), so the run does not end on one worker
-with a long file while the other is idle.
+built once, not once per worker; the longest files go first (`LONGEST_FIRST`; xdist's own reordering of files by
+their number of tests is turned off, as `--no-loadscope-reorder` would), so the run does not end on one worker with
+a long file of few tests (the 8-device suites) while the other is idle.
 """
 
 import os
@@ -58,6 +59,11 @@ def small_disk(tmp_path):
   yield mount_small_disk
   for folder in mounted:
     subprocess.run(["umount", str(folder)], check=True)
+
+
+def pytest_configure(config):
+  if hasattr(config.option, "loadscopereorder"):  # pytest-xdist >= 3.8, when installed and enabled
+    config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(items):

@@ -281,3 +281,15 @@ def test_a_qlora_run_from_peft_adapters_starts_with_them_over_the_quantized_base
   codes, scales = jax.device_get(quant_lib.quantize(jnp.asarray(float_base), quant, axis=1))
   np.testing.assert_array_equal(value["kernel_q"], codes)
   np.testing.assert_array_equal(value["kernel_scale"], scales)
+
+
+def test_an_adapter_export_notes_a_base_that_is_no_checkpoint_and_a_quantized_base(lora_run):
+  import dataclasses
+
+  from jaxpt.api import adapter_caveats
+
+  run = jaxpt.load(lora_run[0], dtype="float32")
+  assert adapter_caveats(run) == []  # started from hf:, float base
+  other = dataclasses.replace(run, base_model=None, lora=dataclasses.replace(run.lora, base_quant="nf4"))
+  notes = adapter_caveats(other)
+  assert len(notes) == 2 and "base_model_name_or_path is null" in notes[0] and "nf4-quantized" in notes[1], notes

@@ -296,3 +296,28 @@ def test_qlora_on_dpo_grpo_and_rm(trainer, tmp_path):
   assert_bitwise(resumed.state, whole.state)
   if trainer == "dpo":
     assert rows[0]["dpo_loss"] == pytest.approx(np.log(2.0), abs=1e-6)
+
+
+def test_gradient_accumulation_passes_the_codes_float0_gradients_through():
+  """optim.grad_accum_steps > 1 with a quantized base: the accumulated adapter gradients equal one batch's (the
+  micro-batches' losses weighted by their tokens), and the codes keep their float0 gradients, as without it."""
+  from jaxpt.engine.step import accumulate_gradients
+
+  spec = lora_lib.LoRA(4, 2.0, quant=Quant("int8", 16))
+  model, tokens = TransformerLM(MODEL, lora=spec), (jnp.arange(64, dtype=jnp.int32).reshape(4, 16) * 5) % 64
+  params = nn.meta.unbox(jax.jit(model.init)(jax.random.PRNGKey(0), tokens)["params"])
+  params = jax.tree_util.tree_map_with_path(
+      lambda p, v: v + 0.05 if jax.tree_util.keystr(p).endswith("['lora_b']") else v, params)
+
+  def loss_fn(p, batch, rng):
+    del rng
+    return jnp.mean(model.apply({"params": p}, batch["tokens"]) ** 2), {"num_tokens": jnp.float32(batch["tokens"].size)}
+
+  grads = {n: jax.jit(lambda p, n=n: accumulate_gradients(loss_fn, p, {"tokens": tokens}, jax.random.PRNGKey(1), n)[0])(
+      params) for n in (1, 2)}
+  one, two = (dict(jax.tree_util.tree_leaves_with_path(grads[n])) for n in (1, 2))
+  for path, grad in one.items():
+    if jax.tree_util.keystr(path).endswith("['kernel_q']"):
+      assert grad.dtype == two[path].dtype == jax.dtypes.float0
+    elif is_adapter(jax.tree_util.keystr(path)):
+      np.testing.assert_allclose(two[path], grad, rtol=1e-5, atol=1e-7)

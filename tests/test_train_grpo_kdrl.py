@@ -69,6 +69,20 @@ def test_started_from_the_teacher_the_term_is_zero_on_the_first_rollouts(teacher
   assert abs(rows[0]["teacher_kl"]) < 0.05 and all(r["kd"] >= 0 for r in rows)
 
 
+def test_a_lora_run_teaches_with_its_adapters_merged(tmp_path):
+  """A teacher trained with LoRA is read as init_from reads it: W + s A B (what jaxpt.load gives), not refused."""
+  import jax
+
+  source = str(tmp_path / "lora_teacher")
+  train(source, **{**TEACHER, "lora.rank": 2, "lora.alpha": 4.0})
+  config = micro_config(**{**QUIET, "grpo.teacher": source, "grpo.kd_coef": 0.1})
+  hooks = replace_hooks(jaxpt.build("grpo", config, str(tmp_path / "student")), reward_fn=even_length).hooks
+  loaded = jaxpt.load(source, dtype="float32")
+  assert loaded.lora is not None
+  for got, want in zip(jax.tree.leaves(jax.device_get(hooks.teacher.params)), jax.tree.leaves(loaded.params)):
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
 def test_kd_only_is_on_policy_distillation(teacher, tmp_path):
   train(str(tmp_path), **{"grpo.teacher": teacher, "grpo.kd_coef": 1.0, "grpo.kd_only": True, "grpo.kl_coef": 0.0})
   rows = read_metrics(str(tmp_path))

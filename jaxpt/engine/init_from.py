@@ -63,7 +63,7 @@ def init_adapters(init_adapter: str, template: Any) -> Any:
   return hf_peft.load_adapters(os.path.expanduser(init_adapter), template, "config.lora.init_adapter")
 
 
-def run_params(workdir: str, model_config: ModelConfig, template: Any) -> Any:
+def run_params(workdir: str, model_config: ModelConfig, template: Any, field: str = FIELD) -> Any:
   """The latest params of the jaxpt run in `workdir` as `template` has them (a PPO run's policy: its critic is not
   read); a LoRA run's adapters (restored replicated) merged into its kernels (a QLoRA run's quantized kernels,
   restored replicated, dequantized first)."""
@@ -71,14 +71,14 @@ def run_params(workdir: str, model_config: ModelConfig, template: Any) -> Any:
   lora = recorded_lora(recorded_config(path)) if os.path.isfile(os.path.join(path, CONFIG_FILE)) else None
   key = run_lm_key(path)
   if lora is None or not lora.enabled:
-    return load_run_params(workdir, template, FIELD, key)
+    return load_run_params(workdir, template, field, key)
   model = TransformerLM(model_config, lora=lora.spec())
   adapted = jax.eval_shape(lambda: init_params_of(model_config, jax.random.PRNGKey(0), model=model))
   shardings = jax.tree.map(lambda leaf: leaf.sharding, template)
   first = jax.tree.leaves(shardings)[0]
   replicated = NamedSharding(first.mesh, PartitionSpec()) if isinstance(first, NamedSharding) else first
   adapters = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=replicated), adapted)
-  restored = load_run_params(workdir, _restore_target(template, adapters), FIELD, key)
+  restored = load_run_params(workdir, _restore_target(template, adapters), field, key)
   merge = lambda p: lora_lib.merge_params(p, lora.scale, lora.quant, jnp.dtype(model_config.param_dtype))
   return jax.jit(merge, out_shardings=shardings)(restored)
 

@@ -14,6 +14,7 @@ from typing import Any, Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from jaxpt.engine.state import TrainState, trainable_part, with_part
@@ -51,6 +52,11 @@ def grad_fn_of(loss_fn: Callable[..., tuple[jax.Array, dict]], reads_aux: bool =
   return grad_fn
 
 
+def _is_float0(x) -> bool:
+  """The gradient of an integer leaf (QLoRA's codes, `allow_int=True`): jax's float0, nothing to accumulate."""
+  return x.dtype == jax.dtypes.float0
+
+
 def accumulate(grad_fn: GradFn, params: Any, aux: Any, batch: dict, rng: jax.Array, num_micro: int = 1,
                weight_key: str = "num_tokens") -> tuple[Any, Any, dict]:
   """(grads, aux, metrics) of the batch, computed over `num_micro` micro-batches with a scan.
@@ -70,16 +76,17 @@ def accumulate(grad_fn: GradFn, params: Any, aux: Any, batch: dict, rng: jax.Arr
     index, micro_batch = xs
     grads, aux, metrics = grad_fn(params, aux, micro_batch, jax.random.fold_in(rng, index))
     n = jnp.asarray(metrics.get(weight_key, 1.0), jnp.float32)
-    grad_sum = jax.tree.map(lambda acc, g: acc + n * g.astype(jnp.float32), grad_sum, grads)
+    grad_sum = jax.tree.map(lambda acc, g: acc if _is_float0(g) else acc + n * g.astype(jnp.float32), grad_sum, grads)
     metric_sum = jax.tree.map(lambda acc, m: acc + n * m, metric_sum, metrics)
     return (grad_sum, aux, metric_sum, weight_sum + n), None
 
   shapes = jax.eval_shape(lambda: grad_fn(params, aux, jax.tree.map(lambda x: x[0], micro), rng))
-  zeros = lambda tree: jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), tree)
+  zeros = lambda tree: jax.tree.map(lambda s: jnp.zeros(() if _is_float0(s) else s.shape, jnp.float32), tree)
   init = (zeros(shapes[0]), aux, zeros(shapes[2]), jnp.zeros((), jnp.float32))
   (grad_sum, aux, metric_sum, total), _ = jax.lax.scan(body, init, (jnp.arange(num_micro), micro))
   denom = jnp.where(total > 0, total, 1.0)
-  grads = jax.tree.map(lambda g, p: (g / denom).astype(p.dtype), grad_sum, params)
+  grads = jax.tree.map(lambda g, s, p: np.zeros(s.shape, s.dtype) if _is_float0(s) else (g / denom).astype(p.dtype),
+                       grad_sum, shapes[0], params)
   metrics = {k: v / denom for k, v in metric_sum.items()}
   if weight_key in metrics:
     metrics[weight_key] = total

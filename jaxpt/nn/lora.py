@@ -255,7 +255,8 @@ class LoRAConfig(Section):
       gives; its r, lora_alpha, use_rslora, target_modules and lora_dropout fill rank, alpha, rslora, targets and
       dropout left at their defaults (a set rank, alpha, rslora or targets that contradicts them is an error).
     base_quant: QLoRA: none | int8 | nf4, the adapted projections' frozen kernels kept quantized (`jaxpt.nn.quant`),
-      dequantized to `base_dtype` inside their matmuls; needs rank > 0.
+      dequantized to the compute dtype inside their matmuls (the sampler's merged copy: to `base_dtype`); needs
+      rank > 0.
     base_quant_block: B, the inputs per absmax scale along each quantized kernel's last input axis (embed, mlp or
       head_dim; B must divide them); float32 scales cost 32 / B bits per param.
   """

@@ -3,7 +3,8 @@ run's mesh, for the knowledge-distillation term of the policy loss (`jaxpt.losse
 
     load_teacher(source, layout, tokenizer, temperature, length)  -> Teacher(config, params, logprobs)
 
-`source` is a jaxpt run's workdir (its latest checkpoint's params; its model config from its config.json) or
+`source` is a jaxpt run's workdir (its latest checkpoint's params, read as `init_from` reads them: a PPO run's
+policy, a LoRA or QLoRA run's adapters merged; its model config from its config.json) or
 'hf:DIR' (a Hugging Face checkpoint: model config from DIR's config.json, weights streamed into their shardings).
 The teacher may be another size than the policy (its params are sharded by the run's rules on the same mesh) but
 must share its tokenizer: the token ids the policy samples are the ids the teacher scores. `Teacher.logprobs` is
@@ -28,9 +29,8 @@ from jaxpt.models import hf, hf_config
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM
 from jaxpt.rl.logprobs import response_logprobs
-from jaxpt.engine.checkpoint import load_run_params
-from jaxpt.engine.init_from import hf_directory
-from jaxpt.engine.record import NoRunRecord, recorded_config, run_lm_key
+from jaxpt.engine.init_from import hf_directory, run_params
+from jaxpt.engine.record import NoRunRecord, recorded_config
 
 FIELD = "config.grpo.teacher"
 
@@ -103,7 +103,7 @@ def load_teacher(source: str, layout: parallel.MeshLayout, tokenizer: Any, tempe
   if directory is None:
     template = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), nn.meta.unbox(boxed),
                             shardings)
-    params = load_run_params(os.path.expanduser(source), template, FIELD, run_lm_key(source))  # PPO: its policy
+    params = run_params(os.path.expanduser(source), config, template, FIELD)  # PPO: its policy; LoRA: merged
   else:
     try:
       params = hf.load_params(directory, config, shardings=shardings)
