@@ -57,9 +57,10 @@ from jax import lax
 
 from jaxpt.config import Section, at_least, fail
 from jaxpt.models.config import ModelConfig
-from jaxpt.models.transformer import TransformerLM, init_cache, unstack_layers
+from jaxpt.models.transformer import TransformerLM, init_cache
 from jaxpt.nn.paged_cache import FreeList, PagedKVCache
-from jaxpt.rl.sampler import SampleOutput, SamplingConfig, choose_tokens, prompt_layout, rollout_keys
+from jaxpt.rl.sampler import (SampleOutput, SamplingConfig, choose_tokens, decode_config_of, decode_params,
+                              prompt_layout, rollout_keys)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,11 +160,7 @@ class Engine:
                  f"{sampling.max_new_tokens} new tokens need {need} pages of {engine.page_size} slots")
     self.model_config, self.sampling, self.prompt_len, self.engine = model_config, sampling, prompt_len, engine
     self.group_size = group_size
-    decode_config = dataclasses.replace(model_config, scan_layers=False)
-    if sampling.rollout_dtype != "float32":
-      decode_config = dataclasses.replace(decode_config, dtype=sampling.rollout_dtype,
-                                          param_dtype=sampling.rollout_dtype)
-    self.decode_config = decode_config
+    self.decode_config = decode_config_of(model_config, sampling)
     self.jitted = jax.jit(self.generate)
 
   def __call__(self, params, prompt_tokens, prompt_mask, rng, budgets=None) -> SampleOutput:
@@ -194,11 +191,7 @@ class Engine:
                         sampling.max_new_tokens)
     rows, prompts = prompt_tokens.shape[0], prompt_tokens.shape[0] // G
     model = TransformerLM(cfg)
-    if self.model_config.scan_layers:
-      params = unstack_layers(params, self.model_config.num_layers)
-    if cfg.dtype != "float32":
-      params = jax.tree.map(lambda p: p.astype(cfg.dtype) if jnp.issubdtype(p.dtype, jnp.floating) else p, params)
-    variables = {"params": params}
+    variables = {"params": decode_params(params, self.model_config, cfg)}
     prompt_tokens, prompt_mask = prompt_tokens.astype(jnp.int32), prompt_mask[::G]
     prompt_lengths = jnp.sum(prompt_mask > 0, axis=1).astype(jnp.int32)
     width = (KP + KR) * ps

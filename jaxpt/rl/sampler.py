@@ -31,7 +31,7 @@ them by teacher forcing (`jaxpt.rl.logprobs`; the GRPO trainer does).
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Any, Callable
 
 import flax.struct
 import jax
@@ -163,6 +163,27 @@ def decode_segments(steps: int, count: int) -> list[int]:
   return [1 + ((steps - 1) * (i + 1)) // runs for i in range(runs)]
 
 
+def decode_config_of(model_config: ModelConfig, sampling: SamplingConfig) -> ModelConfig:
+  """The model config decoding runs: layers unrolled (the weights read in place, see transformer.py), in
+  `sampling.rollout_dtype` (params and compute) when it is not float32."""
+  decode_config = dataclasses.replace(model_config, scan_layers=False)
+  if jnp.dtype(sampling.rollout_dtype) != jnp.float32:
+    decode_config = dataclasses.replace(decode_config, dtype=sampling.rollout_dtype,
+                                        param_dtype=sampling.rollout_dtype)
+  return decode_config
+
+
+def decode_params(params: Any, model_config: ModelConfig, decode_config: ModelConfig) -> Any:
+  """`params` of `model_config` laid out for `decode_config` (`decode_config_of`): scanned layers unstacked, float
+  leaves cast to the rollout dtype."""
+  if model_config.scan_layers:
+    params = unstack_layers(params, model_config.num_layers)
+  dtype = jnp.dtype(decode_config.dtype)
+  if dtype != jnp.float32:
+    params = jax.tree.map(lambda p: p.astype(dtype) if jnp.issubdtype(p.dtype, jnp.floating) else p, params)
+  return params
+
+
 def make_sampler(model_config: ModelConfig, sampling: SamplingConfig, prompt_len: int,
                  layout: MeshLayout | None = None, group_size: int = 1,
                  row_keys: bool = False) -> Callable[..., SampleOutput]:
@@ -199,11 +220,7 @@ def make_sampler(model_config: ModelConfig, sampling: SamplingConfig, prompt_len
     raise ValueError(f"prompt_len={prompt_len}: must be positive")
   if group_size < 1:
     raise ValueError(f"group_size={group_size}: must be positive")
-  rollout_dtype = jnp.dtype(sampling.rollout_dtype)
-  decode_config = dataclasses.replace(model_config, scan_layers=False)  # weights read in place (see transformer.py)
-  if rollout_dtype != jnp.float32:
-    decode_config = dataclasses.replace(decode_config, dtype=sampling.rollout_dtype,
-                                        param_dtype=sampling.rollout_dtype)
+  decode_config = decode_config_of(model_config, sampling)
   model = TransformerLM(decode_config)
   steps = sampling.max_new_tokens
   segments = decode_segments(steps, sampling.cache_segments)
@@ -215,12 +232,7 @@ def make_sampler(model_config: ModelConfig, sampling: SamplingConfig, prompt_len
                        f"prompt_len={prompt_len}")
     if batch % group_size:
       raise ValueError(f"group_size={group_size} does not divide the {batch} prompt rows")
-    if model_config.scan_layers:
-      params = unstack_layers(params, model_config.num_layers)
-    if rollout_dtype != jnp.float32:
-      params = jax.tree.map(lambda p: p.astype(rollout_dtype) if jnp.issubdtype(p.dtype, jnp.floating) else p,
-                            params)
-    variables = {"params": params}
+    variables = {"params": decode_params(params, model_config, decode_config)}
     prompts = batch // group_size
     distinct_tokens, distinct_mask = prompt_tokens[::group_size], prompt_mask[::group_size]
     segment_ids, positions, prompt_lengths = prompt_layout(distinct_mask)

@@ -221,7 +221,7 @@ class GRPOHooks(Hooks):
   @property
   def score_hook(self) -> Callable[[dict], dict] | None:
     """The collector's score hook (`round_rewards`) when the `reward` section is not the default, else None."""
-    return None if self.assemble is None else functools.partial(round_rewards, self.config.reward, self.reward_model)
+    return reward_score_hook(self.config.reward, self.assemble, self.reward_model)
 
   def _assembled_rewards(self, ro: dict, aux: Any, metrics: dict) -> tuple[np.ndarray, Any]:
     return assembled_rewards(self.config.reward, self.assemble, self.reward_model, ro, aux, metrics)
@@ -247,6 +247,13 @@ class GRPOHooks(Hooks):
   def evaluate(self, state: TrainState) -> dict:
     """eval_accuracy_<set> (and eval_pass1_<set>) of the state's policy (`RolloutCollector.evaluate`)."""
     return self.collector.evaluate(self.training.merged_params(state.params))
+
+
+def reward_score_hook(settings: RewardConfig, assemble: Callable | None,
+               reward_model: RewardModelSource | None) -> Callable[[dict], dict] | None:
+  """The collector's score hook (`round_rewards`) of a `reward` section that is not the default (`assemble`, from
+  `reward_functions`, not None), else None (GRPO and PPO)."""
+  return None if assemble is None else functools.partial(round_rewards, settings, reward_model)
 
 
 def round_rewards(settings: RewardConfig, reward_model: RewardModelSource | None, ro: dict) -> dict:

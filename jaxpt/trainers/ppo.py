@@ -33,7 +33,6 @@ start with a fresh head.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -53,7 +52,7 @@ from jaxpt.rl import dapo
 from jaxpt.rl.collect import RolloutCollector
 from jaxpt.rl.logprobs import response_logits, token_logprobs
 from jaxpt.rl.reward_sources import QUALITY_HEAD, RewardModelSource, init_running_stats, same_tokens
-from jaxpt.trainers.grpo import (assembled_rewards, load_reward_model, reward_functions, rl_start, round_rewards,
+from jaxpt.trainers.grpo import (assembled_rewards, load_reward_model, reward_functions, rl_start, reward_score_hook,
                                   split_groups)
 from jaxpt.trainers.ppo_config import PPOConfig, PPORunConfig
 from jaxpt.engine.builder import Training, build_training
@@ -191,7 +190,7 @@ class PPOHooks(Hooks):
     settings = self.config.ppo
     step = int(state.step)
     sample_rng, update_rng = jax.random.split(state.step_rng())
-    score = None if self.assemble is None else functools.partial(round_rewards, self.config.reward, self.reward_model)
+    score = reward_score_hook(self.config.reward, self.assemble, self.reward_model)
     ro, dapo_metrics = self.collector.step_rollouts(state.params["policy"], batch, step, sample_rng, score=score)
     metrics: dict[str, Any] = {"accuracy": float(ro["scores"].mean()), "response_length": float(ro["lengths"].mean()),
                                "num_tokens": float(ro["lengths"].sum()), **dapo_metrics}
