@@ -30,7 +30,8 @@ KEYS = ("reward_mean", "accuracy", "loss", "pg_loss", "ppo_kl", "grad_norm", "ev
 VARIANT_KEYS = {"grpo": (), "clipo": ("clipo_loss", "clipo_reward_mean"),
                 "dapo": ("dapo_rounds", "dapo_groups_informative", "truncated_frac", "overlong_penalty_mean"),
                 "rm": ("rm_score", "gold_score")}
-CASES = [(v, p) for v in ("grpo", "clipo") for p in MESHES] + [("dapo", "fsdp_tp"), ("rm", "fsdp_tp")]
+CASES = [(v, p) for v in ("grpo", "clipo") for p in MESHES] + [("dapo", "fsdp"), ("dapo", "fsdp_tp"),
+                                                                ("rm", "fsdp_tp")]
 
 
 @functools.cache
@@ -75,8 +76,9 @@ def run(variant, preset):
   return read_metrics(workdir), jax.tree.map(np.asarray, result.state), trainer, result.state
 
 
-# the default suite's cases cover every variant and every mesh once; the rest are `slow` (tests/test_parallel_sharded)
-DEFAULT_CASES = {("grpo", "fsdp_tp"), ("clipo", "dp"), ("clipo", "fsdp"), ("dapo", "fsdp_tp"), ("rm", "fsdp_tp")}
+# the default suite's cases cover every mesh once, each with a variant that adds to plain GRPO (CLIPO, DAPO, a
+# reward model); the rest are `slow` (tests/test_parallel_sharded)
+DEFAULT_CASES = {("clipo", "dp"), ("dapo", "fsdp"), ("rm", "fsdp_tp")}
 
 
 @pytest.mark.parametrize("variant,preset", [c if c in DEFAULT_CASES else pytest.param(*c, marks=pytest.mark.slow)
@@ -106,7 +108,7 @@ def test_two_steps_on_8_devices_equal_one_device(variant, preset):
 
 
 def test_rollouts_are_split_over_the_data_parallel_devices():
-  _, _, trainer, state = run("grpo", "fsdp_tp")
+  _, _, trainer, state = run("rm", "fsdp_tp")
   ro = trainer.hooks.collector.rollouts(state.params, trainer.hooks.collector.prompts.batch(0), jax.random.PRNGKey(0))
   assert {s.data.shape for s in ro["tokens"].addressable_shards} == {(B * G // 4, T)}  # data 2 x fsdp 2
   assert ro["scores"].shape == (B * G,) and isinstance(ro["scores"], np.ndarray)
@@ -114,7 +116,7 @@ def test_rollouts_are_split_over_the_data_parallel_devices():
 
 def test_bf16_rollouts_on_the_mesh_train_on_the_fp32_policys_old_logprobs():
   """The bf16 sampler compiled for the mesh; the trained rows' old_logp are the fp32 policy's (teacher forcing)."""
-  _, _, trainer, state = run("grpo", "fsdp_tp")
+  _, _, trainer, state = run("rm", "fsdp_tp")
   bf16 = dataclasses.replace(trainer.config.sampling, rollout_dtype="bfloat16", eos_id=trainer.tokenizer.eos_id,
                              pad_id=trainer.tokenizer.pad_id)
   sample = make_sampler(trainer.config.model, bf16, trainer.config.data.max_prompt_len, trainer.training.layout)

@@ -123,8 +123,11 @@ def sharded(scheme, preset, accum=1):
   return losses, state, training
 
 
-@pytest.mark.parametrize("scheme,preset", [(scheme, preset) for scheme in SCHEMES for preset in MESHES] + [
-    ("moe", "ep"), ("moe_capacity", "fsdp_ep")])
+# Pre-Norm on every mesh, SiameseNorm (two streams, untied head) on the mesh of all three axes by default; its other
+# meshes are `slow` (tests/test_parallel_sharded)
+@pytest.mark.parametrize("scheme,preset", [
+    (scheme, preset) if scheme == "pre" or preset == "fsdp_tp" else pytest.param(scheme, preset, marks=pytest.mark.slow)
+    for scheme in SCHEMES for preset in MESHES] + [("moe", "ep"), ("moe_capacity", "fsdp_ep")])
 def test_matches_single_device(scheme, preset):
   """Loss and state after 3 steps; under the ep presets each device holds one expert's weights (and a quarter of
   the batch)."""
