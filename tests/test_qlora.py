@@ -274,9 +274,9 @@ NF4_16 = {"lora.base_quant": "nf4", "lora.base_quant_block": 16}
 @pytest.mark.slow
 @pytest.mark.parametrize("trainer", ["dpo", "grpo", "rm"])
 def test_qlora_on_dpo_grpo_and_rm(trainer, tmp_path):
-  """DPO (its reference: the quantized base, adapters off; loss log 2 at B = 0), GRPO (rollouts on the merged
-  dequantized copy, KL reference on the dequantized base) resume bitwise and change only the adapters; RM trains its
-  head whole beside them."""
+  """DPO (its reference: the quantized base, adapters off; loss log 2 at B = 0), GRPO (`lora.rollouts` auto: rollouts
+  and the KL reference on the codes, the sampler's arguments smaller than the merged float policy) resume bitwise
+  and change only the adapters; RM trains its head whole beside them."""
   if trainer == "rm":
     config = config_of(rm_tiny, {**PAIRS, "steps": 3, **NF4_16})
     built = jaxpt.build("rm", config, str(tmp_path))
@@ -296,6 +296,10 @@ def test_qlora_on_dpo_grpo_and_rm(trainer, tmp_path):
   assert_bitwise(resumed.state, whole.state)
   if trainer == "dpo":
     assert rows[0]["dpo_loss"] == pytest.approx(np.log(2.0), abs=1e-6)
+  else:
+    merged = jax.eval_shape(built.training.merged_params, whole.state.params)
+    assert built.config.lora.samples_unmerged and built.hooks.collector.sampler_memory["argument_mib"] * 2**20 < sum(
+        leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(merged))
 
 
 def test_gradient_accumulation_passes_the_codes_float0_gradients_through():

@@ -14,7 +14,7 @@ params subtrees `new_heads` (a reward head) train and have optimizer state (`Tra
 is kept in `lora.base_dtype` (QLoRA, `lora.base_quant`: the adapted kernels quantized once, when the run gets its base:
 `Training.init_state`). `Training.merged_params` is the policy as the same model without LoRA reads it
 (samplers, evaluators built on `config.model` alone), `Training.base_params` the base, adapters off (the reference
-policy of DPO / GRPO, without a copy).
+policy of DPO / GRPO, without a copy), `Training.adapters_off` the same base for the adapted model (adapters at 0).
 """
 
 from __future__ import annotations
@@ -163,6 +163,19 @@ class Training:
     """The base params, adapters off, as the model without LoRA reads them: QLoRA's kernels dequantized to
     lora.base_dtype (a copy, jitted on the mesh); `base_params` otherwise."""
     return self._dequantize(self.base_params(params)) if self.quant is not None else self.base_params(params)
+
+  def adapters_off(self, params: Any) -> Any:
+    """`params` with every adapter (A and B) at 0: the adapted model then computes its base exactly (s (x 0) 0 = 0
+    is added to each projection), so programs compiled for the policy's params read the base too (new arrays for
+    the adapters alone; the base's are the same); `params` itself without LoRA."""
+    if not self.lora:
+      return params
+    return lora_lib.replace_adapters(params, self._zero_adapters(lora_lib.adapter_params(params)))
+
+  @functools.cached_property
+  def _zero_adapters(self) -> Callable[[Any], Any]:
+    return jax.jit(lambda adapters: jax.tree.map(jnp.zeros_like, adapters),
+                   out_shardings=lora_lib.adapter_params(self.layout.params))
 
   @functools.cached_property
   def _dequantize(self) -> Callable[[Any], Any]:

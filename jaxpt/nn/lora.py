@@ -60,6 +60,7 @@ LORA_AXIS = "lora"  # the logical name of the rank axis (no rule splits it)
 BASE_DTYPES = ("float32", "bfloat16")
 QUANT_NAMES = ("kernel_q", "kernel_scale")  # a QLoRA projection's quantized kernel: codes and scales
 BASE_QUANTS = ("none",) + QUANT_SCHEMES
+ROLLOUT_PARAMS = ("auto", "merged", "unmerged")
 
 
 def lora_scale(alpha: float, rank: int, rslora: bool = False) -> float:
@@ -259,6 +260,13 @@ class LoRAConfig(Section):
       rank > 0.
     base_quant_block: B, the inputs per absmax scale along each quantized kernel's last input axis (embed, mlp or
       head_dim; B must divide them); float32 scales cost 32 / B bits per param.
+    rollouts: the params an RL run's rollout sampler and its log-prob forwards (old policy, KL reference) read:
+      merged (W + s A B, a float copy of the base made every step, read by the plain model) | unmerged (the base as
+      it trains, QLoRA's codes dequantized inside each matmul, the adapters beside it; the reference: the same
+      params with B = 0, exactly the base) | auto: unmerged with a quantized base, merged otherwise. Why: the merged
+      copy of a quantized base is the float base the quantization saved (at 7B, ~14 GB in bf16 beside ~4 GB of nf4
+      codes); a float base is held anyway. The price: a decode step on the codes took 1.10x a merged one, the merge
+      ~one step (benchmarks/qlora_sampler.py, d512 CPU), so past ~10 tokens a rollout the merged copy is faster.
   """
 
   rank: int = 0
@@ -270,6 +278,7 @@ class LoRAConfig(Section):
   init_adapter: str = ""
   base_quant: str = "none"
   base_quant_block: int = 64
+  rollouts: str = "auto"
 
   def check(self) -> None:
     at_least(self, "rank", 0)
@@ -277,6 +286,7 @@ class LoRAConfig(Section):
     in_range(self, "dropout", 0.0, 1.0, high_open=True)
     one_of(self, "base_dtype", BASE_DTYPES)
     one_of(self, "base_quant", BASE_QUANTS)
+    one_of(self, "rollouts", ROLLOUT_PARAMS)
     if self.base_quant != "none" and not self.enabled:
       raise ConfigError("base_quant", "a quantized base is frozen: it needs adapters to train (set lora.rank > 0; "
                         "full fine-tuning keeps float params)", self.base_quant)
@@ -297,6 +307,11 @@ class LoRAConfig(Section):
   @property
   def scale(self) -> float:
     return lora_scale(self.alpha, self.rank, self.rslora)
+
+  @property
+  def samples_unmerged(self) -> bool:
+    """Whether an RL run's rollouts read the unmerged params (`rollouts`, auto resolved); False without LoRA."""
+    return self.enabled and (self.rollouts == "unmerged" or (self.rollouts == "auto" and self.quant is not None))
 
   @property
   def quant(self) -> Quant | None:
