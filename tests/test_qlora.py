@@ -3,6 +3,8 @@ with their per-block error bounds, the quantized `Dense` and its adapter gradien
 dequantized base's logits, a tiny SFT run (only adapters change, loss falls, bitwise resume), the plan's params
 bytes against the real quantized tree, and the one-line refusals."""
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -266,6 +268,30 @@ def test_an_hf_start_is_quantized_once_from_the_checkpoint(tmp_path):
   jax.tree.map(np.testing.assert_array_equal, params, jax.device_get(want))
   assert all(not np.any(leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(params)
              if jax.tree_util.keystr(path).endswith("['lora_b']"))
+
+
+def test_kernels_quantized_as_they_stream_in_equal_the_whole_base_quantized():
+  """An `hf:` QLoRA start quantizes each kernel as the checkpoint streams it in (`builder.stream_quantizer`: the
+  float base is never whole; peak memory: benchmarks/qlora_hf_load.py); the codes and the rest are what quantizing
+  the loaded base whole gives, with a bf16 base too (the kernels cast first, as `frozen_dtype` casts them)."""
+  from jaxpt.engine.builder import lifted, stream_quantizer
+  from jaxpt.models import hf
+
+  directory = "tests/assets/hf/qwen2"
+  config = hf.read_config(directory)
+  spec = lora_lib.LoRA(2, 1.0, quant=Quant("nf4", 16))
+  template = nn.meta.unbox(jax.jit(TransformerLM(config, lora=spec).init)(jax.random.PRNGKey(0),
+                                                                           jnp.zeros((1, 4), jnp.int32))["params"])
+  whole = hf.load_params(directory, config)
+  for dtype in (jnp.float32, jnp.bfloat16):
+    streamed = lifted(hf.load_params(directory, config, each=stream_quantizer(template, spec.quant, dtype)))
+    cast = jax.tree.map(lambda w: w.astype(dtype), whole)
+    want = lora_lib.base_params(lora_lib.quantize_params(lora_lib.with_adapters(cast, template), spec.quant))
+    assert jax.tree.structure(streamed) == jax.tree.structure(want)
+    for path, got in jax.tree_util.tree_leaves_with_path(streamed):
+      quantized = jax.tree_util.keystr(path).endswith(("['kernel_q']", "['kernel_scale']"))
+      ref = functools.reduce(lambda tree, key: tree[key.key], path, want if quantized else whole)  # others: as read
+      np.testing.assert_array_equal(got, ref, jax.tree_util.keystr(path))
 
 
 NF4_16 = {"lora.base_quant": "nf4", "lora.base_quant_block": 16}

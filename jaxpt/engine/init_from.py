@@ -44,15 +44,16 @@ def hf_directory(init_from: str) -> str | None:
   return os.path.expanduser(init_from[len(hf.HF_PREFIX):]) if init_from.startswith(hf.HF_PREFIX) else None
 
 
-def init_params(init_from: str, model_config: ModelConfig, template: Any) -> Any:
-  """The params `init_from` starts the run with, as `template` (a TransformerLM params tree of arrays) has them.
-  ConfigError naming config.init_from for a checkpoint that does not fit."""
+def init_params(init_from: str, model_config: ModelConfig, template: Any, each: Any = None) -> Any:
+  """The params `init_from` starts the run with, as `template` (a TransformerLM params tree of arrays) has them;
+  an `hf:` checkpoint's leaves passed through `each(names, array)` as they stream in (`hf.load_params`; a jaxpt
+  run's are restored whole). ConfigError naming config.init_from for a checkpoint that does not fit."""
   directory = hf_directory(init_from)
   if directory is None:
     return run_params(init_from, model_config, template)
   shardings = jax.tree.map(lambda leaf: leaf.sharding, template)
   try:
-    return hf.load_params(directory, model_config, shardings=shardings)
+    return hf.load_params(directory, model_config, shardings=shardings, each=each)
   except DataError as e:
     raise ConfigError(FIELD, str(e), init_from) from None
 

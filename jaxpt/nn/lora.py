@@ -22,11 +22,12 @@ head_dim for o), dequantized inside `Dense`'s matmul (W~ -> compute dtype -> dot
 axes (the scales' blocked axis whole), so scan, remat and sharding work unchanged. Only the adapted kernels are
 quantized (the default targets are all six projections, as in the paper); embeddings, norms and projections without
 adapters stay in `base_dtype`. The base is quantized once, when the run gets it (`quantize_params`: init_from, or
-the random init); the reference policy reads the same codes (`base_spec`: the model with the quantized kernels and
-no adapters). qwix (google/qwix `_src/core/numerics.py`, read, not installed here) has an 'nf4' qtype with the same
-16-value table (a vmapped argmin, codes stored as `jnp.uint4`), but its quantized arrays come with its interception
-of the model's dots, which failed here under `nn.scan` (below); two params in `Dense` (codes packed two a byte,
-float32 scales) are what jaxpt's checkpoints, sharding rules and `jaxpt plan` already read.
+the random init; an `hf:` checkpoint kernel by kernel as it streams in); the reference policy reads the same codes
+(`base_spec`: the model with the quantized kernels and no adapters). qwix (google/qwix `_src/core/numerics.py`,
+read, not installed here) has an 'nf4' qtype with the same 16-value table (a vmapped argmin, codes stored as
+`jnp.uint4`), but its quantized arrays come with its interception of the model's dots, which failed here under
+`nn.scan` (below); two params in `Dense` (codes packed two a byte, float32 scales) are what jaxpt's checkpoints,
+sharding rules and `jaxpt plan` already read.
 
 Why not qwix (0.1.8, tunix's LoRA): tried on `TransformerLM` it gave adapters to the MLP kernels only (attention
 kernels [d, heads, head_dim] are reshaped before their matmul, which qwix does not trace back to a param), failed
