@@ -1,7 +1,8 @@
 """QLoRA (`lora.base_quant`): blockwise int8 / NF4 quantization (`jaxpt.nn.quant`) against float64 NumPy statements
 with their per-block error bounds, the quantized `Dense` and its adapter gradients against NumPy, B = 0 giving the
 dequantized base's logits, a tiny SFT run (only adapters change, loss falls, bitwise resume), the plan's params
-bytes against the real quantized tree, and the one-line refusals."""
+bytes against the real quantized tree, the one-line refusals, an hf: start quantized as it streams in, and GRPO's
+rollouts on the codes against the merged ones (the sampler itself: tests/test_qlora_sampler.py)."""
 
 import functools
 
@@ -351,3 +352,28 @@ def test_gradient_accumulation_passes_the_codes_float0_gradients_through():
       assert grad.dtype == two[path].dtype == jax.dtypes.float0
     elif is_adapter(jax.tree_util.keystr(path)):
       np.testing.assert_allclose(two[path], grad, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.slow
+def test_grpo_rollouts_on_the_codes_equal_the_merged_ones(tmp_path):
+  """The same QLoRA policy (B moved off 0) rolled out by GRPO's collector both ways (`lora.rollouts`): unmerged on
+  the codes and merged on the float copy give the same sampled tokens, and old and reference log-probs to
+  rounding."""
+  built = {}
+  for way in ("unmerged", "merged"):
+    config = config_of(grpo_tiny, {**GRPO_MICRO, **LORA, **NF4_16, "lora.rollouts": way})
+    built[way] = jaxpt.build("grpo", config, str(tmp_path / way))
+  params = built["merged"].training.init_state().params
+  params = jax.tree_util.tree_map_with_path(
+      lambda p, v: v + 0.05 if jax.tree_util.keystr(p).endswith("['lora_b']") else v, params)
+  batch, rng, got = built["merged"].hooks.collector.prompts.batch(0), jax.random.PRNGKey(3), {}
+  for way, run in built.items():
+    hooks = run.hooks
+    ro, _ = hooks.collector.step_rollouts(hooks.policy_params(params), batch, 0, rng)
+    inputs = [ro[k] for k in ("prompt_tokens", "prompt_mask", "tokens", "mask")]
+    got[way] = jax.device_get({"tokens": ro["tokens"], "old_logp": ro["old_logp"],
+                               "ref_logp": hooks.collector.logprobs(hooks.reference_params(params), *inputs)})
+  np.testing.assert_array_equal(got["unmerged"]["tokens"], got["merged"]["tokens"])
+  for key in ("old_logp", "ref_logp"):
+    np.testing.assert_allclose(got["unmerged"][key], got["merged"][key], rtol=1e-5, atol=1e-5, err_msg=key)
+  assert np.abs(got["merged"]["old_logp"] - got["merged"]["ref_logp"]).max() > 1e-3  # the adapters matter
