@@ -3,7 +3,10 @@
 
 At the d512 benchmark size (4 layers, nf4 blocks of 64, rank 8), timed in alternation: one decode step of 8 rows
 (1 new token, a 256-slot KV cache) of each model, and the merge; `break_even_tokens` = merge / (qlora step -
-merged step), the decode steps per rollout beyond which merging is cheaper; and the bytes each holds.
+merged step), the decode steps per rollout beyond which merging is cheaper; and the bytes each holds. Then whole
+rollouts as GRPO runs them (`lora.rollouts`): the compiled sampler (`make_sampler`, 8 rows, a 64-token prompt,
+`NEW_TOKENS` greedy tokens) on the codes + unmerged adapters vs the merge + the sampler on the merged copy, timed in
+alternation, and each compiled sampler's memory (arguments, temporaries: XLA's memory analysis).
 
   PYTHONPATH=. python3 benchmarks/qlora_sampler.py > benchmarks/results_qlora_sampler_cpu.json
 """
@@ -23,10 +26,13 @@ from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM, init_cache
 from jaxpt.nn import lora as lora_lib
 from jaxpt.nn.quant import Quant
+from jaxpt.parallel import compiled_memory
+from jaxpt.rl.sampler import SamplingConfig, make_sampler
 
 CONFIG = ModelConfig(vocab_size=8192, d_model=512, num_layers=4, num_heads=8, num_kv_heads=8, mlp_dim=1536,
                      max_seq_len=512)
 ROWS, SLOTS, REPEATS = 8, 256, 15
+PROMPT, NEW_TOKENS, ROLLOUT_REPEATS = 64, 16, 5
 
 
 def nbytes(tree) -> int:
@@ -58,9 +64,26 @@ def main() -> None:
             "median_s": median,
             "qlora_over_merged_step": median["qlora_decode_step"] / median["merged_decode_step"],
             "break_even_tokens": median["merge"] / gap if gap > 0 else None,
-            "bytes": {"qlora_params": nbytes(params), "merged_params": nbytes(merged)}}
+            "bytes": {"qlora_params": nbytes(params), "merged_params": nbytes(merged)},
+            "rollout": rollouts(spec, params, merge)}
   json.dump(result, sys.stdout, indent=1)
   print()
+
+
+def rollouts(spec, params, merge) -> dict:
+  """Whole rollouts: the sampler on the codes vs merge + the sampler on the merged copy (see the module doc)."""
+  sampling = SamplingConfig(max_new_tokens=NEW_TOKENS, greedy=True)
+  prompts = jnp.ones((ROWS, PROMPT), jnp.int32)
+  rng = jax.random.PRNGKey(0)
+  codes = make_sampler(CONFIG, sampling, PROMPT, lora=spec).lower(params, prompts, prompts, rng).compile()
+  merged_sampler = make_sampler(CONFIG, sampling, PROMPT).lower(merge(params), prompts, prompts, rng).compile()
+  runs = {"codes": lambda: codes(params, prompts, prompts, rng).tokens,
+          "merge_then_merged": lambda: merged_sampler(merge(params), prompts, prompts, rng).tokens}
+  times = alternating_seconds(runs, ROLLOUT_REPEATS, warmup=1)
+  median = {name: statistics.median(t) for name, t in times.items()}
+  return {"rows": ROWS, "prompt": PROMPT, "new_tokens": NEW_TOKENS, "repeats": ROLLOUT_REPEATS, "median_s": median,
+          "codes_over_merged": median["codes"] / median["merge_then_merged"],
+          "compiled_mib": {"codes": compiled_memory(codes), "merged": compiled_memory(merged_sampler)}}
 
 
 if __name__ == "__main__":

@@ -346,6 +346,7 @@ def _run(name: str, trainer: str | None = None) -> Callable[[list[str]], int]:
       if _COMPILE.value:
         _cpu_devices(_DEVICES.value)
       try:
+        _check_overrides()
         return command(trainer, _CONFIG.value)
       except ConfigError as e:
         print(f"jaxpt plan: config error: {e}", file=sys.stderr)
@@ -375,6 +376,7 @@ def _run(name: str, trainer: str | None = None) -> Callable[[list[str]], int]:
       with contextlib.nullcontext() if multi_process else _signals_stop_the_command():
         if workdir_command:
           return command(_WORKDIR.value, _STEP.value)
+        _check_overrides()
         return command(_CONFIG.value, _WORKDIR.value)
     except Stopped as e:  # outside the training loop, whose own handlers save a checkpoint and stop
       from jaxpt import progress
@@ -407,6 +409,15 @@ def _run(name: str, trainer: str | None = None) -> Callable[[list[str]], int]:
       os._exit(EXIT_IO)  # not sys.exit: a failed async save's writer threads print pages of noise at shutdown
 
   return run
+
+
+def _check_overrides() -> None:
+  """ConfigError for a `--config.lora.<field>` override that contradicts the adapter file of lora.init_adapter,
+  even one at the field's default (which the run config, filled from a file holding every field, cannot tell from
+  a field left unset: `jaxpt.engine.config.check_adapter_overrides`)."""
+  from jaxpt.engine.config import check_adapter_overrides
+
+  check_adapter_overrides(_CONFIG.value, config_flags.get_override_values(flags.FLAGS["config"]))
 
 
 def _cpu_devices(count: int) -> None:

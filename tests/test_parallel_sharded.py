@@ -3,7 +3,7 @@ layout, checkpoints across meshes; SiameseNorm on three of the four meshes `slow
 DAPO and a reward model end to end; six of its nine mesh x variant cases `slow`), sharded_vit.py (ViT and DiT
 steps; `slow`), sharded_grpo_losses.py (every registered policy loss, bnpo and KDRL, 2 GRPO steps; `slow`),
 sharded_ppo.py (PPO: policy, critic and its warm-up on three meshes; `slow`) and sharded_lora.py (LoRA and QLoRA on
-a data x fsdp x tensor mesh vs one device; `slow`), each in a fresh process.
+a data x fsdp x tensor mesh vs one device, init_from a QLoRA run; `slow`), each in a fresh process.
 
 XLA fixes the number of host devices when its backend starts, so those tests cannot share this process (or the
 suite's): the subprocess sets XLA_FLAGS before importing jax and shares compiled work across its own tests.

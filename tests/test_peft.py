@@ -235,6 +235,38 @@ def test_bad_adapters_are_one_line_config_errors(case, message, tmp_path):
   assert "\n" not in str(raised.value)
 
 
+def test_an_override_at_the_default_that_contradicts_the_adapter_is_an_error(tmp_path):
+  """`--config.lora.alpha=16.0` (alpha's default) over PEFT's qwen2 adapter (lora_alpha 6): a config file holds every
+  field, so the run config alone would take it for unset and fill 6; the command line's overrides tell it apart
+  (`check_adapter_overrides`). Overrides that agree with the file, dropout, or no init_adapter pass."""
+  from jaxpt.engine.config import check_adapter_overrides
+
+  config = sft_config(os.path.join(PEFT, "qwen2"))
+  with pytest.raises(ConfigError, match=r"^config\.lora\.alpha=16\.0: contradicts .*/qwen2/adapter_config\.json, "
+                     r"which gives lora_alpha \(alpha=6\.0\)$"):
+    check_adapter_overrides(config, {"lora.alpha": 16.0, "lora.rank": 2})
+  with pytest.raises(ConfigError, match=r"^config\.lora\.rslora=False: contradicts "):
+    check_adapter_overrides(sft_config(edited_adapter(tmp_path, use_rslora=True)), {"lora.rslora": False})
+  check_adapter_overrides(config, {"lora.alpha": 6.0, "lora.rank": 2, "lora.dropout": 0.0, "model.d_model": 64})
+  check_adapter_overrides(sft_config(""), {"lora.alpha": 16.0})
+
+
+def test_the_cli_refuses_an_override_at_the_default_that_contradicts_the_adapter(tmp_path):
+  """End to end through `jaxpt sft`: exit 2 and one line naming the field, before any work in the workdir (before,
+  the run trained with alpha 6)."""
+  env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  workdir = tmp_path / "run"
+  done = subprocess.run([sys.executable, "-m", "jaxpt.cli", "sft", "--config",
+                         os.path.join(ROOT, "experiments", "configs", "sft_hf.py"), f"--workdir={workdir}",
+                         f"--config.init_from=hf:{os.path.join(ASSETS, 'qwen2')}",
+                         f"--config.lora.init_adapter={os.path.join(PEFT, 'qwen2')}", "--config.lora.alpha=16"],
+                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 2 and done.stdout == "", (done.stdout, done.stderr)
+  assert re.fullmatch(r"jaxpt sft: config error: config\.lora\.alpha=16\.0: contradicts .*adapter_config\.json, "
+                      r"which gives lora_alpha \(alpha=6\.0\)\n", done.stderr), done.stderr
+  assert not workdir.exists()
+
+
 def test_other_refusals(tmp_path):
   qwen2 = os.path.join(PEFT, "qwen2")
   with pytest.raises(ConfigError, match=r"^adapter='.*': takes an hf:BASE path"):

@@ -1,7 +1,10 @@
 """QLoRA (`lora.base_quant`): blockwise int8 / NF4 quantization (`jaxpt.nn.quant`) against float64 NumPy statements
 with their per-block error bounds, the quantized `Dense` and its adapter gradients against NumPy, B = 0 giving the
 dequantized base's logits, a tiny SFT run (only adapters change, loss falls, bitwise resume), the plan's params
-bytes against the real quantized tree, and the one-line refusals."""
+bytes against the real quantized tree, the one-line refusals, an hf: start quantized as it streams in, and GRPO's
+rollouts on the codes against the merged ones (the sampler itself: tests/test_qlora_sampler.py)."""
+
+import functools
 
 import flax.linen as nn
 import jax
@@ -268,15 +271,39 @@ def test_an_hf_start_is_quantized_once_from_the_checkpoint(tmp_path):
              if jax.tree_util.keystr(path).endswith("['lora_b']"))
 
 
+def test_kernels_quantized_as_they_stream_in_equal_the_whole_base_quantized():
+  """An `hf:` QLoRA start quantizes each kernel as the checkpoint streams it in (`builder.stream_quantizer`: the
+  float base is never whole; peak memory: benchmarks/qlora_hf_load.py); the codes and the rest are what quantizing
+  the loaded base whole gives, with a bf16 base too (the kernels cast first, as `frozen_dtype` casts them)."""
+  from jaxpt.engine.builder import lifted, stream_quantizer
+  from jaxpt.models import hf
+
+  directory = "tests/assets/hf/qwen2"
+  config = hf.read_config(directory)
+  spec = lora_lib.LoRA(2, 1.0, quant=Quant("nf4", 16))
+  template = nn.meta.unbox(jax.jit(TransformerLM(config, lora=spec).init)(jax.random.PRNGKey(0),
+                                                                           jnp.zeros((1, 4), jnp.int32))["params"])
+  whole = hf.load_params(directory, config)
+  for dtype in (jnp.float32, jnp.bfloat16):
+    streamed = lifted(hf.load_params(directory, config, each=stream_quantizer(template, spec.quant, dtype)))
+    cast = jax.tree.map(lambda w: w.astype(dtype), whole)
+    want = lora_lib.base_params(lora_lib.quantize_params(lora_lib.with_adapters(cast, template), spec.quant))
+    assert jax.tree.structure(streamed) == jax.tree.structure(want)
+    for path, got in jax.tree_util.tree_leaves_with_path(streamed):
+      quantized = jax.tree_util.keystr(path).endswith(("['kernel_q']", "['kernel_scale']"))
+      ref = functools.reduce(lambda tree, key: tree[key.key], path, want if quantized else whole)  # others: as read
+      np.testing.assert_array_equal(got, ref, jax.tree_util.keystr(path))
+
+
 NF4_16 = {"lora.base_quant": "nf4", "lora.base_quant_block": 16}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("trainer", ["dpo", "grpo", "rm"])
 def test_qlora_on_dpo_grpo_and_rm(trainer, tmp_path):
-  """DPO (its reference: the quantized base, adapters off; loss log 2 at B = 0), GRPO (rollouts on the merged
-  dequantized copy, KL reference on the dequantized base) resume bitwise and change only the adapters; RM trains its
-  head whole beside them."""
+  """DPO (its reference: the quantized base, adapters off; loss log 2 at B = 0), GRPO (`lora.rollouts` auto: rollouts
+  and the KL reference on the codes, the sampler's arguments smaller than the merged float policy) resume bitwise
+  and change only the adapters; RM trains its head whole beside them."""
   if trainer == "rm":
     config = config_of(rm_tiny, {**PAIRS, "steps": 3, **NF4_16})
     built = jaxpt.build("rm", config, str(tmp_path))
@@ -296,6 +323,10 @@ def test_qlora_on_dpo_grpo_and_rm(trainer, tmp_path):
   assert_bitwise(resumed.state, whole.state)
   if trainer == "dpo":
     assert rows[0]["dpo_loss"] == pytest.approx(np.log(2.0), abs=1e-6)
+  else:
+    merged = jax.eval_shape(built.training.merged_params, whole.state.params)
+    assert built.config.lora.samples_unmerged and built.hooks.collector.sampler_memory["argument_mib"] * 2**20 < sum(
+        leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(merged))
 
 
 def test_gradient_accumulation_passes_the_codes_float0_gradients_through():
@@ -321,3 +352,28 @@ def test_gradient_accumulation_passes_the_codes_float0_gradients_through():
       assert grad.dtype == two[path].dtype == jax.dtypes.float0
     elif is_adapter(jax.tree_util.keystr(path)):
       np.testing.assert_allclose(two[path], grad, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.slow
+def test_grpo_rollouts_on_the_codes_equal_the_merged_ones(tmp_path):
+  """The same QLoRA policy (B moved off 0) rolled out by GRPO's collector both ways (`lora.rollouts`): unmerged on
+  the codes and merged on the float copy give the same sampled tokens, and old and reference log-probs to
+  rounding."""
+  built = {}
+  for way in ("unmerged", "merged"):
+    config = config_of(grpo_tiny, {**GRPO_MICRO, **LORA, **NF4_16, "lora.rollouts": way})
+    built[way] = jaxpt.build("grpo", config, str(tmp_path / way))
+  params = built["merged"].training.init_state().params
+  params = jax.tree_util.tree_map_with_path(
+      lambda p, v: v + 0.05 if jax.tree_util.keystr(p).endswith("['lora_b']") else v, params)
+  batch, rng, got = built["merged"].hooks.collector.prompts.batch(0), jax.random.PRNGKey(3), {}
+  for way, run in built.items():
+    hooks = run.hooks
+    ro, _ = hooks.collector.step_rollouts(hooks.policy_params(params), batch, 0, rng)
+    inputs = [ro[k] for k in ("prompt_tokens", "prompt_mask", "tokens", "mask")]
+    got[way] = jax.device_get({"tokens": ro["tokens"], "old_logp": ro["old_logp"],
+                               "ref_logp": hooks.collector.logprobs(hooks.reference_params(params), *inputs)})
+  np.testing.assert_array_equal(got["unmerged"]["tokens"], got["merged"]["tokens"])
+  for key in ("old_logp", "ref_logp"):
+    np.testing.assert_allclose(got["unmerged"][key], got["merged"][key], rtol=1e-5, atol=1e-5, err_msg=key)
+  assert np.abs(got["merged"]["old_logp"] - got["merged"]["ref_logp"]).max() > 1e-3  # the adapters matter

@@ -14,7 +14,7 @@ params subtrees `new_heads` (a reward head) train and have optimizer state (`Tra
 is kept in `lora.base_dtype` (QLoRA, `lora.base_quant`: the adapted kernels quantized once, when the run gets its base:
 `Training.init_state`). `Training.merged_params` is the policy as the same model without LoRA reads it
 (samplers, evaluators built on `config.model` alone), `Training.base_params` the base, adapters off (the reference
-policy of DPO / GRPO, without a copy).
+policy of DPO / GRPO, without a copy), `Training.adapters_off` the same base for the adapted model (adapters at 0).
 """
 
 from __future__ import annotations
@@ -34,11 +34,12 @@ from jax.sharding import Mesh
 from jaxpt import parallel
 from jaxpt.data import order
 from jaxpt.engine.config import RunConfig
-from jaxpt.engine.init_from import init_adapters, init_params
+from jaxpt.engine.init_from import hf_directory, init_adapters, init_params
 from jaxpt.engine.optim import decay_mask, make_optimizer
 from jaxpt.engine.sharded import ShardedTraining, compile_step, shard_training
 from jaxpt.engine.state import TrainState, trainable_part
 from jaxpt.nn import lora as lora_lib
+from jaxpt.nn.quant import quantize
 from jaxpt.engine.step import GradFn, LossFn, make_train_step
 
 HostBatchFn = Callable[[int, int, int], dict]  # (step, process_index, process_count) -> this process's rows
@@ -108,11 +109,16 @@ class Training:
       if self.quant is None:
         loaded = init_params(init_from, model, lora_lib.base_params(template))
         return lora_lib.with_adapters(frozen_dtype(loaded, self.config), template)
-      # QLoRA: the float base loaded into the dequantized layout, then quantized once, on the mesh
+      # QLoRA: the float base loaded into the dequantized layout and quantized once, on the mesh: an hf: checkpoint
+      # kernel by kernel as it streams in (the float base is never whole), a jaxpt run's after its restore
       shardings = jax.tree.map(lambda leaf: leaf.sharding, template)
       floats = jax.eval_shape(lambda p: lora_lib.dequantize_params(p, self.quant, self.base_dtype), template)
       floats = jax.tree.map(lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
                             floats, lora_lib.dequantized_layout(shardings))
+      if hf_directory(init_from) is not None:
+        each = stream_quantizer(template, self.quant, self.base_dtype)
+        loaded = init_params(init_from, model, lora_lib.base_params(floats), each=each)
+        return lora_lib.with_adapters(frozen_dtype(lifted(loaded), self.config), template)
       loaded = init_params(init_from, model, lora_lib.base_params(floats))
       quantize = jax.jit(lambda p: lora_lib.quantize_params(p, self.quant), out_shardings=shardings)
       return quantize(lora_lib.with_adapters(frozen_dtype(loaded, self.config), template))
@@ -163,6 +169,19 @@ class Training:
     """The base params, adapters off, as the model without LoRA reads them: QLoRA's kernels dequantized to
     lora.base_dtype (a copy, jitted on the mesh); `base_params` otherwise."""
     return self._dequantize(self.base_params(params)) if self.quant is not None else self.base_params(params)
+
+  def adapters_off(self, params: Any) -> Any:
+    """`params` with every adapter (A and B) at 0: the adapted model then computes its base exactly (s (x 0) 0 = 0
+    is added to each projection), so programs compiled for the policy's params read the base too (new arrays for
+    the adapters alone; the base's are the same); `params` itself without LoRA."""
+    if not self.lora:
+      return params
+    return lora_lib.replace_adapters(params, self._zero_adapters(lora_lib.adapter_params(params)))
+
+  @functools.cached_property
+  def _zero_adapters(self) -> Callable[[Any], Any]:
+    return jax.jit(lambda adapters: jax.tree.map(jnp.zeros_like, adapters),
+                   out_shardings=lora_lib.adapter_params(self.layout.params))
 
   @functools.cached_property
   def _dequantize(self) -> Callable[[Any], Any]:
@@ -250,6 +269,38 @@ def lora_trainable(boxed: Any, new_heads: tuple[str, ...] = ()) -> Any:
   """Bools shaped like the (unboxed) params: True at the LoRA adapters and under the top-level keys `new_heads`."""
   is_adapter = nn.meta.unbox(lora_lib.adapter_mask(boxed))
   return {key: jax.tree.map(lambda _: True, value) if key in new_heads else value for key, value in is_adapter.items()}
+
+
+def stream_quantizer(template: Any, quant: Any, dtype: Any) -> Callable[[tuple[str, ...], jax.Array], Any]:
+  """each(names, array) for `init_params` of an `hf:` start (called as each leaf streams in): a kernel that
+  `template` (QLoRA params: arrays or shapes with shardings) holds quantized -> {kernel_q, kernel_scale} in the
+  template's shardings (the kernel cast to `dtype`, lora.base_dtype, as `frozen_dtype` casts it, then blocked as
+  `quantize_params` blocks it: the same codes); any other leaf as it is. `lifted` puts the codes in place."""
+
+  def each(names: tuple[str, ...], array: jax.Array) -> Any:
+    node = functools.reduce(lambda tree, name: tree[name], names[:-1], template)
+    if names[-1] != "kernel" or "kernel_q" not in node:
+      return array
+    axis = node["lora_a"].ndim - 2  # the kernel's last input axis, as quantize_params
+    shardings = tuple(node[k].sharding for k in lora_lib.QUANT_NAMES)
+    codes = jax.jit(lambda w: quantize(w.astype(dtype), quant, axis), out_shardings=shardings)(array)
+    return dict(zip(lora_lib.QUANT_NAMES, codes))
+
+  return each
+
+
+def lifted(params: Any) -> Any:
+  """A params tree whose quantized kernels are {kernel: {kernel_q, kernel_scale}} (`stream_quantizer`) with the
+  codes and scales beside the kernel's siblings instead, as the QLoRA model holds them."""
+  if not isinstance(params, dict):
+    return params
+  out = {}
+  for key, value in params.items():
+    if key == "kernel" and isinstance(value, dict):
+      out.update(value)
+    else:
+      out[key] = lifted(value)
+  return out
 
 
 def frozen_dtype(params: Any, config: RunConfig, trainable: Any = None) -> Any:

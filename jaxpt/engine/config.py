@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Any, Mapping
 
 from jaxpt.config import ConfigError, DataError, Section, as_dict, at_least, inline, section_values
 from jaxpt.models import hf, hf_config, hf_peft
@@ -151,9 +152,31 @@ def _adapter_fields(values: dict, path: str) -> dict:
     if given == defaults[name]:
       lora[name] = value
     elif name != "dropout" and not _same_lora_value(name, given, value):
-      raise ConfigError(f"{path}.lora.{name}", f"contradicts {where}, which gives {PEFT_KEYS[name]} "
-                        f"({name}={value!r})", given)
+      raise _contradiction(path, name, given, value, where)
   return {**values, "lora": lora}
+
+
+def check_adapter_overrides(config: Any, overrides: Mapping[str, Any], path: str = "config") -> None:
+  """ConfigError naming the field when a command-line override (`overrides`: flat dotted names -> values, as
+  ml_collections' `get_override_values` gives them) sets lora.rank, alpha, rslora or targets to a value that
+  contradicts the adapter_config.json of `config`'s `lora.init_adapter`, even the field's default: a config file
+  holds every field, so `prepare_values` tells a field set to its default from one left unset only here (where it
+  fills it from the file)."""
+  lora = section_values(section_values(config).get("lora"))
+  directory = lora.get("init_adapter") or ""
+  if not isinstance(directory, str) or not directory:
+    return
+  found = hf_peft.read_adapter_fields(os.path.expanduser(directory), f"{path}.lora.init_adapter")
+  where = os.path.join(directory, hf_peft.ADAPTER_CONFIG)
+  for name, value in found.items():
+    given = overrides.get(f"lora.{name}", value)
+    if name != "dropout" and not _same_lora_value(name, given, value):
+      raise _contradiction(path, name, given, value, where)
+
+
+def _contradiction(path: str, name: str, given: Any, value: Any, where: str) -> ConfigError:
+  return ConfigError(f"{path}.lora.{name}", f"contradicts {where}, which gives {PEFT_KEYS[name]} ({name}={value!r})",
+                     given)
 
 
 def _same_lora_value(name: str, given, value) -> bool:

@@ -17,6 +17,7 @@ The model config of an `hf:` start comes from the checkpoint's config.json (`Run
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -43,15 +44,16 @@ def hf_directory(init_from: str) -> str | None:
   return os.path.expanduser(init_from[len(hf.HF_PREFIX):]) if init_from.startswith(hf.HF_PREFIX) else None
 
 
-def init_params(init_from: str, model_config: ModelConfig, template: Any) -> Any:
-  """The params `init_from` starts the run with, as `template` (a TransformerLM params tree of arrays) has them.
-  ConfigError naming config.init_from for a checkpoint that does not fit."""
+def init_params(init_from: str, model_config: ModelConfig, template: Any, each: Any = None) -> Any:
+  """The params `init_from` starts the run with, as `template` (a TransformerLM params tree of arrays) has them;
+  an `hf:` checkpoint's leaves passed through `each(names, array)` as they stream in (`hf.load_params`; a jaxpt
+  run's are restored whole). ConfigError naming config.init_from for a checkpoint that does not fit."""
   directory = hf_directory(init_from)
   if directory is None:
     return run_params(init_from, model_config, template)
   shardings = jax.tree.map(lambda leaf: leaf.sharding, template)
   try:
-    return hf.load_params(directory, model_config, shardings=shardings)
+    return hf.load_params(directory, model_config, shardings=shardings, each=each)
   except DataError as e:
     raise ConfigError(FIELD, str(e), init_from) from None
 
@@ -65,33 +67,61 @@ def init_adapters(init_adapter: str, template: Any) -> Any:
 
 def run_params(workdir: str, model_config: ModelConfig, template: Any, field: str = FIELD) -> Any:
   """The latest params of the jaxpt run in `workdir` as `template` has them (a PPO run's policy: its critic is not
-  read); a LoRA run's adapters (restored replicated) merged into its kernels (a QLoRA run's quantized kernels,
-  restored replicated, dequantized first)."""
+  read); a LoRA run's adapters merged into its kernels (a QLoRA run's quantized kernels dequantized first), each
+  restored split as its kernel in `template` (`adapted_target`)."""
   path = os.path.expanduser(workdir)
   lora = recorded_lora(recorded_config(path)) if os.path.isfile(os.path.join(path, CONFIG_FILE)) else None
   key = run_lm_key(path)
   if lora is None or not lora.enabled:
     return load_run_params(workdir, template, field, key)
+  restored = load_run_params(workdir, adapted_target(template, model_config, lora), field, key)
+  merge = lambda p: lora_lib.merge_params(p, lora.scale, lora.quant, jnp.dtype(model_config.param_dtype))
+  return jax.jit(merge, out_shardings=jax.tree.map(lambda leaf: leaf.sharding, template))(restored)
+
+
+def adapted_target(template: Any, model_config: ModelConfig, lora: Any) -> Any:
+  """What a LoRA run's params restore into: `template` (the params of the model without LoRA, arrays or shapes with
+  shardings) with the adapters of `lora` (a `LoRAConfig`) beside their kernels, and with a quantized base its codes
+  and scales in place of the kernels, as shapes split as their kernel is (`_like_kernel`): at 7B, nf4 codes
+  restored whole on every device would be ~3.7 GB each."""
   model = TransformerLM(model_config, lora=lora.spec())
   adapted = jax.eval_shape(lambda: init_params_of(model_config, jax.random.PRNGKey(0), model=model))
-  shardings = jax.tree.map(lambda leaf: leaf.sharding, template)
-  first = jax.tree.leaves(shardings)[0]
-  replicated = NamedSharding(first.mesh, PartitionSpec()) if isinstance(first, NamedSharding) else first
-  adapters = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=replicated), adapted)
-  restored = load_run_params(workdir, _restore_target(template, adapters), field, key)
-  merge = lambda p: lora_lib.merge_params(p, lora.scale, lora.quant, jnp.dtype(model_config.param_dtype))
-  return jax.jit(merge, out_shardings=shardings)(restored)
+  return _restore_target(template, adapted)
 
 
 def _restore_target(template: Any, adapted: Any) -> Any:
-  """`template` (a model's params without LoRA) with the adapters of `adapted` (a LoRA run's params) beside their
-  kernels, and a QLoRA run's quantized kernels (codes and scales) in place of the kernels."""
+  """`template` (a model's params without LoRA) with the adapters of `adapted` (a LoRA run's params, shapes) beside
+  their kernels, and a QLoRA run's quantized kernels (codes and scales) in place of the kernels."""
   if not isinstance(adapted, dict):
     return template
   extra = lora_lib.ADAPTER_NAMES + lora_lib.QUANT_NAMES
   out = {k: _restore_target(template[k], v) for k, v in adapted.items() if k not in extra}
-  out.update({k: v for k, v in adapted.items() if k in extra})
+  if "lora_a" in adapted:
+    out.update(_like_kernel(template["kernel"], {k: v for k, v in adapted.items() if k in extra}))
   return out
+
+
+def _like_kernel(kernel: Any, leaves: dict) -> dict:
+  """The adapter and quantization `leaves` (shapes) of a projection whose kernel [*lead, *in, *out] is `kernel`,
+  as shapes split as their logical axes say in the kernel's mesh axes: A [*lead, *in, r] as the kernel's in axes,
+  B [*lead, r, *out] as its out axes, codes as the kernel, scales as the kernel but along the blocked (last input)
+  axis, whole; the rank axis whole. An axis whose size the mesh axes do not divide stays whole."""
+  sharding = kernel.sharding
+  a, b = leaves["lora_a"], leaves["lora_b"]
+  if not isinstance(sharding, NamedSharding):  # one device: nothing to split
+    return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding) for k, v in leaves.items()}
+  spec = tuple(sharding.spec) + (None,) * (kernel.ndim - len(tuple(sharding.spec)))
+  ins = a.ndim - 1  # lead + in axes
+  blocked = ins - 1
+  specs = {"lora_a": spec[:ins] + (None,), "lora_b": spec[:a.ndim + b.ndim - 2 - kernel.ndim] + (None,) + spec[ins:],
+           "kernel_q": spec, "kernel_scale": spec[:blocked] + (None,) + spec[blocked + 1:]}
+
+  def fitted(shape: tuple[int, ...], axes: tuple) -> PartitionSpec:
+    ways = lambda names: math.prod(sharding.mesh.shape[n] for n in ((names,) if isinstance(names, str) else names))
+    return PartitionSpec(*(None if names is None or size % ways(names) else names for size, names in zip(shape, axes)))
+
+  return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=NamedSharding(sharding.mesh, fitted(v.shape, specs[k])))
+          for k, v in leaves.items()}
 
 
 def _source_tokenizer_dir(init_from: str) -> str:

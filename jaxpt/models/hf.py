@@ -107,13 +107,15 @@ class FileSlice(NamedTuple):
 
 
 def load_params(path: str, config: ModelConfig, mesh: Mesh | None = None, shardings: Any = None,
-                rules: str = "fsdp_tp") -> Any:
+                rules: str = "fsdp_tp", each: Callable | None = None) -> Any:
   """The parameters of `TransformerLM(config)` read from checkpoint directory `path`, cast to config.param_dtype.
 
   Each leaf is made by `jax.make_array_from_callback` in its target sharding: `shardings` (a tree like the params
   of NamedSharding / Sharding), else the logical-axis rules preset `rules` on `mesh`, else the first device. A
   device's callback reads only its block of the HF tensor. DataError (naming file and tensor) for missing files,
   a truncated or unreadable safetensors file, a missing tensor, or a shape that contradicts config.json.
+  `each(names, array)`: what the tree holds in the leaf's place, called as each leaf is read, before the next one
+  (QLoRA quantizes the kernels as they stream in: the float base is never whole).
   """
   native = read_hf_json(path).get("model_type") == NATIVE_TYPE
   if not native:
@@ -121,7 +123,7 @@ def load_params(path: str, config: ModelConfig, mesh: Mesh | None = None, shardi
   boxed = jax.eval_shape(lambda: TransformerLM(config).init(jax.random.PRNGKey(0), jnp.zeros((1, 1), jnp.int32)))
   dtype = jnp.dtype(config.param_dtype)
   return load_tree(path, boxed["params"], lambda names, ndim: (tensor_source(names, ndim, native), dtype), mesh,
-                    shardings, rules)
+                    shardings, rules, each=each)
 
 
 def load_reward_params(path: str, config: ModelConfig, num_scores: int, mesh: Mesh | None = None,
@@ -149,10 +151,11 @@ def load_reward_params(path: str, config: ModelConfig, num_scores: int, mesh: Me
 
 
 def load_tree(path: str, boxed: Any, locate: Callable, mesh: Mesh | None, shardings: Any, rules: str,
-              weights_file: str = WEIGHTS_FILE) -> Any:
+              weights_file: str = WEIGHTS_FILE, each: Callable | None = None) -> Any:
   """The param tree of abstract `boxed` read from checkpoint `path` (its `weights_file`, or the shards its index
   names). `locate(names, ndim)` -> (where, dtype) for each leaf: where is (Source, stacked), (None, False) for a
-  leaf of zeros, or None for one that has no tensor (a ConfigError)."""
+  leaf of zeros, or None for one that has no tensor (a ConfigError). `each(names, array)`: what the tree holds in
+  a leaf's place, called as soon as the leaf is read (default: the array)."""
   abstract = nn.meta.unbox(boxed)
   if shardings is None:
     if mesh is None:
@@ -162,9 +165,10 @@ def load_tree(path: str, boxed: Any, locate: Callable, mesh: Mesh | None, shardi
   leaves, treedef = jax.tree_util.tree_flatten_with_path(abstract)
   sharding_leaves = treedef.flatten_up_to(shardings)
   with Checkpoint(path, weights_file) as checkpoint:
-    plans = []
+    plans, all_names = [], []
     for key_path, leaf in leaves:
       names = tuple(str(getattr(k, "key", k)) for k in key_path)
+      all_names.append(names)
       found, dtype = locate(names, leaf.ndim)
       if found is None:
         raise ConfigError("model", f"parameter {'/'.join(names)} has no Hugging Face tensor")
@@ -176,7 +180,9 @@ def load_tree(path: str, boxed: Any, locate: Callable, mesh: Mesh | None, shardi
       layers = range(leaf.shape[0]) if stacked else [None]
       tensors = [checkpoint.tensor(source.name.format(layer=l), hf_shape(source, layer_shape)) for l in layers]
       plans.append(((leaf.shape, source, stacked, layer_shape, tensors), dtype))
-    arrays = [_build(plan, sharding, dtype) for (plan, dtype), sharding in zip(plans, sharding_leaves)]
+    each = each or (lambda names, array: array)
+    arrays = [each(names, _build(plan, sharding, dtype))
+              for names, (plan, dtype), sharding in zip(all_names, plans, sharding_leaves)]
   return jax.tree_util.tree_unflatten(treedef, arrays)
 
 

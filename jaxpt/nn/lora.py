@@ -22,11 +22,12 @@ head_dim for o), dequantized inside `Dense`'s matmul (W~ -> compute dtype -> dot
 axes (the scales' blocked axis whole), so scan, remat and sharding work unchanged. Only the adapted kernels are
 quantized (the default targets are all six projections, as in the paper); embeddings, norms and projections without
 adapters stay in `base_dtype`. The base is quantized once, when the run gets it (`quantize_params`: init_from, or
-the random init); the reference policy reads the same codes (`base_spec`: the model with the quantized kernels and
-no adapters). qwix (google/qwix `_src/core/numerics.py`, read, not installed here) has an 'nf4' qtype with the same
-16-value table (a vmapped argmin, codes stored as `jnp.uint4`), but its quantized arrays come with its interception
-of the model's dots, which failed here under `nn.scan` (below); two params in `Dense` (codes packed two a byte,
-float32 scales) are what jaxpt's checkpoints, sharding rules and `jaxpt plan` already read.
+the random init; an `hf:` checkpoint kernel by kernel as it streams in); the reference policy reads the same codes
+(`base_spec`: the model with the quantized kernels and no adapters). qwix (google/qwix `_src/core/numerics.py`,
+read, not installed here) has an 'nf4' qtype with the same 16-value table (a vmapped argmin, codes stored as
+`jnp.uint4`), but its quantized arrays come with its interception of the model's dots, which failed here under
+`nn.scan` (below); two params in `Dense` (codes packed two a byte, float32 scales) are what jaxpt's checkpoints,
+sharding rules and `jaxpt plan` already read.
 
 Why not qwix (0.1.8, tunix's LoRA): tried on `TransformerLM` it gave adapters to the MLP kernels only (attention
 kernels [d, heads, head_dim] are reshaped before their matmul, which qwix does not trace back to a param), failed
@@ -60,6 +61,7 @@ LORA_AXIS = "lora"  # the logical name of the rank axis (no rule splits it)
 BASE_DTYPES = ("float32", "bfloat16")
 QUANT_NAMES = ("kernel_q", "kernel_scale")  # a QLoRA projection's quantized kernel: codes and scales
 BASE_QUANTS = ("none",) + QUANT_SCHEMES
+ROLLOUT_PARAMS = ("auto", "merged", "unmerged")
 
 
 def lora_scale(alpha: float, rank: int, rslora: bool = False) -> float:
@@ -259,6 +261,14 @@ class LoRAConfig(Section):
       rank > 0.
     base_quant_block: B, the inputs per absmax scale along each quantized kernel's last input axis (embed, mlp or
       head_dim; B must divide them); float32 scales cost 32 / B bits per param.
+    rollouts: the params an RL run's rollout sampler and its log-prob forwards (old policy, KL reference) read:
+      merged (W + s A B, a float copy of the base made every step, read by the plain model) | unmerged (the base as
+      it trains, QLoRA's codes dequantized inside each matmul, the adapters beside it; the reference: the same
+      params with B = 0, exactly the base) | auto: unmerged with a quantized base, merged otherwise. Why: the merged
+      copy of a quantized base is the float base the quantization saved (at 7B, ~14 GB in bf16 beside ~4 GB of nf4
+      codes); a float base is held anyway. The price, at d512 on CPU (benchmarks/qlora_sampler.py): a decode step on
+      the codes 1.17x a merged one, a 16-token rollout of 8 rows 1.32x the merge and the merged sampler's; the
+      compiled sampler's peak 95 MiB against 145.
   """
 
   rank: int = 0
@@ -270,6 +280,7 @@ class LoRAConfig(Section):
   init_adapter: str = ""
   base_quant: str = "none"
   base_quant_block: int = 64
+  rollouts: str = "auto"
 
   def check(self) -> None:
     at_least(self, "rank", 0)
@@ -277,6 +288,7 @@ class LoRAConfig(Section):
     in_range(self, "dropout", 0.0, 1.0, high_open=True)
     one_of(self, "base_dtype", BASE_DTYPES)
     one_of(self, "base_quant", BASE_QUANTS)
+    one_of(self, "rollouts", ROLLOUT_PARAMS)
     if self.base_quant != "none" and not self.enabled:
       raise ConfigError("base_quant", "a quantized base is frozen: it needs adapters to train (set lora.rank > 0; "
                         "full fine-tuning keeps float params)", self.base_quant)
@@ -297,6 +309,11 @@ class LoRAConfig(Section):
   @property
   def scale(self) -> float:
     return lora_scale(self.alpha, self.rank, self.rslora)
+
+  @property
+  def samples_unmerged(self) -> bool:
+    """Whether an RL run's rollouts read the unmerged params (`rollouts`, auto resolved); False without LoRA."""
+    return self.enabled and (self.rollouts == "unmerged" or (self.rollouts == "auto" and self.quant is not None))
 
   @property
   def quant(self) -> Quant | None:

@@ -94,14 +94,15 @@ class RolloutCollector:
              data_dir: str) -> "RolloutCollector":
     """Encodes the task's prompts (`PromptData.create`, TFDS data under `data_dir`) and compiles the samplers, the
     teacher-forced log-probs and the row gather for `layout`; `abstract_params`: the policy's params as shapes
-    (jax.eval_shape). ConfigError when the processes cannot split the prompts."""
+    (jax.eval_shape), those `model` reads (a LoRA `model.lora`: unmerged, the samplers read them as it does).
+    ConfigError when the processes cannot split the prompts."""
     prompts = PromptData.create(config.task, tokenizer, batch_size=config.data.prompts_per_step,
                                 prompt_len=config.data.max_prompt_len, seed=config.seed, data_dir=data_dir)
 
     def sampler(greedy: bool, group_size: int = 1) -> Callable:
       sampling = dataclasses.replace(config.sampling, greedy=greedy, eos_id=tokenizer.eos_id,
                                      pad_id=tokenizer.pad_id, return_hidden=clipo_of(config).enabled)
-      return make_sampler(config.model, sampling, config.data.max_prompt_len, layout, group_size)
+      return make_sampler(config.model, sampling, config.data.max_prompt_len, layout, group_size, lora=model.lora)
 
     rows = config.data.prompts_per_step * config.group_size
     index, count = parallel.process_batch_slice(layout.batch, rows)

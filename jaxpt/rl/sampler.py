@@ -41,6 +41,7 @@ from jax import lax
 from jaxpt.config import Section, at_least, fail, in_range, one_of
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM, init_cache, unstack_layers
+from jaxpt.nn.lora import QUANT_NAMES, LoRA
 from jaxpt.parallel import MeshLayout
 
 
@@ -184,9 +185,24 @@ def decode_params(params: Any, model_config: ModelConfig, decode_config: ModelCo
   return params
 
 
+def codes_in_step(variables: Any, t: jax.Array) -> Any:
+  """`variables` with the quantized kernels' codes (`kernel_q`) passed through an optimization barrier beside the
+  decode loop's step t, so that they depend on the step: XLA's loop-invariant code motion would otherwise hoist
+  their dequantization out of the while_loop and hold every kernel in float for the whole loop (measured: the
+  compiled d64 sampler's temporaries grew by the float kernels' size). In the step each kernel is dequantized in
+  its own matmul, one at a time, as in training."""
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(variables)
+  at = [i for i, (path, _) in enumerate(leaves) if getattr(path[-1], "key", None) == QUANT_NAMES[0]]
+  codes, _ = lax.optimization_barrier(([leaves[i][1] for i in at], t))
+  values = [leaf for _, leaf in leaves]
+  for i, leaf in zip(at, codes):
+    values[i] = leaf
+  return jax.tree_util.tree_unflatten(treedef, values)
+
+
 def make_sampler(model_config: ModelConfig, sampling: SamplingConfig, prompt_len: int,
                  layout: MeshLayout | None = None, group_size: int = 1,
-                 row_keys: bool = False) -> Callable[..., SampleOutput]:
+                 row_keys: bool = False, lora: LoRA | None = None) -> Callable[..., SampleOutput]:
   """-> jitted `sample(params, prompt_tokens [B, P], prompt_mask [B, P], rng[, budgets]) -> SampleOutput` for
   P = prompt_len.
 
@@ -215,13 +231,18 @@ def make_sampler(model_config: ModelConfig, sampling: SamplingConfig, prompt_len
   size; otherwise (4 prompts on 8 devices) XLA's partitioner moves rows between devices, with the same results.
   With G = 1 (eval, `jaxpt.load(...).generate`) there is nothing to share and the prompt stays in each row's own
   buffers, response token t at slot P + t, as before.
+
+  `lora` (`jaxpt.nn.lora.LoRA`): the params are a LoRA model's, unmerged (the adapters beside the base; with a
+  quantized base its codes, dequantized inside each matmul as in training: no float copy of the base is made);
+  adapter dropout is off. None: the plain model's params (a LoRA policy merged, W + s A B).
   """
   if prompt_len <= 0:
     raise ValueError(f"prompt_len={prompt_len}: must be positive")
   if group_size < 1:
     raise ValueError(f"group_size={group_size}: must be positive")
   decode_config = decode_config_of(model_config, sampling)
-  model = TransformerLM(decode_config)
+  model = TransformerLM(decode_config, lora=None if lora is None else dataclasses.replace(lora, dropout=0.0))
+  in_step = codes_in_step if lora is not None and lora.quant is not None else lambda variables, t: variables
   steps = sampling.max_new_tokens
   segments = decode_segments(steps, sampling.cache_segments)
 
@@ -277,7 +298,7 @@ def make_sampler(model_config: ModelConfig, sampling: SamplingConfig, prompt_len
 
       def step(state):
         t, token, cache, outputs, done = state
-        logits, hidden, cache = model.apply(variables, token[:, None], (prompt_lengths + t - 1)[:, None],
+        logits, hidden, cache = model.apply(in_step(variables, t), token[:, None], (prompt_lengths + t - 1)[:, None],
                                             return_hidden=True, cache=cache, cache_index=first_slot + t - 1)
         token, outputs, done = record(t, outputs, done, logits[:, 0], hidden[:, 0])
         return t + 1, token, cache, outputs, done

@@ -164,17 +164,26 @@ class GRPOHooks(Hooks):
       self.ref_params = jax.tree.map(jnp.copy, state.params)
     return state
 
+  def policy_params(self, params: Any) -> Any:
+    """The policy `params` as the collector's programs read them (`lora.rollouts`): unmerged, as they train, or with
+    LoRA merged (W + s A B, a float copy made here; `params` themselves without LoRA)."""
+    return params if self.config.lora.samples_unmerged else self.training.merged_params(params)
+
   def reference_params(self, params: Any) -> Any:
-    """The reference policy of the policy `params`: with LoRA their base (the same arrays; QLoRA: dequantized, a
-    copy while the log-probs run, as the collector's model reads float params), else the initial params' copy."""
-    return self.training.dequantized_base(params) if self.training.lora else self.ref_params
+    """The reference policy of the policy `params` as the collector's log-probs read it: with LoRA their base
+    (unmerged rollouts: the same params with the adapters at 0, the codes as they are; merged: the base's arrays,
+    QLoRA's dequantized, a copy while the log-probs run), else the initial params' copy."""
+    if not self.training.lora:
+      return self.ref_params
+    if self.config.lora.samples_unmerged:
+      return self.training.adapters_off(params)
+    return self.training.dequantized_base(params)
 
   def train_step(self, training: Training, state: TrainState, batch: dict) -> tuple[TrainState, dict]:
     settings, cfg = self.config.grpo, self.config.clipo
     step = int(state.step)
     sample_rng, clipo_rng, update_rng = jax.random.split(state.step_rng(), 3)
-    # the collector's programs read config.model alone: with LoRA, the merged params (W + s A B)
-    ro, dapo_metrics = self.collector.step_rollouts(training.merged_params(state.params), batch, step, sample_rng,
+    ro, dapo_metrics = self.collector.step_rollouts(self.policy_params(state.params), batch, step, sample_rng,
                                                     score=self.score_hook)
     metrics: dict[str, Any] = {"accuracy": float(ro["scores"].mean()), "response_length": float(ro["lengths"].mean()),
                                "num_tokens": float(ro["lengths"].sum()), **dapo_metrics}
@@ -246,7 +255,7 @@ class GRPOHooks(Hooks):
 
   def evaluate(self, state: TrainState) -> dict:
     """eval_accuracy_<set> (and eval_pass1_<set>) of the state's policy (`RolloutCollector.evaluate`)."""
-    return self.collector.evaluate(self.training.merged_params(state.params))
+    return self.collector.evaluate(self.policy_params(state.params))
 
 
 def reward_score_hook(settings: RewardConfig, assemble: Callable | None,
@@ -344,9 +353,13 @@ def build(config: GRPORunConfig | Any, workdir: str) -> BuiltRun:
                             weight_key=weight_key, total_steps=max(1, config.steps * config.updates_per_step),
                             init_aux=init_aux)
 
-  params = jax.eval_shape(training.merged_params, jax.eval_shape(training.sharded.init_state).params)  # merged
-  collector = RolloutCollector.create(config, model.clone(lora=None), training.merged_layout, params, tokenizer,
-                                      config.task.data_dir(workdir))
+  params = jax.eval_shape(training.sharded.init_state).params
+  if config.lora.samples_unmerged:  # the collector's programs read the policy as it trains (`lora.rollouts`)
+    reader, reader_layout = model, training.layout
+  else:  # config.model alone: with LoRA, the merged params (W + s A B)
+    reader, reader_layout = model.clone(lora=None), training.merged_layout
+    params = jax.eval_shape(training.merged_params, params)
+  collector = RolloutCollector.create(config, reader, reader_layout, params, tokenizer, config.task.data_dir(workdir))
   kl_rewards = lambda *arrays: kl_penalized_rewards(*arrays, config.grpo.kl_coef, config.grpo.kl_kind)
   teacher = None
   if config.grpo.teacher:

@@ -1,7 +1,9 @@
 """LoRA training on 8 simulated CPU devices (run by tests/test_parallel_sharded.py in its own process): the shared
 step with adapters on a data x fsdp x tensor mesh equals the one-device run, and the adapters and their moments are
 split as their kernels' logical axes say (A along embed over fsdp, B along heads / mlp over tensor); with a quantized
-base (QLoRA) too, its codes split as the kernels and its scales as the kernels' out axes.
+base (QLoRA) too, its codes split as the kernels and its scales as the kernels' out axes; `init_from` that QLoRA run
+restores its codes, scales and adapters split as the kernels they belong to (not whole on every device) and starts
+from its merged policy.
 
   python -m pytest tests/multidevice/sharded_lora.py
 """
@@ -12,6 +14,7 @@ os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + (
     " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
     " --xla_llvm_disable_expensive_passes=true")
 
+import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -19,6 +22,9 @@ import numpy as np  # noqa: E402
 from jaxpt import parallel  # noqa: E402
 from jaxpt.config import from_section  # noqa: E402
 from jaxpt.engine.builder import build_training  # noqa: E402
+from jaxpt.engine.checkpoint import Checkpointer, load_run_params  # noqa: E402
+from jaxpt.engine.init_from import adapted_target, run_params  # noqa: E402
+from jaxpt.engine.record import record_launch  # noqa: E402
 from jaxpt.models.transformer import TransformerLM  # noqa: E402
 from jaxpt.trainers.lm import make_lm_loss_fn  # noqa: E402
 from jaxpt.trainers.sft import SFTRunConfig  # noqa: E402
@@ -48,12 +54,12 @@ def run(mesh_sizes, devices, **lora):
              "weights": np.ones((BATCH, SEQ), np.float32)}
     state, metrics = training.train_step(state, parallel.global_batch(batch, training.sharded.batch_sharding, BATCH))
     losses.append(float(metrics["loss"]))
-  return losses, state
+  return losses, state, training
 
 
 def test_lora_on_8_devices_matches_one_device_and_splits_the_adapters():
-  want_losses, want = run({"data": 1}, jax.devices()[:1])
-  losses, state = run({"data": 2, "fsdp": 2, "tensor": 2}, jax.devices())
+  want_losses, want, _ = run({"data": 1}, jax.devices()[:1])
+  losses, state, _ = run({"data": 2, "fsdp": 2, "tensor": 2}, jax.devices())
   np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
   for path, got, ref in zip(jax.tree_util.tree_leaves_with_path(state.params), jax.tree.leaves(state.params),
                             jax.tree.leaves(want.params)):
@@ -67,10 +73,10 @@ def test_lora_on_8_devices_matches_one_device_and_splits_the_adapters():
   assert "kernel" not in moments  # no optimizer state for the frozen base
 
 
-def test_qlora_on_8_devices_matches_one_device_and_splits_codes_and_scales():
+def test_qlora_on_8_devices_matches_one_device_and_splits_codes_and_scales(tmp_path):
   quant = {"base_quant": "nf4", "base_quant_block": 8}
-  want_losses, want = run({"data": 1}, jax.devices()[:1], **quant)
-  losses, state = run({"data": 2, "fsdp": 2, "tensor": 2}, jax.devices(), **quant)
+  want_losses, want, _ = run({"data": 1}, jax.devices()[:1], **quant)
+  losses, state, training = run({"data": 2, "fsdp": 2, "tensor": 2}, jax.devices(), **quant)
   np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
   for path, got, ref in zip(jax.tree_util.tree_leaves_with_path(state.params), jax.tree.leaves(state.params),
                             jax.tree.leaves(want.params)):
@@ -79,3 +85,30 @@ def test_qlora_on_8_devices_matches_one_device_and_splits_codes_and_scales():
   query = state.params["decoder"]["layers"]["attn"]["query"]
   assert query["kernel_q"].dtype == jnp.uint8 and tuple(query["kernel_q"].sharding.spec)[:3] == (None, "fsdp", "tensor")
   assert tuple(query["kernel_scale"].sharding.spec)[:3] == (None, None, "tensor")
+  init_from_restores_the_codes_split(training, state, str(tmp_path / "qlora"))
+
+
+def init_from_restores_the_codes_split(training, state, workdir):
+  """`init_from` the QLoRA run: codes, scales and adapters are restored split as the run itself held them (their
+  kernels' axes) into a plain model's template on the mesh, and the start is the run's merged policy."""
+  record_launch(workdir, training.config, {})
+  checkpointer = Checkpointer(workdir, async_save=False)
+  checkpointer.save(state)
+  checkpointer.close()
+  plain = TransformerLM(training.config.model)
+  boxed = jax.eval_shape(lambda: plain.init(jax.random.PRNGKey(0), jnp.zeros((1, SEQ), jnp.int32)))["params"]
+  shardings = parallel.param_shardings(boxed, training.sharded.mesh, training.sharded.rules)
+  template = jax.tree.map(lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s),
+                          nn.meta.unbox(boxed), shardings)
+  restored = load_run_params(workdir, adapted_target(template, training.config.model, training.config.lora))
+  for path, got, held in zip(jax.tree_util.tree_leaves_with_path(restored), jax.tree.leaves(restored),
+                             jax.tree.leaves(state.params)):
+    assert got.sharding.is_equivalent_to(held.sharding, got.ndim), (jax.tree_util.keystr(path[0]), got.sharding,
+                                                                      held.sharding)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(held))
+  query = restored["decoder"]["layers"]["attn"]["query"]
+  assert tuple(query["kernel_q"].sharding.spec)[:3] == (None, "fsdp", "tensor")  # 1/4 of the codes a device
+  assert query["kernel_q"].addressable_shards[0].data.size * 4 == query["kernel_q"].size
+  started = run_params(workdir, training.config.model, template)
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(started),
+               jax.device_get(training.merged_params(state.params)))
