@@ -22,9 +22,11 @@ update step (PPO's also its critic-only warm-up step) and rollout sampler (XLA's
 `grpo_step.rm_scoring_vs_reference` on the GRPO run's rollouts. `uptime`: the load average when the run ended (the
 machine is shared: every figure here is a ratio of peers timed in alternation, or a wall time under that load).
 --small: the d256 / 4-layer model, 4 prompts x 4 rollouts, 64 + 32 tokens (a labelled smaller point).
---minibatches N: updates of 64 / N rows (both trainers). At the default d512 point the one process holding both
-builds was killed by the kernel's OOM killer on the shared 23 GB machine, at 10.7 GB resident with 32-row updates
-and at 11.8 GB with 16-row ones (`--minibatches 4`), so `results_ppo_step_small_cpu.json` holds the --small point.
+--minibatches N: updates of 64 / N rows (both trainers). `peak_rss_mib`: the process's peak resident memory (both
+builds). Before PPO's update computed its two models' gradients one after the other (`ppo.sequenced_grad_fn`), its
+compiled peak at the d512 point was 10.2 GiB (8.6 GiB of temporaries: both models' activations at once) and the
+process was killed by the kernel's OOM killer on the shared 23 GB machine (10.7 GB resident with 32-row updates,
+11.8 GB with 16-row ones); `results_ppo_step_small_cpu.json` holds the --small point measured then.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import collections
 import dataclasses
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -183,6 +186,7 @@ def main(argv=None) -> None:
             "ppo_over_grpo_step": round(statistics.median(p["step"] / g["step"] for p, g in
                                                           zip(results["ppo"], results["grpo"])), 2),
             "memory_mib": mem, "rm_scoring": rm_scoring,
+            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
             "note": "a machine shared with other agents' jobs: wall times carry their load (see uptime)"}
   json.dump(report, sys.stdout, indent=2)
