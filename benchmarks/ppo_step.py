@@ -22,9 +22,14 @@ update step (PPO's also its critic-only warm-up step) and rollout sampler (XLA's
 `grpo_step.rm_scoring_vs_reference` on the GRPO run's rollouts. `uptime`: the load average when the run ended (the
 machine is shared: every figure here is a ratio of peers timed in alternation, or a wall time under that load).
 --small: the d256 / 4-layer model, 4 prompts x 4 rollouts, 64 + 32 tokens (a labelled smaller point).
---minibatches N: updates of 64 / N rows (both trainers). At the default d512 point the one process holding both
-builds was killed by the kernel's OOM killer on the shared 23 GB machine, at 10.7 GB resident with 32-row updates
-and at 11.8 GB with 16-row ones (`--minibatches 4`), so `results_ppo_step_small_cpu.json` holds the --small point.
+--minibatches N: updates of 64 / N rows (both trainers). `peak_rss_mib`: the process's peak resident memory (both
+builds). --memory-only: both builds' `memory_mib` alone, nothing run (`results_ppo_step_memory_cpu.json`). Before
+PPO's update computed its two models' gradients one after the other (`ppo.sequenced_grad_fn`), its compiled peak at
+the d512 point was 10.2 GiB (8.6 GiB of temporaries: both models' activations at once; now 5.8 GiB, GRPO's 5.1) and
+the process was killed by the kernel's OOM killer on the shared 23 GB machine (10.7 GB resident with 32-row updates,
+11.8 GB with 16-row ones). With it, the full d512 run (`--rounds 2`, at 70d3393) was still killed, at 13.9 GB
+resident: its resident memory, polled every 5 s, grew through the run (3.4, 7.7, 8.2, 9.8, 11.6, 13.5 GB), far
+above the compiled peaks (not explained yet); `results_ppo_step_small_cpu.json` holds the --small point.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import collections
 import dataclasses
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -146,14 +152,35 @@ def memory(trainer: BuiltRun) -> dict:
   return out
 
 
+def memory_only(args: argparse.Namespace, size: dict) -> None:
+  """--memory-only: both builds' compiled memory (`memory`) and the process's peak RSS, nothing run."""
+  with tempfile.TemporaryDirectory() as workdir:
+    mem = {"grpo": memory(jaxpt.build("grpo", grpo_config(size, args.scheme, args.minibatches),
+                                      os.path.join(workdir, "grpo"))),
+           "ppo": memory(jaxpt.build("ppo", ppo_config(size, args.scheme, args.minibatches),
+                                     os.path.join(workdir, "ppo")))}
+  report = {"benchmark": "ppo_step", "point": "small (--small)" if args.small else "default (d512)",
+            "config": dict(size["model"], norm_scheme=args.scheme, prompts=size["prompts"], group=size["group"],
+                           prompt_len=size["prompt_len"], new_tokens=size["new_tokens"], minibatches=args.minibatches),
+            "device": str(jax.devices()[0]), "jax": jax.__version__,
+            "command": " ".join(["python -m benchmarks.ppo_step"] + sys.argv[1:]), "memory_mib": mem,
+            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()}
+  json.dump(report, sys.stdout, indent=2)
+  print()
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--rounds", type=int, default=2)
   parser.add_argument("--scheme", default="pre")
   parser.add_argument("--small", action="store_true", help="the smaller labelled point (see the module doc)")
   parser.add_argument("--minibatches", type=int, default=grpo_step.MINIBATCHES, help="updates per step (both)")
+  parser.add_argument("--memory-only", action="store_true", help="build both, report memory_mib, run nothing")
   args = parser.parse_args(argv)
   size = sizes(args.small)
+  if args.memory_only:
+    return memory_only(args, size)
   with tempfile.TemporaryDirectory() as workdir:
     grpo = jaxpt.build("grpo", grpo_config(size, args.scheme, args.minibatches), os.path.join(workdir, "grpo"))
     ppo = with_reward_model(jaxpt.build("ppo", ppo_config(size, args.scheme, args.minibatches),
@@ -183,6 +210,7 @@ def main(argv=None) -> None:
             "ppo_over_grpo_step": round(statistics.median(p["step"] / g["step"] for p, g in
                                                           zip(results["ppo"], results["grpo"])), 2),
             "memory_mib": mem, "rm_scoring": rm_scoring,
+            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
             "note": "a machine shared with other agents' jobs: wall times carry their load (see uptime)"}
   json.dump(report, sys.stdout, indent=2)

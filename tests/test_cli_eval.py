@@ -1,6 +1,7 @@
 """`jaxpt eval --workdir W [--step N]` on a tiny pretraining run, and the run's progress output in a log file."""
 
 import contextlib
+import dataclasses
 import json
 import os
 import subprocess
@@ -102,3 +103,40 @@ def test_eval_of_a_step_without_a_checkpoint_is_one_line(tiny_run, capsys):
 def test_the_recorded_sections_name_the_trainer(sections, kind):
   """The legacy rule, for config.json files written before runs recorded their trainer (tests/test_trainers.py)."""
   assert legacy_trainer(sections) == kind
+
+
+@pytest.mark.parametrize("kind", ["grpo", "ppo"])
+def test_eval_of_an_rl_run_whose_reward_model_is_gone_resets_only_that(kind, tmp_path):
+  """An RL run's `reward.model` (and PPO's `ppo.critic_init`) moved away: the eval's config has the `reward`
+  section (and `ppo.critic_init`) at the defaults, allowed as changes, a one-line note each, and is a valid run
+  config (the verifier is its reward again); a directory still there changes nothing."""
+  import importlib
+
+  from jaxpt.config import from_section
+  from jaxpt.engine.evaluate import without_gone_inputs
+  from jaxpt.engine.trainers import TRAINERS
+  from jaxpt.rl.reward_sources import RewardConfig
+
+  trainer = TRAINERS.get(kind)
+  base = importlib.import_module(f"experiments.configs.{kind}_tiny").get_config().to_dict()
+  gone, there = str(tmp_path / "moved_rm"), str(tmp_path)
+  recorded = {"trainer": kind, **base, "reward": {**base["reward"], "model": gone, "verifier_weight": 0.0}}
+  if kind == "ppo":
+    recorded["ppo"] = {**base["ppo"], "critic_init": gone}
+  got, notes = without_gone_inputs(trainer, recorded)
+  assert recorded["reward"]["model"] == gone  # the record itself is left alone
+  assert got["reward"] == json.loads(json.dumps(dataclasses.asdict(RewardConfig())))
+  resets = ["reward"] + (["ppo.critic_init"] if kind == "ppo" else [])
+  assert got["allow_changes"] == ",".join(resets) and len(notes) == len(resets)
+  assert all(note.startswith(f) and gone in note and "\n" not in note for note, f in zip(notes, ["reward.model",
+                                                                                               "ppo.critic_init"]))
+  if kind == "ppo":
+    assert got["ppo"] == {**base["ppo"], "critic_init": ""}
+  assert {k: v for k, v in got.items() if k not in ("reward", "ppo", "allow_changes")} == \
+      {k: v for k, v in recorded.items() if k not in ("reward", "ppo", "allow_changes")}
+  config = from_section(trainer.config_type, {k: v for k, v in got.items() if k != "trainer"}, "config")
+  assert not config.reward.uses_model and config.allow_changes == got["allow_changes"]
+  same = json.loads(json.dumps({**recorded, "reward": {**recorded["reward"], "model": there}}))
+  if kind == "ppo":
+    same["ppo"]["critic_init"] = there
+  assert without_gone_inputs(trainer, same) == (same, [])

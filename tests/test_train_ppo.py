@@ -2,6 +2,8 @@
 tokenizer), then `jaxpt ppo` rewarded by that RM with the critic started from it: the critic-only warm-up (its loss
 falls, the policy does not move), the policy and critic updates after it, a bitwise resume and the refusals."""
 
+import os
+
 import jax
 import numpy as np
 import pytest
@@ -144,6 +146,25 @@ def test_bad_input_names_the_field(runs, tmp_path):
     assert field in str(e.value) and "\n" not in str(e.value), (extra, str(e.value))
 
 
+def test_a_critic_from_a_reward_model_of_other_tokens_is_refused(runs):
+  """A policy of another tokenizer than the RM's (here Llama's): the critic cannot start from that RM (one line
+  naming ppo.critic_init, saying why and what to do), before any compile."""
+  from jaxpt.config import from_section
+  from jaxpt.data.tokenizer import load_tokenizer
+  from jaxpt.engine.builder import training_mesh
+  from jaxpt.engine.saved_model import load_run
+  from jaxpt.trainers.ppo import load_critic_start
+  from jaxpt.trainers.ppo_config import PPORunConfig
+
+  config = from_section(PPORunConfig, ppo_config(*runs), "config")
+  mesh = training_mesh(config, config.minibatch_rows)
+  other = load_tokenizer(os.path.join(os.path.dirname(__file__), "assets", "hf", "llama"))
+  with pytest.raises(ConfigError, match=r"ppo\.critic_init.*per-token GAE.*leave ppo\.critic_init empty") as e:
+    load_critic_start(config, mesh, other)
+  assert "\n" not in str(e.value)
+  assert load_critic_start(config, mesh, load_run(runs[1]).tokenizer) is not None  # the RM's own tokenizer
+
+
 def test_a_critic_in_a_grpo_run_is_refused():
   from experiments.configs import grpo_tiny
   from jaxpt.config import from_section
@@ -219,3 +240,37 @@ def test_init_from_a_ppo_run_starts_from_its_policy(ppo_run, tmp_path):
   assert jax.tree.structure(params) == jax.tree.structure(policy)
   for got, want in zip(jax.tree.leaves(params), jax.tree.leaves(policy)):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+@pytest.mark.slow
+def test_eval_of_a_ppo_run_whose_reward_model_is_gone(ppo_run, tmp_path, capfd):
+  """`jaxpt eval` of a PPO run rewarded by, and with a critic started from, a reward model that was moved away:
+  one note per field, and the same eval numbers as with the reward model in place (the eval scores the policy with
+  the verifier; its params alone are restored). The run had no eval set: each copy's record gains one."""
+  import json
+  import shutil
+
+  from jaxpt import progress
+  from jaxpt.engine.evaluate import evaluate_run
+
+  _, _, workdir, _ = ppo_run
+  rows = {}
+  for name in ("in_place", "gone"):
+    run = str(tmp_path / name)
+    shutil.copytree(workdir, run, ignore=shutil.ignore_patterns("eval"))
+    with open(f"{run}/config.json") as f:
+      recorded = json.load(f)
+    recorded["data"].update(eval_prompts=4, max_prompt_len=48)  # the test split's prompts are longer
+    recorded["allow_changes"] = "data.eval_prompts,data.max_prompt_len"
+    if name == "gone":
+      recorded["reward"]["model"] = recorded["ppo"]["critic_init"] = str(tmp_path / "moved_rm")
+    with open(f"{run}/config.json", "w") as f:
+      json.dump(recorded, f)
+    progress.enable("eval")
+    try:
+      rows[name] = evaluate_run(run)
+    finally:
+      progress.enable(None)
+    notes = [line for line in capfd.readouterr().err.splitlines() if "is gone" in line]
+    assert len(notes) == (2 if name == "gone" else 0), notes
+  assert rows["gone"] == rows["in_place"] and any(k.startswith("eval_accuracy") for k in rows["gone"])

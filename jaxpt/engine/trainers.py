@@ -47,6 +47,9 @@ class Trainer:
     eval_set: the config field whose 0 means the run has no eval set ('' = it always has one).
     config_module: the module defining `config_class`, when not `module` ('' = `module`).
     lora: whether it trains LoRA adapters when `config.lora.rank > 0` (`jaxpt.nn.lora`); the others refuse them.
+    eval_unread: (field, reset) pairs: a config field naming a directory that only training reads (GRPO's and
+      PPO's `reward.model`, PPO's `ppo.critic_init`) and the field or section that `jaxpt eval` resets to its
+      default when that directory is gone (the eval scores the policy with the verifier; `jaxpt.engine.evaluate`).
   """
 
   name: str
@@ -60,6 +63,7 @@ class Trainer:
   eval_set: str = ""
   config_module: str = ""
   lora: bool = False
+  eval_unread: tuple[tuple[str, str], ...] = ()
 
   def _attribute(self, name: str) -> Any:
     return getattr(importlib.import_module(self.module), name)
@@ -101,10 +105,12 @@ for _trainer in (
             eval_set="data.eval_batches", lora=True),
     Trainer("grpo", "GRPO / CLIPO post-training with KV-cache rollouts and verifiable rewards.",
             "jaxpt.trainers.grpo", "GRPORunConfig", ("reward_mean", "accuracy", "eval_accuracy*"), "lm",
-            eval_set="data.eval_prompts", config_module="jaxpt.trainers.grpo_config", lora=True),
+            eval_set="data.eval_prompts", config_module="jaxpt.trainers.grpo_config", lora=True,
+            eval_unread=(("reward.model", "reward"),)),
     Trainer("ppo", "PPO with a learned critic (from a reward-model run or the policy), GAE and KL-shaped rewards.",
             "jaxpt.trainers.ppo", "PPORunConfig", ("reward_mean", "accuracy", "value_loss", "eval_accuracy*"),
-            "actor_critic", eval_set="data.eval_prompts", config_module="jaxpt.trainers.ppo_config"),
+            "actor_critic", eval_set="data.eval_prompts", config_module="jaxpt.trainers.ppo_config",
+            eval_unread=(("reward.model", "reward"), ("ppo.critic_init", "ppo.critic_init"))),
     Trainer("rm", "Train a reward model (Bradley-Terry, DIR, ODIN) and write its evaluation report.",
             "jaxpt.trainers.rm", "RMRunConfig", ("loss", "accuracy", "eval_accuracy", "eval_pearson_score_length",
                                                  "eval_spearman_score_length"), "reward", starts_runs=False,

@@ -11,6 +11,7 @@ One loop step (`PPOHooks.train_step`), for a batch of B prompts:
                                 A, R = GAE(r, V; gamma, lam); A whitened over the step's tokens
       --`epochs` x `minibatches` updates of policy and critic together (one shared train step):
         loss = ppo_clip(logp, old_logp, A [N, T], mask) + clipped_value(V_new, V, R, mask)
+        (its gradient `sequenced_grad_fn`'s: the critic's backward ends before the policy's forward starts)
         (the first `ppo.value_warmup_steps` loop steps: the critic's term only, the policy frozen)
 
 Policy and critic are one params tree {"policy": TransformerLM params, "critic": RewardModel params (backbone +
@@ -18,16 +19,21 @@ a [d, 1] head, read per token: the value head)}, sharded on the run's mesh by th
 own optimizer (`jaxpt.engine.optim.partitioned`: `optim` for the policy, `optim` at `ppo.critic_learning_rate` for
 the critic, each clipping its own gradient, each with its own update count and schedule). Their params are
 disjoint, so the summed loss's gradient is each loss's gradient for its own params (no `vf_coef`: with separate
-Adam optimizers a coefficient would only rescale the critic's gradient). The value warm-up is a second compiled step
-on the same state whose optimizer freezes the policy part (no move, no state change). Checkpoints hold both params
-and both optimizer states (the TrainState), and the running reward statistics (`aux`); the reference policy is
-the initial policy, rebuilt on resume; randomness of step t comes from fold_in(state.rng, t), so a resumed run is
-bitwise the uninterrupted one.
+Adam optimizers a coefficient would only rescale the critic's gradient); the step computes them one model after
+the other, so that only one model's activations are live at a time (`sequenced_grad_fn`). The value warm-up is a
+second compiled step on the same state whose optimizer freezes the policy part (no move, no state change).
+Checkpoints hold both params and both optimizer states (the TrainState), and the running reward statistics
+(`aux`); the reference policy is the initial policy, rebuilt on resume; randomness of step t comes from
+fold_in(state.rng, t), so a resumed run is bitwise the uninterrupted one.
 
 Why the critic starts from a reward model (`ppo.critic_init`): the RM's backbone already reads the prompt and
 response as the reward does, so its score head, applied per token, starts the value head near the return of the
 final token (InstructGPT; ms-swift's and OpenRLHF's default); without one, the critic starts from the policy's own
-start with a fresh head.
+start with a fresh head. An RM of another tokenizer (or prompt format) may reward (`reward.model`, scored on the
+re-tokenized text) but cannot start the critic: GAE needs V_t at each of the policy's response tokens t, and a
+critic reading other tokens has no value at those positions (a mapping of its token boundaries onto the policy's
+would be a guess); such a `ppo.critic_init` is refused in one line naming it, and the critic then starts from the
+policy.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from jaxpt.config import ConfigError, from_section
 from jaxpt.losses import get_loss
@@ -61,9 +68,10 @@ from jaxpt.engine.record import run_inputs
 from jaxpt.engine.run import BuiltRun, Hooks
 from jaxpt.engine.saved_model import SavedModel, load_reward_run
 from jaxpt.engine.state import TrainState
-from jaxpt.engine.step import grad_fn_of, make_train_step
+from jaxpt.engine.step import GradFn, grad_fn_of, make_train_step
 
-__all__ = ["PPOHooks", "PolicyAndCritic", "build", "critic_values", "experience_shapes"]
+__all__ = ["PPOHooks", "PolicyAndCritic", "build", "critic_values", "experience_shapes", "loss_parts",
+           "sequenced_grad_fn"]
 
 
 class PolicyAndCritic(nn.Module):
@@ -104,31 +112,55 @@ def experience_shapes(config: PPORunConfig) -> dict[str, jax.ShapeDtypeStruct]:
   return {k: jax.ShapeDtypeStruct(shape, dtype) for k, (shape, dtype) in shapes.items()}
 
 
-def make_losses(policy_config: ModelConfig, critic_config: ModelConfig, settings: PPOConfig,
-                temperature: float) -> tuple[Callable, Callable]:
-  """(loss_fn, value_only_fn), each (params, minibatch, rng) -> (loss, metrics): the policy's ppo_clip loss on
-  per-token advantages plus the critic's clipped value loss; the value loss alone (the warm-up)."""
+def loss_parts(policy_config: ModelConfig, critic_config: ModelConfig, settings: PPOConfig,
+               temperature: float) -> tuple[Callable, Callable]:
+  """(policy_part(policy params, minibatch), value_part(critic params, minibatch)), each -> (loss, metrics): the
+  ppo_clip loss of the policy's teacher-forced log-probs on the per-token advantages; the clipped value loss of the
+  critic's per-token values against the returns (metrics gain the minibatch's num_tokens and num_rows)."""
   policy_model = TransformerLM(policy_config)
   policy_loss, value_loss = get_loss("policy", "ppo_clip"), get_loss("value", "clipped_value")
-  counts = lambda mb: {"num_tokens": jnp.sum(mb["mask"]), "num_rows": jnp.asarray(mb["mask"].shape[0], jnp.float32)}
 
-  def value_only(params: Any, mb: dict, rng: jax.Array) -> tuple[jax.Array, dict]:
-    values = critic_values(critic_config, params["critic"], mb["prompt_tokens"], mb["prompt_mask"], mb["tokens"],
-                           mb["mask"])
-    loss, metrics = value_loss(values, mb["old_values"], mb["returns"], mb["mask"], clip=settings.value_clip or None,
-                               agg=settings.agg)
-    return loss, {**metrics, **counts(mb)}
-
-  def loss_fn(params: Any, mb: dict, rng: jax.Array) -> tuple[jax.Array, dict]:
-    logits, _ = response_logits(policy_model, params["policy"], mb["prompt_tokens"], mb["prompt_mask"], mb["tokens"],
+  def policy_part(policy: Any, mb: dict) -> tuple[jax.Array, dict]:
+    logits, _ = response_logits(policy_model, policy, mb["prompt_tokens"], mb["prompt_mask"], mb["tokens"],
                                 mb["mask"], temperature)
     logp = token_logprobs(logits, mb["tokens"], mb["mask"])
-    pg, pg_metrics = policy_loss(logp, mb["old_logp"], mb["advantages"], mb["mask"], **settings.loss_kwargs())
-    vl, v_metrics = value_only(params, mb, rng)
-    loss = pg + vl
-    return loss, {**pg_metrics, **v_metrics, "pg_loss": pg, "loss": loss}
+    pg, metrics = policy_loss(logp, mb["old_logp"], mb["advantages"], mb["mask"], **settings.loss_kwargs())
+    return pg, {**metrics, "pg_loss": pg}
 
-  return loss_fn, value_only
+  def value_part(critic: Any, mb: dict) -> tuple[jax.Array, dict]:
+    values = critic_values(critic_config, critic, mb["prompt_tokens"], mb["prompt_mask"], mb["tokens"], mb["mask"])
+    loss, metrics = value_loss(values, mb["old_values"], mb["returns"], mb["mask"], clip=settings.value_clip or None,
+                               agg=settings.agg)
+    return loss, {**metrics, "num_tokens": jnp.sum(mb["mask"]),
+                  "num_rows": jnp.asarray(mb["mask"].shape[0], jnp.float32)}
+
+  return policy_part, value_part
+
+
+def sequenced_grad_fn(policy_part: Callable, value_part: Callable) -> GradFn:
+  """The GradFn of loss = policy_part(params["policy"]) + value_part(params["critic"]) (`loss_parts`), one model
+  after the other: the critic's forward and backward, then the policy's inside a `lax.cond` on the critic's
+  gradient being finite, so that the policy's buffers (XLA allocates a scan's zero-initialised stacked residuals
+  wherever its scheduler likes, on CPU at the program's start) exist only once the critic's are freed. The step's
+  peak then holds one model's activations, not both (jax.grad of the summed loss, or an optimization barrier
+  between the two: the sum; at the d512 benchmark point, 32-row updates, 4.3 GiB of temporaries instead of 8.6).
+  The params are disjoint, so the gradients are those of the sum. A non-finite critic gradient gives NaN policy
+  gradients (the step is non-finite either way: `make_train_step` stops or skips it)."""
+  value_grad = jax.value_and_grad(value_part, has_aux=True)
+  policy_grad = jax.value_and_grad(policy_part, has_aux=True)
+
+  def grad_fn(params: Any, aux: Any, batch: dict, rng: jax.Array) -> tuple[Any, Any, dict]:
+    (vl, v_metrics), critic_grads = value_grad(params["critic"], batch)
+
+    def not_finite(policy: Any) -> Any:
+      return jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype), jax.eval_shape(policy_grad, policy, batch))
+
+    finite = jnp.isfinite(optax.global_norm(critic_grads))
+    (pg, pg_metrics), policy_grads = jax.lax.cond(finite, lambda policy: policy_grad(policy, batch), not_finite,
+                                                  params["policy"])
+    return {"policy": policy_grads, "critic": critic_grads}, aux, {**pg_metrics, **v_metrics, "loss": pg + vl}
+
+  return grad_fn
 
 
 def make_experience(config: PPORunConfig, critic_config: ModelConfig) -> Callable:
@@ -247,8 +279,10 @@ def load_critic_start(config: PPORunConfig, mesh: Any, tokenizer: Any) -> SavedM
 
   def fits(model: ModelConfig, rm_tokenizer: Any) -> None:
     if rm_tokenizer is None or rm_tokenizer.model_proto != tokenizer.model_proto:
-      raise ConfigError("ppo.critic_init", "its tokenizer is not the policy's (the critic reads the rollouts' own "
-                        "tokens)", source)
+      raise ConfigError("ppo.critic_init", "its tokenizer is not the policy's: per-token GAE needs a value at "
+                        "each of the policy's response tokens, which a critic of other tokens cannot give (leave "
+                        "ppo.critic_init empty: the critic then starts from the policy; reward.model may still be "
+                        "this RM, scored on re-tokenized text)", source)
     if prompt_len + new_tokens > model.max_seq_len:
       raise ConfigError("ppo.critic_init", f"its model.max_seq_len={model.max_seq_len} cannot hold "
                         f"data.max_prompt_len ({prompt_len}) + sampling.max_new_tokens ({new_tokens})", source)
@@ -285,14 +319,16 @@ def build(config: PPORunConfig | Any, workdir: str) -> BuiltRun:
   def init_aux(rng: jax.Array) -> dict | None:
     return {"reward_stats": init_running_stats()} if config.reward.normalize == "running" else None
 
-  loss_fn, value_only = make_losses(config.model, critic_config, settings, config.sampling.temperature)
+  policy_part, value_part = loss_parts(config.model, critic_config, settings, config.sampling.temperature)
+  value_only = lambda params, mb, rng: value_part(params["critic"], mb)
   weight_key = "num_tokens" if settings.agg == "token-mean" else "num_rows"
   say("compiling the policy and critic updates ...")
   model = PolicyAndCritic(config.model, critic_config)
   shapes = experience_shapes(config)
   training = build_training(config, mesh, model, (jnp.zeros((1, config.data.max_prompt_len), jnp.int32),), shapes,
-                            grad_fn=grad_fn_of(loss_fn), weight_key=weight_key, total_steps=policy_updates,
-                            init_aux=init_aux, init_from_subtree="policy", optimizer=optimizer)
+                            grad_fn=sequenced_grad_fn(policy_part, value_part), weight_key=weight_key,
+                            total_steps=policy_updates, init_aux=init_aux, init_from_subtree="policy",
+                            optimizer=optimizer)
   warmup_step = training.compile_step(make_train_step(
       None, partitioned(parts, frozen=("policy",)), schedules["critic"], config.optim.grad_accum_steps, weight_key,
       grad_fn=grad_fn_of(value_only), skip_nonfinite=config.on_nonfinite == "skip"), shapes)

@@ -28,7 +28,9 @@ class PPOConfig(Section):
     critic_init: '' = the critic starts from the policy's own start (init_from's params, or the seeded init) with
       a fresh value head; else a jaxpt reward-model run's workdir (`jaxpt rm`) whose backbone starts the critic and
       whose scalar score head (ODIN: the quality head) becomes the per-token value head (InstructGPT, ms-swift).
-      The RM must use the policy's tokenizer: the critic reads the rollouts' own tokens.
+      The RM must use the policy's tokenizer and prompt format: per-token GAE needs a value at each of the
+      policy's response tokens (an RM of other tokens may still be `reward.model`, scored on re-tokenized text,
+      beside a critic started from the policy).
     critic_learning_rate: the critic optimizer's peak learning rate (its other settings are `optim`'s: AdamW,
       warm-up and cosine decay over the critic's own updates, clipping of its own gradient).
     value_warmup_steps: the first loop steps update the critic only (the policy neither moves nor advances its
