@@ -18,7 +18,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # id -> (file in tests/multidevice, the marker expression it runs with ("" = all its tests), tests it must run)
 SUITES = {"sharded_training.py": ("sharded_training.py", "", 22),
-          "sharded_grpo.py": ("sharded_grpo.py", "not slow", 7),
+          "sharded_grpo.py": ("sharded_grpo.py", "not slow", 9),
           "sharded_grpo.py slow cases": ("sharded_grpo.py", "slow", 3),
           "sharded_vit.py": ("sharded_vit.py", "", 6), "sharded_grpo_losses.py": ("sharded_grpo_losses.py", "", 10),
           "sharded_ppo.py": ("sharded_ppo.py", "", 3), "sharded_lora.py": ("sharded_lora.py", "", 2)}

@@ -41,8 +41,18 @@ the static sampler's 28.5%, but a slot-step costs about twice a static row-step 
 slot's whole page table, KP + KR pages, in each layer and step, and the tail of long rows runs with slots empty);
 compiled peak memory 282 MiB against 632 MiB (KV: a 192 MiB pool, at most 56 MiB of it in use, against 543 MiB).
 
-Not yet (issue 29): a mesh layout (the static sampler's `layout`), a Pallas paged-attention kernel (the gather path
-copies a slot's pages each layer and step), batched prefills of several prompts.
+Where it runs: the RL trainers' training rollouts with the run config's `engine.enabled` (`EngineConfig.enabled`,
+`jaxpt.rl.collect.RolloutCollector`, DAPO's refill rounds each an engine call of their own), and
+`jaxpt.load(...).generate(..., engine=...)`. On a mesh (`layout`, `Engine.sharded`) each data-parallel group runs
+its own engine under `jax.shard_map`: its B / dp rows (whole groups of G), its own slots and page pool, the params
+gathered whole onto each device (a group's devices along `tensor` run the same engine: no collective inside the
+loop, whose trip count differs between groups); row b's keys are those of its global row, so the rollouts equal
+one engine's on one device.
+
+Not yet (issue 29): a Pallas paged-attention kernel (the gather path copies a slot's pages each layer and step),
+batched prefills of several prompts, the eval's greedy and pass@1 decodes (they stay on the static sampler), DAPO
+refills as pending rollouts of the running stream (a refill round's prompts depend on the previous rounds'
+verified rewards, on the host).
 """
 
 from __future__ import annotations
@@ -159,8 +169,8 @@ class Engine:
 
   With a `layout` (`jaxpt.parallel.MeshLayout`) each data-parallel group runs its own engine (`sharded`): the rows
   split over the batch's mesh axes as `layout.batch` splits them (B / (dp G) whole groups each, its own slots and
-  page pool), the params as `layout.params` lays them out (gathered over the batch axes, the others left to XLA),
-  and the rollouts equal to those of one engine on one device (a rollout's keys name its global row)."""
+  page pool), the params taken as `layout.params` lays them out and gathered whole onto each device, and the
+  rollouts equal to those of one engine on one device (a rollout's keys name its global row)."""
 
   def __init__(self, model_config: ModelConfig, sampling: SamplingConfig, prompt_len: int,
                engine: EngineConfig = EngineConfig(), group_size: int = 1, layout: MeshLayout | None = None):
@@ -226,9 +236,15 @@ class Engine:
     return outputs, stats
 
   def sharded(self, layout: MeshLayout):
-    """`generate` under `jax.shard_map`, manual over the batch's mesh axes (each group its engine on its rows,
-    first row axis_index * rows / dp), automatic over the others; jitted with the layout's shardings. The stats
-    are summed over the groups (useful, waits) or their maximum (steps, peak_pages, stuck)."""
+    """`generate` under `jax.shard_map`, manual over every mesh axis: each group (a block of the batch's mesh axes)
+    runs its engine on its rows, first row axis_index * rows / dp, with the whole params on each device (the
+    devices of a group along the other axes, e.g. `tensor`, run the same engine); jitted with the layout's
+    shardings. The stats are summed over the groups (useful, waits) or their maximum (steps, peak_pages, stuck).
+
+    Why not manual over the batch axes alone, the others (`tensor`) left to XLA inside: the groups leave the
+    data-dependent decode loop at different steps, and a collective XLA puts inside it (a collective-permute there
+    rendezvoused across all 8 CPU devices) then waits for groups that already left: it deadlocked (CPU, 8
+    simulated devices, data 2 x fsdp 2 x tensor 2)."""
     axes = batch_axes(layout)
     rows_spec = PartitionSpec(axes)
 
@@ -243,7 +259,7 @@ class Engine:
                            hidden=rows_spec if self.sampling.return_hidden else None)
     mapped = jax.shard_map(local, mesh=layout.mesh, in_specs=(PartitionSpec(), rows_spec, rows_spec, PartitionSpec(),
                                                               rows_spec),
-                           out_specs=(outputs, PartitionSpec()), axis_names=set(axes), check_vma=False)
+                           out_specs=(outputs, PartitionSpec()), check_vma=False)
     batch, replicated = layout.batch, layout.replicated
     out_shardings = (jax.tree.map(lambda _: batch, outputs, is_leaf=lambda x: isinstance(x, PartitionSpec)),
                      replicated)
