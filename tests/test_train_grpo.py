@@ -220,6 +220,26 @@ def test_grpo_through_the_engine_resumes_bitwise(engine_runs, tmp_path):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
+@pytest.mark.slow  # one more engine compile (bf16); the engine's bf16 decode is in tests/test_rl_engine.py's matrix
+def test_bfloat16_rollouts_through_the_engine_keep_their_hidden_states_and_train_on_fp32_logprobs(engine_runs):
+  from jaxpt.rl.engine import Engine
+
+  _, trainer, _, result = engine_runs["engine"]
+  bf16 = dataclasses.replace(trainer.config.sampling, rollout_dtype="bfloat16", eos_id=trainer.tokenizer.eos_id,
+                             pad_id=trainer.tokenizer.pad_id, return_hidden=True)
+  engine = Engine(trainer.config.model, bf16, trainer.config.data.max_prompt_len, trainer.config.engine,
+                  trainer.config.group_size)
+  bf16_trainer = replace_hooks(trainer, sample=engine, config=dataclasses.replace(trainer.config, sampling=bf16))
+  params, batch, rng = result.state.params, trainer.hooks.collector.prompts.batch(0), jax.random.PRNGKey(3)
+  ro, _ = bf16_trainer.hooks.collector.step_rollouts(params, batch, 0, rng)
+  out = engine(params, jnp.asarray(ro["prompt_tokens"]), jnp.asarray(ro["prompt_mask"]), rng)
+  np.testing.assert_array_equal(ro["tokens"], out.tokens)
+  np.testing.assert_array_equal(ro["hidden"], out.hidden)  # CLIPO reads the bf16 policy's hidden states
+  inputs = (jnp.asarray(ro[k]) for k in ("prompt_tokens", "prompt_mask", "tokens", "mask"))
+  np.testing.assert_array_equal(ro["old_logp"], trainer.hooks.collector.logprobs(params, *inputs))
+  assert not np.array_equal(ro["old_logp"], np.asarray(out.logprobs))
+
+
 def test_init_from_a_reward_model_run_says_what_the_run_is(tmp_path):
   """Issue 12 item 8: it failed on the prompt length (the RM's tokenizer) instead."""
   (tmp_path / "checkpoints").mkdir()
