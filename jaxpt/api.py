@@ -7,6 +7,7 @@
     model.config, model.params, model.tokenizer          # ModelConfig, the param tree, encode / decode
     model.logits(ids)                                    # int [batch, seq] -> float32 [batch, seq, vocab]
     model.generate(["2 + 3 ="], max_new_tokens=8)        # -> list[str], through the KV-cache sampler
+                                                         # (engine=True: the rollout engine, jaxpt.rl.engine)
     model.score(prompts, responses)                      # reward models: float32 [n]
     model.save_hf("/tmp/export")                         # config.json + safetensors (jaxpt.models.hf_export)
                                                          # (a reward model: transformers' ...ForSequenceClassification)
@@ -41,6 +42,7 @@ from jaxpt.nn import lora as lora_lib
 from jaxpt.nn.lora import LoRAConfig
 from jaxpt.parallel.rules import get_rules
 from jaxpt.parallel.sharding import param_shardings
+from jaxpt.rl.engine import Engine, EngineConfig
 from jaxpt.rl.sampler import SamplingConfig, make_sampler
 from jaxpt.engine.record import recorded_config
 from jaxpt.engine.trainers import recorded_trainer
@@ -85,12 +87,17 @@ class Model:
     return jax.jit(lambda params, tokens: model.apply({"params": params}, tokens).astype(jnp.float32))
 
   def generate(self, prompts: Sequence[str], max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
-               top_k: int = 0, seed: int = 0, chat: bool | None = None) -> list[str]:
+               top_k: int = 0, seed: int = 0, chat: bool | None = None,
+               engine: EngineConfig | bool | None = None) -> list[str]:
     """The continuation of each prompt (decoded, special tokens dropped): greedy when temperature is 0, else
     sampled at `temperature` with the top-k / top-p filters (0 / 1 = off) from `jax.random.PRNGKey(seed)`. A row
     stops at the tokenizer's EOS. chat: each prompt as one user turn of the tokenizer's chat template (default:
     as the run this model came from formatted its prompts). Prompts are tokenized as the trainers tokenize them
-    (`encode_prompts_as_trained`) and left-padded into one batch; prompt + response must fit config.max_seq_len."""
+    (`encode_prompts_as_trained`) and left-padded into one batch; prompt + response must fit config.max_seq_len.
+    engine: an `EngineConfig` (or True: its defaults) decodes through the rollout engine (`jaxpt.rl.engine`:
+    continuous batching over a paged KV cache, for many prompts of spread-out lengths), which draws row b's token
+    t with key fold_in(fold_in(PRNGKey(seed), b), t): greedy output as the static sampler's, sampled output as the
+    static sampler's with `SamplingConfig.row_keys`."""
     self._need("lm", "generate")
     if temperature < 0:
       raise ValueError(f"generate: temperature={temperature}: must be >= 0 (0 = greedy)")
@@ -113,15 +120,17 @@ class Model:
       tokens[i, prompt_len - len(ids):], mask[i, prompt_len - len(ids):] = ids, 1
     sampling = SamplingConfig(max_new_tokens, temperature=temperature if temperature > 0 else 1.0, top_k=top_k,
                               top_p=top_p, greedy=temperature == 0, eos_id=tokenizer.eos_id, pad_id=pad_id)
-    out = self._sampler(sampling, prompt_len)(self.params, tokens, mask, jax.random.PRNGKey(seed))
+    engine = EngineConfig() if engine is True else engine or None
+    out = self._sampler(sampling, prompt_len, engine)(self.params, tokens, mask, jax.random.PRNGKey(seed))
     out_tokens, out_mask = np.asarray(out.tokens), np.asarray(out.mask)
     return [tokenizer.decode(row[row_mask > 0]) for row, row_mask in zip(out_tokens, out_mask)]
 
-  def _sampler(self, sampling: SamplingConfig, prompt_len: int):
-    """The jitted sampler for these settings (built once per settings and prompt length)."""
-    key = (sampling, prompt_len)
+  def _sampler(self, sampling: SamplingConfig, prompt_len: int, engine: EngineConfig | None = None):
+    """The jitted sampler (or rollout engine) for these settings (built once per settings and prompt length)."""
+    key = (sampling, prompt_len, engine)
     if key not in self._samplers:
-      self._samplers[key] = jax.jit(make_sampler(self.config, sampling, prompt_len))
+      self._samplers[key] = (jax.jit(make_sampler(self.config, sampling, prompt_len)) if engine is None
+                             else Engine(self.config, sampling, prompt_len, engine))
     return self._samplers[key]
 
   def _prompt_ids(self, texts: Sequence[str], chat: bool) -> list[list[int]]:

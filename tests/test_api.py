@@ -108,6 +108,26 @@ def test_sampled_generate_is_seeded(lm):
   assert len({tuple(o) for o in others}) > 1
 
 
+def test_generate_through_the_engine_equals_the_static_sampler(lm):
+  """engine=: greedy text as the static sampler's; sampled as the static sampler's with per-row keys (the engine's
+  key scheme), on the same left-padded prompt rows, with one slot (each row waits for the previous one's)."""
+  from jaxpt.rl.engine import EngineConfig
+  from jaxpt.rl.sampler import SamplingConfig
+
+  engine = EngineConfig(num_slots=1, page_size=4)
+  assert lm.generate(PROMPTS, max_new_tokens=6, engine=engine) == lm.generate(PROMPTS, max_new_tokens=6)
+  texts = lm.generate(PROMPTS, max_new_tokens=6, temperature=1.0, top_k=20, seed=3, engine=engine)
+  ids = lm._prompt_ids(PROMPTS, chat=False)
+  pad_id = lm.tokenizer.pad_id or 0
+  tokens, mask = np.full((2, 16), pad_id, np.int32), np.zeros((2, 16), np.int32)
+  for row, prompt in enumerate(ids):
+    tokens[row, 16 - len(prompt):], mask[row, 16 - len(prompt):] = prompt, 1
+  sampling = SamplingConfig(6, top_k=20, eos_id=lm.tokenizer.eos_id, pad_id=pad_id, row_keys=True)
+  out = lm._sampler(sampling, 16)(lm.params, tokens, mask, jax.random.PRNGKey(3))
+  assert texts == [lm.tokenizer.decode(row[m > 0]) for row, m in zip(np.asarray(out.tokens), np.asarray(out.mask))]
+  assert texts != lm.generate(PROMPTS, max_new_tokens=6, temperature=1.0, top_k=20, seed=3)  # not the step keys
+
+
 def test_save_hf_then_load_gives_the_same_model(lm, tmp_path):
   assert lm.save_hf(str(tmp_path / "export")) == "jaxpt"  # SiameseNorm: transformers has no class for it
   assert "spm.model" in os.listdir(tmp_path / "export")

@@ -20,8 +20,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # id -> (file in tests/multidevice, the marker expression it runs with ("" = all its tests), tests it must run)
 SUITES = {"sharded_training.py": ("sharded_training.py", "not slow", 19),
           "sharded_training.py slow cases": ("sharded_training.py", "slow", 3),
-          "sharded_grpo.py": ("sharded_grpo.py", "not slow", 5),
-          "sharded_grpo.py slow cases": ("sharded_grpo.py", "slow", 6),
+          "sharded_grpo.py": ("sharded_grpo.py", "not slow", 6),
+          "sharded_grpo.py slow cases": ("sharded_grpo.py", "slow", 7),
           "sharded_vit.py": ("sharded_vit.py", "", 6), "sharded_grpo_losses.py": ("sharded_grpo_losses.py", "", 10),
           "sharded_ppo.py": ("sharded_ppo.py", "", 3), "sharded_lora.py": ("sharded_lora.py", "", 2)}
 # every policy loss x 2 GRPO runs: about 3 CPU-minutes; PPO on 3 meshes and one device: about 3 minutes on 2 cores;

@@ -155,12 +155,99 @@ def test_split_groups_keeps_groups_whole_and_covers_every_row():
     ("init_from", "/nonexistent", "config.init_from='/nonexistent': no checkpoints/ folder"),
     ("optim.grad_accum_steps", 3, "config.optim.grad_accum_steps=3: must divide the rollouts per minibatch"),
     ("grpo.policy_loss", "bt", "config.grpo.policy_loss='bt': 'bt' is a preference loss, not a policy loss"),
+    ("engine.num_slots", 0, "config.engine.num_slots=0: must be >= 1"),
+    ("engine.page_size", 0, "config.engine.page_size=0: must be >= 1"),
 ])
 def test_config_errors_name_the_field(field, value, message):
   config = grpo_config()
   config.update_from_flattened_dict({field: value})
   with pytest.raises(ConfigError, match=re.escape(message)):
     from_section(GRPORunConfig, config, "config")
+
+
+def test_an_engine_page_pool_short_of_one_rollout_is_refused_before_compiling():
+  config = grpo_config()  # 40 prompt + 24 new tokens: 5 + 3 pages of 8 slots
+  config.update_from_flattened_dict({"engine.enabled": True, "engine.page_size": 8, "engine.num_pages": 7})
+  with pytest.raises(ConfigError, match=re.escape("config.engine.num_pages=7: holds less than one rollout: a "
+                                                  "config.data.max_prompt_len=40 prompt and 24 new tokens need 8")):
+    from_section(GRPORunConfig, config, "config")
+
+
+def test_the_engine_with_rollouts_on_a_quantized_bases_codes_is_refused_before_compiling():
+  config = grpo_config()
+  config.update_from_flattened_dict({"engine.enabled": True, "lora.rank": 4, "lora.base_quant": "int8",
+                                     "lora.base_quant_block": 16})
+  with pytest.raises(ConfigError, match=re.escape("config.lora.rollouts='auto': the rollout engine")):
+    from_section(GRPORunConfig, config, "config")
+  config.update_from_flattened_dict({"lora.rollouts": "merged"})
+  from_section(GRPORunConfig, config, "config")
+
+
+# GRPO + CLIPO (the engine's hidden states) 2 steps with a checkpoint each: the static sampler drawing per-rollout
+# keys (sampling.row_keys) against the engine (16 slots for 64 rollouts: refilled, pages of 8 slots)
+ENGINE_RUN = {"steps": 2, "checkpoint_every": 1, "sampling.row_keys": True, "clipo.enabled": True,
+              "clipo.out_dim": 32}
+ENGINE = {"engine.enabled": True, "engine.num_slots": 16, "engine.page_size": 8}
+
+
+@pytest.fixture(scope="module")
+def engine_runs(sft_workdir, tmp_path_factory):
+  """name (static | engine) -> (config, trainer, workdir, result) of the two-step run."""
+  runs = {}
+  for name, extra in (("static", {}), ("engine", ENGINE)):
+    config = grpo_config(sft_workdir, **ENGINE_RUN, **extra)
+    workdir = str(tmp_path_factory.mktemp(name))
+    trainer = jaxpt.build("grpo", config, workdir)
+    runs[name] = config, trainer, workdir, jaxpt.train("grpo", config, workdir, built=trainer)
+  return runs
+
+
+def test_grpo_through_the_engine_equals_the_static_sampler_with_row_keys(engine_runs):
+  from jaxpt.rl.engine import Engine
+
+  _, trainer, workdir, result = engine_runs["engine"]
+  assert isinstance(trainer.hooks.collector.sample, Engine)
+  assert not isinstance(engine_runs["static"][1].hooks.collector.sample, Engine)
+  rows, want_rows = read_metrics(workdir), read_metrics(engine_runs["static"][2])
+  keys = ("reward_mean", "accuracy", "loss", "pg_loss", "ppo_kl", "grad_norm", "response_length", "clipo_loss",
+          "clipo_reward_mean", "entropy")
+  assert [r["step"] for r in rows] == [1, 2] and 0 < rows[0]["accuracy"] < 1
+  for key in keys:
+    got, want = [r[key] for r in rows if key in r], [r[key] for r in want_rows if key in r]
+    assert len(got) == 2 or key == "entropy", key
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=key)
+  for got, want in zip(jax.tree.leaves(result.state.params), jax.tree.leaves(engine_runs["static"][3].state.params)):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)
+
+
+def test_grpo_through_the_engine_resumes_bitwise(engine_runs, tmp_path):
+  config, trainer, _, uninterrupted = engine_runs["engine"]
+  first = jaxpt.train("grpo", config, str(tmp_path), built=trainer, stop_at=1)
+  assert int(first.state.step) == 1
+  second = jaxpt.train("grpo", config, str(tmp_path), built=trainer)  # restores step 1 from the checkpoint
+  assert int(second.state.step) == 2
+  for got, want in zip(jax.tree.leaves(second.state), jax.tree.leaves(uninterrupted.state)):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+@pytest.mark.slow  # one more engine compile (bf16); the engine's bf16 decode is in tests/test_rl_engine.py's matrix
+def test_bfloat16_rollouts_through_the_engine_keep_their_hidden_states_and_train_on_fp32_logprobs(engine_runs):
+  from jaxpt.rl.engine import Engine
+
+  _, trainer, _, result = engine_runs["engine"]
+  bf16 = dataclasses.replace(trainer.config.sampling, rollout_dtype="bfloat16", eos_id=trainer.tokenizer.eos_id,
+                             pad_id=trainer.tokenizer.pad_id, return_hidden=True)
+  engine = Engine(trainer.config.model, bf16, trainer.config.data.max_prompt_len, trainer.config.engine,
+                  trainer.config.group_size)
+  bf16_trainer = replace_hooks(trainer, sample=engine, config=dataclasses.replace(trainer.config, sampling=bf16))
+  params, batch, rng = result.state.params, trainer.hooks.collector.prompts.batch(0), jax.random.PRNGKey(3)
+  ro, _ = bf16_trainer.hooks.collector.step_rollouts(params, batch, 0, rng)
+  out = engine(params, jnp.asarray(ro["prompt_tokens"]), jnp.asarray(ro["prompt_mask"]), rng)
+  np.testing.assert_array_equal(ro["tokens"], out.tokens)
+  np.testing.assert_array_equal(ro["hidden"], out.hidden)  # CLIPO reads the bf16 policy's hidden states
+  inputs = (jnp.asarray(ro[k]) for k in ("prompt_tokens", "prompt_mask", "tokens", "mask"))
+  np.testing.assert_array_equal(ro["old_logp"], trainer.hooks.collector.logprobs(params, *inputs))
+  assert not np.array_equal(ro["old_logp"], np.asarray(out.logprobs))
 
 
 def test_init_from_a_reward_model_run_says_what_the_run_is(tmp_path):

@@ -131,6 +131,31 @@ def test_resume_is_bitwise(ppo_run, tmp_path):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.slow  # one more PPO build; GRPO's engine tests (tests/test_train_grpo.py) are the default ones
+def test_ppo_samples_through_the_engine(runs, tmp_path):
+  """engine.enabled: PPO's collector draws its rollouts through the rollout engine, the same rollouts as the static
+  sampler with per-rollout keys, and a step trains on them."""
+  import dataclasses
+
+  from jaxpt.rl.engine import Engine
+  from jaxpt.rl.sampler import make_sampler
+
+  config = ppo_config(*runs, **{"engine.enabled": True, "engine.num_slots": 4, "engine.page_size": 8})
+  built = jaxpt.build("ppo", config, str(tmp_path))
+  collector, state = built.hooks.collector, built.init_state()
+  assert isinstance(collector.sample, Engine)
+  rng, batch = jax.random.PRNGKey(5), collector.prompts.batch(0)
+  ro = collector.rollouts(state.params["policy"], batch, rng)
+  sampling = dataclasses.replace(built.config.sampling, eos_id=built.tokenizer.eos_id, pad_id=built.tokenizer.pad_id)
+  static = make_sampler(built.config.model, sampling, built.config.data.max_prompt_len,
+                        group_size=built.config.group_size, row_keys=True)
+  want = static(state.params["policy"], ro["prompt_tokens"], ro["prompt_mask"], rng)
+  np.testing.assert_array_equal(np.asarray(ro["tokens"]), np.asarray(want.tokens))
+  np.testing.assert_allclose(np.asarray(ro["old_logp"]), np.asarray(want.logprobs), rtol=1e-5, atol=1e-5)
+  state, metrics = built.train_step(state, batch)
+  assert int(state.step) == 1 and np.isfinite(metrics["value_loss"])
+
+
 def test_bad_input_names_the_field(runs, tmp_path):
   sft, rm = runs
   cases = [({"ppo.critic_init": sft}, "config.ppo.critic_init"),  # an LM run starts no critic

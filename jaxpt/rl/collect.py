@@ -9,6 +9,14 @@
       (+ DAPO dynamic sampling: all-equal groups dropped, refill prompts sampled, `jaxpt.rl.dapo`)
       (+ bf16 rollouts: old_logp recomputed by the fp32 policy, teacher forcing)
 
+With the run config's `engine.enabled` (`jaxpt.rl.engine.EngineConfig`) the training rollouts, DAPO's refill
+rounds too, come from the rollout engine (continuous batching over a paged KV cache; on a mesh one engine per
+data-parallel group) instead of the static sampler: the same `SampleOutput`, hidden states (CLIPO) and bf16
+rollouts included, each rollout drawn with its own keys (`rollout_keys`), so `sampling.row_keys` makes the static
+sampler draw the same rollouts. A refill round is its own engine call: which prompts it draws depends on the
+previous rounds' verified rewards, on the host. The eval (greedy accuracy, sampled pass@1) stays on the static
+sampler.
+
 `contrastive_rewards` is CLIPO's head step and reward r_con [N] on those rollouts (`jaxpt.rl.clipo`); `evaluate`
 the greedy accuracy and sampled pass@1 on held-out prompts. The update that trains on the rollouts is the trainer's
 (`jaxpt.trainers.grpo`). On a mesh (`layout`) the sampler and the log-probs are compiled for it; each process reads
@@ -34,10 +42,11 @@ from jaxpt.data import order, text_bias
 from jaxpt.data.math_task import PromptData
 from jaxpt.progress import say
 from jaxpt.rl import clipo, dapo
+from jaxpt.rl.engine import Engine, EngineConfig, page_counts
 from jaxpt.rl.logprobs import response_logprobs
 from jaxpt.rl.rewards import math_reward
 from jaxpt.rl.rollouts import RewardFn, repeat_prompts, response_texts, verifier_rewards
-from jaxpt.rl.sampler import make_sampler
+from jaxpt.rl.sampler import SamplingConfig, make_sampler
 
 TRAIN_REWARDS = "train_rewards"  # a round's reward as the run trains on it, when its `score` hook gives one
 BIAS_PREFIX = "bias_"  # the rollouts' per-row flags of each text_bias detector: bias_<name> bool [N]
@@ -48,10 +57,16 @@ def clipo_of(config: Any) -> clipo.CLIPOConfig:
   return getattr(config, "clipo", None) or clipo.CLIPOConfig()
 
 
+def engine_of(config: Any) -> EngineConfig:
+  """The run's `engine` section; off (the defaults) for a run config without one."""
+  return getattr(config, "engine", None) or EngineConfig()
+
+
 def check_config(config: Any) -> None:
   """The run config's checks across the sections collection reads (ConfigError naming the field): prompt +
-  response within the model's max_seq_len, DAPO's overlong buffer within the response cap, and no overlong
-  filtering with an in-loss CLIPO term (which reads the loss mask the filtering empties)."""
+  response within the model's max_seq_len, DAPO's overlong buffer within the response cap, no overlong
+  filtering with an in-loss CLIPO term (which reads the loss mask the filtering empties), and with the engine on a
+  page pool that holds one rollout (`jaxpt.rl.engine.page_counts`)."""
   prompt_len, new_tokens = config.data.max_prompt_len, config.sampling.max_new_tokens
   if prompt_len + new_tokens > config.model.max_seq_len:
     raise ConfigError("sampling.max_new_tokens", f"prompt ({prompt_len}) + response longer than "
@@ -62,6 +77,17 @@ def check_config(config: Any) -> None:
   if config.dapo.overlong_filtering and clipo_of(config).enabled and clipo_of(config).in_loss_coef > 0:
     raise ConfigError("dapo.overlong_filtering", "cannot be combined with config.clipo.in_loss_coef > 0 (the "
                       "in-loss CLIPO term reads the loss mask it empties)", True)
+  engine = engine_of(config)
+  lora = getattr(config, "lora", None)
+  if engine.enabled and lora is not None and lora.samples_unmerged:
+    raise ConfigError("lora.rollouts", "the rollout engine (config.engine.enabled) decodes merged params only: set "
+                      "config.lora.rollouts=merged (a quantized base's float copy) or turn the engine off",
+                      lora.rollouts)
+  prompt_pages, response_pages, pool = page_counts(engine, prompt_len, new_tokens)
+  if engine.enabled and pool < prompt_pages + response_pages:
+    raise ConfigError("engine.num_pages", f"holds less than one rollout: a config.data.max_prompt_len={prompt_len} "
+                      f"prompt and {new_tokens} new tokens need {prompt_pages + response_pages} pages of "
+                      f"config.engine.page_size={engine.page_size} slots", engine.num_pages)
 
 
 def first_problems(prompts: PromptData, count: int) -> dict[str, list[dict]]:
@@ -78,7 +104,8 @@ class RolloutCollector:
   layout: parallel.MeshLayout  # the run's mesh: params' and batch shardings
   tokenizer: Any  # jaxpt's sentencepiece Tokenizer, or an HFTokenizer (init_from='hf:DIR')
   prompts: PromptData
-  sample: Callable  # (params, prompt_tokens, prompt_mask, rng) -> SampleOutput, sampled, [N, P] (G rows a prompt)
+  sample: Callable  # (params, prompt_tokens, prompt_mask, rng) -> SampleOutput, sampled, [N, P] (G rows a prompt):
+  # the static sampler, or with config.engine.enabled the rollout engine (`jaxpt.rl.engine.Engine`)
   sample_greedy: Callable  # the same, greedy, for eval batches of `eval_batch_size` prompts
   sample_eval: Callable  # the same as `sample`, for eval batches (sampled pass@1, data.eval_samples)
   logprobs: Callable  # response_logprobs(params, prompt_tokens, prompt_mask, tokens, mask), compiled on the mesh
@@ -99,23 +126,36 @@ class RolloutCollector:
     prompts = PromptData.create(config.task, tokenizer, batch_size=config.data.prompts_per_step,
                                 prompt_len=config.data.max_prompt_len, seed=config.seed, data_dir=data_dir)
 
+    def settings(greedy: bool) -> SamplingConfig:
+      return dataclasses.replace(config.sampling, greedy=greedy, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
+                                 return_hidden=clipo_of(config).enabled)
+
     def sampler(greedy: bool, group_size: int = 1) -> Callable:
-      sampling = dataclasses.replace(config.sampling, greedy=greedy, eos_id=tokenizer.eos_id,
-                                     pad_id=tokenizer.pad_id, return_hidden=clipo_of(config).enabled)
-      return make_sampler(config.model, sampling, config.data.max_prompt_len, layout, group_size, lora=model.lora)
+      return make_sampler(config.model, settings(greedy), config.data.max_prompt_len, layout, group_size,
+                          lora=model.lora)
 
     rows = config.data.prompts_per_step * config.group_size
     index, count = parallel.process_batch_slice(layout.batch, rows)
     if config.data.prompts_per_step % count:
       raise ConfigError("data.prompts_per_step", f"must be divisible by the {count} processes that read distinct "
                         "prompts", config.data.prompts_per_step)
-    say("compiling the rollout sampler ...")
     params = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh), abstract_params,
                           layout.params)
     prompts_abstract = jax.ShapeDtypeStruct((rows, config.data.max_prompt_len), jnp.int32, sharding=layout.batch)
-    sample = sampler(False, config.group_size).lower(
-        params, prompts_abstract, prompts_abstract,
-        jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=layout.replicated)).compile()
+    rng_abstract = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=layout.replicated)
+    if engine_of(config).enabled:  # training rollouts (and DAPO's refills) through the engine; eval stays static
+      engine = Engine(config.model, settings(False), config.data.max_prompt_len, engine_of(config), config.group_size,
+                      layout)
+      if config.data.prompts_per_step % engine.groups:
+        raise ConfigError("data.prompts_per_step", f"must be divisible by the {engine.groups} data-parallel groups "
+                          "of the mesh, each running its own rollout engine (config.engine.enabled)",
+                          config.data.prompts_per_step)
+      say("compiling the rollout engine ...")
+      sample, compiled = engine, engine.compile(params, prompts_abstract, prompts_abstract, rng_abstract)
+    else:
+      say("compiling the rollout sampler ...")
+      sample = compiled = sampler(False, config.group_size).lower(params, prompts_abstract, prompts_abstract,
+                                                                  rng_abstract).compile()
     temperature = config.sampling.temperature
     logprobs = layout.jit(lambda params, *arrays: response_logprobs(model, params, *arrays, temperature=temperature),
                           layout.batch, in_shardings=(layout.params,) + (layout.batch,) * 4)
@@ -129,7 +169,7 @@ class RolloutCollector:
                sample_greedy=sampler(True), sample_eval=sampler(False), logprobs=logprobs, take_rows=take_rows,
                clipo_step=layout.jit(clipo_step, layout.replicated),
                eval_sets=first_problems(prompts, config.data.eval_prompts), process_slice=(index, count),
-               sampler_memory=parallel.compiled_memory(sample))
+               sampler_memory=parallel.compiled_memory(compiled))
 
   @property
   def rollout_rows(self) -> int:

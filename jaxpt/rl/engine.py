@@ -41,8 +41,18 @@ the static sampler's 28.5%, but a slot-step costs about twice a static row-step 
 slot's whole page table, KP + KR pages, in each layer and step, and the tail of long rows runs with slots empty);
 compiled peak memory 282 MiB against 632 MiB (KV: a 192 MiB pool, at most 56 MiB of it in use, against 543 MiB).
 
-Not yet (issue 29): a mesh layout (the static sampler's `layout`), a Pallas paged-attention kernel (the gather path
-copies a slot's pages each layer and step), batched prefills of several prompts.
+Where it runs: the RL trainers' training rollouts with the run config's `engine.enabled` (`EngineConfig.enabled`,
+`jaxpt.rl.collect.RolloutCollector`, DAPO's refill rounds each an engine call of their own), and
+`jaxpt.load(...).generate(..., engine=...)`. On a mesh (`layout`, `Engine.sharded`) each data-parallel group runs
+its own engine under `jax.shard_map`: its B / dp rows (whole groups of G), its own slots and page pool, the params
+gathered whole onto each device (a group's devices along `tensor` run the same engine: no collective inside the
+loop, whose trip count differs between groups); row b's keys are those of its global row, so the rollouts equal
+one engine's on one device.
+
+Not yet (issue 29): a Pallas paged-attention kernel (the gather path copies a slot's pages each layer and step),
+batched prefills of several prompts, the eval's greedy and pass@1 decodes (they stay on the static sampler), DAPO
+refills as pending rollouts of the running stream (a refill round's prompts depend on the previous rounds'
+verified rewards, on the host).
 """
 
 from __future__ import annotations
@@ -54,11 +64,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.sharding import PartitionSpec
 
 from jaxpt.config import Section, at_least, fail
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM, init_cache
 from jaxpt.nn.paged_cache import FreeList, PagedKVCache
+from jaxpt.parallel import MeshLayout
 from jaxpt.rl.sampler import (SampleOutput, SamplingConfig, choose_tokens, decode_config_of, decode_params,
                               prompt_layout, rollout_keys)
 
@@ -68,16 +80,19 @@ class EngineConfig(Section):
   """The engine's slots and page pool.
 
   Attributes:
-    num_slots: rollouts decoded together (the decode batch).
+    enabled: the RL trainers' training rollouts come from the engine (the run configs' `engine` section, read by
+      `jaxpt.rl.collect.RolloutCollector`; off: the static sampler, `jaxpt.rl.sampler`); `Engine` itself ignores it.
+    num_slots: rollouts decoded together (the decode batch); on a mesh, by each data-parallel group.
     page_size: KV slots per page.
-    num_pages: pages in each layer's pool (0: every slot can hold a whole rollout, num_slots * (KP + KR)); at
-      least one whole rollout's KP + KR (see the module doc).
+    num_pages: pages in each layer's pool, on a mesh each data-parallel group's (0: every slot can hold a whole
+      rollout, num_slots * (KP + KR)); at least one whole rollout's KP + KR (see the module doc).
     reserve_pages: admit a rollout only while the free pages cover the rest of every admitted rollout's worst case
       (KR response pages each): pages are still taken as the responses grow, but no row ever waits for one
       mid-response and the loop cannot get stuck. False: admit whenever the prompt fits (more rows at once in a
       small pool, but rows may wait mid-response and, if all wait, the call fails).
   """
 
+  enabled: bool = False
   num_slots: int = 8
   page_size: int = 16
   num_pages: int = 0
@@ -132,6 +147,12 @@ class State:
   stats: EngineStats
 
 
+def batch_axes(layout: MeshLayout) -> tuple[str, ...]:
+  """The mesh axes `layout.batch` splits the rows over (data, fsdp; `expert` under the ep presets)."""
+  axes = layout.batch.spec[0] if layout.batch.spec else None
+  return () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+
+
 def page_counts(engine: EngineConfig, prompt_len: int, max_new_tokens: int) -> tuple[int, int, int]:
   """-> (KP prompt pages, KR response pages of a table, pool pages) per the module doc."""
   prompt_pages = -(-prompt_len // engine.page_size)
@@ -140,14 +161,19 @@ def page_counts(engine: EngineConfig, prompt_len: int, max_new_tokens: int) -> t
 
 
 class Engine:
-  """`Engine(model_config, sampling, prompt_len, engine, group_size)(params, prompt_tokens [B, P], prompt_mask
-  [B, P], rng[, budgets]) -> SampleOutput` (see the module doc); `run` also returns the `EngineStats`. G =
-  group_size must divide B; every row needs at least one real prompt token; `budgets` (int [B] in 1 ..
+  """`Engine(model_config, sampling, prompt_len, engine, group_size, layout)(params, prompt_tokens [B, P],
+  prompt_mask [B, P], rng[, budgets]) -> SampleOutput` (see the module doc); `run` also returns the `EngineStats`.
+  G = group_size must divide B; every row needs at least one real prompt token; `budgets` (int [B] in 1 ..
   max_new_tokens, default all max_new_tokens): row b also stops after budgets[b] tokens, as the static sampler's.
-  Checks its inputs before compiling."""
+  Checks its inputs before compiling.
+
+  With a `layout` (`jaxpt.parallel.MeshLayout`) each data-parallel group runs its own engine (`sharded`): the rows
+  split over the batch's mesh axes as `layout.batch` splits them (B / (dp G) whole groups each, its own slots and
+  page pool), the params taken as `layout.params` lays them out and gathered whole onto each device, and the
+  rollouts equal to those of one engine on one device (a rollout's keys name its global row)."""
 
   def __init__(self, model_config: ModelConfig, sampling: SamplingConfig, prompt_len: int,
-               engine: EngineConfig = EngineConfig(), group_size: int = 1):
+               engine: EngineConfig = EngineConfig(), group_size: int = 1, layout: MeshLayout | None = None):
     if prompt_len <= 0:
       raise ValueError(f"prompt_len={prompt_len}: must be positive")
     if group_size < 1:
@@ -159,25 +185,49 @@ class Engine:
       raise fail(engine, "num_pages", f"holds less than one rollout: a {prompt_len}-token prompt and "
                  f"{sampling.max_new_tokens} new tokens need {need} pages of {engine.page_size} slots")
     self.model_config, self.sampling, self.prompt_len, self.engine = model_config, sampling, prompt_len, engine
-    self.group_size = group_size
+    self.group_size, self.layout = group_size, layout
     self.decode_config = decode_config_of(model_config, sampling)
-    self.jitted = jax.jit(self.generate)
+    self.jitted = jax.jit(self.generate) if layout is None else self.sharded(layout)
+
+  @property
+  def groups(self) -> int:
+    """Engines running side by side: the data-parallel size of the layout's batch split (1 without a layout)."""
+    return 1 if self.layout is None else int(np.prod([self.layout.mesh.shape[a] for a in batch_axes(self.layout)]))
 
   def __call__(self, params, prompt_tokens, prompt_mask, rng, budgets=None) -> SampleOutput:
     return self.run(params, prompt_tokens, prompt_mask, rng, budgets)[0]
 
-  def run(self, params, prompt_tokens, prompt_mask, rng, budgets=None) -> tuple[SampleOutput, EngineStats]:
-    rows, columns = jnp.shape(prompt_tokens)
+  def check_rows(self, rows: int, columns: int) -> None:
+    """ValueError unless prompts of [rows, columns] fit: columns == prompt_len, rows whole groups on each engine."""
     if columns != self.prompt_len:
       raise ValueError(f"prompt_tokens has {columns} columns, the engine was built for prompt_len={self.prompt_len}")
     if rows % self.group_size:
       raise ValueError(f"group_size={self.group_size} does not divide the {rows} prompt rows")
+    if rows % (self.group_size * self.groups):
+      raise ValueError(f"the {rows // self.group_size} prompts (of {self.group_size} rows each) do not split into "
+                       f"whole groups over the {self.groups} data-parallel engines of the mesh")
+
+  def compile(self, params, prompt_tokens, prompt_mask, rng):
+    """AOT-compiles the engine for these arguments (`jax.ShapeDtypeStruct`s, with their shardings on a mesh), the
+    only ones later calls may pass (without budgets) -> the compiled program (its `memory_analysis()`)."""
+    self.check_rows(*prompt_tokens.shape)
+    budgets = jax.ShapeDtypeStruct(prompt_tokens.shape[:1], jnp.int32,
+                                   sharding=getattr(prompt_tokens, "sharding", None))
+    self.jitted = self.jitted.lower(params, prompt_tokens, prompt_mask, rng, budgets).compile()
+    return self.jitted
+
+  def run(self, params, prompt_tokens, prompt_mask, rng, budgets=None) -> tuple[SampleOutput, EngineStats]:
+    rows, columns = jnp.shape(prompt_tokens)
+    self.check_rows(rows, columns)
     steps = self.sampling.max_new_tokens
     if budgets is None:
       budgets = np.full((rows,), steps, np.int32)
     elif np.shape(budgets) != (rows,) or not 1 <= np.min(budgets) <= np.max(budgets) <= steps:
       raise ValueError(f"budgets: must be {rows} token budgets in 1 .. max_new_tokens={steps}")
-    outputs, stats = self.jitted(params, prompt_tokens, prompt_mask, rng, jnp.asarray(budgets, jnp.int32))
+    budgets = np.asarray(budgets, np.int32)
+    if self.layout is not None:
+      budgets = jax.device_put(budgets, self.layout.batch)
+    outputs, stats = self.jitted(params, prompt_tokens, prompt_mask, rng, budgets)
     if bool(stats.stuck):
       raise RuntimeError(
           f"engine.num_pages={self.num_pages}: the page pool ran out with every active slot waiting for a page "
@@ -185,7 +235,39 @@ class Engine:
           f"{self.engine.num_slots}")
     return outputs, stats
 
-  def generate(self, params, prompt_tokens, prompt_mask, rng, budgets) -> tuple[SampleOutput, EngineStats]:
+  def sharded(self, layout: MeshLayout):
+    """`generate` under `jax.shard_map`, manual over every mesh axis: each group (a block of the batch's mesh axes)
+    runs its engine on its rows, first row axis_index * rows / dp, with the whole params on each device (the
+    devices of a group along the other axes, e.g. `tensor`, run the same engine); jitted with the layout's
+    shardings. The stats are summed over the groups (useful, waits) or their maximum (steps, peak_pages, stuck).
+
+    Why not manual over the batch axes alone, the others (`tensor`) left to XLA inside: the groups leave the
+    data-dependent decode loop at different steps, and a collective XLA puts inside it (a collective-permute there
+    rendezvoused across all 8 CPU devices) then waits for groups that already left: it deadlocked (CPU, 8
+    simulated devices, data 2 x fsdp 2 x tensor 2)."""
+    axes = batch_axes(layout)
+    rows_spec = PartitionSpec(axes)
+
+    def local(params, prompt_tokens, prompt_mask, rng, budgets):
+      first_row = lax.axis_index(axes) * prompt_tokens.shape[0]
+      outputs, stats = self.generate(params, prompt_tokens, prompt_mask, rng, budgets, first_row)
+      total, most = (lambda x: lax.psum(x, axes)), (lambda x: lax.pmax(x, axes))
+      return outputs, EngineStats(steps=most(stats.steps), useful=total(stats.useful), waits=total(stats.waits),
+                                  peak_pages=most(stats.peak_pages), stuck=most(stats.stuck.astype(jnp.int32)) > 0)
+
+    outputs = SampleOutput(tokens=rows_spec, logprobs=rows_spec, mask=rows_spec, lengths=rows_spec,
+                           hidden=rows_spec if self.sampling.return_hidden else None)
+    mapped = jax.shard_map(local, mesh=layout.mesh, in_specs=(PartitionSpec(), rows_spec, rows_spec, PartitionSpec(),
+                                                              rows_spec),
+                           out_specs=(outputs, PartitionSpec()), check_vma=False)
+    batch, replicated = layout.batch, layout.replicated
+    out_shardings = (jax.tree.map(lambda _: batch, outputs, is_leaf=lambda x: isinstance(x, PartitionSpec)),
+                     replicated)
+    return jax.jit(mapped, in_shardings=(layout.params, batch, batch, replicated, batch), out_shardings=out_shardings)
+
+  def generate(self, params, prompt_tokens, prompt_mask, rng, budgets, first_row=0) -> tuple[SampleOutput,
+                                                                                              EngineStats]:
+    """One engine on rows [B, ...] (the global rows first_row .. first_row + B - 1: their keys)."""
     cfg, sampling, G = self.decode_config, self.sampling, self.group_size
     S, ps, KP, KR, T = (self.engine.num_slots, self.engine.page_size, self.prompt_pages, self.response_pages,
                         sampling.max_new_tokens)
@@ -213,8 +295,8 @@ class Engine:
 
       kv_cache = state.cache.write_pages(ids, [to_pages(k) for k in cache.key], [to_pages(v) for v in cache.value])
       group_rows = group * G + jnp.arange(G)
-      first, logprobs = choose_tokens(jnp.repeat(logits[:, -1], G, axis=0), rollout_keys(rng, group_rows, 0),
-                                      sampling)
+      first, logprobs = choose_tokens(jnp.repeat(logits[:, -1], G, axis=0),
+                                      rollout_keys(rng, first_row + group_rows, 0), sampling)
       done = lax.dynamic_slice_in_dim(budgets, group * G, G) <= 1
       if sampling.eos_id is not None:
         done = done | (first == sampling.eos_id)
@@ -287,7 +369,7 @@ class Engine:
                                           return_hidden=True, cache=cache)
       cache = cache.replace(page_table=None, write_page=None, write_offset=None, mask=None)
       t = s.t + 1
-      tokens, logprobs = choose_tokens(logits[:, 0], rollout_keys(rng, s.rollout, t), sampling)
+      tokens, logprobs = choose_tokens(logits[:, 0], rollout_keys(rng, first_row + s.rollout, t), sampling)
       done = stepping & (t >= budgets[s.rollout] - 1)
       if sampling.eos_id is not None:
         done = done | (stepping & (tokens == sampling.eos_id))

@@ -63,6 +63,9 @@ class SamplingConfig(Section):
       CLIPO's representation uses the bf16 hidden states).
     cache_segments: the decode loop runs as this many while_loops, each with a cache of the slots filled by its end
       (1: every step reads a cache of all prompt + max_new_tokens - 1 slots); each compiles its own copy of the step.
+    row_keys: draw token t of rollout b with its own key fold_in(fold_in(rng, b), t) (`make_sampler`'s row_keys),
+      as the rollout engine (`jaxpt.rl.engine`, which ignores this field) always does: a run gives the same
+      rollouts with the engine on or off; off: one key per step, fold_in(rng, t).
   """
 
   max_new_tokens: int
@@ -75,6 +78,7 @@ class SamplingConfig(Section):
   return_hidden: bool = False
   rollout_dtype: str = "float32"
   cache_segments: int = 4
+  row_keys: bool = False
 
   def check(self) -> None:
     at_least(self, "max_new_tokens", 1)
@@ -209,7 +213,8 @@ def make_sampler(model_config: ModelConfig, sampling: SamplingConfig, prompt_len
   `budgets` (optional int [B], in 1 .. max_new_tokens): row b also stops after budgets[b] tokens (its token budget;
   a benchmark forces long-tailed lengths with it; as if the last were EOS, but it is kept as drawn).
 
-  Keys: token t of every row is drawn with fold_in(rng, t) (one uniform per row from that key); with `row_keys`,
+  Keys: token t of every row is drawn with fold_in(rng, t) (one uniform per row from that key); with `row_keys`
+  (or `sampling.row_keys`),
   token t of row b with its own key fold_in(fold_in(rng, b), t) (`rollout_keys`), the scheme of the rollout engine
   (`jaxpt.rl.engine`), under which a rollout's tokens do not depend on the other rows of the batch.
 
@@ -240,6 +245,7 @@ def make_sampler(model_config: ModelConfig, sampling: SamplingConfig, prompt_len
     raise ValueError(f"prompt_len={prompt_len}: must be positive")
   if group_size < 1:
     raise ValueError(f"group_size={group_size}: must be positive")
+  row_keys = row_keys or sampling.row_keys
   decode_config = decode_config_of(model_config, sampling)
   model = TransformerLM(decode_config, lora=None if lora is None else dataclasses.replace(lora, dropout=0.0))
   in_step = codes_in_step if lora is not None and lora.quant is not None else lambda variables, t: variables

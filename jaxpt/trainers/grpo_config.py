@@ -15,6 +15,7 @@ from jaxpt.losses import get_loss
 from jaxpt.losses.grpo import ADVANTAGES, AGG_MODES, KD_KINDS, KL_KINDS
 from jaxpt.rl import clipo, dapo
 from jaxpt.rl.collect import check_config
+from jaxpt.rl.engine import EngineConfig
 from jaxpt.rl.reward_sources import RewardConfig
 from jaxpt.rl.sampler import SamplingConfig
 
@@ -142,6 +143,8 @@ class GRPORunConfig(RunConfig):
     dapo: DAPO's dynamic sampling, overlong filtering and soft overlong punishment (off by default).
     reward: the reward's sources (verifier, a reward model) and their weights, clipping, normalisation and the
       EOS-missing penalty (default: the verifier's score as it is).
+    engine: the rollout engine (`--config.engine.enabled=true`: training rollouts through continuous batching over
+      a paged KV cache, `jaxpt.rl.engine`; off: the static sampler) and its slots and page pool.
   """
 
   task: TaskConfig = TaskConfig()
@@ -151,6 +154,7 @@ class GRPORunConfig(RunConfig):
   clipo: clipo.CLIPOConfig = clipo.CLIPOConfig()
   dapo: dapo.DAPOConfig = dapo.DAPOConfig()
   reward: RewardConfig = RewardConfig()
+  engine: EngineConfig = EngineConfig()
 
   def check(self) -> None:
     super().check()

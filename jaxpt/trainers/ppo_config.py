@@ -13,6 +13,7 @@ from jaxpt.engine.config import RunConfig, check_init_from
 from jaxpt.losses.grpo import AGG_MODES, KL_KINDS
 from jaxpt.rl import dapo
 from jaxpt.rl.collect import check_config
+from jaxpt.rl.engine import EngineConfig
 from jaxpt.rl.reward_sources import RewardConfig
 from jaxpt.rl.sampler import SamplingConfig
 
@@ -106,6 +107,8 @@ class PPORunConfig(RunConfig):
     dapo: DAPO's overlong filtering and soft overlong punishment (off by default).
     reward: the reward's sources (verifier, a reward model) and their weights, clipping, normalisation and the
       EOS-missing penalty; the per-token KL penalty is `ppo.kl_coef`'s.
+    engine: the rollout engine (`--config.engine.enabled=true`: training rollouts through continuous batching over
+      a paged KV cache, `jaxpt.rl.engine`; off: the static sampler) and its slots and page pool.
   """
 
   task: TaskConfig = TaskConfig()
@@ -114,6 +117,7 @@ class PPORunConfig(RunConfig):
   ppo: PPOConfig = PPOConfig()
   dapo: dapo.DAPOConfig = dapo.DAPOConfig()
   reward: RewardConfig = RewardConfig()
+  engine: EngineConfig = EngineConfig()
 
   def check(self) -> None:
     super().check()

@@ -1,5 +1,8 @@
 """GRPO (and GRPO + CLIPO, DAPO, a reward model) on 8 simulated CPU devices equals the single-device run (run by
 tests/test_parallel_sharded.py in its own process; directly: python -m pytest tests/multidevice/sharded_grpo.py).
+The rollout engine (`jaxpt.rl.engine`, one engine per data-parallel group) on the mesh equals one engine on one
+device and the static sampler with per-rollout keys; a GRPO step through it on the mesh equals one through the
+static sampler (per-rollout keys) on the same mesh.
 
 The single-device reference is the same trainer on a mesh of the first device; the run is `tests.micro_grpo`'s.
 """
@@ -21,6 +24,8 @@ import pytest  # noqa: E402
 import jaxpt  # noqa: E402
 from jaxpt.trainers.grpo import replace_hooks  # noqa: E402
 from jaxpt import parallel  # noqa: E402
+from jaxpt.rl.engine import Engine, EngineConfig  # noqa: E402
+from jaxpt.rl.rollouts import repeat_prompts  # noqa: E402
 from jaxpt.rl.sampler import make_sampler  # noqa: E402
 from jaxpt.engine.metrics import read_metrics  # noqa: E402
 from tests.micro_grpo import DAPO, B, G, T, even_length, micro_config  # noqa: E402
@@ -29,7 +34,10 @@ MESHES = {"dp": dict(data=8), "fsdp": dict(data=1, fsdp=8), "fsdp_tp": dict(data
 KEYS = ("reward_mean", "accuracy", "loss", "pg_loss", "ppo_kl", "grad_norm", "eval_accuracy_test", "bias_format_share")
 VARIANT_KEYS = {"grpo": (), "clipo": ("clipo_loss", "clipo_reward_mean"),
                 "dapo": ("dapo_rounds", "dapo_groups_informative", "truncated_frac", "overlong_penalty_mean"),
-                "rm": ("rm_score", "gold_score")}
+                "rm": ("rm_score", "gold_score"), "engine": (), "row_keys": ()}
+# the static sampler with the engine's per-rollout keys; one step
+ROW_KEYS = {"sampling.row_keys": True, "steps": 1}
+ENGINE = {**ROW_KEYS, "engine.enabled": True, "engine.num_slots": 2, "engine.page_size": 4}  # slots refilled
 CASES = [(v, p) for v in ("grpo", "clipo") for p in MESHES] + [("dapo", "fsdp"), ("dapo", "fsdp_tp"),
                                                                 ("rm", "fsdp_tp")]
 
@@ -56,7 +64,8 @@ def variant_config(variant, **overrides):
   if variant == "rm":
     overrides = {"reward.model": reward_model_run(), "reward.model_weight": 0.5, "reward.normalize": "running",
                  "reward.clip": 2.0, "reward.eos_missing_penalty": 0.25, **overrides}
-  return micro_config(variant == "clipo", **(DAPO if variant == "dapo" else {}), **overrides)
+  extra = {"dapo": DAPO, "engine": ENGINE, "row_keys": ROW_KEYS}.get(variant, {})
+  return micro_config(variant == "clipo", **extra, **overrides)
 
 
 @functools.cache
@@ -130,3 +139,45 @@ def test_bf16_rollouts_on_the_mesh_train_on_the_fp32_policys_old_logprobs():
   np.testing.assert_array_equal(ro["old_logp"], want)
   assert not np.array_equal(ro["old_logp"], out.logprobs)
   assert {s.data.shape for s in ro["old_logp"].addressable_shards} == {(B * G // 4, T)}
+
+
+def test_the_engine_on_8_devices_equals_one_engine_and_the_static_sampler():
+  """Each data x fsdp group (4 of them, tensor 2 left to XLA) runs its own engine (2 slots) on its prompt's G rows,
+  rows cut short at different budgets: the same rollouts as one engine on one device and as the static sampler
+  with per-rollout keys, the tokens split over the groups."""
+  _, _, trainer, state = run("grpo", "fsdp_tp")
+  config, layout, tokenizer = trainer.config, trainer.training.layout, trainer.tokenizer
+  sampling = dataclasses.replace(config.sampling, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
+                                 return_hidden=True, temperature=0.9, top_k=50)
+  batch = trainer.hooks.collector.prompts.batch(0)
+  tokens, mask, _ = repeat_prompts(batch["prompt_tokens"], batch["prompt_mask"], G)
+  prompts = parallel.global_batch({"tokens": tokens, "mask": mask}, layout.batch, B * G)
+  budgets, rng, settings = np.array([8, 2, 5, 8, 1, 8, 3, 7, 8, 8, 4, 6, 2, 8, 8, 5]), jax.random.PRNGKey(4), (
+      config.model, sampling, config.data.max_prompt_len, EngineConfig(num_slots=2, page_size=4), G)
+  got, stats = Engine(*settings, layout).run(state.params, prompts["tokens"], prompts["mask"], rng, budgets)
+  params = jax.tree.map(np.asarray, state.params)
+  one, _ = Engine(*settings).run(params, tokens, mask, rng, budgets)
+  static = make_sampler(config.model, sampling, config.data.max_prompt_len, group_size=G, row_keys=True)(
+      params, tokens, mask, rng, budgets)
+  assert {s.data.shape for s in got.tokens.addressable_shards} == {(B * G // 4, T)}
+  np.testing.assert_array_equal(np.asarray(got.lengths), np.minimum(budgets, np.asarray(static.lengths)))
+  for want in (one, static):
+    for key in ("tokens", "mask", "lengths"):
+      np.testing.assert_array_equal(np.asarray(getattr(got, key)), np.asarray(getattr(want, key)), err_msg=key)
+    for key in ("logprobs", "hidden"):
+      np.testing.assert_allclose(np.asarray(getattr(got, key)), np.asarray(getattr(want, key)), rtol=1e-5,
+                                 atol=1e-5, err_msg=key)
+  assert int(stats.useful) == int(np.sum(static.lengths)) - B * G and not bool(stats.stuck)
+
+
+@pytest.mark.slow  # two GRPO runs on the mesh; the engine on the mesh is checked above, GRPO through it on one device
+def test_grpo_through_the_engine_on_8_devices_equals_the_static_sampler():
+  want_rows, want, _, _ = run("row_keys", "fsdp_tp")
+  rows, got, trainer, _ = run("engine", "fsdp_tp")
+  assert isinstance(trainer.hooks.collector.sample, Engine) and trainer.hooks.collector.sampler_memory["peak_mib"] > 0
+  assert 0 < want_rows[0]["accuracy"] < 1 and len(rows) == len(want_rows) == 1
+  for key in KEYS:
+    np.testing.assert_allclose([r[key] for r in rows if key in r], [r[key] for r in want_rows if key in r],
+                               rtol=2e-5, atol=1e-6, err_msg=key)
+  for path, g, w in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, err_msg=jax.tree_util.keystr(path[0]))
