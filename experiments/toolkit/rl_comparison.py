@@ -120,9 +120,14 @@ def train_sft(run: dict, directory: str) -> dict:
   jaxpt.train("sft", sft_config(exp, run), directory)
   trainer = jaxpt.build("grpo", grpo_config(exp, dict(run, method=exp.baseline, seed=0, lr=1e-5, sft_dir=directory)),
                          os.path.join(directory, "_start_eval"))
-  curve = [{k: v for k, v in r.items() if k == "step" or k.startswith("eval_")}
-           for r in results.read_metrics(directory) if any(k.startswith("eval_") for k in r)]
-  return dict(evals=_evals(trainer.evaluate(trainer.init_state())), sft_curve=curve)
+  return dict(evals=_evals(trainer.evaluate(trainer.init_state())), sft_curve=sft_curve(directory))
+
+
+def sft_curve(directory: str) -> list[dict]:
+  """The SFT's validation evals by step, from its metrics.jsonl (read again at report time: the record's copy can
+  miss rows of a resumed run)."""
+  return [{k: v for k, v in r.items() if k == "step" or k.startswith("eval_")}
+          for r in results.read_metrics(directory) if any(k.startswith("eval_") for k in r)]
 
 
 def train_grpo(run: dict, directory: str) -> dict:
@@ -311,6 +316,7 @@ def main(exp: Experiment, argv=None) -> None:
     estimate = power(exp, pilot, methods)
     path = os.path.join(out, "pilot.json") if args.smoke else args.pilot
     results.write_json(path, dict(power=estimate, methods=methods, settings={m: exp.methods[m] for m in methods},
+                                 sft_curves={s["sft_seed"]: sft_curve(runner.run_dir(workdir, s)) for s in sfts},
                                  sfts=sfts, runs=pilot), sfts + pilot)
     if not args.smoke:
       results.copy_run_files(workdir, sfts + pilot, os.path.join(os.path.dirname(path), "pilot_runs"))
@@ -343,7 +349,7 @@ def main(exp: Experiment, argv=None) -> None:
       methods=methods, settings={m: exp.methods[m] for m in methods}, sets=common["sets"],
       sft_sets=common["sft_sets"], lrs=lrs, best_lr=best, tuning=tuning_table, power=estimate,
       final=summary_rows(exp, final, sfts, methods), comparisons=comps, statistics=stats.statistics(comps, how),
-      sft_curves={s["sft_seed"]: s["sft_curve"] for s in tune_sft + sfts},
+      sft_curves={s["sft_seed"]: sft_curve(runner.run_dir(workdir, s)) for s in tune_sft + sfts},
       provenance=results.provenance(tune_sft + tuning + sfts + final, os.path.join(exp.here, "run.py")))
   everything = tune_sft + tuning + sfts + final
   results.write_json(os.path.join(out, "results.json"), payload, everything, report_only=args.report_only)
