@@ -142,8 +142,8 @@ def train_grpo(run: dict, directory: str) -> dict:
       result.state)
   rows = results.read_metrics(directory)
   diagnostics = {}
-  for key in ("accuracy",) + tuple(exp.diagnostics):
-    values = [r[key] for r in rows if key in r]
+  for key in ("accuracy",) + tuple(exp.diagnostics):  # CLIPO's similarities: over the steps that had anchors
+    values = [r[key] for r in rows if key in r and (not key.endswith("_sim") or r.get("clipo_num_anchors", 1) > 0)]
     diagnostics[key] = float(sum(values) / len(values)) if values else math.nan
   return dict(evals=_evals(row), diagnostics=diagnostics)
 
