@@ -122,6 +122,8 @@ def test_init_from_and_run_sft_summary(micro_run, tmp_path, capsys):
     ("decode.eval_problems", 40, r"config\.decode\.eval_problems=40: must be a multiple"),
     ("decode.max_new_tokens", 64, r"config\.decode\.max_new_tokens=64: .*max_seq_len=80"),
     ("init_from", "/nonexistent", r"config\.init_from='/nonexistent'"),
+    ("eval_split", "train", r"config\.eval_split='train'"),
+    ("eval_split", "validation", r"config\.eval_split='validation': .*validation_size > 0"),
     ("model.d_model", 30, r"config\.model\.d_model=30"),
 ])
 def test_config_errors_name_the_field(key, value, message):
@@ -143,3 +145,27 @@ def test_jaxpt_eval_rebuilds_the_sft_run_and_gives_its_own_eval(micro_run):
   assert row["run"] == "sft" and row["step"] == int(result.state.step)
   for key in ("eval_loss", "eval_answer_accuracy"):
     assert row[key] == pytest.approx(result.last_row[key], rel=1e-5, abs=1e-7), key
+
+
+def test_eval_split_validation_never_reads_the_test_split(tmp_path, monkeypatch):
+  """With eval_split='validation' the SFT run (its tokenizer, training rows, eval rows and eval prompts) never asks
+  the task generator for a 'test' problem, and its eval rows are the validation problems'."""
+  asked = []
+  generate = math_task.GENERATED["multipath"].generate
+
+  def recording(config, count, seed, split="train"):
+    asked.append(split)
+    return generate(config, count, seed, split)
+
+  monkeypatch.setitem(math_task.GENERATED, "multipath", type("Recorded", (), dict(
+      generate=staticmethod(recording), VERSION=math_task.GENERATED["multipath"].VERSION)))
+  config = micro_config(**{"task.name": "multipath", "task.validation_size": 64, "task.num_steps": 2,
+                           "eval_split": "validation"})
+  built = jaxpt.build("sft", config, str(tmp_path))
+  assert asked and "test" not in asked, asked
+  task = math_task.task_config(config.task)
+  rows = built.data.eval_batches()[0]["inputs"]
+  prompt = math_task.prompt_text(math_task.task_problems(task, "validation")[0].question)
+  assert built.tokenizer.decode(rows[0][rows[0] > 0].tolist()).startswith(prompt.strip()[:40])
+  math_task.task_problems(task, "test")
+  assert asked[-1] == "test"  # the recorder sees a test read

@@ -77,7 +77,10 @@ def _train_and_record(train_one: Callable[[dict, str], dict], run: dict, workdir
     return finished
   os.makedirs(directory, exist_ok=True)
   start = time.perf_counter()
-  summary = dict(run, **train_one(run, directory))
+  try:
+    summary = dict(run, **train_one(run, directory))
+  except Exception as e:  # noqa: BLE001 -- re-raised as a picklable error, so the grid reports it (not a broken pool)
+    raise RuntimeError(f"{type(e).__name__}: {e}") from None
   summary["wall_s"] = time.perf_counter() - start
   summary["environment"] = environment()  # the code that trained it (a report may be written later, elsewhere)
   temporary = os.path.join(directory, DONE_FILE + f".{os.getpid()}.tmp")

@@ -1,8 +1,10 @@
 """The math task of SFT and RL: its config section, problems, tokenizer, prompt text and RL prompt batches.
 
 The task config (`config.task`, a `TaskConfig`):
-    name            'arithmetic' (embedded generator, jaxpt.data.arithmetic) | 'gsm8k' (local jsonl folder)
-    num_steps, max_value, ops, max_factor, allow_negative, test_fraction   arithmetic difficulty knobs
+    name            'arithmetic' (embedded generator, jaxpt.data.arithmetic) | 'gsm8k' (local jsonl folder) |
+                    'multipath' (the arithmetic knobs, '+' / '-' only: answers reached by several solution paths,
+                    jaxpt.data.multipath)
+    num_steps, max_value, ops, max_factor, allow_negative, test_fraction   arithmetic / multipath difficulty knobs
     train_size, test_size   problems per split (gsm8k: at most this many, 0 = all)
     seed            the generator's seed (arithmetic)
     path            gsm8k: folder with train.jsonl / test.jsonl
@@ -25,12 +27,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxpt.config import ConfigError, Section, at_least, fail, from_section, one_of
-from jaxpt.data import arithmetic, gsm8k, order
+from jaxpt.data import arithmetic, gsm8k, multipath, order
 from jaxpt.data import tokenizer as tokenizer_lib
 from jaxpt.data.arithmetic import Problem
 from jaxpt.data.math_prompts import format_prompt, format_response
 
-TASKS = ("arithmetic", "gsm8k")
+TASKS = ("arithmetic", "gsm8k", "multipath")
+GENERATED = {"arithmetic": arithmetic, "multipath": multipath}  # the embedded generators: generate, VERSION
 # The user turn of a chat-format prompt: the question, then the instruction Qwen2.5-Math's evaluation uses.
 CHAT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 PROMPT_LEN_FIELD = "config.data.max_prompt_len"  # the RL run config's prompt length (PromptData)
@@ -44,7 +47,8 @@ class TaskConfig(Section):
   """The `task` config section (see the module docstring); the arithmetic knobs default to ArithmeticConfig's.
 
   Attributes:
-    name: 'arithmetic' (the embedded generator, jaxpt.data.arithmetic) | 'gsm8k' (a local jsonl folder).
+    name: 'arithmetic' (the embedded generator, jaxpt.data.arithmetic) | 'gsm8k' (a local jsonl folder) |
+      'multipath' (jaxpt.data.multipath: the arithmetic knobs with ops in '+-', several solution paths each).
     train_size: training problems (gsm8k: at most this many, 0 = all).
     test_size: held-out problems (gsm8k: at most this many, 0 = all).
     validation_size: problems of the training split after its first train_size, which a run with this train_size
@@ -80,8 +84,13 @@ class TaskConfig(Section):
 
   @property
   def arithmetic(self) -> arithmetic.ArithmeticConfig | None:
-    """The generator's knobs (None for gsm8k)."""
+    """The arithmetic generator's knobs (None for the other tasks)."""
     return arithmetic.ArithmeticConfig(**self._knobs()) if self.name == "arithmetic" else None
+
+  @property
+  def generator_knobs(self) -> arithmetic.ArithmeticConfig | None:
+    """The embedded generator's knobs (arithmetic, multipath; None for gsm8k)."""
+    return arithmetic.ArithmeticConfig(**self._knobs()) if self.name in GENERATED else None
 
   def _knobs(self) -> dict[str, Any]:
     return {k: getattr(self, k) for k in _KNOBS}
@@ -93,11 +102,15 @@ class TaskConfig(Section):
       at_least(self, field, 0)
     if self.validation_size and not self.train_size:
       raise fail(self, "validation_size", "needs task.train_size > 0 (validation problems follow the training ones)")
-    if self.name == "arithmetic":
+    if self.name in GENERATED:
       for field in ("train_size", "test_size"):
         if getattr(self, field) < 1:
-          raise fail(self, field, "must be >= 1 for the arithmetic task")
+          raise fail(self, field, f"must be >= 1 for the {self.name} task")
       arithmetic.ArithmeticConfig(**self._knobs())  # the knobs' own checks
+      if self.name == "multipath" and set(self.ops) - set(multipath.OPS):
+        raise fail(self, "ops", "must be a subset of '+-' for the multipath task (the changes' order is free)")
+      if self.name == "multipath" and self.num_steps > multipath.MAX_STEPS:
+        raise fail(self, "num_steps", f"must be <= {multipath.MAX_STEPS} for the multipath task")
     elif not all(os.path.isfile(os.path.join(self.path, f"{s}.jsonl")) for s in gsm8k.SPLITS):
       raise fail(self, "path", "must be a folder with train.jsonl and test.jsonl")
 
@@ -109,13 +122,13 @@ class TaskConfig(Section):
   def train_identity(self) -> str:
     """A string naming the training split's text exactly (knobs, train_size, seed; gsm8k: a hash of the files),
     the tokenizer's cache key: test_size and tfds_data_dir do not change it."""
-    knobs = self.arithmetic
+    knobs = self.generator_knobs
     fields = {"name": self.name, "train_size": self.train_size, "seed": self.seed, "path": self.path,
               "arithmetic": None if knobs is None else dataclasses.asdict(knobs)}
     if self.name == "gsm8k":
       fields["path"] = gsm8k.fingerprint(self.path)
     else:
-      fields["version"] = arithmetic.VERSION
+      fields["version"] = GENERATED[self.name].VERSION
     return json.dumps(fields, sort_keys=True)
 
 
@@ -132,10 +145,10 @@ def task_problems(task: TaskConfig | Any, split: str, data_dir: str | None = Non
   if split == "validation":
     extended = dataclasses.replace(task, train_size=task.train_size + task.validation_size, validation_size=0)
     return task_problems(extended, "train", data_dir)[task.train_size:]
-  if task.name == "arithmetic":
+  if task.name in GENERATED:
     size = task.train_size if split == "train" else task.test_size
     try:
-      return arithmetic.generate(task.arithmetic, size, task.seed, split)
+      return GENERATED[task.name].generate(task.generator_knobs, size, task.seed, split)
     except ValueError as e:  # the knobs cannot supply that many distinct problems
       raise ConfigError(f"config.task.{split}_size", str(e), size) from None
   data_dir = data_dir or task.tfds_data_dir or os.path.expanduser("~/tensorflow_datasets")

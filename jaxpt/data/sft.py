@@ -19,6 +19,7 @@ from jaxpt.data.math_task import TaskConfig, example_text, task_config, task_pro
 from jaxpt.data.pipeline import LMData
 
 PROMPT_SEGMENT, RESPONSE_SEGMENT = 1, 2
+EVAL_SPLITS = ("test", "validation")  # the held-out problems SFTData's eval rows come from
 
 
 def encode_examples(tokenizer: tokenizer_lib.Tokenizer, problems: Sequence[Problem], seq_len: int,
@@ -66,21 +67,25 @@ class SFTData(LMData):
     weights     float32 [B, S]  1.0 where targets[t] is a response token or the EOS, else 0 (prompt, padding)
     positions   int32   [B, S]  0, 1, ... along the example; 0 at padding
     segment_ids int32   [B, S]  1 on the example's tokens, 0 at padding
-  eval_batches(): data.eval_batches batches of the held-out ('test') problems, always the same.
+  eval_batches(): data.eval_batches batches of the held-out problems (`eval_split`: 'test' or 'validation'),
+  always the same.
   """
 
   @classmethod
   def create_for_task(cls, task: TaskConfig | Any, data_config: LMDataConfig | Any,
                       tokenizer: tokenizer_lib.Tokenizer, seed: int, workdir: str,
-                      data_dir: str | None = None) -> "SFTData":
-    """Encodes the task's train and test problems with `tokenizer`; ConfigError naming the field on bad config."""
+                      data_dir: str | None = None, eval_split: str = "test") -> "SFTData":
+    """Encodes the task's train problems and its `eval_split` problems ('test' | 'validation') with `tokenizer`;
+    ConfigError naming the field on bad config."""
     config = from_section(LMDataConfig, data_config, "config.data")
+    if eval_split not in EVAL_SPLITS:
+      raise ConfigError("config.eval_split", f"must be one of {EVAL_SPLITS}", eval_split)
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
       raise ValueError(f"seed must be a non-negative int, got {seed!r}")
     prompt_format = task_config(task).prompt_format
     train = encode_examples(tokenizer, task_problems(task, "train", data_dir), config.seq_len,
                             prompt_format=prompt_format)
-    test = encode_examples(tokenizer, task_problems(task, "test", data_dir), config.seq_len,
+    test = encode_examples(tokenizer, task_problems(task, eval_split, data_dir), config.seq_len,
                            prompt_format=prompt_format)
     arrays = {"train_tokens": train[0], "train_segments": train[1], "eval_tokens": test[0],
               "eval_segments": test[1]}
@@ -88,7 +93,8 @@ class SFTData(LMData):
     needed = config.eval_batches * config.batch_size
     if data.num_eval_rows < needed:
       raise ConfigError("config.data.eval_batches", f"needs {needed} held-out problems (data.batch_size="
-                        f"{config.batch_size}), but task.test_size gives {data.num_eval_rows}", config.eval_batches)
+                        f"{config.batch_size}), but task.{eval_split}_size gives {data.num_eval_rows}",
+                        config.eval_batches)
     return data
 
   def train_batch(self, step: int, process_index: int = 0, process_count: int = 1) -> dict[str, np.ndarray]:

@@ -2,7 +2,9 @@
 
     loss = sum_t w_t nll_t / sum_t w_t,  w_t = 1 where target t is a response token or the EOS (jaxpt.data.sft)
 
-Eval (every `eval_every` steps and at the end): eval_loss / eval_ppl / eval_accuracy (token) on the held-out rows,
+Eval (every `eval_every` steps and at the end) on the held-out split `eval_split` ('test', or 'validation': the
+training-split problems after task.train_size, so a run calibrated on its eval never reads the test split):
+eval_loss / eval_ppl / eval_accuracy (token) on its rows,
 and eval_answer_accuracy: the share of the first `decode.eval_problems` held-out problems whose greedy response
 earns reward 1 (jaxpt.rl.rewards.math_reward); with `decode.temperature > 0` also eval_sample_accuracy, the same
 for one sampled response each at that temperature (fixed key, so comparable across steps). Responses come from
@@ -10,6 +12,7 @@ the KV-cache sampler (jaxpt.rl.sampler) on left-padded prompts, at most `decode.
 
 Config (`SFTRunConfig`): a pretraining run config plus
     task       the task (`jaxpt.data.math_task.TaskConfig`); data.path is unused
+    eval_split 'test' | 'validation' (the held-out problems the eval reads)
     decode     prompt_len, max_new_tokens, eval_problems, batch_size, temperature (eval decoding)
 and `init_from` ('' = random init, else a workdir whose latest checkpoint's params start the run).
 """
@@ -23,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpt.config import ConfigError, Section, at_least, from_section
+from jaxpt.config import ConfigError, Section, at_least, from_section, one_of
 from jaxpt.data import math_task
 from jaxpt.data import sft as sft_data
 from jaxpt.data.tokenizer import Tokenizer
@@ -77,15 +80,24 @@ class SFTRunConfig(PretrainRunConfig):
   Attributes:
     task: the math task fine-tuned on and evaluated (data.path is unused).
     decode: eval decoding: prompt and response lengths, problems, temperature.
+    eval_split: the held-out problems the eval reads: 'test' (task.test_size of them) or 'validation'
+      (task.validation_size: training-split problems no run with this train_size trains on; the test split is then
+      never read, e.g. when the run's steps or task are chosen on its eval).
   """
 
   task: math_task.TaskConfig = math_task.TaskConfig()
   decode: DecodeConfig = DecodeConfig()
+  eval_split: str = "test"
 
   def check(self) -> None:
     super().check()
-    if self.task.test_size and self.decode.eval_problems > self.task.test_size:
-      raise ConfigError("decode.eval_problems", f"more than config.task.test_size={self.task.test_size}",
+    one_of(self, "eval_split", sft_data.EVAL_SPLITS)
+    size_field = f"{self.eval_split}_size"
+    size = getattr(self.task, size_field)
+    if self.eval_split == "validation" and size < 1:
+      raise ConfigError("eval_split", "'validation' needs config.task.validation_size > 0", self.eval_split)
+    if size and self.decode.eval_problems > size:
+      raise ConfigError("decode.eval_problems", f"more than config.task.{size_field}={size}",
                         self.decode.eval_problems)
     if self.decode.prompt_len + self.decode.max_new_tokens > self.model.max_seq_len:
       raise ConfigError("decode.max_new_tokens", "decode.prompt_len + decode.max_new_tokens exceed "
@@ -142,8 +154,9 @@ def build(config: SFTRunConfig | Any, workdir: str) -> BuiltRun:
   if tokenizer is None:
     tokenizer = math_task.task_tokenizer(config.task, config.model.vocab_size, workdir, data_dir,
                                         keep_existing=resumes(workdir))
-  data = sft_data.SFTData.create_for_task(config.task, config.data, tokenizer, config.seed, workdir, data_dir)
-  problems = math_task.task_problems(config.task, "test", data_dir)[:config.decode.eval_problems]
+  data = sft_data.SFTData.create_for_task(config.task, config.data, tokenizer, config.seed, workdir, data_dir,
+                                          eval_split=config.eval_split)
+  problems = math_task.task_problems(config.task, config.eval_split, data_dir)[:config.decode.eval_problems]
   prompt_batches = math_task.prompt_batches(tokenizer, problems, config.decode.batch_size, config.decode.prompt_len,
                                            prompt_format=config.task.prompt_format)
   return build_lm_run("sft", config, mesh, data, lambda eval_batches: make_sft_evaluator(

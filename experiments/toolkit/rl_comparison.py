@@ -1,0 +1,360 @@
+"""The design the GRPO-family comparisons on the multi-path task share (`grpo_vs_clipo_multipath`, `policy_losses`):
+a pilot fixes N by a power estimate, then lr is tuned per method on validation and N paired seeds are run.
+
+Stages (`--stage`), each resumable from its per-run files (`runner`: a run whose done.json exists is not trained
+again, so a stage can be continued over several sessions):
+  pilot: SFT seeds PILOT_SEEDS, each method at `pilot_lr` from each; the paired sd over pilot seeds of
+         (method - baseline) of the validation sampled pass@1 (never test: N is a calibration) fixes
+         N = the smallest n >= MIN_SEEDS with 80% power for `target` (two-sided paired t, alpha 0.05;
+         `stats.paired_n_for_power`) from the largest sd; written to the experiment's `pilot.json`
+         (committed before any main run) with the command, the code and every pilot run.
+  main:  N read from pilot.json (the main runs never change it). Tuning: every method x `lrs` from the SFT of
+         TUNE_SEED, each method's lr = argmax of the final validation sampled pass@1 (ties: greedy), flagged where
+         it sits at the grid's edge. Final: seeds 0 .. N-1; seed k's SFT is trained with seed k and every method's
+         seed-k run starts from it, so (method - baseline) and (method - SFT) are paired by seed and carry the SFT's
+         own seed variance. Reported per held-out set (validation, test): greedy accuracy and sampled pass@1; the
+         paired differences with the 95% t interval, paired t, exact sign-flip p, Holm-adjusted over the report.
+Every run's GRPO config is the set-up's `grpo()` + the method's settings (`methods`) + --set; the SFT's `sft()` +
+--sft-set. `--smoke` runs both stages on a tiny model for a few steps (a check that the pipeline runs; no numbers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import math
+import os
+from typing import Callable
+
+from experiments.toolkit import flags, results, runner, stats
+
+TUNE_SEED = 100
+PILOT_SEEDS = (200, 201, 202)
+MIN_SEEDS = 5
+SETS = ("validation", "test")
+KINDS = ("pass1", "accuracy")
+PRIMARY = "pass1_validation"  # the pilot's outcome (validation: N is a calibration); the report's is pass1_test
+SMOKE_SFT = {"steps": 20, "eval_every": 20, "checkpoint_every": 20, "model.d_model": 32, "model.num_layers": 1,
+             "model.num_heads": 2, "model.num_kv_heads": 2, "model.mlp_dim": 64, "task.train_size": 400,
+             "task.test_size": 32, "task.validation_size": 32, "decode.eval_problems": 32, "decode.batch_size": 16,
+             "data.eval_batches": 1}
+SMOKE_GRPO = {"steps": 2, "eval_every": 2, "checkpoint_every": 2, "data.prompts_per_step": 4,
+              "data.eval_prompts": 8, "data.eval_samples": 1, "grpo.group_size": 4, "sampling.max_new_tokens": 40}
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+  """What one comparison fixes.
+
+  Attributes:
+    module: the module defining it as `EXPERIMENT` (runs carry this name: the workers import it).
+    doc, here, title: the run.py docstring (--help), its folder (pilot.json, discussion.md), the report's title.
+    config: the set-up module (`sft()`, `grpo()`).
+    methods: {method: its GRPO config overrides} in table order; the first is the baseline every other is
+      compared with.
+    lrs: the tuning grid; pilot_lr: the lr of the pilot runs (before tuning: the pilot measures the seed spread).
+    target: the effect N is powered for (sampled pass@1), and where it comes from.
+    max_seeds: the CPU budget's cap on N (the report says "cannot resolve at this scale" where the power estimate
+      exceeds it).
+    workdir: the default --workdir (shared by the experiments of this set-up: same-named runs are the same runs).
+    diagnostics: metrics logged by the trainer whose per-run mean over steps the report summarises per method.
+  """
+
+  module: str
+  doc: str
+  here: str
+  title: str
+  config: object
+  methods: dict
+  lrs: tuple
+  pilot_lr: float
+  target: float
+  target_source: str
+  max_seeds: int
+  workdir: str = "/tmp/multipath_rl"
+  diagnostics: tuple = ()
+
+  @property
+  def baseline(self) -> str:
+    return next(iter(self.methods))
+
+
+# ------------------------------------------------------------------------------------------------------- runs
+
+
+def experiment_of(run: dict) -> Experiment:
+  return importlib.import_module(run["experiment"]).EXPERIMENT
+
+
+def sft_config(exp: Experiment, run: dict):
+  config = flags.apply_sets(exp.config.sft(), {**(SMOKE_SFT if run["smoke"] else {}), **run["sft_sets"]})
+  config.seed = run["sft_seed"]
+  return config
+
+
+def grpo_config(exp: Experiment, run: dict):
+  config = exp.config.grpo()
+  if run["smoke"]:
+    for key in ("d_model", "num_layers", "num_heads", "num_kv_heads", "mlp_dim"):
+      config.model[key] = SMOKE_SFT[f"model.{key}"]
+    config.task.update({k.split(".")[1]: v for k, v in SMOKE_SFT.items() if k.startswith("task.")})
+  config = flags.apply_sets(config, {**(SMOKE_GRPO if run["smoke"] else {}), **exp.methods[run["method"]],
+                                     **run["sets"]})
+  config.init_from = run["sft_dir"]
+  config.seed = run["seed"]
+  config.optim.learning_rate = run["lr"]
+  return config
+
+
+def _evals(row: dict) -> dict:
+  return {k: float(v) for k, v in row.items() if k.startswith(("eval_accuracy_", "eval_pass1_"))}
+
+
+def train_sft(run: dict, directory: str) -> dict:
+  """The SFT of seed run['sft_seed'] (its eval reads validation only), then the GRPO trainer's evaluation of it
+  (the 'sft' row: the same sets and decoding as every GRPO run's final eval)."""
+  import jaxpt
+
+  exp = experiment_of(run)
+  jaxpt.train("sft", sft_config(exp, run), directory)
+  trainer = jaxpt.build("grpo", grpo_config(exp, dict(run, method=exp.baseline, seed=0, lr=1e-5, sft_dir=directory)),
+                         os.path.join(directory, "_start_eval"))
+  return dict(evals=_evals(trainer.evaluate(trainer.init_state())), sft_curve=sft_curve(directory))
+
+
+def sft_curve(directory: str) -> list[dict]:
+  """The SFT's validation evals by step, from its metrics.jsonl (read again at report time: the record's copy can
+  miss rows of a resumed run)."""
+  return [{k: v for k, v in r.items() if k == "step" or k.startswith("eval_")}
+          for r in results.read_metrics(directory) if any(k.startswith("eval_") for k in r)]
+
+
+def train_grpo(run: dict, directory: str) -> dict:
+  """One GRPO run from its seed's SFT; its final held-out evals and its diagnostics' means over steps."""
+  import jaxpt
+
+  exp = experiment_of(run)
+  trainer = jaxpt.build("grpo", grpo_config(exp, run), directory)
+  result = jaxpt.train("grpo", trainer.config, directory, built=trainer)
+  runner.require_finished(result, directory)
+  row = result.last_row if any(k.startswith("eval_pass1_") for k in result.last_row) else trainer.evaluate(
+      result.state)
+  rows = results.read_metrics(directory)
+  diagnostics = {}
+  for key in ("accuracy",) + tuple(exp.diagnostics):  # CLIPO's similarities: over the steps that had anchors
+    values = [r[key] for r in rows if key in r and (not key.endswith("_sim") or r.get("clipo_num_anchors", 1) > 0)]
+    diagnostics[key] = float(sum(values) / len(values)) if values else math.nan
+  return dict(evals=_evals(row), diagnostics=diagnostics)
+
+
+def sft_runs(seeds, common: dict) -> list[dict]:
+  return [dict(common, name=f"sft/seed{s}", phase="sft", sft_seed=s) for s in seeds]
+
+
+def grpo_runs(phase: str, methods, lrs: dict, seeds, common: dict, workdir: str) -> list[dict]:
+  return [dict(common, name=f"{phase}/{m}/lr{lr:g}/seed{seed}", phase=phase, method=m, lr=lr, seed=seed,
+               sft_dir=os.path.join(workdir, f"sft/seed{seed}"))
+          for seed in seeds for m in methods for lr in lrs[m]]
+
+
+# ---------------------------------------------------------------------------------------------------- statistics
+
+
+def metric(run: dict, kind: str, split: str) -> float:
+  return run["evals"].get(f"eval_{kind}_{split}", math.nan)
+
+
+def comparisons(exp: Experiment, runs: list[dict], sfts: list[dict], methods, sets=SETS, kinds=KINDS,
+                against_sft: bool = True) -> list[dict]:
+  """Paired by seed: each method - the baseline, and (against_sft) each method - its seed's SFT policy; per
+  kind x set. Unadjusted (see `stats.holm_adjust`)."""
+  by = {(r["method"], r["seed"]): r for r in runs}
+  sft_by = {s["sft_seed"]: s for s in sfts}
+  out = []
+  for kind in kinds:
+    for split in sets:
+      name = f"{kind}_{split}"
+      for m in methods:
+        pairs = [("sft", lambda seed: sft_by.get(seed))] if against_sft else []
+        if m != exp.baseline and exp.baseline in methods:
+          pairs.insert(0, (exp.baseline, lambda seed: by.get((exp.baseline, seed))))
+        for b, other in pairs:
+          seeds = sorted(seed for (mm, seed) in by if mm == m and other(seed) is not None)
+          if len(seeds) >= 2:
+            out.append(dict(a=m, b=b, metric=name, seeds=seeds, **stats.paired(
+                [metric(by[(m, s)], kind, split) for s in seeds], [metric(other(s), kind, split) for s in seeds])))
+  return out
+
+
+def power(exp: Experiment, pilot: list[dict], methods) -> dict:
+  """N from the pilot (module docstring): the largest paired sd of PRIMARY over the method - baseline pairs."""
+  comps = [c for c in comparisons(exp, pilot, [], methods, kinds=("pass1",), sets=("validation",), against_sft=False)]
+  sds = {f"{c['a']}-{c['b']}": c["std_diff"] for c in comps}
+  finite = [v for v in sds.values() if v is not None and math.isfinite(v) and v > 0]
+  sd = max(finite) if finite else math.nan
+  needed = stats.paired_n_for_power(sd, exp.target) if finite else math.inf
+  n = int(min(max(needed, MIN_SEEDS), exp.max_seeds)) if math.isfinite(needed) else exp.max_seeds
+  return dict(outcome=PRIMARY, target_effect=exp.target, target_source=exp.target_source, pilot_lr=exp.pilot_lr,
+              pilot_seeds=sorted({r["seed"] for r in pilot}), pilot_sd_diff=sds, sd_used=sd,
+              n_for_80_power=needed if math.isfinite(needed) else None, n=n, min_seeds=MIN_SEEDS,
+              max_seeds=exp.max_seeds, cap_binds=bool(not math.isfinite(needed) or needed > exp.max_seeds),
+              detectable_effect_at_n=stats.detectable_effect(sd, n) if finite else None,
+              power_at_n=stats.paired_power(sd, exp.target, n) if finite else None)
+
+
+def select(exp: Experiment, tuning: list[dict], methods, lrs) -> tuple[dict, list[dict]]:
+  """({method: lr with the highest final validation pass@1, then greedy accuracy}, the tuning table)."""
+  table = [dict(method=r["method"], lr=r["lr"], validation_pass1=metric(r, "pass1", "validation"),
+                validation=metric(r, "accuracy", "validation")) for r in tuning]
+  best = {}
+  for m in methods:
+    rows = [r for r in table if r["method"] == m]
+    if rows:
+      key = lambda r: tuple(v if math.isfinite(v) else -math.inf for v in (r["validation_pass1"], r["validation"]))
+      chosen = max(rows, key=key)
+      best[m] = chosen["lr"]
+      for r in rows:
+        r["chosen"] = r is chosen
+        r["at_grid_edge"] = r is chosen and len(lrs) > 1 and r["lr"] in (min(lrs), max(lrs))
+  return best, table
+
+
+def summary_rows(exp: Experiment, final: list[dict], sfts: list[dict], methods) -> list[dict]:
+  rows = [dict(method="sft", lr=None, seeds=sorted(s["sft_seed"] for s in sfts),
+               **{f"{k}_{s}": stats.summary([metric(r, k, s) for r in sfts]) for k in KINDS for s in SETS})]
+  for m in methods:
+    runs = sorted((r for r in final if r["method"] == m), key=lambda r: r["seed"])
+    if runs:
+      diag = {k: stats.summary([r["diagnostics"].get(k, math.nan) for r in runs]) for k in runs[0]["diagnostics"]}
+      rows.append(dict(method=m, lr=runs[0]["lr"], seeds=[r["seed"] for r in runs], diagnostics=diag,
+                       **{f"{k}_{s}": stats.summary([metric(r, k, s) for r in runs]) for k in KINDS for s in SETS}))
+  return rows
+
+
+# ------------------------------------------------------------------------------------------------------- report
+
+
+def markdown(payload: dict) -> str:
+  p = payload["power"]
+  lines = [payload["provenance"], "",
+           f"N = {p['n']} seeds, fixed before the main runs by the pilot (`pilot.json`: seeds {p['pilot_seeds']} at "
+           f"lr {p['pilot_lr']:g}): the largest paired sd of {p['outcome']} ({p['sd_used']:.4f}); 80% power for "
+           f"{p['target_effect']} needs n = {p['n_for_80_power']}" +
+           (" (capped: the CPU budget, so this scale cannot resolve that effect)" if p["cap_binds"] else "") + ".",
+           "", "## Learning rate, tuned on validation (sampled pass@1 / greedy accuracy)", "",
+           "| method | " + " | ".join(f"lr {lr:g}" for lr in payload["lrs"]) + " | chosen |",
+           "|---|" + "---:|" * (len(payload["lrs"]) + 1)]
+  for m in payload["methods"]:
+    rows = {r["lr"]: r for r in payload["tuning"] if r["method"] == m}
+    if rows:
+      chosen = next(r for r in rows.values() if r["chosen"])
+      lines.append(f"| {m} | " + " | ".join(
+          f"{rows[lr]['validation_pass1']:.3f} / {rows[lr]['validation']:.3f}" if lr in rows else "—"
+          for lr in payload["lrs"]) + f" | {chosen['lr']:g}{' (grid edge)' if chosen['at_grid_edge'] else ''} |")
+  for kind, title in (("pass1", "sampled pass@1"), ("accuracy", "greedy accuracy")):
+    lines += ["", f"## Held-out {title}, mean ± sample std (n)", "", "| policy | lr | " + " | ".join(SETS) + " |",
+              "|---|---:|" + "---:|" * len(SETS)]
+    for r in payload["final"]:
+      lr = "—" if r["lr"] is None else f"{r['lr']:g}"
+      lines.append(f"| {r['method']} | {lr} | " + " | ".join(stats.fmt(r[f"{kind}_{s}"]) for s in SETS) + " |")
+  lines += ["", "Differences (positive: A better), paired by seed (the SFT row: each seed's own SFT policy): " +
+            stats.PAIRED_NOTE + ".", "", "| metric | A - B | difference |", "|---|---|---|"]
+  for c in payload["comparisons"]:
+    lines.append(f"| {c['metric']} | {c['a']} - {c['b']} | {stats.fmt_paired(c)} |")
+  diag = [r for r in payload["final"] if r.get("diagnostics")]
+  if diag:
+    lines += ["", "Diagnostics, each run's mean over its steps: " + "; ".join(
+        f"{r['method']}: " + ", ".join(f"{k} {stats.fmt(v)}" for k, v in r["diagnostics"].items()) for r in diag)
+        + "."]
+  return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------------- main
+
+
+def main(exp: Experiment, argv=None) -> None:
+  parser = flags.parser(exp.doc, methods=tuple(exp.methods), seeds=(), workdir=exp.workdir)
+  parser.add_argument("--stage", choices=("pilot", "main"), default="main")
+  parser.add_argument("--sft-set", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a field of the SFT config (repeatable)")
+  parser.add_argument("--lrs", default=",".join(f"{lr:g}" for lr in exp.lrs), help="the tuning grid of lrs")
+  parser.add_argument("--pilot", default=os.path.join(exp.here, "pilot.json"),
+                      help="the pilot's file: written by --stage pilot, read by --stage main (N)")
+  parser.add_argument("--pilot-seeds", default=",".join(map(str, PILOT_SEEDS)),
+                      help="the pilot's seeds (disjoint from the tuning seed and the final seeds 0 .. N-1)")
+  parser.add_argument("--smoke", action="store_true", help="a tiny run of both stages (pipeline check, no numbers)")
+  args = parser.parse_args(argv)
+  methods = flags.split_list(args.methods, allowed=tuple(exp.methods), flag="--methods")
+  if exp.baseline not in methods:
+    raise SystemExit(f"--methods must include the baseline {exp.baseline!r}")
+  lrs = flags.split_list(args.lrs, float, flag="--lrs")
+  workdir = os.path.abspath(args.workdir)
+  out = results.prepare_out(args.out, workdir, args.overwrite)
+  common = dict(experiment=exp.module, smoke=args.smoke, sets=flags.parse_sets(args.set),
+                sft_sets=flags.parse_sets(args.sft_set))
+  probe = dict(common, method=exp.baseline, seed=0, lr=0.0, sft_dir="", sft_seed=0)
+  common["config_digest"] = flags.config_digest(sft_config(exp, probe), grpo_config(exp, probe))  # bad --set fails
+  for m in methods:
+    grpo_config(exp, dict(probe, method=m))
+  overrides = {k: common[k] for k in ("smoke", "sets", "sft_sets", "config_digest")}
+
+  def grid(runs, train: Callable) -> list[dict]:
+    return runner.finished_or_trained(runs, train, workdir, args.jobs, args.report_only, overrides)
+
+  pilot_seeds = PILOT_SEEDS[:2] if args.smoke else flags.split_list(args.pilot_seeds, int, flag="--pilot-seeds")
+  if len(pilot_seeds) < 2 or min(pilot_seeds) < exp.max_seeds or TUNE_SEED in pilot_seeds:
+    raise SystemExit(f"--pilot-seeds: at least 2, none of them {TUNE_SEED} or a final seed (< {exp.max_seeds})")
+  if args.stage == "pilot" or args.smoke:
+    sfts = grid(sft_runs(pilot_seeds, common), train_sft)
+    pilot = grid(grpo_runs("pilot", methods, {m: [exp.pilot_lr] for m in methods}, pilot_seeds, common, workdir),
+                 train_grpo)
+    expected = len(pilot_seeds) * (1 + len(methods))
+    if len(sfts) + len(pilot) < expected:
+      raise SystemExit(f"pilot: {len(sfts) + len(pilot)} of {expected} runs finished; run the stage again (it "
+                       "resumes) before N can be fixed")
+    estimate = power(exp, pilot, methods)
+    path = os.path.join(out, "pilot.json") if args.smoke else args.pilot
+    results.write_json(path, dict(power=estimate, methods=methods, settings={m: exp.methods[m] for m in methods},
+                                 sft_curves={s["sft_seed"]: sft_curve(runner.run_dir(workdir, s)) for s in sfts},
+                                 sfts=sfts, runs=pilot), sfts + pilot)
+    if not args.smoke:
+      results.copy_run_files(workdir, sfts + pilot, os.path.join(os.path.dirname(path), "pilot_runs"))
+    print(f"pilot: N = {estimate['n']} (80% power needs {estimate['n_for_80_power']}; {path})", flush=True)
+    if not args.smoke:
+      return
+  if args.smoke:
+    n, how = 2, "smoke run: 2 seeds (a check that the pipeline runs; no conclusions)"
+    estimate = power(exp, pilot, methods)
+  else:
+    if not os.path.exists(args.pilot):
+      raise SystemExit(f"{args.pilot}: no pilot file; run --stage pilot first (it fixes N)")
+    with open(args.pilot) as f:
+      estimate = json.load(f)["power"]
+    n = estimate["n"]
+    how = (f"N = {n} fixed before the main runs by the pilot's power estimate ({os.path.relpath(args.pilot)}: 80% "
+           f"power for {exp.target} on {PRIMARY}, paired t, alpha 0.05, from the pilot's largest paired sd)")
+  seeds = list(range(n))
+  tune_sft = grid(sft_runs([TUNE_SEED], common), train_sft)
+  tuning = grid(grpo_runs("tune", methods, {m: lrs for m in methods}, [TUNE_SEED], common, workdir), train_grpo)
+  best, tuning_table = select(exp, tuning, methods, lrs)
+  print("tuned lr:", best, flush=True)
+  sfts = grid(sft_runs(seeds, common), train_sft)
+  final = grid(grpo_runs("final", [m for m in methods if m in best], {m: [best[m]] for m in best}, seeds, common,
+                         workdir), train_grpo)
+  comps = stats.holm_adjust(comparisons(exp, final, sfts, methods))
+  payload = dict(
+      design=dict(stages=__doc__.split("Stages")[1].split("Every run")[0].strip(), tuning_seed=TUNE_SEED,
+                  reported_seeds=seeds, summary="mean ± sample std (n)"),
+      methods=methods, settings={m: exp.methods[m] for m in methods}, sets=common["sets"],
+      sft_sets=common["sft_sets"], lrs=lrs, best_lr=best, tuning=tuning_table, power=estimate,
+      final=summary_rows(exp, final, sfts, methods), comparisons=comps, statistics=stats.statistics(comps, how),
+      sft_curves={s["sft_seed"]: sft_curve(runner.run_dir(workdir, s)) for s in tune_sft + sfts},
+      provenance=results.provenance(tune_sft + tuning + sfts + final, os.path.join(exp.here, "run.py")))
+  everything = tune_sft + tuning + sfts + final
+  results.write_json(os.path.join(out, "results.json"), payload, everything, report_only=args.report_only)
+  results.copy_run_files(workdir, everything, out)
+  results.write_markdown(out, exp.title, markdown(payload), "Per-run files: `runs/`.",
+                         os.path.join(exp.here, "discussion.md"))
+  print(f"results in {out}")
+

@@ -1,0 +1,165 @@
+"""experiments/toolkit/rl_comparison.py (grpo_vs_clipo_multipath, policy_losses): the paired comparisons, the
+pilot's power estimate and the lr selection against plain NumPy / scipy statements, the configs every method trains
+with (checked, nothing compiled), and the --smoke pipeline of both stages (slow)."""
+
+import importlib
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from experiments.toolkit import rl_comparison
+from jaxpt.config import from_section
+from jaxpt.trainers.grpo import GRPORunConfig
+from jaxpt.trainers.sft import SFTRunConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODULES = ("experiments.grpo_vs_clipo_multipath.run", "experiments.policy_losses.run")
+
+
+@pytest.fixture(scope="module", params=MODULES)
+def exp(request):
+  return importlib.import_module(request.param).EXPERIMENT
+
+
+def fake_runs(exp, seeds, rng):
+  """GRPO runs of every method and SFT runs, with random validation / test pass@1 and greedy accuracy."""
+  runs = [dict(method=m, seed=s, lr=1e-4, evals={f"eval_{k}_{split}": float(rng.uniform())
+                                                 for k in rl_comparison.KINDS for split in rl_comparison.SETS})
+          for m in exp.methods for s in seeds]
+  sfts = [dict(sft_seed=s, evals={f"eval_{k}_{split}": float(rng.uniform())
+                                  for k in rl_comparison.KINDS for split in rl_comparison.SETS}) for s in seeds]
+  return runs, sfts
+
+
+def test_comparisons_are_paired_by_seed(exp):
+  rng = np.random.default_rng(0)
+  runs, sfts = fake_runs(exp, range(6), rng)
+  comps = rl_comparison.comparisons(exp, runs, sfts, list(exp.methods))
+  methods = list(exp.methods)
+  # per kind x set: (methods - 1) against the baseline + every method against its seed's SFT
+  assert len(comps) == len(rl_comparison.KINDS) * len(rl_comparison.SETS) * (2 * len(methods) - 1)
+  value = lambda rows, key, **match: [r["evals"][key] for r in rows if all(r[k] == v for k, v in match.items())]
+  for c in comps:
+    key = f"eval_{c['metric']}"
+    a = np.array(value(runs, key, method=c["a"]), np.float64)
+    b = np.array(value(sfts, key) if c["b"] == "sft" else value(runs, key, method=c["b"]), np.float64)
+    d = a - b
+    assert c["n"] == 6 and c["mean_diff"] == pytest.approx(d.mean(), abs=1e-12)
+    t = sps.ttest_rel(a, b)
+    assert c["p_t"] == pytest.approx(t.pvalue, rel=1e-9)
+    half = sps.t.ppf(0.975, 5) * d.std(ddof=1) / math.sqrt(6)
+    assert c["ci95"] == pytest.approx([d.mean() - half, d.mean() + half], rel=1e-9)
+
+
+def test_power_fixes_n_from_the_largest_pilot_sd(exp):
+  rng = np.random.default_rng(1)
+  runs, _ = fake_runs(exp, (200, 201, 202), rng)
+  estimate = rl_comparison.power(exp, runs, list(exp.methods))
+  value = lambda m: np.array([r["evals"]["eval_pass1_validation"] for r in runs if r["method"] == m])
+  sds = [np.std(value(m) - value(exp.baseline), ddof=1) for m in exp.methods if m != exp.baseline]
+  sd = max(sds)
+  assert estimate["sd_used"] == pytest.approx(sd, rel=1e-12)
+
+  def power_at(n):  # the two-sided paired t test's power for the target, through scipy's noncentral t
+    crit = sps.t.ppf(0.975, n - 1)
+    nc = exp.target / sd * math.sqrt(n)
+    return sps.nct.sf(crit, n - 1, nc) + sps.nct.cdf(-crit, n - 1, nc)
+
+  needed = next(n for n in range(2, 100_000) if power_at(n) >= 0.8)
+  assert estimate["n_for_80_power"] == needed
+  assert estimate["n"] == min(max(needed, rl_comparison.MIN_SEEDS), exp.max_seeds)
+  assert estimate["cap_binds"] == (needed > exp.max_seeds)
+  small = [dict(r, evals=dict(r["evals"], eval_pass1_validation=0.5 + 1e-4 * r["seed"] * (r["method"] == "x")))
+           for r in runs]
+  assert rl_comparison.power(exp, small, list(exp.methods))["n"] == exp.max_seeds  # sd 0: no estimate, the cap
+
+
+def test_select_takes_validation_pass1_then_greedy_and_flags_the_edge(exp):
+  lrs = [1e-5, 1e-4, 1e-3]
+  rows = [dict(method=exp.baseline, lr=lr, evals={"eval_pass1_validation": p, "eval_accuracy_validation": g,
+                                                  "eval_pass1_test": 1.0 - p})
+          for lr, p, g in zip(lrs, (0.5, 0.6, 0.6), (0.9, 0.1, 0.2))]
+  best, table = rl_comparison.select(exp, rows, [exp.baseline], lrs)
+  assert best == {exp.baseline: 1e-3}  # ties on pass@1 go to greedy accuracy; test is never read
+  assert [r["at_grid_edge"] for r in table] == [False, False, True]
+
+
+def test_every_method_config_is_valid(exp):
+  run = dict(experiment=exp.module, smoke=False, sets={}, sft_sets={}, sft_seed=0, sft_dir="", seed=0, lr=1e-4)
+  sft = from_section(SFTRunConfig, rl_comparison.sft_config(exp, run), "config")
+  assert sft.eval_split == "validation" and sft.task.name == "multipath"
+  for method, sets in exp.methods.items():
+    config = from_section(GRPORunConfig, rl_comparison.grpo_config(exp, dict(run, method=method)), "config")
+    assert config.task == sft.task and config.model == sft.model
+    for key, value in sets.items():
+      section, field = key.split(".")
+      assert getattr(getattr(config, section), field) == value
+
+
+def test_both_stages_with_recorded_runs(tmp_path, monkeypatch):
+  """The pilot and main stages end to end, each run's training replaced by a record with random evals (the grid,
+  resume, N from the pilot file, tuning, final seeds and report are the real code): N comes from pilot.json, the
+  main stage trains seeds 0 .. N-1 at the tuned lrs, and a second invocation trains nothing (runs resume)."""
+  exp = importlib.import_module(MODULES[0]).EXPERIMENT
+  rng = np.random.default_rng(3)
+  trained = []
+
+  def record(runs, train_one, workdir, jobs, describe=None):
+    for run in runs:
+      if rl_comparison.runner.load_done(workdir, run) is None:
+        trained.append(run["name"])
+        evals = {f"eval_{k}_{split}": float(rng.uniform(0.5, 0.51)) for k in rl_comparison.KINDS
+                 for split in rl_comparison.SETS}
+        os.makedirs(rl_comparison.runner.run_dir(workdir, run))
+        with open(os.path.join(rl_comparison.runner.run_dir(workdir, run), "done.json"), "w") as f:
+          json.dump(dict(run, evals=evals, diagnostics={"accuracy": 0.5}, sft_curve=[], environment={}), f)
+    return [rl_comparison.runner.load_done(workdir, r) for r in runs]
+
+  monkeypatch.setattr(rl_comparison.runner, "run_grid", record)
+  pilot = str(tmp_path / "pilot.json")
+  common = ["--workdir", str(tmp_path / "w"), "--lrs", "1e-5,1e-4", "--pilot", pilot]
+  with pytest.raises(SystemExit, match="no pilot file"):
+    rl_comparison.main(exp, common + ["--out", str(tmp_path / "none")])
+  rl_comparison.main(exp, common + ["--stage", "pilot", "--out", str(tmp_path / "p")])
+  assert len(trained) == 3 * 3  # 3 SFTs, 2 methods x 3 pilot seeds
+  with open(pilot) as f:
+    n = json.load(f)["power"]["n"]
+  assert n == rl_comparison.MIN_SEEDS  # a pilot sd of ~0.005 needs fewer than MIN_SEEDS for 0.03
+  rl_comparison.main(exp, common + ["--out", str(tmp_path / "out")])
+  assert len(trained) == 9 + 1 + 2 * 2 + n * 3  # tuning SFT, 2 methods x 2 lrs, N x (SFT + 2 methods)
+  with open(tmp_path / "out" / "results.json") as f:
+    payload = json.load(f)
+  assert payload["design"]["reported_seeds"] == list(range(n)) and payload["power"]["n"] == n
+  assert payload["statistics"]["n_fixed"].startswith(f"N = {n} fixed before the main runs")
+  assert {(c["a"], c["b"]) for c in payload["comparisons"]} == {("clipo", "grpo"), ("grpo", "sft"), ("clipo", "sft")}
+  assert all(c["n"] == n for c in payload["comparisons"])
+  rl_comparison.main(exp, common + ["--out", str(tmp_path / "again")])
+  assert len(trained) == 9 + 5 + 3 * n  # nothing trained twice
+
+
+@pytest.mark.slow
+def test_smoke_pipeline_runs_both_stages(tmp_path):
+  """--smoke: a tiny pilot (2 seeds, N from it written) and main stage (tune, 2 seeds, report) of
+  grpo_vs_clipo_multipath; then the same workdir reported again without training (runs are resumed, not redone)."""
+  script = os.path.join(ROOT, "experiments", "grpo_vs_clipo_multipath", "run.py")
+  args = [sys.executable, script, "--smoke", "--workdir", str(tmp_path / "w"), "--lrs", "1e-4", "--jobs", "1"]
+  subprocess.run(args + ["--out", str(tmp_path / "out")], check=True, cwd=ROOT, capture_output=True, text=True)
+  with open(tmp_path / "out" / "pilot.json") as f:
+    pilot = json.load(f)
+  assert pilot["power"]["pilot_seeds"] == [200, 201] and len(pilot["runs"]) == 4
+  with open(tmp_path / "out" / "results.json") as f:
+    payload = json.load(f)
+  assert payload["design"]["reported_seeds"] == [0, 1]
+  assert {r["method"] for r in payload["final"]} == {"sft", "grpo", "clipo"}
+  assert {(c["a"], c["b"]) for c in payload["comparisons"]} == {("clipo", "grpo"), ("grpo", "sft"), ("clipo", "sft")}
+  again = subprocess.run(args + ["--report-only", "--out", str(tmp_path / "again")], check=True, cwd=ROOT,
+                         capture_output=True, text=True)
+  assert "training" not in again.stdout  # --report-only: every run read from its done.json
+  with open(tmp_path / "again" / "results.json") as f:
+    assert json.load(f)["comparisons"] == payload["comparisons"]
