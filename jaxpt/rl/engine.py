@@ -58,6 +58,7 @@ from jax import lax
 from jaxpt.config import Section, at_least, fail
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM, init_cache
+from jaxpt.nn.attention import chunk_bounds
 from jaxpt.nn.paged_cache import FreeList, PagedKVCache
 from jaxpt.rl.sampler import (SampleOutput, SamplingConfig, choose_tokens, decode_config_of, decode_params,
                               prompt_layout, rollout_keys)
@@ -139,12 +140,43 @@ def page_counts(engine: EngineConfig, prompt_len: int, max_new_tokens: int) -> t
   return prompt_pages, response_pages, engine.num_pages or engine.num_slots * (prompt_pages + response_pages)
 
 
+ATTENTION_CHUNKS = 4  # a decode step's slots, sorted by the pages they read, attend in this many chunks
+WIDTH_BUCKETS = 6  # each chunk gathers the smallest of this many table widths that holds its rows' pages
+
+
+def attention_widths(pages: int, buckets: int = WIDTH_BUCKETS) -> tuple[int, ...]:
+  """The table widths a chunk of slots may gather: `buckets` steps up to a whole table of `pages` entries."""
+  buckets = min(pages, buckets)
+  return tuple(sorted({-(-pages * (i + 1) // buckets) for i in range(buckets)}))
+
+
+def attention_view(table, length, t, stepping, prompt_pages: int, page_size: int):
+  """What a decode step's attention reads of each slot's pages: its table int [S, KP + KR] (KP = prompt_pages)
+  compacted to the prompt's ceil(n / ps) pages then the response's, and the slots read in that order.
+
+  -> (view int32 [S, KP + KR], reads bool [S, (KP + KR) * ps], need int32 [S]): with r = ceil(n / ps) * ps, a
+  stepping slot (n = length, response index t) reads view slots j < n (its prompt) and r <= j <= r + t (its
+  response), within its first need = ceil(n / ps) + t // ps + 1 entries; any other slot reads slot 0 (need 1)."""
+  entries = table.shape[1]
+  own = -(-length // page_size)  # the prompt pages the slot's prompt fills
+  column = jnp.arange(entries)[None, :]
+  source = jnp.where(column < own[:, None], column, prompt_pages + column - own[:, None])
+  view = jnp.where(source < entries, jnp.take_along_axis(table, jnp.minimum(source, entries - 1), axis=1), 0)
+  slot = jnp.arange(entries * page_size)[None, :]
+  start = (own * page_size)[:, None]
+  reads = (slot < length[:, None]) | ((slot >= start) & (slot <= start + t[:, None]))
+  reads = jnp.where(stepping[:, None], reads, slot == 0)  # idle slots read the sink, discarded
+  return view, reads, jnp.where(stepping, own + t // page_size + 1, 1).astype(jnp.int32)
+
+
 class Engine:
   """`Engine(model_config, sampling, prompt_len, engine, group_size)(params, prompt_tokens [B, P], prompt_mask
   [B, P], rng[, budgets]) -> SampleOutput` (see the module doc); `run` also returns the `EngineStats`. G =
   group_size must divide B; every row needs at least one real prompt token; `budgets` (int [B] in 1 ..
   max_new_tokens, default all max_new_tokens): row b also stops after budgets[b] tokens, as the static sampler's.
   Checks its inputs before compiling."""
+
+  attention_chunks, width_buckets = ATTENTION_CHUNKS, WIDTH_BUCKETS  # (1, 1: every slot gathers its whole table)
 
   def __init__(self, model_config: ModelConfig, sampling: SamplingConfig, prompt_len: int,
                engine: EngineConfig = EngineConfig(), group_size: int = 1):
@@ -194,7 +226,7 @@ class Engine:
     variables = {"params": decode_params(params, self.model_config, cfg)}
     prompt_tokens, prompt_mask = prompt_tokens.astype(jnp.int32), prompt_mask[::G]
     prompt_lengths = jnp.sum(prompt_mask > 0, axis=1).astype(jnp.int32)
-    width = (KP + KR) * ps
+    widths, chunks = attention_widths(KP + KR, self.width_buckets), min(S, self.attention_chunks)
 
     def prefill(state: State, group):
       """Prefills prompt `group` into pages and draws its G rows' first tokens."""
@@ -277,15 +309,18 @@ class Engine:
       page = jnp.where(granted, new_pages, page)
       table = s.table.at[jnp.arange(S), column].set(jnp.where(granted, new_pages, s.table[jnp.arange(S), column]))
       stepping = s.active & ~(needs & ~granted)
-      slot_index = jnp.arange(width)[None, :]
-      reads = (slot_index < s.length[:, None]) | (
-          (slot_index >= KP * ps) & (slot_index <= KP * ps + s.t[:, None]))
-      reads = jnp.where(stepping[:, None], reads, slot_index == 0)  # idle slots read the sink, discarded
-      cache = state.cache.replace(page_table=table, write_page=jnp.where(stepping, page, 0),
-                                  write_offset=jnp.where(stepping, s.t % ps, 0), mask=reads[:, None, :])
-      logits, hidden, cache = model.apply(variables, s.token[:, None], (s.length + s.t)[:, None],
+      view, reads, need = attention_view(table, s.length, s.t, stepping, KP, ps)
+      order = jnp.argsort(need)  # slots by the pages they read: each chunk gathers its longest row's width
+      chunk_need = need[order][np.asarray(chunk_bounds(S, chunks)[1:]) - 1]
+      cache = state.cache.replace(
+          page_table=view[order], write_page=jnp.where(stepping, page, 0)[order],
+          write_offset=jnp.where(stepping, s.t % ps, 0)[order], mask=reads[order][:, None, :],
+          buckets=jnp.searchsorted(jnp.asarray(widths), chunk_need).astype(jnp.int32), widths=widths)
+      logits, hidden, cache = model.apply(variables, s.token[order][:, None], (s.length + s.t)[order][:, None],
                                           return_hidden=True, cache=cache)
-      cache = cache.replace(page_table=None, write_page=None, write_offset=None, mask=None)
+      unsort = jnp.argsort(order)
+      logits, hidden = logits[unsort], hidden[unsort]
+      cache = cache.replace(page_table=None, write_page=None, write_offset=None, mask=None, buckets=None, widths=())
       t = s.t + 1
       tokens, logprobs = choose_tokens(logits[:, 0], rollout_keys(rng, s.rollout, t), sampling)
       done = stepping & (t >= budgets[s.rollout] - 1)
