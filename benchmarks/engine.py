@@ -4,13 +4,14 @@ realistic point, timed in alternation. Prints one JSON object.
 
     python -m benchmarks.engine [--prompts 32] [--group 8] [--min-prompt 64] [--max-prompt 256] [--median 100]
                                 [--max-new 512] [--slots 64] [--page-size 16] [--rounds 3] [--model issue|small]
-                                [--whole-tables] [--prefill-batch 8]
+                                [--whole-tables] [--prefill-batch 8] [--spread 0.9]
 
 The rows: `prompts` random prompts, lengths uniform in [min-prompt, max-prompt], left-padded to max-prompt, each
 repeated `group` times (the trainer's layout). Answer lengths are drawn once per row from a long tail (lognormal,
-median `median`, sigma 0.9, clipped to 1 .. max-new) and forced as per-row token budgets (`budgets`, which both
-systems honour: a row stops there as at an EOS), the same for both; sampled at temperature 1 with per-rollout keys
-(`row_keys=True`), so both draw the same tokens up to rounding (`rows_same_tokens`, see `agreement`). Models: `issue` is
+median `median`, sigma `spread`, clipped to 1 .. max-new; spread 0: every row `median` tokens) and forced as
+per-row token budgets (`budgets`, which both systems honour: a row stops there as at an EOS), the same for both;
+sampled at temperature 1 with per-rollout keys (`row_keys=True`), so both draw the same tokens up to rounding
+(`rows_same_tokens`, see `agreement`). Models: `issue` is
 `benchmarks/train_step.py`'s (d_model 512, 8 layers, 8 heads / 4 KV, SwiGLU 2048, vocab 8192, tied); `small`
 (d_model 256, 4 layers, 4 heads / 2 KV, SwiGLU 1024, vocab 8192, tied) keeps a run short on a shared CPU.
 
@@ -72,7 +73,7 @@ def realistic_rows(args, vocab_size: int):
   mask = (np.arange(args.max_prompt)[None, :] >= args.max_prompt - lengths[:, None]).astype(np.int32)
   prompts = np.where(mask == 1, rng.integers(1, vocab_size, mask.shape), 0).astype(np.int32)
   tokens, mask, _ = repeat_prompts(prompts, mask, args.group)
-  return tokens, mask, answer_lengths(rng, len(tokens), args.median, args.max_new)
+  return tokens, mask, answer_lengths(rng, len(tokens), args.median, args.max_new, args.spread)
 
 
 class WholeTables(Engine):
@@ -81,9 +82,9 @@ class WholeTables(Engine):
   attention_chunks, width_buckets = 1, 1
 
 
-def answer_lengths(rng, rows: int, median: float, max_new: int):
-  """Forced answer lengths int32 [rows]: lognormal (median, sigma 0.9) clipped to 1 .. max_new."""
-  lengths = np.exp(np.log(median) + 0.9 * rng.standard_normal(rows))
+def answer_lengths(rng, rows: int, median: float, max_new: int, spread: float = 0.9):
+  """Forced answer lengths int32 [rows]: lognormal (median, sigma spread) clipped to 1 .. max_new."""
+  lengths = np.exp(np.log(median) + spread * rng.standard_normal(rows))
   return np.clip(np.round(lengths), 1, max_new).astype(np.int32)
 
 
@@ -130,6 +131,7 @@ def main(argv=None) -> dict:
   parser.add_argument("--model", choices=sorted(MODELS), default="issue")
   parser.add_argument("--whole-tables", action="store_true")
   parser.add_argument("--prefill-batch", type=int, default=8)
+  parser.add_argument("--spread", type=float, default=0.9)
   args = parser.parse_args(argv)
   cfg = ModelConfig(**MODELS[args.model])
   params = init_params(cfg, jax.random.PRNGKey(0))
@@ -165,7 +167,7 @@ def main(argv=None) -> dict:
                                                                                              args.max_prompt],
                 "new_tokens_median": float(np.median(budgets)), "new_tokens_max": int(budgets.max()),
                 "new_tokens_mean": round(float(budgets.mean()), 1), "rollout_tokens": rollout_tokens,
-                "slots": args.slots, "page_size": args.page_size, "pool_pages": engine.num_pages,
+                "spread": args.spread, "slots": args.slots, "page_size": args.page_size, "pool_pages": engine.num_pages,
                 "rounds": args.rounds},
       **agreement(engine_out, static_out),
       "same_lengths_as_budgets": bool(np.array_equal(engine_out.lengths, budgets)),
