@@ -53,7 +53,7 @@ import numpy as np
 
 from benchmarks.common import alternating_seconds, median_ratio
 from benchmarks.train_step import MODEL
-from experiments.configs import sft_hf
+from jaxpt.models import hf_config
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM, init_cache, init_params
 from jaxpt.parallel import compiled_memory
@@ -199,10 +199,8 @@ def main(argv=None) -> dict:
                        "batch": args.prefill_batch, "speedup": round(prefill["one"] / prefill["batched"], 2),
                        "share_of_engine_call": round(prefill["one"] / report["engine"]["call_s"], 3)}
   held = answer_lengths(np.random.default_rng(0), 100_000, args.median * 2048 / args.max_new, 2048).astype(float)
-  qwen = sft_hf.get_config()
-  qwen.init_from = "hf:" + os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "assets",
-                                        "qwen2_5_1_5b_shape")
-  qwen = plan.run_config("sft", qwen).model
+  qwen = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "assets", "qwen2_5_1_5b_shape")
+  qwen = ModelConfig(**hf_config.config_fields(hf_config.read_hf_json(qwen)))
   report["capacity"] = dict(
       model="Qwen2.5-1.5B shape", prompt=512, new_tokens=2048, group=8, page_size=16, device_gib=16, dtype="bfloat16",
       held_new_tokens=round(float(np.sum(held * (held + 1) / 2) / np.sum(held)), 1),
