@@ -23,6 +23,11 @@ Each iteration of the decode loop:
    lasts; a slot left without one waits this step (only without `reserve_pages`);
 3. decode one token for every slot that has its page (the others compute into the sink page, discarded), draw and
    record token t + 1 of each stepping rollout; a row that drew EOS or its last token frees its slot and pages.
+The decode step's attention reads each slot's pages through a compacted view of its table (`attention_view`: the
+prompt's ceil(n / page_size) pages, then its response pages, so a slot needs its first ceil(n / ps) + t // ps + 1
+entries); the slots run through the model sorted by that need, in ATTENTION_CHUNKS chunks that each gather only
+the smallest of WIDTH_BUCKETS table widths holding their longest row (`jaxpt.nn.attention.paged_chunk_attention`,
+a `lax.switch` per chunk and layer); logits and hidden states are put back in slot order.
 Slot-steps lost to the pool are counted in `EngineStats.waits`. Without `reserve_pages`, if no slot can step with
 rollouts left (every active slot waits for a page only they could free), the loop stops and the call raises
 (`EngineStats.stuck`); with it (the default) that cannot happen, and a pool smaller than one rollout's KP + KR is
@@ -34,15 +39,28 @@ the chunk's), and the admission is itself a while_loop inside it, cheap when not
 variant was not built or measured in this increment.) Static shapes throughout: [num_slots] decode batches, fixed
 page tables, masked pops and pushes (`jaxpt.nn.paged_cache.FreeList`).
 
-Speed (`benchmarks/engine.py --model small --rounds 2`, `benchmarks/results_engine_realistic_small_cpu.json`: 256
-rollouts of 32 prompts x G = 8, prompts 64-256, forced answer lengths median 93, max 512; 64 slots; a 2-core CPU
-under load): 1.02x the static sampler's rollout tokens/s; 61.5% of its slot-steps decode a rollout token against
-the static sampler's 28.5%, but a slot-step costs about twice a static row-step (the gather path copies every
-slot's whole page table, KP + KR pages, in each layer and step, and the tail of long rows runs with slots empty);
-compiled peak memory 282 MiB against 632 MiB (KV: a 192 MiB pool, at most 56 MiB of it in use, against 543 MiB).
+Speed, measured on a 2-core CPU shared with other jobs (load averages in each JSON). Profile of one decode step
+(small model, 64 slots, pool of 3072 pages, load ~1): 36 ms gathering 1 table entry per slot, 55 ms at 16, 98 ms
+at the whole table of 48, so the attention's gather of whole tables was most of a step; the prefill is not where
+time goes (`prefill` in the JSONs: 0.5% of an engine call at the realistic point; 8 prompts a call were 0.6x as
+fast as one at a time there, 1.6x at the fixed point, 13% of its call), so prefills stay one prompt a call.
+- Realistic point (`benchmarks/engine.py --model small --rounds 1 --whole-tables`, code of this commit's engine,
+  `benchmarks/results_engine_realistic_small_loaded_cpu.json`, load 20-26, ONE round): engine 708 s, whole-table
+  engine 298 s, static sampler 275 s a call (0.39x / 0.92x the static sampler): the chunked attention measured
+  2.4x slower here, against the profile and the 64-rollout check below; not resolved (one round under a load that
+  swung 2x between rounds); useful slot-steps 61.5% against the static sampler's 28.5%; compiled peak 245 MiB
+  (whole tables 282 MiB) against 632 MiB.
+- 64 rollouts (8 prompts x G = 8, prompts 64-256, answers median 100 max 512, 64 slots; an ad-hoc script, 2
+  alternated rounds, load ~17): chunked 29.0 / 24.1 s, whole tables 67.7 / 60.9 s a call (2.3-2.5x).
+- Fixed point (batch 8, prompt 32, 128 new tokens, no EOS spread, d512 `issue` model, 5 rounds, load ~20,
+  `benchmarks/results_engine_fixed_issue_cpu.json`): engine 1.33x the static sampler, 1.36x the whole-table engine.
 
-Not yet (issue 29): a mesh layout (the static sampler's `layout`), a Pallas paged-attention kernel (the gather path
-copies a slot's pages each layer and step), batched prefills of several prompts.
+Not yet (issue 29): a mesh layout (the static sampler's `layout`); a TPU dispatch to JAX's Pallas
+`ragged_paged_attention` (in jax 0.10.2's `jax.experimental.pallas.ops.tpu`: it wants K and V interleaved in one
+pool [pages, page_size, 2 kv_heads, D] and each sequence's tokens contiguous from slot 0 of its pages, while a
+group's prompt ends in a partly filled shared page and its responses start on fresh pages: it needs the last
+prompt page copied into each row's first response page and the pool laid out its way); batched prefills (not
+faster where measured, above); the realistic point at d512 against tunix and HF `generate`.
 """
 
 from __future__ import annotations
