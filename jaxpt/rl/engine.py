@@ -50,8 +50,10 @@ fast as one at a time there, 1.6x at the fixed point, 13% of its call), so prefi
   2.4x slower here, against the profile and the 64-rollout check below; not resolved (one round under a load that
   swung 2x between rounds); useful slot-steps 61.5% against the static sampler's 28.5%; compiled peak 245 MiB
   (whole tables 282 MiB) against 632 MiB.
-- 64 rollouts (8 prompts x G = 8, prompts 64-256, answers median 100 max 512, 64 slots; an ad-hoc script, 2
-  alternated rounds, load ~17): chunked 29.0 / 24.1 s, whole tables 67.7 / 60.9 s a call (2.3-2.5x).
+- Ad-hoc checks, the engine alone (chunked against whole tables, `benchmarks.engine.realistic_rows`, 64 slots,
+  answers median 100 max 512, 2 alternated rounds, load 15-17): 64 rollouts (8 prompts x G = 8) 29.0 / 24.1 s
+  against 67.7 / 60.9 s a call (2.3-2.5x); the realistic point's 256 rollouts 41.9 / 40.1 s against 57.3 / 63.2 s
+  (1.37-1.58x): the one-round 708 s above was the load's.
 - Fixed point (batch 8, prompt 32, 128 new tokens, no EOS spread, d512 `issue` model, 5 rounds, load ~20,
   `benchmarks/results_engine_fixed_issue_cpu.json`): engine 1.33x the static sampler, 1.36x the whole-table engine.
 
