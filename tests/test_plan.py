@@ -173,3 +173,19 @@ def test_reference_copy_and_sampler_kv_cache():
   parts = plan.account("grpo", run, 1)
   assert parts["kv_cache"] == pytest.approx(kv, rel=0.01)
   assert parts["total"] >= parts["params"] + parts["optimizer"] + parts["kv_cache"]
+
+
+def test_rollout_capacity_of_a_qwen_1_5b_shape_from_its_config_json():
+  """`rollout_capacity` against its plain statement: 16 GiB less headroom less the bf16 weights, over each rollout's
+  K/V (2 L kv_heads head_dim 2 bytes a token) and float32 logits row."""
+  config = __import__("experiments.configs.sft_hf", fromlist=["get_config"]).get_config()
+  config.init_from = f"hf:{QWEN_1_5B}"
+  model = plan.run_config("sft", config).model
+  got = plan.rollout_capacity(model, 512, 2048, 16, group_size=8, page_size=16, held_new_tokens=600)
+  kv = 2 * 28 * 2 * 128 * 2
+  budget = 16 * 2 ** 30 * (1 - plan.HEADROOM) - 2 * QWEN_1_5B_PARAMS
+  want = {"preallocated": kv * (512 / 8 + 2047), "paged_reserved": kv * 16 * (32 / 8 + 128),
+          "paged_held": kv * 16 * (32 / 8 + 600 / 16 + 1)}
+  assert got["kv_bytes_per_token"] == kv and got["params_gib"] == round(2 * QWEN_1_5B_PARAMS / 2 ** 30, 4)
+  assert got["rollouts"] == {k: int(budget // (v + 151936 * 4)) for k, v in want.items()}
+  assert got["rollouts"]["paged_held"] > 2 * got["rollouts"]["preallocated"]

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from jaxpt.config import ConfigError
-from jaxpt.nn.attention import PagedLayerCache, gather_pages, grouped_attention
+from jaxpt.nn.attention import PagedLayerCache, chunk_bounds, gather_pages, grouped_attention, paged_chunk_attention
 from jaxpt.nn.paged_cache import FreeList
-from jaxpt.rl.engine import Engine, EngineConfig
+from jaxpt.rl.engine import Engine, EngineConfig, attention_view, attention_widths
 from jaxpt.rl.rollouts import repeat_prompts
 from jaxpt.rl.sampler import SamplingConfig, make_sampler
 from jaxpt.models.config import HYPER_CONNECTION_SCHEMES, NORM_SCHEMES
@@ -248,3 +248,61 @@ def test_paged_layer_cache_writes_the_new_token_then_attends_over_its_pages():
       weights = np.exp(scores - scores.max())
       want = (weights / weights.sum()) @ values[h // (heads // kv_heads)]
       np.testing.assert_allclose(got[b, 0, h], want, rtol=1e-5, atol=1e-5)
+
+
+def numpy_attention(q, keys, values, mask):
+  """float64 softmax(q k^T / sqrt(D) + mask) v of one token per row: q [B, 1, H, D]; keys, values [B, H_kv, S, D]
+  (row b's gathered slots); mask bool [B, 1, S] -> [B, 1, H, D]."""
+  heads, dim = q.shape[2], q.shape[3]
+  out = np.zeros(q.shape)
+  for b in range(q.shape[0]):
+    for h in range(heads):
+      kv = h // (heads // keys.shape[1])
+      scores = np.where(mask[b, 0], keys[b, kv] @ q[b, 0, h] / np.sqrt(dim), -np.inf)
+      weights = np.exp(scores - scores.max())
+      out[b, 0, h] = (weights / weights.sum()) @ values[b, kv]
+  return out
+
+
+def test_chunks_of_rows_gathering_part_of_their_tables_attend_as_over_whole_tables():
+  """`paged_chunk_attention` (chunk j of rows gathers widths[buckets[j]] table entries) against float64 NumPy over
+  each row's whole table."""
+  rng = np.random.default_rng(2)
+  heads, kv_heads, dim, page, batch, columns = 4, 2, 8, 3, 5, 4
+  k_pages, v_pages = (rng.normal(size=(9, kv_heads, page, dim)) for _ in range(2))
+  table = rng.integers(0, 9, (batch, columns))
+  widths, buckets = (1, 2, 4), np.array([0, 1])  # rows 0-1 gather 1 page, rows 2-4 two
+  assert chunk_bounds(batch, 2) == [0, 2, 5]
+  mask = rng.random((batch, 1, columns * page)) < 0.7
+  mask[:, :, 0] = True
+  mask[:2, :, page:] = mask[2:, :, 2 * page:] = False  # nothing past a chunk's width
+  q = rng.normal(size=(batch, 1, heads, dim))
+  got = paged_chunk_attention(*(jax.numpy.asarray(x, np.float32) for x in (q, k_pages, v_pages)), table, mask,
+                              jax.numpy.asarray(buckets), widths)
+  gathered = lambda pages: np.stack([np.concatenate([pages[p] for p in row], axis=1) for row in table])
+  np.testing.assert_allclose(got, numpy_attention(q, gathered(k_pages), gathered(v_pages), mask), rtol=1e-5,
+                             atol=1e-5)
+
+
+def test_attention_view_reads_the_slots_of_the_tables_layout():
+  """`attention_view`: the (page, offset) pairs a slot reads through its compacted view are those its table layout
+  holds (prompt token i at entry i // ps, response token r at entry KP + r // ps), all within its first `need`
+  entries; the table widths are increasing up to the whole table."""
+  ps, KP, KR = 3, 3, 4
+  length, t = np.array([7, 1, 9, 3, 5]), np.array([0, 8, 4, 2, 6])
+  stepping = np.array([True, True, True, False, True])
+  table = np.zeros((5, KP + KR), np.int32)
+  ids = iter(range(1, 100))
+  for b in range(5):
+    table[b, :-(-length[b] // ps)] = [next(ids) for _ in range(-(-length[b] // ps))]
+    table[b, KP:KP + t[b] // ps + 1] = [next(ids) for _ in range(t[b] // ps + 1)]
+  view, reads, need = map(np.asarray, attention_view(*map(jax.numpy.asarray, (table, length, t, stepping)), KP, ps))
+  for b in range(5):
+    got = {(view[b, j // ps], j % ps) for j in np.flatnonzero(reads[b])}
+    if stepping[b]:
+      want = {(table[b, i // ps], i % ps) for i in range(length[b])}
+      want |= {(table[b, KP + r // ps], r % ps) for r in range(t[b] + 1)}
+    else:
+      want = {(view[b, 0], 0)}
+    assert got == want and np.flatnonzero(reads[b]).max() < need[b] * ps
+  assert attention_widths(48) == (8, 16, 24, 32, 40, 48) and attention_widths(3) == (1, 2, 3)

@@ -26,7 +26,10 @@ Paged decoding (`PagedLayerCache`, the rollout engine's cache, `jaxpt.rl.engine`
 fixed-size pages shared by all rows; each row names its pages in a page table and carries a precomputed mask over
 the slots of its pages in table order. The call writes the one new token's K/V into page write_page[b] at offset
 write_offset[b] (a scatter, in place), then attends over the row's pages gathered in table order (the pure-JAX
-gather path; on TPU a ragged paged attention kernel would read the pages in place).
+gather path; on TPU a ragged paged attention kernel would read the pages in place). Gathering costs what it copies,
+so a cache may also split its rows into chunks that each gather only a prefix of their tables (`widths`, `buckets`:
+`paged_chunk_attention`); the rollout engine sorts its slots by the pages they need, so that a chunk of short rows
+does not gather a long row's width.
 """
 
 from __future__ import annotations
@@ -143,6 +146,33 @@ def paged_attention(q, k_pages, v_pages, page_table, lengths):
   query_slots = jnp.reshape(lengths, (-1, 1)) - num_new + jnp.arange(num_new)  # [B, n]
   mask = jnp.arange(k.shape[2])[None, None, :] <= query_slots[:, :, None]
   return grouped_attention(q, k, v, mask)
+
+
+def chunk_bounds(batch: int, chunks: int) -> list[int]:
+  """Row boundaries of `chunks` near-equal consecutive chunks of a batch: chunk j is rows bounds[j] .. bounds[j+1]-1."""
+  return [batch * j // chunks for j in range(chunks + 1)]
+
+
+def paged_chunk_attention(q, k_pages, v_pages, page_table, mask, buckets, widths: tuple):
+  """`grouped_attention` of one new token per row over its gathered pages, chunk by chunk of rows.
+
+  q: [B, 1, H, D]; k_pages, v_pages: [num_pages, H_kv, page_size, D]; page_table int [B, n]; mask bool [B, 1,
+  n * page_size]; buckets int [C]: rows `chunk_bounds(B, C)[j] ..` gather only their tables' first widths[buckets[j]]
+  entries (a `lax.switch` over the static `widths`, each <= n), so the mask of a chunk's rows must exclude every
+  slot past that width -> [B, 1, H, D], the same attention as over whole tables (the slots left out have weight 0)."""
+  size = k_pages.shape[2]
+
+  def attend(width):
+    def branch(q, table, mask):
+      table = table[:, :width]
+      return grouped_attention(q, gather_pages(k_pages, table), gather_pages(v_pages, table),
+                               mask[:, :, :width * size])
+    return branch
+
+  bounds = chunk_bounds(q.shape[0], buckets.shape[0])
+  outs = [lax.switch(buckets[j], [attend(width) for width in widths], q[lo:hi], page_table[lo:hi], mask[lo:hi])
+          for j, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:]))]
+  return jnp.concatenate(outs, axis=0)
 
 
 def library_attention(q, k, v, segment_ids=None, causal: bool = True):
@@ -269,6 +299,9 @@ class PagedLayerCache:
   write_page, write_offset: int32 [batch], where the new token's K/V go (page id, slot within the page).
   mask:         bool [batch, 1, n * page_size], the slots of row b's gathered pages its new token reads (its own
                 slot included, since it is written first).
+  buckets, widths: None (every row gathers its whole table), or int32 [chunks] and a static tuple of table widths:
+                the rows in chunk j (`chunk_bounds`) gather only their first widths[buckets[j]] table entries
+                (`paged_chunk_attention`).
   """
 
   key_pages: jax.Array
@@ -277,6 +310,8 @@ class PagedLayerCache:
   write_page: jax.Array
   write_offset: jax.Array
   mask: jax.Array
+  buckets: jax.Array | None = None
+  widths: tuple = flax.struct.field(pytree_node=False, default=())
 
   def write(self, k, v):
     """k, v: [batch, 1, kv_heads, head_dim] (sequence-major) -> the pools with row b's at (write_page[b], :,
@@ -347,7 +382,10 @@ class Attention(nn.Module):
       if x.shape[1] != 1 or not self.causal:
         raise ValueError("Attention: a paged cache decodes one causal token per row")
       k, v = cache.write(k, v)
-      out = grouped_attention(q, gather_pages(k, cache.page_table), gather_pages(v, cache.page_table), cache.mask)
+      if cache.buckets is None:
+        out = grouped_attention(q, gather_pages(k, cache.page_table), gather_pages(v, cache.page_table), cache.mask)
+      else:
+        out = paged_chunk_attention(q, k, v, cache.page_table, cache.mask, cache.buckets, cache.widths)
     else:
       if not self.causal:
         raise ValueError("Attention: a KV cache decodes causally; causal=False has no cache")

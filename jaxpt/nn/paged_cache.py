@@ -21,7 +21,8 @@ from jaxpt.nn.attention import PagedLayerCache
 @flax.struct.dataclass
 class PagedKVCache:
   """The page pools of every layer and what this decode step writes and reads (`PagedLayerCache` per layer):
-  page_table int32 [batch, n], write_page / write_offset int32 [batch], mask bool [batch, 1, n * page_size]."""
+  page_table int32 [batch, n], write_page / write_offset int32 [batch], mask bool [batch, 1, n * page_size]; buckets
+  int32 [chunks] and the static widths: how many table entries each chunk of rows gathers (None: all)."""
 
   key_pages: tuple
   value_pages: tuple
@@ -29,6 +30,8 @@ class PagedKVCache:
   write_page: jax.Array | None = None
   write_offset: jax.Array | None = None
   mask: jax.Array | None = None
+  buckets: jax.Array | None = None
+  widths: tuple = flax.struct.field(pytree_node=False, default=())
 
   @classmethod
   def create(cls, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int, head_dim: int, dtype):
@@ -43,7 +46,7 @@ class PagedKVCache:
 
   def layer(self, layer: int) -> PagedLayerCache:
     return PagedLayerCache(self.key_pages[layer], self.value_pages[layer], self.page_table, self.write_page,
-                           self.write_offset, self.mask)
+                           self.write_offset, self.mask, self.buckets, self.widths)
 
   def write_pages(self, page_ids, keys, values) -> "PagedKVCache":
     """page_ids int [n] (0: dropped into the sink); keys, values: one [n, kv_heads, page_size, head_dim] per layer

@@ -23,6 +23,11 @@ Each iteration of the decode loop:
    lasts; a slot left without one waits this step (only without `reserve_pages`);
 3. decode one token for every slot that has its page (the others compute into the sink page, discarded), draw and
    record token t + 1 of each stepping rollout; a row that drew EOS or its last token frees its slot and pages.
+The decode step's attention reads each slot's pages through a compacted view of its table (`attention_view`: the
+prompt's ceil(n / page_size) pages, then its response pages, so a slot needs its first ceil(n / ps) + t // ps + 1
+entries); the slots run through the model sorted by that need, in ATTENTION_CHUNKS chunks that each gather only
+the smallest of WIDTH_BUCKETS table widths holding their longest row (`jaxpt.nn.attention.paged_chunk_attention`,
+a `lax.switch` per chunk and layer); logits and hidden states are put back in slot order.
 Slot-steps lost to the pool are counted in `EngineStats.waits`. Without `reserve_pages`, if no slot can step with
 rollouts left (every active slot waits for a page only they could free), the loop stops and the call raises
 (`EngineStats.stuck`); with it (the default) that cannot happen, and a pool smaller than one rollout's KP + KR is
@@ -34,12 +39,23 @@ the chunk's), and the admission is itself a while_loop inside it, cheap when not
 variant was not built or measured in this increment.) Static shapes throughout: [num_slots] decode batches, fixed
 page tables, masked pops and pushes (`jaxpt.nn.paged_cache.FreeList`).
 
-Speed (`benchmarks/engine.py --model small --rounds 2`, `benchmarks/results_engine_realistic_small_cpu.json`: 256
-rollouts of 32 prompts x G = 8, prompts 64-256, forced answer lengths median 93, max 512; 64 slots; a 2-core CPU
-under load): 1.02x the static sampler's rollout tokens/s; 61.5% of its slot-steps decode a rollout token against
-the static sampler's 28.5%, but a slot-step costs about twice a static row-step (the gather path copies every
-slot's whole page table, KP + KR pages, in each layer and step, and the tail of long rows runs with slots empty);
-compiled peak memory 282 MiB against 632 MiB (KV: a 192 MiB pool, at most 56 MiB of it in use, against 543 MiB).
+Speed, measured on a 2-core CPU shared with other jobs (load averages in each JSON). Profile of one decode step
+(small model, 64 slots, pool of 3072 pages, load ~1): 36 ms gathering 1 table entry per slot, 55 ms at 16, 98 ms
+at the whole table of 48, so the attention's gather of whole tables was most of a step; the prefill is not where
+time goes (`prefill` in the JSONs: 0.5% of an engine call at the realistic point; 8 prompts a call were 0.6x as
+fast as one at a time there, 1.6x at the fixed point, 13% of its call), so prefills stay one prompt a call.
+- Realistic point (`benchmarks/engine.py --model small --rounds 1 --whole-tables`, code of this commit's engine,
+  `benchmarks/results_engine_realistic_small_loaded_cpu.json`, load 20-26, ONE round): engine 708 s, whole-table
+  engine 298 s, static sampler 275 s a call (0.39x / 0.92x the static sampler): the chunked attention measured
+  2.4x slower here, against the profile and the 64-rollout check below; not resolved (one round under a load that
+  swung 2x between rounds); useful slot-steps 61.5% against the static sampler's 28.5%; compiled peak 245 MiB
+  (whole tables 282 MiB) against 632 MiB.
+- Ad-hoc checks, the engine alone (chunked against whole tables, `benchmarks.engine.realistic_rows`, 64 slots,
+  answers median 100 max 512, 2 alternated rounds, load 15-17): 64 rollouts (8 prompts x G = 8) 29.0 / 24.1 s
+  against 67.7 / 60.9 s a call (2.3-2.5x); the realistic point's 256 rollouts 41.9 / 40.1 s against 57.3 / 63.2 s
+  (1.37-1.58x): the one-round 708 s above was the load's.
+- Fixed point (batch 8, prompt 32, 128 new tokens, no EOS spread, d512 `issue` model, 5 rounds, load ~20,
+  `benchmarks/results_engine_fixed_issue_cpu.json`): engine 1.33x the static sampler, 1.36x the whole-table engine.
 
 Where it runs: the RL trainers' training rollouts with the run config's `engine.enabled` (`EngineConfig.enabled`,
 `jaxpt.rl.collect.RolloutCollector`, DAPO's refill rounds each an engine call of their own), and
@@ -49,10 +65,14 @@ gathered whole onto each device (a group's devices along `tensor` run the same e
 loop, whose trip count differs between groups); row b's keys are those of its global row, so the rollouts equal
 one engine's on one device.
 
-Not yet (issue 29): a Pallas paged-attention kernel (the gather path copies a slot's pages each layer and step),
-batched prefills of several prompts, the eval's greedy and pass@1 decodes (they stay on the static sampler), DAPO
-refills as pending rollouts of the running stream (a refill round's prompts depend on the previous rounds'
-verified rewards, on the host).
+Not yet (issue 29): a TPU dispatch to JAX's Pallas `ragged_paged_attention` (in jax 0.10.2's
+`jax.experimental.pallas.ops.tpu`: it wants K and V interleaved in one pool [pages, page_size, 2 kv_heads, D] and
+each sequence's tokens contiguous from slot 0 of its pages, while a group's prompt ends in a partly filled shared page
+and its responses start on fresh pages: it needs the last prompt page copied into each row's first response page and
+the pool laid out its way); batched prefills (not faster where measured, above); the eval's greedy and pass@1 decodes
+(they stay on the static sampler); DAPO refills as pending rollouts of the running stream (a refill round's prompts
+depend on the previous rounds' verified rewards, on the host); tensor-parallel params inside a group (they are
+gathered whole); the realistic point at d512 against tunix and HF `generate`.
 """
 
 from __future__ import annotations
@@ -69,6 +89,7 @@ from jax.sharding import PartitionSpec
 from jaxpt.config import Section, at_least, fail
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM, init_cache
+from jaxpt.nn.attention import chunk_bounds
 from jaxpt.nn.paged_cache import FreeList, PagedKVCache
 from jaxpt.parallel import MeshLayout
 from jaxpt.rl.sampler import (SampleOutput, SamplingConfig, choose_tokens, decode_config_of, decode_params,
@@ -160,6 +181,35 @@ def page_counts(engine: EngineConfig, prompt_len: int, max_new_tokens: int) -> t
   return prompt_pages, response_pages, engine.num_pages or engine.num_slots * (prompt_pages + response_pages)
 
 
+ATTENTION_CHUNKS = 4  # a decode step's slots, sorted by the pages they read, attend in this many chunks
+WIDTH_BUCKETS = 6  # each chunk gathers the smallest of this many table widths that holds its rows' pages
+
+
+def attention_widths(pages: int, buckets: int = WIDTH_BUCKETS) -> tuple[int, ...]:
+  """The table widths a chunk of slots may gather: `buckets` steps up to a whole table of `pages` entries."""
+  buckets = min(pages, buckets)
+  return tuple(sorted({-(-pages * (i + 1) // buckets) for i in range(buckets)}))
+
+
+def attention_view(table, length, t, stepping, prompt_pages: int, page_size: int):
+  """What a decode step's attention reads of each slot's pages: its table int [S, KP + KR] (KP = prompt_pages)
+  compacted to the prompt's ceil(n / ps) pages then the response's, and the slots read in that order.
+
+  -> (view int32 [S, KP + KR], reads bool [S, (KP + KR) * ps], need int32 [S]): with r = ceil(n / ps) * ps, a
+  stepping slot (n = length, response index t) reads view slots j < n (its prompt) and r <= j <= r + t (its
+  response), within its first need = ceil(n / ps) + t // ps + 1 entries; any other slot reads slot 0 (need 1)."""
+  entries = table.shape[1]
+  own = -(-length // page_size)  # the prompt pages the slot's prompt fills
+  column = jnp.arange(entries)[None, :]
+  source = jnp.where(column < own[:, None], column, prompt_pages + column - own[:, None])
+  view = jnp.where(source < entries, jnp.take_along_axis(table, jnp.minimum(source, entries - 1), axis=1), 0)
+  slot = jnp.arange(entries * page_size)[None, :]
+  start = (own * page_size)[:, None]
+  reads = (slot < length[:, None]) | ((slot >= start) & (slot <= start + t[:, None]))
+  reads = jnp.where(stepping[:, None], reads, slot == 0)  # idle slots read the sink, discarded
+  return view, reads, jnp.where(stepping, own + t // page_size + 1, 1).astype(jnp.int32)
+
+
 class Engine:
   """`Engine(model_config, sampling, prompt_len, engine, group_size, layout)(params, prompt_tokens [B, P],
   prompt_mask [B, P], rng[, budgets]) -> SampleOutput` (see the module doc); `run` also returns the `EngineStats`.
@@ -171,6 +221,8 @@ class Engine:
   split over the batch's mesh axes as `layout.batch` splits them (B / (dp G) whole groups each, its own slots and
   page pool), the params taken as `layout.params` lays them out and gathered whole onto each device, and the
   rollouts equal to those of one engine on one device (a rollout's keys name its global row)."""
+
+  attention_chunks, width_buckets = ATTENTION_CHUNKS, WIDTH_BUCKETS  # (1, 1: every slot gathers its whole table)
 
   def __init__(self, model_config: ModelConfig, sampling: SamplingConfig, prompt_len: int,
                engine: EngineConfig = EngineConfig(), group_size: int = 1, layout: MeshLayout | None = None):
@@ -276,7 +328,7 @@ class Engine:
     variables = {"params": decode_params(params, self.model_config, cfg)}
     prompt_tokens, prompt_mask = prompt_tokens.astype(jnp.int32), prompt_mask[::G]
     prompt_lengths = jnp.sum(prompt_mask > 0, axis=1).astype(jnp.int32)
-    width = (KP + KR) * ps
+    widths, chunks = attention_widths(KP + KR, self.width_buckets), min(S, self.attention_chunks)
 
     def prefill(state: State, group):
       """Prefills prompt `group` into pages and draws its G rows' first tokens."""
@@ -359,15 +411,18 @@ class Engine:
       page = jnp.where(granted, new_pages, page)
       table = s.table.at[jnp.arange(S), column].set(jnp.where(granted, new_pages, s.table[jnp.arange(S), column]))
       stepping = s.active & ~(needs & ~granted)
-      slot_index = jnp.arange(width)[None, :]
-      reads = (slot_index < s.length[:, None]) | (
-          (slot_index >= KP * ps) & (slot_index <= KP * ps + s.t[:, None]))
-      reads = jnp.where(stepping[:, None], reads, slot_index == 0)  # idle slots read the sink, discarded
-      cache = state.cache.replace(page_table=table, write_page=jnp.where(stepping, page, 0),
-                                  write_offset=jnp.where(stepping, s.t % ps, 0), mask=reads[:, None, :])
-      logits, hidden, cache = model.apply(variables, s.token[:, None], (s.length + s.t)[:, None],
+      view, reads, need = attention_view(table, s.length, s.t, stepping, KP, ps)
+      order = jnp.argsort(need)  # slots by the pages they read: each chunk gathers its longest row's width
+      chunk_need = need[order][np.asarray(chunk_bounds(S, chunks)[1:]) - 1]
+      cache = state.cache.replace(
+          page_table=view[order], write_page=jnp.where(stepping, page, 0)[order],
+          write_offset=jnp.where(stepping, s.t % ps, 0)[order], mask=reads[order][:, None, :],
+          buckets=jnp.searchsorted(jnp.asarray(widths), chunk_need).astype(jnp.int32), widths=widths)
+      logits, hidden, cache = model.apply(variables, s.token[order][:, None], (s.length + s.t)[order][:, None],
                                           return_hidden=True, cache=cache)
-      cache = cache.replace(page_table=None, write_page=None, write_offset=None, mask=None)
+      unsort = jnp.argsort(order)
+      logits, hidden = logits[unsort], hidden[unsort]
+      cache = cache.replace(page_table=None, write_page=None, write_offset=None, mask=None, buckets=None, widths=())
       t = s.t + 1
       tokens, logprobs = choose_tokens(logits[:, 0], rollout_keys(rng, first_row + s.rollout, t), sampling)
       done = stepping & (t >= budgets[s.rollout] - 1)

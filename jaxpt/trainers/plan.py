@@ -64,8 +64,8 @@ from jaxpt.nn import lora as lora_lib
 from jaxpt.engine.config import RunConfig, check_hf_model, config_json
 from jaxpt.engine.trainers import TRAINERS
 
-__all__ = ["HEADROOM", "PLANNED", "Workload", "account", "advice", "compiled_account", "plan_memory", "run_config",
-           "workload"]
+__all__ = ["HEADROOM", "PLANNED", "Workload", "account", "advice", "compiled_account", "plan_memory",
+           "rollout_capacity", "run_config", "workload"]
 
 GIB = 2 ** 30
 HEADROOM = 0.10  # of device memory left for XLA's workspace, fragmentation and the runtime
@@ -414,3 +414,35 @@ def plan_memory(trainer: str, config: Any, devices: int, device_gib: float, comp
     compiled = compiled_account(trainer, run, devices)
     out["compiled_gib"] = {k: (_gib(v) if isinstance(v, (int, float)) else v) for k, v in compiled.items()}
   return out
+
+
+def rollout_capacity(model: ModelConfig, prompt_len: int, max_new_tokens: int, device_gib: float,
+                     group_size: int = 1, page_size: int = 16, dtype: str = "bfloat16",
+                     held_new_tokens: float | None = None) -> dict[str, Any]:
+  """The most rollouts decoding at once on one device of `device_gib`, from the model's shapes alone (the static
+  sampler's preallocated cache against the rollout engine's pages, `jaxpt.rl.engine`).
+
+  Budget = device_gib (1 - HEADROOM) - the params in `dtype` (the rollout weights); each rollout then costs its
+  float32 logits row (vocab 4 bytes) and its K/V, kv = 2 L kv_heads head_dim bytes(dtype) per token, with the
+  prompt's G = group_size rows sharing the prompt's K/V (both systems prefill a prompt once):
+      preallocated   kv (P / G + T - 1)                   every row holds its whole response buffer
+      paged_reserved kv ps (KP / G + KR)                  the engine's default (reserve_pages): each admitted row's
+                                                          worst case, KP = ceil(P / ps), KR = ceil((T - 1) / ps)
+      paged_held     kv ps (KP / G + h / ps + 1)          reserve_pages=False with a pool for the tokens rows hold:
+                                                          h = held_new_tokens, a row's mean response tokens held
+                                                          at a decode step (+ one partly filled page)
+  -> {"params_gib", "kv_bytes_per_token", "budget_gib", "rollouts": {scheme: count}, "bytes_per_rollout": {...}}."""
+  c = jnp.dtype(dtype).itemsize
+  shapes = jax.eval_shape(TransformerLM(model).init, jax.random.PRNGKey(0), jnp.zeros((1, 1), jnp.int32))
+  params = sum(math.prod(x.shape) for x in jax.tree.leaves(shapes)) * c
+  kv = 2 * model.num_layers * model.num_kv_heads * model.resolved_head_dim * c
+  prompt_pages, response_pages = -(-prompt_len // page_size), -(-(max_new_tokens - 1) // page_size)
+  logits = model.vocab_size * 4
+  per_rollout = {"preallocated": kv * (prompt_len / group_size + max_new_tokens - 1) + logits,
+                 "paged_reserved": kv * page_size * (prompt_pages / group_size + response_pages) + logits}
+  if held_new_tokens is not None:
+    per_rollout["paged_held"] = kv * page_size * (prompt_pages / group_size + held_new_tokens / page_size + 1) + logits
+  budget = device_gib * GIB * (1 - HEADROOM) - params
+  return dict(params_gib=_gib(params), kv_bytes_per_token=kv, budget_gib=_gib(budget),
+              rollouts={k: max(0, int(budget // v)) for k, v in per_rollout.items()},
+              bytes_per_rollout={k: round(v) for k, v in per_rollout.items()})
