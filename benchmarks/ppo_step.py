@@ -25,7 +25,8 @@ machine is shared: every figure here is a ratio of peers timed in alternation, o
 --minibatches N: updates of 64 / N rows (both trainers). `peak_rss_mib`: the process's peak resident memory (both
 builds). --memory-only: both builds' `memory_mib` alone, nothing run (`results_ppo_step_memory_cpu.json`). Before
 PPO's update computed its two models' gradients one after the other (`ppo.sequenced_grad_fn`), its compiled peak at
-the d512 point was 10.2 GiB (8.6 GiB of temporaries: both models' activations at once; now 5.8 GiB, GRPO's 5.1) and
+the d512 point held both models' activations at once (read from the compiled memory analysis at e20806b, not kept
+in a results file; now 5986 MiB against GRPO's 5242 MiB, `results_ppo_step_memory_cpu.json`) and
 the process was killed by the kernel's OOM killer on the shared 23 GB machine (10.7 GB resident with 32-row updates,
 11.8 GB with 16-row ones). With it, the full d512 run (`--rounds 2`, at 70d3393) was still killed, at 13.9 GB
 resident: its resident memory, polled every 5 s, grew through the run (3.4, 7.7, 8.2, 9.8, 11.6, 13.5 GB), far

@@ -220,6 +220,7 @@ def test_grpo_through_the_engine_equals_the_static_sampler_with_row_keys(engine_
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow  # a third engine run; the engine keeps no state across steps (the static path's resume test)
 def test_grpo_through_the_engine_resumes_bitwise(engine_runs, tmp_path):
   config, trainer, _, uninterrupted = engine_runs["engine"]
   first = jaxpt.train("grpo", config, str(tmp_path), built=trainer, stop_at=1)

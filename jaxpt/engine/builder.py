@@ -282,9 +282,12 @@ def stream_quantizer(template: Any, quant: Any, dtype: Any) -> Callable[[tuple[s
     if names[-1] != "kernel" or "kernel_q" not in node:
       return array
     axis = node["lora_a"].ndim - 2  # the kernel's last input axis, as quantize_params
-    shardings = tuple(node[k].sharding for k in lora_lib.QUANT_NAMES)
-    codes = jax.jit(lambda w: quantize(w.astype(dtype), quant, axis), out_shardings=shardings)(array)
+    codes = quantizer(axis, tuple(node[k].sharding for k in lora_lib.QUANT_NAMES))(array)
     return dict(zip(lora_lib.QUANT_NAMES, codes))
+
+  @functools.cache
+  def quantizer(axis: int, shardings: tuple) -> Callable[[jax.Array], tuple]:  # one jit per axis and shardings
+    return jax.jit(lambda w: quantize(w.astype(dtype), quant, axis), out_shardings=shardings)
 
   return each
 

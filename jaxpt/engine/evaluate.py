@@ -62,7 +62,7 @@ def without_gone_inputs(trainer: Trainer, recorded: dict) -> tuple[dict, list[st
   for field, reset in trainer.eval_unread:
     section, _, name = field.rpartition(".")
     path = str((recorded.get(section, {}) if section else recorded).get(name) or "")
-    if not path or os.path.exists(path.removeprefix("hf:")):
+    if not path or os.path.exists(os.path.expanduser(path.removeprefix("hf:"))):
       continue
     *parents, last = reset.split(".")
     target = recorded

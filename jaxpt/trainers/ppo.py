@@ -32,8 +32,8 @@ final token (InstructGPT; ms-swift's and OpenRLHF's default); without one, the c
 start with a fresh head. An RM of another tokenizer (or prompt format) may reward (`reward.model`, scored on the
 re-tokenized text) but cannot start the critic: GAE needs V_t at each of the policy's response tokens t, and a
 critic reading other tokens has no value at those positions (a mapping of its token boundaries onto the policy's
-would be a guess); such a `ppo.critic_init` is refused in one line naming it, and the critic then starts from the
-policy.
+would be a guess); such a `ppo.critic_init` is refused in one line naming it (leave it empty, and the critic
+starts from the policy, with that RM kept as `reward.model`).
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def sequenced_grad_fn(policy_part: Callable, value_part: Callable) -> GradFn:
   gradient being finite, so that the policy's buffers (XLA allocates a scan's zero-initialised stacked residuals
   wherever its scheduler likes, on CPU at the program's start) exist only once the critic's are freed. The step's
   peak then holds one model's activations, not both (jax.grad of the summed loss, or an optimization barrier
-  between the two: the sum; at the d512 benchmark point, 32-row updates, 4.3 GiB of temporaries instead of 8.6).
+  between the two: the sum; `tests/test_ppo_update.py` measures the compiled temporaries of both at a tiny size).
   The params are disjoint, so the gradients are those of the sum. A non-finite critic gradient gives NaN policy
   gradients (the step is non-finite either way: `make_train_step` stops or skips it)."""
   value_grad = jax.value_and_grad(value_part, has_aux=True)

@@ -142,10 +142,10 @@ def test_bf16_rollouts_on_the_mesh_train_on_the_fp32_policys_old_logprobs():
 
 
 def test_the_engine_on_8_devices_equals_one_engine_and_the_static_sampler():
-  """Each data x fsdp group (4 of them, tensor 2 left to XLA) runs its own engine (2 slots) on its prompt's G rows,
-  rows cut short at different budgets: the same rollouts as one engine on one device and as the static sampler
-  with per-rollout keys, the tokens split over the groups."""
-  _, _, trainer, state = run("grpo", "fsdp_tp")
+  """Each data x fsdp group (4 of them; its 2 devices along tensor run the same engine, the params gathered whole)
+  runs its own engine (2 slots) on its prompt's G rows, rows cut short at different budgets: the same rollouts as
+  one engine on one device and as the static sampler with per-rollout keys, the tokens split over the groups."""
+  _, _, trainer, state = run("rm", "fsdp_tp")
   config, layout, tokenizer = trainer.config, trainer.training.layout, trainer.tokenizer
   sampling = dataclasses.replace(config.sampling, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
                                  return_hidden=True, temperature=0.9, top_k=50)
