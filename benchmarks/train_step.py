@@ -3,6 +3,7 @@ and tunix train steps timed in alternation.
 
     python -m benchmarks.train_step [--schemes pre,siamese_post_pre] [--dtype float32|bfloat16]
                                     [--hf-python /tmp/hfref/bin/python] [--tunix-python /tmp/tunix/bin/python]
+    python -m benchmarks.train_step --schemes pre --lora 8 --repeats 9
     python -m benchmarks.train_step --schemes pre,hc:4,hc_dynamic:4,mhc:4,mhc_lite:4,pre+moe,mhc_lite:4+moe
 
 A scheme is `norm_scheme[:n][+moe]`: n residual streams for the multi-stream schemes (`hc_streams`), `+moe` the
@@ -29,6 +30,11 @@ autocast, fp32 weights and AdamW state); `tunix`, tunix's Llama3 with an optax A
 `--dtype` says). `{name}_reference` holds its median tokens/s and its setting (its dtype, versions, torch threads);
 `pre_tokens_per_sec_vs_{name}` is the median over rounds of that round's reference seconds / Pre-Norm seconds.
 Prints one JSON object; ratios are what to compare across machines.
+
+`--lora R` adds, per scheme, the same step with LoRA rank R on every projection (`scheme+loraR`: only the
+adapters get gradients and AdamW state, the base frozen in float32), in the same rounds; `lora_vs_full` gives the
+median over rounds of its seconds over the full fine-tune's in that round, and its compiled peak memory over the
+full one's. `loadavg_1_5_15min`: the machine's load averages before and after the timed rounds.
 """
 
 from __future__ import annotations
@@ -54,10 +60,12 @@ import numpy as np
 from benchmarks import references
 from benchmarks.common import Peer, alternating_seconds, compiled_step, matmul_gflops, median_ratio, ratios_vs_pre
 from jaxpt.models.config import ModelConfig
+from jaxpt.nn.lora import LoRAConfig
 from jaxpt.models.transformer import TransformerLM, init_params, param_count
 from jaxpt.trainers.lm import make_lm_loss_fn
-from jaxpt.engine.optim import OptimConfig, make_optimizer
-from jaxpt.engine.state import TrainState
+from jaxpt.engine.builder import lora_trainable
+from jaxpt.engine.optim import OptimConfig, decay_mask, make_optimizer
+from jaxpt.engine.state import TrainState, trainable_part
 from jaxpt.engine.step import make_train_step
 
 BATCH, SEQ = 8, 256
@@ -98,20 +106,28 @@ def active_params(params, cfg: ModelConfig) -> int:
   return param_count(params) - unused
 
 
-def compile_scheme(scheme: str, **overrides) -> tuple[dict, Callable[[], jax.Array]]:
-  """(facts, run): `run()` does one train step of `scheme` on a fixed batch (the state carried between calls)."""
+def compile_scheme(scheme: str, lora_rank: int = 0, **overrides) -> tuple[dict, Callable[[], jax.Array]]:
+  """(facts, run): `run()` does one train step of `scheme` on a fixed batch (the state carried between calls).
+  `lora_rank` > 0: LoRA of that rank on every projection (`jaxpt.nn.lora`, float32 base): only the adapters get
+  gradients and AdamW state, as `jaxpt.engine.builder.build_training` sets it up."""
   fields = {**MODEL, **overrides, **scheme_fields(scheme)}
   if fields.get("num_experts"):  # experts of 1/k the dense width: the dense model's active MLP FLOPs per token
     fields["mlp_dim"] //= fields["experts_per_token"]
   cfg = ModelConfig(**fields)
-  model = TransformerLM(cfg)
-  params = init_params(cfg, jax.random.PRNGKey(0))
-  optimizer, schedule = make_optimizer(OPTIM, total_steps=1000)
-  state = TrainState.create(params, optimizer, jax.random.PRNGKey(1))
-  step = jax.jit(make_train_step(make_lm_loss_fn(model), optimizer, schedule), donate_argnums=0)
+  model = TransformerLM(cfg, lora=LoRAConfig(rank=lora_rank).spec())
+  params = init_params(cfg, jax.random.PRNGKey(0), model=model)
+  boxed = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))["params"]
+  trainable = lora_trainable(boxed) if lora_rank else None
+  optimizer, schedule = make_optimizer(OPTIM, total_steps=1000,
+                                       mask=None if trainable is None else trainable_part(decay_mask(boxed), trainable))
+  state = TrainState.create(params, optimizer, jax.random.PRNGKey(1), trainable=trainable)
+  step = jax.jit(make_train_step(make_lm_loss_fn(model), optimizer, schedule, trainable=trainable), donate_argnums=0)
   batch = random_batch(cfg.vocab_size)
   memory, run = compiled_step(step, state, batch)
-  return {"params": param_count(params), "active_params": active_params(params, cfg), "memory": memory}, run
+  facts = {"params": param_count(params), "active_params": active_params(params, cfg), "memory": memory}
+  if trainable is not None:
+    facts["trainable_params"] = param_count(trainable_part(params, trainable))
+  return facts, run
 
 
 def page_faults(run: Callable[[], jax.Array]) -> int:
@@ -171,18 +187,25 @@ def main(argv=None) -> None:
   parser.add_argument("--scan", action="store_true", help="stack the layers with nn.scan instead of unrolling")
   parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                       help="compute dtype (params and AdamW state stay float32); hf runs under bf16 autocast")
+  parser.add_argument("--lora", type=int, default=0, help="also each scheme with LoRA of this rank on every "
+                      "projection, timed in alternation with its full fine-tune (`lora_vs_full`)")
   references.add_arguments(parser)
   args = parser.parse_args(argv)
 
   peers = start_peers(args)
   try:
-    compiled = {scheme: compile_scheme(scheme, remat=args.remat, scan_layers=args.scan, dtype=args.dtype,
-                                       param_dtype="float32") for scheme in args.schemes.split(",")}
+    compiled = {}
+    for scheme in args.schemes.split(","):
+      for rank in (0, args.lora) if args.lora else (0,):
+        compiled[scheme + (f"+lora{rank}" if rank else "")] = compile_scheme(
+            scheme, lora_rank=rank, remat=args.remat, scan_layers=args.scan, dtype=args.dtype, param_dtype="float32")
     for peer in peers:
       peer.wait_ready()
     matmul = {f"{m}x{k}x{n}": round(matmul_gflops(m, k, n, dtype=jnp.dtype(args.dtype)), 1)  # peers idle now
               for m, k, n in [(2048, 2048, 2048), (BATCH * SEQ, 512, 2048), (BATCH * SEQ, 512, 8192)]}
+    load_before = os.getloadavg()
     schemes, times = bench_schemes(compiled, args.repeats, peers)
+    load_after = os.getloadavg()
   finally:
     for peer in peers:
       peer.close()
@@ -194,8 +217,15 @@ def main(argv=None) -> None:
                                                       rounds=args.repeats, host_allocator_reuse=allocator_reuse),
             "device": str(jax.devices()[0]), "jax": jax.__version__, "cpu_count": os.cpu_count(),
             "machine": platform.machine(), "matmul_gflops_per_sec": matmul, "schemes": schemes}
+  report["loadavg_1_5_15min"] = {"before_timing": load_before, "after_timing": load_after}
   if "pre" in schemes:
-    report["ratios_vs_pre"] = ratios_vs_pre(schemes)
+    report["ratios_vs_pre"] = ratios_vs_pre({s: r for s, r in schemes.items() if "+lora" not in s})
+  if args.lora:
+    report["lora_vs_full"] = {
+        scheme: {"step_time": round(median_ratio(times[f"{scheme}+lora{args.lora}"], times[scheme]), 3),
+                 "peak_memory": round(schemes[f"{scheme}+lora{args.lora}"]["memory"]["peak_mib"]
+                                      / schemes[scheme]["memory"]["peak_mib"], 3)}
+        for scheme in args.schemes.split(",")}
   for peer in peers:
     report[f"{peer.name}_reference"], vs_pre = reference_report(peer, times, args.dtype)
     if vs_pre is not None:

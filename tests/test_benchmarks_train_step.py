@@ -122,3 +122,30 @@ def test_train_peers_refuses_what_it_does_not_run(argv, message):
   result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "train_peers.py"), *argv], capture_output=True,
                           text=True, timeout=60, check=False)
   assert result.returncode != 0 and message in result.stderr, result.stderr
+
+
+def test_lora_is_timed_in_the_same_rounds_as_its_full_fine_tune(monkeypatch, capsys):
+  """`--lora R`: each scheme compiled twice (rank 0 and R), both stepped in every round, and `lora_vs_full` the
+  median of the per-round ratios."""
+  log, seconds = [], {"pre": [0.04] * 3, "pre+lora8": [0.01] * 3}
+
+  def compile_scheme(scheme, lora_rank=0, **overrides):
+    name = scheme + (f"+lora{lora_rank}" if lora_rank else "")
+    log.append(("compile", name))
+    facts = {"params": 100, "active_params": 100, "memory": {"peak_mib": 2.0 if lora_rank else 4.0}}
+
+    def run():
+      log.append(("step", name))
+      time.sleep(seconds[name].pop() if seconds[name] else 0.001)
+
+    return facts, run
+
+  monkeypatch.setattr(train_step, "compile_scheme", compile_scheme)
+  monkeypatch.setattr(train_step, "matmul_gflops", lambda *args, **kwargs: 100.0)
+  train_step.main(["--schemes", "pre", "--repeats", "2", "--lora", "8"])
+  assert log[:2] == [("compile", "pre"), ("compile", "pre+lora8")]
+  assert [entry[1] for entry in log[2:] if entry[0] == "step"][:6] == ["pre", "pre+lora8"] * 3
+  report = json.loads(capsys.readouterr().out)
+  assert report["lora_vs_full"]["pre"]["peak_memory"] == 0.5
+  assert 0 < report["lora_vs_full"]["pre"]["step_time"] < 1
+  assert len(report["loadavg_1_5_15min"]["before_timing"]) == 3

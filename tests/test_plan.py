@@ -3,12 +3,14 @@ measured state of tiny SFT runs, LoRA's arithmetic, and the CLI (one JSON line, 
 
 Tolerances: the arguments of the compiled step (train state + batch) are the analytic params + AdamW state to 3%
 (the batch and the step / rng scalars are the rest), and the allocated state of a real init to 1%; the compiled
-(donated) step's temporaries are the analytic grads + activations + logits to 25%, and its peak the analytic total
-to 25% (the activation account counts a block's intermediates by hand: XLA's CPU schedule keeps a few more or
-fewer of them). Measured ratios analytic / compiled (CPU, this suite's XLA flags), temporaries and peak: at
-`sft_tiny`'s sizes (32 rows of 96 tokens; pre / siamese_post_pre, remat none / full, LoRA rank 0 / 8, grad_accum
-1 / 2) 0.71-0.93 and 0.73-0.93 (the lowest, 0.71 / 0.73, siamese_post_pre with remat none and no LoRA, is
-outside 25% and not tested here); a params-heavy d512 model on 4 rows of 16 tokens 0.81-1.17 and 0.91-1.06.
+(donated) step's temporaries are the analytic grads + the larger of activations + logits and AdamW's update tree,
+and its peak the analytic total: to 10% for a pre-norm full fine-tune (activations and logits at the peak) and a
+params-heavy d512 model (the update at the peak), to 25% where the tiny model's attention intermediates dominate
+(the account counts a block's intermediates by hand: XLA's CPU schedule keeps a few more or fewer of them at
+these sizes). Measured ratios analytic / compiled peak (CPU, this suite's XLA flags) at `sft_tiny`'s sizes (32
+rows of 96 tokens): pre, remat full 0.96 (LoRA rank 8: 0.88); siamese_post_pre 0.87 (remat none, LoRA 8: 0.88;
+remat none without LoRA 0.69, not tested here); the params-heavy d512 model on 4 rows of 16 tokens 1.00; at d256 and
+d512 (2048 tokens) SFT / DPO / GRPO, full and LoRA, against the measured peak: `benchmarks/plan_tables.py`.
 """
 
 import functools
@@ -47,20 +49,20 @@ def compiled(remat, rank, scheme, params_heavy=False):
   return plan.compiled_account("sft", plan.run_config("sft", tiny(remat, rank, scheme, params_heavy=params_heavy)), 1)
 
 
-@pytest.mark.parametrize("remat,rank,scheme,params_heavy", [
-    ("full", 0, "pre", False), ("full", 8, "pre", False), ("none", 8, "siamese_post_pre", False),
-    ("full", 0, "pre", True)])
-def test_analytic_matches_compiled_step(remat, rank, scheme, params_heavy):
+@pytest.mark.parametrize("remat,rank,scheme,params_heavy,tolerance", [
+    ("full", 0, "pre", False, 0.10), ("full", 8, "pre", False, 0.25), ("none", 8, "siamese_post_pre", False, 0.25),
+    ("full", 0, "pre", True, 0.10)])
+def test_analytic_matches_compiled_step(remat, rank, scheme, params_heavy, tolerance):
   run = plan.run_config("sft", tiny(remat, rank, scheme, params_heavy=params_heavy))
   parts = plan.account("sft", run, 1)
   compiled_step = compiled(remat, rank, scheme, params_heavy)
   assert compiled_step["alias"] == pytest.approx(compiled_step["output"], rel=0.01)  # donated: the new state (all
   # but the metrics) overwrites the old
-  assert compiled_step["peak"] == pytest.approx(parts["total"], rel=0.25)
+  assert compiled_step["peak"] == pytest.approx(parts["total"], rel=tolerance)
   state = parts["params"] + parts["optimizer"]
   assert compiled_step["argument"] == pytest.approx(state, rel=0.03)
-  transient = parts["grads"] + parts["activations"] + parts["logits"]
-  assert compiled_step["temp"] == pytest.approx(transient, rel=0.25), (compiled_step, parts)
+  transient = parts["grads"] + max(parts["activations"] + parts["logits"], parts["update"])
+  assert compiled_step["temp"] == pytest.approx(transient, rel=tolerance), (compiled_step, parts)
 
 
 def test_measured_state_is_the_analytic_state():
@@ -96,8 +98,8 @@ def test_lora_lowers_grads_and_optimizer_as_the_arithmetic_says():
                                                                                                  model.mlp_dim)
   # mlp_in is SwiGLU's two kernels (gate, up), each with its adapters
   assert lora["optimizer"] == 2 * adapters
-  assert lora["grads"] == 2 * adapters  # float32 adapters: the gradient and AdamW's update tree
-  assert full["grads"] == 2 * full["params"]
+  assert lora["grads"] == lora["update"] == adapters  # float32 adapters: the gradient and AdamW's update tree
+  assert full["grads"] == full["update"] == full["params"]
   assert full["optimizer"] == 2 * full["params"]
   assert lora["params"] == full["params"] + adapters
   # and XLA agrees: the compiled step's arguments shrink by the AdamW state the frozen base no longer has
@@ -113,6 +115,32 @@ def test_qwen_1_5b_shape_is_read_from_config_json_alone():
   assert plan.account("sft", run, 1)["params"] == 4 * QWEN_1_5B_PARAMS  # float32 params, tied embeddings
   eight = plan.account("sft", plan.run_config("sft", dict(config, mesh=dict(fsdp=8, data=1))), 8)
   assert eight["params"] < plan.account("sft", run, 1)["params"] / 7  # fsdp splits embed; a few small leaves stay
+
+
+@pytest.mark.parametrize("name,params,shape", [
+    ("qwen2_5_0_5b_shape", 494_032_768, (896, 24, 151936)), ("qwen2_5_7b_shape", 7_615_616_512, (3584, 28, 152064))])
+def test_qwen_shapes_of_the_plan_tables(name, params, shape):
+  """The 0.5B and 7B config.json files `benchmarks/plan_tables.py` reads: their parameter counts are the published
+  ones (0.49B tied, 7.61B untied)."""
+  config = __import__("experiments.configs.sft_hf", fromlist=["get_config"]).get_config()
+  config.init_from = f"hf:{os.path.join(ROOT, 'tests', 'assets', name)}"
+  run = plan.run_config("sft", config)
+  assert (run.model.d_model, run.model.num_layers, run.model.vocab_size) == shape
+  assert plan.account("sft", run, 1)["params"] == 4 * params
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trainer", ["dpo", "grpo"])
+def test_dpo_and_grpo_steps_compile_from_the_config(trainer):
+  """`jaxpt plan --compile` for DPO and GRPO: their real steps, built without data (`plan.step_training`), take the
+  analytic state as arguments and peak near the analytic total (LoRA rank 8 at the tiny configs: 0.92 / 0.88)."""
+  config = __import__(f"experiments.configs.{trainer}_tiny", fromlist=["get_config"]).get_config()
+  config.lora.rank = 8
+  run = plan.run_config(trainer, config)
+  parts = plan.account(trainer, run, 1)
+  compiled_step = plan.compiled_account(trainer, run, 1)
+  assert compiled_step["argument"] == pytest.approx(parts["params"] + parts["optimizer"], rel=0.03)
+  assert compiled_step["peak"] == pytest.approx(parts["total"], rel=0.15), (compiled_step, parts)
 
 
 def _plan_cli(tmp_path, *args):

@@ -10,9 +10,10 @@ the adapters, `jaxpt.engine.builder.lora_trainable`), b the micro-batch's rows o
 
     params       P in param_dtype (LoRA: the frozen base in lora.base_dtype, the adapters in param_dtype; QLoRA:
                  the adapted kernels as stored, codes (1 byte, nf4 1/2) + float32 scales (4 / base_quant_block))
-    grads        T in param_dtype (with grad_accum_steps > 1: the float32 accumulator the micro-batches' gradients
-                 are added into instead), + T in float32 for the optimizer's update (the update tree AdamW builds
-                 before the donated state is overwritten; XLA's analysis of a donated step keeps both)
+    grads        T in param_dtype, the gradient; with grad_accum_steps > 1 + T in float32, the accumulator the
+                 micro-batches' gradients are added into
+    update       T in float32: the update tree AdamW builds from the whole gradient before the donated state is
+                 overwritten (alive with the gradient, after the backward's activations are gone)
     optimizer    AdamW's two moments: 2 T in param_dtype (optax keeps them in the params' dtype)
     reference    a frozen copy of the policy (DPO / KTO, GRPO with kl_coef > 0, PPO with a KL; not with LoRA, whose
                  reference is the base, adapters off): P in param_dtype
@@ -21,22 +22,26 @@ the adapters, `jaxpt.engine.builder.lora_trainable`), b the micro-batch's rows o
                  probabilities b H S (S + chunk) / 2 in float32); remat dots: the matmul outputs; remat full: the block
                  input (x streams); plus one block's intermediates recomputed in the backward; LoRA: + one block's
                  frozen weights (read out of the stacked params in the backward)
-    logits       [b, S, vocab / tensor] in float32, twice (the logits and their gradient, the softmax fused in); a
-                 reward model's scores are negligible
+    logits       [b, S, vocab / tensor] in float32, once (their gradient, softmax - onehot fused, is written over
+                 them); a reward model's scores are negligible
     kv_cache     GRPO / PPO's sampler: 2 L rows (prompt + new tokens) kv_heads head_dim c, rows split over data x
                  fsdp, heads over tensor
-    sampler_params  with LoRA, the merged policy W + s A B the sampler reads (the base's size in lora.base_dtype;
-                 QLoRA: dequantized)
-    total        params + optimizer + reference (alive all run) + the larger of the two phases: the step's grads +
-                 activations + logits, or the rollouts' kv_cache + sampler_params; `fits` when
-                 total <= device_gib (1 - HEADROOM)
+    sampler_params  with LoRA rollouts on merged params (`lora.rollouts`), the merged policy W + s A B the sampler
+                 reads (the base's size in lora.base_dtype; QLoRA with lora.rollouts=merged: dequantized); 0 when
+                 the rollouts read the params as stored (QLoRA's default: the codes and unmerged adapters)
+    total        params + optimizer + reference (alive all run) + the largest of three phases: the step's
+                 backward (grads + activations + logits), its optimizer update (grads + update), or the rollouts'
+                 kv_cache + sampler_params; `fits` when total <= device_gib (1 - HEADROOM)
 
-Beside it, `compiled` (only with compile=True, pretrain / sft only: other trainers' steps need their data to be
-built): XLA's memory analysis of the trainer's real train step (`jaxpt.engine.builder.build_training`, compiled
-for the mesh from abstract shapes: no params are allocated), with the analytic terms it should match:
-argument ~ params + optimizer (+ the batch), temp ~ grads + activations + logits. The step is compiled donating
-the state, as an accelerator run does (the new state is written over the old: `alias` = `output`), also on CPU,
-where a run does not donate it.
+Beside it, `compiled` (only with compile=True; pretrain, sft, dpo and grpo: `step_training` builds their steps
+without data, as their trainers build them): XLA's memory analysis of the trainer's real train step
+(`jaxpt.engine.builder.build_training`, compiled for the mesh from abstract shapes: no params are allocated; DPO's
+and GRPO's reference log-probs are batch columns, computed outside the step), with the analytic terms it should
+match: argument ~ params + optimizer (+ the batch), temp ~ grads + the larger of activations + logits and update.
+The step is compiled donating the state, as an accelerator run does (the new state is written over the old:
+`alias` = `output`), also on CPU, where a run does not donate it. `benchmarks/plan_tables.py` compares the account
+with this analysis and with the measured peak of the same step on the CPU (d256 and d512 models, SFT / DPO / GRPO,
+full and LoRA); `benchmarks/results_plan_tables.json` holds the figures.
 
 `hf:DIR` starts are read from DIR/config.json alone (no weights are opened): the model's architecture fields are
 filled as a run fills them (`jaxpt.engine.config.RunConfig.prepare_values`).
@@ -45,6 +50,7 @@ filled as a run fills them (`jaxpt.engine.config.RunConfig.prepare_values`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from typing import Any
@@ -65,13 +71,13 @@ from jaxpt.engine.config import RunConfig, check_hf_model, config_json
 from jaxpt.engine.trainers import TRAINERS
 
 __all__ = ["HEADROOM", "PLANNED", "Workload", "account", "advice", "compiled_account", "plan_memory",
-           "rollout_capacity", "run_config", "workload"]
+           "rollout_capacity", "run_config", "step_shapes", "step_training", "workload"]
 
 GIB = 2 ** 30
 HEADROOM = 0.10  # of device memory left for XLA's workspace, fragmentation and the runtime
 PLANNED = ("pretrain", "sft", "dpo", "kto", "rm", "grpo", "ppo")  # the language-model trainers `jaxpt plan` reads
-COMPILED = ("pretrain", "sft")  # whose real train step compiles from the config alone
-LOGIT_COPIES = 2  # the logits and their gradient (float32; the softmax is fused into the gradient)
+COMPILED = ("pretrain", "sft", "dpo", "grpo")  # whose real train step compiles from the config alone
+LOGIT_COPIES = 1  # float32 logits; XLA writes their gradient (softmax - onehot, fused) over them
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,14 +162,19 @@ def _shard_elements(shape: tuple[int, ...], names: tuple, rules: Any, mesh_shape
 def param_bytes(run: RunConfig, mesh_shape: dict[str, int]) -> dict[str, float]:
   """Per-device bytes of the params (`params`, as the run keeps them), of the trainable ones in their dtype
   (`trainable`) and in float32 (`trainable_f32`), and of the whole policy in param_dtype (`full`); from the model's
-  abstract init (nothing allocated)."""
-  model = TransformerLM(run.model, lora=run.lora.spec())
+  abstract init (nothing allocated; one per model, LoRA, rules and mesh: `advice` asks for many)."""
+  return dict(_param_bytes(run.model, run.lora, run.mesh.logical_rules, tuple(sorted(mesh_shape.items()))))
+
+
+@functools.lru_cache(maxsize=256)
+def _param_bytes(model_config: ModelConfig, lora: Any, rules: Any, mesh_items: tuple) -> dict[str, float]:
+  mesh_shape = dict(mesh_items)
+  model = TransformerLM(model_config, lora=lora.spec())
   boxed = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((1, 1), jnp.int32))["params"]
-  trainable = lora_trainable(boxed) if run.lora.enabled else jax.tree.map(
+  trainable = lora_trainable(boxed) if lora.enabled else jax.tree.map(
       lambda _: True, boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))
-  base = jnp.dtype(run.lora.base_dtype) if run.lora.enabled else None
-  quant = run.lora.quant if run.lora.enabled else None
-  rules = run.mesh.logical_rules
+  base = jnp.dtype(lora.base_dtype) if lora.enabled else None
+  quant = lora.quant if lora.enabled else None
   out = dict(params=0.0, trainable=0.0, trainable_f32=0.0, full=0.0, frozen_float=0.0)
   leaves = jax.tree.leaves_with_path(boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))
   for (path, leaf), train in zip(leaves, jax.tree.leaves(trainable)):
@@ -175,7 +186,7 @@ def param_bytes(run: RunConfig, mesh_shape: dict[str, int]) -> dict[str, float]:
     if name in lora_lib.QUANT_NAMES:  # QLoRA: codes and float32 scales as stored; the float kernel they stand for
       out["params"] += elements * size
       out["frozen_float"] += elements * quant.pack * base.itemsize if name == "kernel_q" else 0
-      out["full"] += elements * quant.pack * jnp.dtype(run.model.param_dtype).itemsize if name == "kernel_q" else 0
+      out["full"] += elements * quant.pack * jnp.dtype(model_config.param_dtype).itemsize if name == "kernel_q" else 0
       continue
     out["full"] += elements * size
     if train:
@@ -195,8 +206,9 @@ def _layer_bytes(model: ModelConfig, tokens: float, rows: float, seq: int, tp: i
   of every block for the backward (every intermediate: norm inputs and outputs, q / k / v and their head-major
   copies, the attention output, the MLP's hidden (SwiGLU: gate, up, silu, product, sigmoid), three float32 copies
   of the attention probabilities [rows, heads, S, (S + chunk) / 2]); 'working' the intermediates alive while one
-  block's backward runs; 'dots' the matmul outputs; 'full' the block's input streams. LoRA adds each adapted
-  projection's low-rank output (a matmul output's size) to 'saved' and 'working'."""
+  block's backward runs (the MLP hidden's gradients among them); 'dots' the matmul outputs; 'full' the block's
+  input streams. LoRA adds each adapted projection's low-rank output (a matmul output's size) to 'saved' and
+  'working'."""
   c = jnp.dtype(model.dtype).itemsize
   d, hd, f = model.d_model, model.resolved_head_dim, model.mlp_dim
   heads, kv = model.num_heads / tp, model.num_kv_heads / tp
@@ -218,7 +230,8 @@ def _layer_bytes(model: ModelConfig, tokens: float, rows: float, seq: int, tp: i
     return tokens * c * (8 * d * streams + attention + hidden) + 3 * probs + adapters
   norms = tokens * d * 4 * 2 * streams  # float32 norm inputs, both sub-layers
   rest = tokens * c * (streams * 2 * d + (heads + kv) * hd + heads * hd + mlp_hidden)  # normed x, rope'd q k, ...
-  return matmuls + probs + norms + rest + adapters
+  mlp_grads = tokens * c * mlp_hidden  # the MLP's backward: d gate and d up beside the recomputed gate and up
+  return matmuls + probs + norms + rest + mlp_grads + adapters
 
 
 def account(trainer: str, run: RunConfig, devices: int) -> dict[str, float]:
@@ -243,7 +256,8 @@ def account(trainer: str, run: RunConfig, devices: int) -> dict[str, float]:
   logits = tokens * model.vocab_size / tp * 4 * LOGIT_COPIES if load.vocab_logits else 0.0
   parts = dict(
       params=p["params"] * load.models,
-      grads=((p["trainable"] if accum == 1 else p["trainable_f32"]) + p["trainable_f32"]) * load.models,
+      grads=(p["trainable"] + (p["trainable_f32"] if accum > 1 else 0.0)) * load.models,
+      update=p["trainable_f32"] * load.models,
       optimizer=2 * p["trainable"] * load.models,
       reference=p["full"] if load.reference else 0.0,
       activations=(blocks + frozen_block) * load.models,
@@ -254,34 +268,78 @@ def account(trainer: str, run: RunConfig, devices: int) -> dict[str, float]:
     kv_rows = -(-load.sampler_rows // dp)
     parts["kv_cache"] = (2 * model.num_layers * kv_rows * load.sampler_len * model.num_kv_heads / tp
                          * model.resolved_head_dim * jnp.dtype(model.dtype).itemsize)
-    if run.lora.enabled:  # the sampler reads the merged policy W + s A B, a copy in the base's dtype
-      parts["sampler_params"] = p["frozen_float"]
+    if run.lora.enabled and not run.lora.samples_unmerged:  # merged rollouts: W + s A B, a copy in base_dtype
+      parts["sampler_params"] = p["frozen_float"]  # (lora.rollouts unmerged: the sampler reads the codes as stored)
   resident = parts["params"] + parts["optimizer"] + parts["reference"]
-  step = parts["grads"] + parts["activations"] + parts["logits"]
+  step = parts["grads"] + max(parts["activations"] + parts["logits"], parts["update"])
   parts["total"] = resident + max(step, parts["kv_cache"] + parts["sampler_params"])
   return parts
 
 
-def compiled_account(trainer: str, run: RunConfig, devices: int) -> dict[str, Any]:
-  """XLA's memory analysis (bytes per device) of `trainer`'s real train step compiled for `devices` devices of the
-  local backend from abstract shapes (no params allocated); {"skipped": why} where it cannot be compiled here."""
-  if trainer not in COMPILED:
-    return {"skipped": f"the compiled step is read for {' and '.join(COMPILED)} (the others' steps need their data)"}
-  if jax.device_count() < devices:
-    return {"skipped": f"the local backend has {jax.device_count()} devices, not {devices} (jaxpt plan sets "
-                       "jax_num_cpu_devices before jax starts; a process that started jax earlier cannot)"}
+def step_shapes(trainer: str, run: RunConfig) -> dict[str, jax.ShapeDtypeStruct]:
+  """The global batch shapes `trainer`'s train step is compiled for (one optimizer update's rows)."""
+  load = workload(trainer, run)
+  i32, f32 = jnp.int32, jnp.float32
+  if trainer == "grpo":
+    from jaxpt.trainers.grpo import experience_shapes
+    return experience_shapes(run)
+  if trainer == "dpo":  # a flattened preference batch (no bias columns: DIR is not compiled here) + the reference's
+    b, s = load.rows // 2, load.seq
+    shapes = {"chosen_tokens": ((b, s), i32), "rejected_tokens": ((b, s), i32), "weights": ((b,), f32),
+              **{f"{k}_{side}": ((b,), i32) for k in ("chosen", "rejected") for side in ("last", "response_len")},
+              "step": ((b,), i32), "ref_chosen_logps": ((b,), f32), "ref_rejected_logps": ((b,), f32)}
+  else:
+    shapes = {k: ((load.rows, load.seq), i32) for k in ("inputs", "targets", "segment_ids", "positions")}
+    shapes["weights"] = ((load.rows, load.seq), f32)
+  return {k: jax.ShapeDtypeStruct(shape, dtype) for k, (shape, dtype) in shapes.items()}
+
+
+def step_training(trainer: str, run: RunConfig, devices: int, donate: bool = True) -> Any:
+  """`trainer`'s sharded training (`jaxpt.engine.builder.Training`: its init and its real train step, compiled for
+  the first `devices` local devices from abstract shapes, `step_shapes`), built as the trainer builds it, without
+  its data; donating the state by default (module docstring). ConfigError for what is not compiled here (DPO + DIR,
+  GRPO + CLIPO or a teacher)."""
   from jaxpt.engine.builder import build_training
   from jaxpt.parallel.mesh import make_mesh
-  from jaxpt.trainers.lm import make_lm_loss_fn
 
   mesh = make_mesh(run.mesh, jax.devices()[:devices])
   model = TransformerLM(run.model, lora=run.lora.spec())
-  load = workload(trainer, run)
-  shape = jax.ShapeDtypeStruct((load.rows, load.seq), jnp.int32)
-  shapes = dict(inputs=shape, targets=shape, segment_ids=shape, positions=shape,
-                weights=jax.ShapeDtypeStruct((load.rows, load.seq), jnp.float32))
-  training = build_training(run, mesh, model, (jnp.zeros((1, load.seq), jnp.int32),), shapes,
-                            loss_fn=make_lm_loss_fn(model, run.loss.name, **run.loss.kwargs()), donate=True)
+  shapes = step_shapes(trainer, run)
+  seq = run.data.max_prompt_len if trainer == "grpo" else workload(trainer, run).seq
+  build = functools.partial(build_training, run, mesh, model, (jnp.zeros((1, seq), jnp.int32),), shapes,
+                            donate=donate)
+  if trainer == "dpo":
+    from jaxpt.trainers.dpo import make_dpo_grad_fn
+    if run.dpo.dir:
+      raise ConfigError("config.dpo.dir", "jaxpt plan compiles DPO's step without DIR's estimator", True)
+    return build(grad_fn=make_dpo_grad_fn(model, run.dpo), weight_key="num_pairs")
+  if trainer == "grpo":
+    from jaxpt.engine.step import grad_fn_of
+    from jaxpt.trainers.grpo import make_policy_loss
+    if run.clipo.enabled or run.grpo.teacher or run.reward.normalize == "running":
+      raise ConfigError("config.grpo", "jaxpt plan compiles GRPO's update without CLIPO, a teacher or running reward "
+                        "statistics", "")
+    loss_fn = make_policy_loss(model, run.grpo, run.clipo, run.sampling.temperature)
+    return build(grad_fn=grad_fn_of(loss_fn, reads_aux=True),
+                 weight_key="num_tokens" if run.grpo.agg == "token-mean" else "num_rows",
+                 total_steps=max(1, run.steps * run.updates_per_step))
+  from jaxpt.trainers.lm import make_lm_loss_fn
+  return build(loss_fn=make_lm_loss_fn(model, run.loss.name, **run.loss.kwargs()))
+
+
+def compiled_account(trainer: str, run: RunConfig, devices: int) -> dict[str, Any]:
+  """XLA's memory analysis (bytes per device) of `trainer`'s real train step compiled for `devices` devices of the
+  local backend from abstract shapes (`step_training`: no params allocated); {"skipped": why} where it cannot be
+  compiled here."""
+  if trainer not in COMPILED:
+    return {"skipped": f"the compiled step is read for {', '.join(COMPILED)} (the others' steps need their data)"}
+  if jax.device_count() < devices:
+    return {"skipped": f"the local backend has {jax.device_count()} devices, not {devices} (jaxpt plan sets "
+                       "jax_num_cpu_devices before jax starts; a process that started jax earlier cannot)"}
+  try:
+    training = step_training(trainer, run, devices)
+  except ConfigError as e:
+    return {"skipped": str(e)}
   stats = training.sharded.train_step.memory_analysis()
   if stats is None:
     return {"skipped": f"the {jax.default_backend()} backend gives no memory analysis"}
