@@ -217,3 +217,21 @@ def test_rollout_capacity_of_a_qwen_1_5b_shape_from_its_config_json():
   assert got["kv_bytes_per_token"] == kv and got["params_gib"] == round(2 * QWEN_1_5B_PARAMS / 2 ** 30, 4)
   assert got["rollouts"] == {k: int(budget // (v + 151936 * 4)) for k, v in want.items()}
   assert got["rollouts"]["paged_held"] > 2 * got["rollouts"]["preallocated"]
+
+
+def test_grpo_sampler_reads_a_merged_copy_unless_its_rollouts_read_the_codes():
+  """LoRA on a float base: the sampler's merged copy W + s A B, the base's size; QLoRA (lora.rollouts auto ->
+  unmerged): none, the rollouts read the codes and adapters the params already hold; lora.rollouts=merged: back."""
+  from experiments.configs import grpo_tiny
+
+  def sampler_params(**lora):
+    config = grpo_tiny.get_config()
+    config.update_from_flattened_dict({"lora.rank": 4, "lora.base_quant_block": 16, **lora})
+    run = plan.run_config("grpo", config)
+    return plan.account("grpo", run, 1)["sampler_params"], run
+
+  merged, run = sampler_params()
+  assert merged > 0 and not run.lora.samples_unmerged
+  codes, run = sampler_params(**{"lora.base_quant": "nf4"})
+  assert codes == 0 and run.lora.samples_unmerged
+  assert sampler_params(**{"lora.base_quant": "nf4", "lora.rollouts": "merged"})[0] == merged
