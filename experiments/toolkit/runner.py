@@ -66,6 +66,10 @@ def _init_worker(cache_dir: str, grid_pid: int) -> None:
   logging.set_verbosity(logging.WARNING)
 
 
+class RunFailed(Exception):
+  """A run's own error as "<type>: <message>" (picklable whatever the original was: a worker can hand it back)."""
+
+
 def _train_and_record(train_one: Callable[[dict, str], dict], run: dict, workdir: str) -> dict:
   from experiments.toolkit.environment import environment
 
@@ -80,7 +84,7 @@ def _train_and_record(train_one: Callable[[dict, str], dict], run: dict, workdir
   try:
     summary = dict(run, **train_one(run, directory))
   except Exception as e:  # noqa: BLE001 -- re-raised as a picklable error, so the grid reports it (not a broken pool)
-    raise RuntimeError(f"{type(e).__name__}: {e}") from None
+    raise RunFailed(f"{type(e).__name__}: {e}") from None
   summary["wall_s"] = time.perf_counter() - start
   summary["environment"] = environment()  # the code that trained it (a report may be written later, elsewhere)
   temporary = os.path.join(directory, DONE_FILE + f".{os.getpid()}.tmp")
@@ -118,7 +122,7 @@ def run_grid(runs: list[dict], train_one: Callable[[dict, str], dict], workdir: 
           summary = future.result()
           status = f"{summary['wall_s']:.0f} s {describe(summary)}"
         except Exception as e:  # noqa: BLE001 -- one failed run must not stop the grid
-          status = f"FAILED: {type(e).__name__}: {str(e)[:300]}"
+          status = f"FAILED: {str(e)[:300] if isinstance(e, RunFailed) else f'{type(e).__name__}: {str(e)[:300]}'}"
         print(f"[{count}/{len(todo)} {time.time() - start:.0f} s] {run['name']}: {status}", flush=True)
   return [load_done(workdir, r) for r in runs]
 
