@@ -16,6 +16,7 @@ import time
 
 import jax
 import numpy as np
+import pytest
 
 import jaxpt
 from jaxpt.trainers.grpo import replace_hooks
@@ -149,18 +150,44 @@ def _final_params(workdir, template):
   return jax.tree.map(np.asarray, state)
 
 
-def test_two_processes_run_grpo_like_one_and_a_killed_run_resumes_bitwise(tmp_path):
-  """Issue 14: data=2 over the processes x fsdp=2 within; epochs 2 x minibatches 2; each process samples and
-  verifies its own prompts. A launch SIGKILLed after its first checkpoint and relaunched ends bitwise where the
-  uninterrupted two-process run does (data position, sampling keys, minibatch order)."""
-  single_dir = str(tmp_path / "single")
+@pytest.fixture(scope="module")
+def grpo_runs(tmp_path_factory):
+  """The micro GRPO run on one device and on two processes (data=2 over them x fsdp=2 within).
+  -> (trainer, single-device final state, multi-process workdir, single-device workdir)."""
+  tmp_path = tmp_path_factory.mktemp("grpo")
+  single_dir, multi_dir = str(tmp_path / "single"), str(tmp_path / "multi")
   config = micro_grpo_config(**dict(MULTI_PROCESS, **{"mesh.data": 1, "mesh.fsdp": 1}))  # one device
   trainer = replace_hooks(jaxpt.build("grpo", config, single_dir), reward_fn=even_length)
   want = jax.tree.map(np.asarray, jaxpt.train("grpo", trainer.config, single_dir, built=trainer).state)
-
-  multi_dir, killed_dir = str(tmp_path / "multi"), str(tmp_path / "killed")
   procs = _launch_grpo(multi_dir)
-  killed = _launch_grpo(killed_dir)  # both runs at once: the second is killed after its first checkpoint
+  for i, (proc, (out, err)) in enumerate(zip(procs, _finish(procs))):
+    assert proc.returncode == 0, err[-4000:]
+    assert f"process {i} of 2, 4 devices, mesh data=2 fsdp=2 tensor=1" in out, out
+    assert "finished step 3" in out, out
+  return trainer, want, multi_dir, single_dir
+
+
+def test_two_processes_run_grpo_like_one(grpo_runs):
+  """Issue 14: data=2 over the processes x fsdp=2 within; epochs 2 x minibatches 2; each process samples and
+  verifies its own prompts."""
+  trainer, want, multi_dir, single_dir = grpo_runs
+  rows, single_rows = read_metrics(multi_dir), read_metrics(single_dir)
+  assert [r["step"] for r in rows] == [1, 2, 3] and 0 < single_rows[0]["accuracy"] < 1
+  for key in ("reward_mean", "accuracy", "loss", "pg_loss", "grad_norm", "eval_accuracy_test"):
+    np.testing.assert_allclose([r[key] for r in rows if key in r], [r[key] for r in single_rows if key in r],
+                               rtol=2e-5, atol=1e-6, err_msg=key)
+  got = _final_params(multi_dir, trainer.init_state())
+  for path, g, w in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, err_msg=jax.tree_util.keystr(path[0]))
+
+
+@pytest.mark.slow  # two more two-process launches (~50 s); every trainer's single-process resume stays default
+def test_a_killed_two_process_grpo_run_resumes_bitwise(grpo_runs, tmp_path):
+  """A launch SIGKILLed after its first checkpoint and relaunched ends bitwise where the uninterrupted two-process
+  run does (data position, sampling keys, minibatch order)."""
+  trainer, _, multi_dir, _ = grpo_runs
+  killed_dir = str(tmp_path / "killed")
+  killed = _launch_grpo(killed_dir)
   first = os.path.join(killed_dir, "checkpoints", "1", "manifest.json")
   deadline = time.time() + 420
   while not os.path.exists(first):
@@ -170,20 +197,11 @@ def test_two_processes_run_grpo_like_one_and_a_killed_run_resumes_bitwise(tmp_pa
     p.send_signal(signal.SIGKILL)
   _finish(killed)
   resumed = _launch_grpo(killed_dir)
-  for i, (proc, (out, err)) in enumerate(zip(procs + resumed, _finish(procs) + _finish(resumed))):
+  for proc, (out, err) in zip(resumed, _finish(resumed)):
     assert proc.returncode == 0, err[-4000:]
-    assert f"process {i % 2} of 2, 4 devices, mesh data=2 fsdp=2 tensor=1" in out, out
     assert "finished step 3" in out, out
-
-  rows, single_rows = read_metrics(multi_dir), read_metrics(single_dir)
-  assert [r["step"] for r in rows] == [1, 2, 3] and 0 < single_rows[0]["accuracy"] < 1
-  for key in ("reward_mean", "accuracy", "loss", "pg_loss", "grad_norm", "eval_accuracy_test"):
-    np.testing.assert_allclose([r[key] for r in rows if key in r], [r[key] for r in single_rows if key in r],
-                               rtol=2e-5, atol=1e-6, err_msg=key)
   got = _final_params(multi_dir, trainer.init_state())
-  for path, g, w in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(got), jax.tree.leaves(want)):
-    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, err_msg=jax.tree_util.keystr(path[0]))
   again = _final_params(killed_dir, trainer.init_state())
   for g, w in zip(jax.tree.leaves(again), jax.tree.leaves(got)):
     np.testing.assert_array_equal(g, w)
-  assert [r["pg_loss"] for r in read_metrics(killed_dir)][-1] == rows[-1]["pg_loss"]
+  assert [r["pg_loss"] for r in read_metrics(killed_dir)][-1] == read_metrics(multi_dir)[-1]["pg_loss"]

@@ -119,14 +119,15 @@ def test_the_static_sampler_with_eos_and_budgets_is_its_run_without_them_cut_sho
 
 # The equality matrix (issue 29): every residual scheme x greedy | sampled x scanned | unrolled x fp32 | bf16
 # (`sampling.rollout_dtype`), with EOS and shared prompts (G = 2): each scheme runs two of the six modes, so that
-# across the nine schemes each mode runs three times; two cases in the default suite, the rest `slow`. bf16 runs
+# across the nine schemes each mode runs three times; one case in the default suite (bf16: the fp32 modes are the
+# default cases above), the rest `slow`. bf16 runs
 # greedy only: a sampled token is the inverse CDF of one uniform, and the two programs' bf16 CDFs (the attention's
 # terms added in different orders) differ by enough to move it to the neighbouring token (measured: hc and
 # mhc_lite sampled in bf16 diverged from the static sampler at such a flip, 14 of 54 tokens each).
 MODES = [(greedy, scanned, "float32") for greedy in (False, True) for scanned in (True, False)] + [
     (True, scanned, "bfloat16") for scanned in (True, False)]
 MATRIX = [(scheme, MODES[(2 * i + j) % len(MODES)]) for i, scheme in enumerate(NORM_SCHEMES) for j in (0, 1)]
-MATRIX_DEFAULT = {("hc_dynamic", MODES[1]), ("hybrid", MODES[5])}  # sampled unrolled fp32; greedy unrolled bf16
+MATRIX_DEFAULT = {("hybrid", MODES[5])}  # greedy unrolled bf16
 
 
 @pytest.mark.parametrize("scheme,mode", [
