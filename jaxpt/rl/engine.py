@@ -44,7 +44,15 @@ Speed, measured on a 2-core CPU shared with other jobs (load averages in each JS
 at the whole table of 48, so the attention's gather of whole tables was most of a step; the prefill is not where
 time goes (`prefill` in the JSONs: 0.5% of an engine call at the realistic point; 8 prompts a call were 0.6x as
 fast as one at a time there, 1.6x at the fixed point, 13% of its call), so prefills stay one prompt a call.
-- Realistic point (`benchmarks/engine.py --model small --rounds 1 --whole-tables`, code of this commit's engine,
+- Realistic point, quiet (`python -m benchmarks.engine --model small --rounds 2 --whole-tables` at 3e3c05d, load
+  1.7-2.1 with the benchmark itself, `benchmarks/results_engine_realistic_small_cpu.json`): median of the rounds'
+  ratios, engine 1.33x the static sampler, the whole-table engine 1.38x, chunked / whole tables 0.91x; median call
+  76.2 s (engine) against 36.2 s (whole tables) and 49.4 s (static): the chunked engine's calls varied about 2x
+  between rounds. So on this CPU the chunked attention is not shown faster than gathering whole tables (the
+  default keeps it; `Engine.attention_chunks = width_buckets = 1` is the whole-table path); to resolve.
+  Useful slot-steps 61.5% against 28.5%; compiled peak 245 MiB (whole tables 282) against 632 MiB; prefill 0.7% of
+  an engine call.
+- Realistic point, loaded (`benchmarks/engine.py --model small --rounds 1 --whole-tables`, code of this commit's engine,
   `benchmarks/results_engine_realistic_small_loaded_cpu.json`, load 20-26, ONE round): engine 708 s, whole-table
   engine 298 s, static sampler 275 s a call (0.39x / 0.92x the static sampler): the chunked attention measured
   2.4x slower here, against the profile and the 64-rollout check below; not resolved (one round under a load that
@@ -53,7 +61,7 @@ fast as one at a time there, 1.6x at the fixed point, 13% of its call), so prefi
 - Ad-hoc checks, the engine alone (chunked against whole tables, `benchmarks.engine.realistic_rows`, 64 slots,
   answers median 100 max 512, 2 alternated rounds, load 15-17): 64 rollouts (8 prompts x G = 8) 29.0 / 24.1 s
   against 67.7 / 60.9 s a call (2.3-2.5x); the realistic point's 256 rollouts 41.9 / 40.1 s against 57.3 / 63.2 s
-  (1.37-1.58x): the one-round 708 s above was the load's.
+  (1.37-1.58x; not reproduced by the quiet run above).
 - Fixed point (batch 8, prompt 32, 128 new tokens, no EOS spread, d512 `issue` model, 5 rounds, load ~20,
   `benchmarks/results_engine_fixed_issue_cpu.json`): engine 1.33x the static sampler, 1.36x the whole-table engine.
 
