@@ -301,18 +301,39 @@ def _signals_stop_the_command():
     yield
     return
   stopped: list[int] = []
+  in_hook = threading.Event()  # set while `swallowed` runs: a handler there must not raise (that would be dropped too)
+  main_thread = threading.get_ident()
+
+  def send_again(signum: int) -> None:
+    """The signal again, to the main thread, from a timer thread: its handler runs at a later bytecode."""
+    threading.Timer(0.01, signal.pthread_kill, (main_thread, signum)).start()
 
   def handle(signum, frame):
     del frame
+    if in_hook.is_set():
+      return send_again(signum)
     if stopped:
       stop_now(signum)
     stopped.append(signum)
     raise Stopped(signum)
 
+  def swallowed(unraisable):
+    """The handler ran where exceptions are ignored (a gc callback such as jax's, a `__del__`): send it again."""
+    if not isinstance(unraisable.exc_value, Stopped):
+      return previous_hook(unraisable)
+    in_hook.set()
+    try:
+      stopped.clear()  # the same signal again, not a second one
+      send_again(unraisable.exc_value.signum)
+    finally:
+      in_hook.clear()
+
   previous = install_handlers(handle, (signal.SIGTERM, signal.SIGINT))
+  previous_hook, sys.unraisablehook = sys.unraisablehook, swallowed
   try:
     yield
   finally:
+    sys.unraisablehook = previous_hook
     for signum, handler in previous.items():
       signal.signal(signum, handler)
 

@@ -8,9 +8,13 @@ import re
 import signal
 import subprocess
 import threading
+import time
 
 from jaxpt.engine.metrics import read_metrics
 from jaxpt.engine.record import checkpoint_steps
+import pytest
+
+from jaxpt.cli import Stopped, _signals_stop_the_command
 from tests.test_train_pretrain import ROOT, _cli
 
 
@@ -95,3 +99,18 @@ def test_an_ignored_ctrl_c_stays_ignored(tmp_path):
     watchdog.cancel()
   assert proc.returncode == 75, err[-3000:]  # SIGTERM's: the SIGINTs did nothing
   assert re.match(r"jaxpt pretrain: SIGTERM at step \d+; checkpoint saved", out.strip().splitlines()[-1]), out
+
+
+def test_a_signal_handled_where_exceptions_are_ignored_still_stops_the_command():
+  """Python runs a signal's handler at whatever bytecode comes next, which can be inside a gc callback (jax has one)
+  or a `__del__`, where a raised `Stopped` is printed as "Exception ignored" and dropped. Before: the command went
+  on and trained to the end (a CI failure of the test above, exit 0 instead of 143)."""
+  class SignalledWhileDropped:
+    def __del__(self):
+      signal.raise_signal(signal.SIGTERM)  # the handler runs here, inside __del__
+
+  with pytest.raises(Stopped, match="SIGTERM"), _signals_stop_the_command():
+    SignalledWhileDropped()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+      time.sleep(0.01)
