@@ -5,8 +5,8 @@ GRPO-vs-SFT comparison (`experiments/toolkit/rl_comparison.py` has the stages).
 
 CLIPO as the official code runs it: a 512-wide head and a head-only warm-up of HEAD_ONLY_STEPS steps.
 
-  python experiments/grpo_vs_clipo_multipath/run.py --stage pilot [--workdir /tmp/multipath_rl] [--jobs 2]
-  python experiments/grpo_vs_clipo_multipath/run.py [--workdir /tmp/multipath_rl] [--jobs 2] [--out DIR]
+  python experiments/grpo_vs_clipo_multipath/run.py --stage pilot [--workdir /tmp/multipath_rl_v2] [--jobs 2]
+  python experiments/grpo_vs_clipo_multipath/run.py [--workdir /tmp/multipath_rl_v2] [--jobs 2] [--out DIR]
   python experiments/grpo_vs_clipo_multipath/run.py --smoke --workdir /tmp/mp_smoke
 
 The default workdir is shared with `policy_losses` (same set-up): the SFTs and the GRPO runs are the same runs.

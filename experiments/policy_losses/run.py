@@ -5,8 +5,8 @@ the stages). The losses' knobs are the trainer's defaults except where a method 
 is sequence-level, so its paper's 3e-4 / 4e-4; CISPO's IS weight has no lower bound in its paper). TOPR runs
 on-policy (the trainer has no off-policy data path): its ratios differ from 1 only on the second minibatch.
 
-  python experiments/policy_losses/run.py --stage pilot [--workdir /tmp/multipath_rl] [--jobs 2]
-  python experiments/policy_losses/run.py [--workdir /tmp/multipath_rl] [--jobs 2] [--out DIR]
+  python experiments/policy_losses/run.py --stage pilot [--workdir /tmp/multipath_rl_v2] [--jobs 2]
+  python experiments/policy_losses/run.py [--workdir /tmp/multipath_rl_v2] [--jobs 2] [--out DIR]
   python experiments/policy_losses/run.py --smoke --workdir /tmp/pl_smoke
 
 The default workdir is shared with `grpo_vs_clipo_multipath`: its 'grpo' runs are this experiment's baseline.
