@@ -30,7 +30,11 @@ in a results file; now 5986 MiB against GRPO's 5242 MiB, `results_ppo_step_memor
 the process was killed by the kernel's OOM killer on the shared 23 GB machine (10.7 GB resident with 32-row updates,
 11.8 GB with 16-row ones). With it, the full d512 run (`--rounds 2`, at 70d3393) was still killed, at 13.9 GB
 resident: its resident memory, polled every 5 s, grew through the run (3.4, 7.7, 8.2, 9.8, 11.6, 13.5 GB), far
-above the compiled peaks (not explained yet); `results_ppo_step_small_cpu.json` holds the --small point.
+above the compiled peaks. The cause was the host allocator's reuse settings (`jaxpt/host_allocator.py`: no mmap,
+no trimming, so the heap only grows and fragments between programs of different buffer sizes): with
+`JAXPT_KEEP_MALLOC=1` the same run peaked at 9.7 GB resident and finished (`results_ppo_step_cpu.json`), and the
+allocator now has a pressure valve that trims the heap when the machine runs short. `results_ppo_step_small_cpu.json`
+holds the --small point.
 """
 
 from __future__ import annotations
@@ -206,7 +210,9 @@ def main(argv=None) -> None:
                 epochs=1, grpo_kl_coef=0.001, ppo_kl_coef=PPO_KL, rounds=args.rounds, rollout_dtype="float32")
   report = {"benchmark": "ppo_step", "point": "small (--small)" if args.small else "default (d512)",
             "config": config, "device": str(jax.devices()[0]), "jax": jax.__version__, "cpu_count": os.cpu_count(),
-            "command": " ".join(["python -m benchmarks.ppo_step"] + sys.argv[1:]),
+            "command": " ".join([f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("JAXPT_")]
+                                + ["python -m benchmarks.ppo_step"] + sys.argv[1:]),
+            "host_allocator_reuse": allocator_reuse,
             "grpo_step": summary(results["grpo"]), "ppo_step": summary(results["ppo"]),
             "ppo_over_grpo_step": round(statistics.median(p["step"] / g["step"] for p, g in
                                                           zip(results["ppo"], results["grpo"])), 2),
