@@ -2,6 +2,7 @@
 memory per device, and the RM-reward variant's scoring cost. One JSON object.
 
     python -m benchmarks.ppo_step [--rounds 2] [--scheme pre] [--small] [--minibatches 2]
+                                  [--peer-python /tmp/peers-venv/bin/python]
 
 The d512 model of `benchmarks/grpo_step.py` (8 layers, SwiGLU 2048, vocab 8192; random init), 8 prompts x 8
 rollouts (64 rows) of 64 prompt + 128 new tokens at temperature 1, two minibatches, one epoch, float32 rollouts,
@@ -35,6 +36,24 @@ no trimming, so the heap only grows and fragments between programs of different 
 `JAXPT_KEEP_MALLOC=1` the same run peaked at 9.7 GB resident and finished (`results_ppo_step_cpu.json`), and the
 allocator now has a pressure valve that trims the heap when the machine runs short. `results_ppo_step_small_cpu.json`
 holds the --small point.
+
+--peer-python (a venv with google-tunix 0.1.7): `benchmarks/tunix_ppo_update.py` times tunix's PPO update of one
+minibatch (64 / N rows at the point's sizes) in a persistent process, one call per round after that round's GRPO
+and PPO steps. What each side's update holds:
+- jaxpt (`ppo_step.update_s`): `PPOHooks._updates`, the N minibatch updates of one step, each the rows' gather
+  (`take_rows`) and one compiled train step: the critic's clipped value loss and gradient, then the policy's
+  ppo_clip loss and gradient (`sequenced_grad_fn`), each model's global-norm clip and AdamW; then the metrics'
+  fetch to the host;
+- tunix (per call): one minibatch of `PPOLearner`'s two trainers, its actor's jitted train step (`ppo` policy loss,
+  clipped ratio, per-token advantages, gradient, global norm, clip + AdamW) then its critic's (`ppo` clipped value
+  loss on `create_critic_model`'s value head, same), blocked on; without its trainers' host loop (batching,
+  metrics logging), which jaxpt's side includes in its small gather and metrics fetch.
+Both: per-token advantages / returns / old values as inputs (GAE is in jaxpt's `values_gae`, outside its update),
+the KL in the rewards (none in either loss), no entropy term, fp32, tied policy embeddings, a critic of the
+policy's size. `update_vs_tunix` is the median over rounds of N x tunix's seconds / jaxpt's update seconds in the
+same round (> 1: jaxpt faster); `tunix_update_s_per_minibatch` the median of tunix's calls. The --small point with
+it is `results_ppo_step_small_tunix_cpu.json`; the d512 point is the same command without --small (on CPU it needs
+the ~10 GB of the d512 run plus tunix's, so not run beside other jobs on the shared machine).
 """
 
 from __future__ import annotations
@@ -49,6 +68,7 @@ import collections
 import dataclasses
 import json
 import os
+import pathlib
 import resource
 import statistics
 import subprocess
@@ -59,6 +79,7 @@ import time
 import jax
 
 from benchmarks import grpo_step
+from benchmarks.common import Peer
 from benchmarks.grpo_step import clocked, fresh, random_reward_model, rm_scoring_vs_reference, timed_trainer
 from experiments.configs import ppo_tiny
 from jaxpt.engine.run import BuiltRun
@@ -68,6 +89,7 @@ from jaxpt.rl.reward_sources import assemble_rewards
 SMALL = dict(vocab_size=8192, d_model=256, num_layers=4, num_heads=4, num_kv_heads=2, mlp_dim=1024, max_seq_len=512,
              tie_embeddings=True)
 PPO_KL = 0.05
+TUNIX_SCRIPT = pathlib.Path(__file__).resolve().parent / "tunix_ppo_update.py"
 
 
 def sizes(small: bool) -> dict:
@@ -175,6 +197,21 @@ def memory_only(args: argparse.Namespace, size: dict) -> None:
   print()
 
 
+def tunix_peer(python: str, size: dict, minibatches: int) -> Peer:
+  """`tunix_ppo_update.py` in `python`'s venv on one minibatch at `size` (started now, compiling meanwhile)."""
+  model = size["model"]
+  rows = size["prompts"] * size["group"] // minibatches
+  sizes = (rows, size["prompt_len"], size["new_tokens"], model["d_model"], model["num_layers"], model["num_heads"],
+           model["num_kv_heads"])
+  return Peer("tunix_ppo_update", [python, str(TUNIX_SCRIPT), *map(str, sizes)])
+
+
+def update_vs_tunix(tunix_seconds: list[float], ppo_rounds: list[dict], minibatches: int) -> float:
+  """Median over rounds of `minibatches` x tunix's seconds for one minibatch / jaxpt's update seconds for the
+  step's `minibatches`, paired round by round."""
+  return statistics.median(minibatches * t / r["update"] for t, r in zip(tunix_seconds, ppo_rounds, strict=True))
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--rounds", type=int, default=2)
@@ -182,10 +219,13 @@ def main(argv=None) -> None:
   parser.add_argument("--small", action="store_true", help="the smaller labelled point (see the module doc)")
   parser.add_argument("--minibatches", type=int, default=grpo_step.MINIBATCHES, help="updates per step (both)")
   parser.add_argument("--memory-only", action="store_true", help="build both, report memory_mib, run nothing")
+  parser.add_argument("--peer-python", default="", help="python of a venv with google-tunix 0.1.7")
   args = parser.parse_args(argv)
   size = sizes(args.small)
   if args.memory_only:
     return memory_only(args, size)
+  tunix = tunix_peer(args.peer_python, size, args.minibatches) if args.peer_python else None
+  tunix_seconds = []
   with tempfile.TemporaryDirectory() as workdir:
     grpo = jaxpt.build("grpo", grpo_config(size, args.scheme, args.minibatches), os.path.join(workdir, "grpo"))
     ppo = with_reward_model(jaxpt.build("ppo", ppo_config(size, args.scheme, args.minibatches),
@@ -197,11 +237,17 @@ def main(argv=None) -> None:
     ppo_timed = timed_ppo(ppo, clock)
     grpo_timed.train_step(fresh(grpo_state), batch)  # warm-up: compiles what the build left to the first call
     ppo_timed.train_step(fresh(ppo_state), batch)
+    if tunix:
+      tunix.wait_ready()
     results = {"grpo": [], "ppo": []}
-    for _ in range(args.rounds):
+    for r in range(args.rounds):
       results["grpo"].append(step_parts(grpo_timed, clock, grpo_state, batch, ("rollout", "update")))
       results["ppo"].append(step_parts(ppo_timed, clock, ppo_state, batch,
                                        ("rollout", "reference", "values_gae", "update")))
+      if tunix:
+        tunix_seconds.append(tunix.seconds(r + 1))
+    if tunix:
+      tunix.close()
     rm_scoring = rm_scoring_vs_reference(grpo, grpo_state, batch, max(3, args.rounds))
     mem = {"grpo": memory(grpo), "ppo": memory(ppo)}
 
@@ -220,6 +266,11 @@ def main(argv=None) -> None:
             "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
             "note": "a machine shared with other agents' jobs: wall times carry their load (see uptime)"}
+  if tunix:
+    report["ppo_step"]["update_vs_tunix"] = round(update_vs_tunix(tunix_seconds, results["ppo"], args.minibatches), 2)
+    report["tunix_update_s_per_minibatch"] = round(statistics.median(tunix_seconds), 3)
+    report["tunix_peer"] = {"params": tunix.params, "setting": tunix.setting, "script": TUNIX_SCRIPT.name,
+                            "rows_per_minibatch": size["prompts"] * size["group"] // args.minibatches}
   json.dump(report, sys.stdout, indent=2)
   print()
 

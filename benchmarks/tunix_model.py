@@ -1,23 +1,24 @@
 """tunix 0.1.7's Llama3 at the benchmarks' sizes, shared by the scripts that run in a tunix venv
-(`sampler_peers.py`, `train_peers.py`, `tunix_grpo_update.py`, `tunix_reference.py`; imports no jaxpt): by default
-8 layers, d_model 512, 8 heads with 4 KV heads of 64, SwiGLU 2048 (4 * d_model), vocab 8192, fp32, random init
-(tunix initialises the SwiGLU kernels to zeros: they get random values like every other weight); its train step
-(`train_step`); and the id tokenizer tunix's Sampler is fed with."""
+(`sampler_peers.py`, `train_peers.py`, `tunix_grpo_update.py`, `tunix_ppo_update.py`, `tunix_reference.py`;
+imports no jaxpt): by default 8 layers, d_model 512, 8 heads with 4 KV heads of 64, SwiGLU 2048 (4 * d_model),
+vocab 8192, fp32, random init (tunix initialises the SwiGLU kernels to zeros: they get random values like every
+other weight); its train step (`train_step`); and the id tokenizer tunix's Sampler is fed with."""
 
 from __future__ import annotations
 
 D_MODEL, LAYERS, HEADS, KV_HEADS, MLP, VOCAB = 512, 8, 8, 4, 2048, 8192
 
 
-def llama3(tied: bool, d_model: int = D_MODEL, layers: int = LAYERS):
-  """-> (tunix Llama3 with `weight_tying=tied`, its parameter count); head_dim d_model / 8, SwiGLU 4 * d_model."""
+def llama3(tied: bool, d_model: int = D_MODEL, layers: int = LAYERS, heads: int = HEADS, kv_heads: int = KV_HEADS):
+  """-> (tunix Llama3 with `weight_tying=tied`, its parameter count); head_dim d_model / heads, SwiGLU
+  4 * d_model."""
   import jax
   import jax.numpy as jnp
   from flax import nnx
   from tunix.models.llama3.model import Llama3, ModelConfig
 
   cfg = ModelConfig(num_layers=layers, vocab_size=VOCAB, embed_dim=d_model, hidden_dim=4 * d_model,
-                    num_heads=HEADS, head_dim=d_model // HEADS, num_kv_heads=KV_HEADS, rope_theta=10_000,
+                    num_heads=heads, head_dim=d_model // heads, num_kv_heads=kv_heads, rope_theta=10_000,
                     norm_eps=1e-6, weight_tying=tied)
   model = Llama3(cfg, rngs=nnx.Rngs(0))
   keys = iter(jax.random.split(jax.random.PRNGKey(1), 3 * layers))

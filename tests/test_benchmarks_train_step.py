@@ -1,6 +1,7 @@
 """benchmarks/train_step.py's references, without timing anything: the peers start before jaxpt compiles, every
 round runs each scheme and then each peer once, a ratio to a reference is the median of per-round ratios, and
-`train_peers.py` speaks `sampler_peers.serve`'s protocol through `benchmarks.common.Peer`."""
+`train_peers.py` speaks `sampler_peers.serve`'s protocol through `benchmarks.common.Peer`; the peer scripts refuse
+what they do not run before importing their library."""
 
 import json
 import os
@@ -121,6 +122,15 @@ def test_a_serving_peer_answers_each_run_with_its_seconds(tmp_path):
 def test_train_peers_refuses_what_it_does_not_run(argv, message):
   result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "train_peers.py"), *argv], capture_output=True,
                           text=True, timeout=60, check=False)
+  assert result.returncode != 0 and message in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("argv, message", [(["8", "64", "32", "256", "4", "4"], "expected ROWS PROMPT COMPLETION"),
+                                           (["8", "64", "0", "256", "4", "4", "2"], "COMPLETION must be a positive"),
+                                           (["8", "64", "32", "256", "4", "3", "1"], "divisible by HEADS")])
+def test_tunix_ppo_update_refuses_sizes_it_cannot_build(argv, message):
+  result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "tunix_ppo_update.py"), *argv],
+                          capture_output=True, text=True, timeout=60, check=False)
   assert result.returncode != 0 and message in result.stderr, result.stderr
 
 
