@@ -17,7 +17,8 @@ the adapters, `jaxpt.engine.builder.lora_trainable`), b the micro-batch's rows o
     optimizer    AdamW's two moments: 2 T in param_dtype (optax keeps them in the params' dtype)
     reference    a frozen copy of the policy (DPO / KTO, GRPO with kl_coef > 0, PPO with a KL; not with LoRA, whose
                  reference is the base, adapters off): P in param_dtype
-    activations  what the backward pass keeps of the L blocks, per layer and token (`_layer_bytes`):
+    activations  what the backward pass keeps of the L blocks (PPO: of one model, its critic's backward done before
+                 the policy's forward, `jaxpt.trainers.ppo.sequenced_grad_fn`), per layer and token (`_layer_bytes`):
                  remat none: every block intermediate (norms, q/k/v, attention out, the MLP's hidden, the attention
                  probabilities b H S (S + chunk) / 2 in float32); remat dots: the matmul outputs; remat full: the block
                  input (x streams); plus one block's intermediates recomputed in the backward; LoRA: + one block's
@@ -33,11 +34,12 @@ the adapters, `jaxpt.engine.builder.lora_trainable`), b the micro-batch's rows o
                  backward (grads + activations + logits), its optimizer update (grads + update), or the rollouts'
                  kv_cache + sampler_params; `fits` when total <= device_gib (1 - HEADROOM)
 
-Beside it, `compiled` (only with compile=True; pretrain, sft, dpo and grpo: `step_training` builds their steps
-without data, as their trainers build them): XLA's memory analysis of the trainer's real train step
-(`jaxpt.engine.builder.build_training`, compiled for the mesh from abstract shapes: no params are allocated; DPO's
-and GRPO's reference log-probs are batch columns, computed outside the step), with the analytic terms it should
-match: argument ~ params + optimizer (+ the batch), temp ~ grads + the larger of activations + logits and update.
+Beside it, `compiled` (only with compile=True; every planned trainer: `step_training` builds its step without
+data, as the trainer builds it; PPO's is the policy + critic update): XLA's memory analysis of the trainer's real
+train step (`jaxpt.engine.builder.build_training`, compiled for the mesh from abstract shapes: no params are
+allocated; the reference log-probs of DPO, KTO, GRPO and PPO are batch columns, computed outside the step, so its
+peak + reference is the account's step phase), with the analytic terms it should match: argument ~ params +
+optimizer (+ the batch), temp ~ grads + the larger of activations + logits and update.
 The step is compiled donating the state, as an accelerator run does (the new state is written over the old:
 `alias` = `output`), also on CPU, where a run does not donate it. `benchmarks/plan_tables.py` compares the account
 with this analysis and with the measured peak of the same step on the CPU (d256 and d512 models, SFT / DPO / GRPO,
@@ -76,7 +78,6 @@ __all__ = ["HEADROOM", "PLANNED", "Workload", "account", "advice", "compiled_acc
 GIB = 2 ** 30
 HEADROOM = 0.10  # of device memory left for XLA's workspace, fragmentation and the runtime
 PLANNED = ("pretrain", "sft", "dpo", "kto", "rm", "grpo", "ppo")  # the language-model trainers `jaxpt plan` reads
-COMPILED = ("pretrain", "sft", "dpo", "grpo")  # whose real train step compiles from the config alone
 LOGIT_COPIES = 1  # float32 logits; XLA writes their gradient (softmax - onehot, fused) over them
 
 
@@ -260,7 +261,7 @@ def account(trainer: str, run: RunConfig, devices: int) -> dict[str, float]:
       update=p["trainable_f32"] * load.models,
       optimizer=2 * p["trainable"] * load.models,
       reference=p["full"] if load.reference else 0.0,
-      activations=(blocks + frozen_block) * load.models,
+      activations=blocks + frozen_block,  # PPO: one model's at a time (`jaxpt.trainers.ppo.sequenced_grad_fn`)
       logits=logits,
       kv_cache=0.0,
       sampler_params=0.0)
@@ -277,17 +278,26 @@ def account(trainer: str, run: RunConfig, devices: int) -> dict[str, float]:
 
 
 def step_shapes(trainer: str, run: RunConfig) -> dict[str, jax.ShapeDtypeStruct]:
-  """The global batch shapes `trainer`'s train step is compiled for (one optimizer update's rows)."""
+  """The global batch shapes `trainer`'s train step is compiled for (one optimizer update's rows): the flattened
+  pair batch of DPO / KTO / RM (no DIR bias columns; DPO and KTO with the reference's log-prob columns, KTO with its
+  mismatched rows and per-side weights), GRPO's and PPO's experience minibatch, an LM batch otherwise."""
   load = workload(trainer, run)
   i32, f32 = jnp.int32, jnp.float32
-  if trainer == "grpo":
-    from jaxpt.trainers.grpo import experience_shapes
-    return experience_shapes(run)
-  if trainer == "dpo":  # a flattened preference batch (no bias columns: DIR is not compiled here) + the reference's
+  if trainer in ("grpo", "ppo"):
+    from jaxpt.trainers import grpo, ppo
+    return (grpo if trainer == "grpo" else ppo).experience_shapes(run)
+  if trainer in ("dpo", "kto", "rm"):
     b, s = load.rows // 2, load.seq
+    sides = ("chosen", "rejected")
     shapes = {"chosen_tokens": ((b, s), i32), "rejected_tokens": ((b, s), i32), "weights": ((b,), f32),
-              **{f"{k}_{side}": ((b,), i32) for k in ("chosen", "rejected") for side in ("last", "response_len")},
-              "step": ((b,), i32), "ref_chosen_logps": ((b,), f32), "ref_rejected_logps": ((b,), f32)}
+              **{f"{k}_{end}": ((b,), i32) for k in sides for end in ("last", "response_len")}}
+    if trainer != "rm":
+      shapes.update({"step": ((b,), i32), "ref_chosen_logps": ((b,), f32), "ref_rejected_logps": ((b,), f32)})
+    if trainer == "kto":
+      shapes.update({f"kl_{k}_tokens": ((b, s), i32) for k in sides})
+      shapes.update({f"kl_{k}_{end}": ((b,), i32) for k in sides for end in ("last", "response_len")})
+      shapes.update({f"{k}_weights": ((b,), f32) for k in sides})
+      shapes.update({f"ref_kl_{k}_logps": ((b,), f32) for k in sides})
   else:
     shapes = {k: ((load.rows, load.seq), i32) for k in ("inputs", "targets", "segment_ids", "positions")}
     shapes["weights"] = ((load.rows, load.seq), f32)
@@ -297,14 +307,29 @@ def step_shapes(trainer: str, run: RunConfig) -> dict[str, jax.ShapeDtypeStruct]
 def step_training(trainer: str, run: RunConfig, devices: int, donate: bool = True) -> Any:
   """`trainer`'s sharded training (`jaxpt.engine.builder.Training`: its init and its real train step, compiled for
   the first `devices` local devices from abstract shapes, `step_shapes`), built as the trainer builds it, without
-  its data; donating the state by default (module docstring). ConfigError for what is not compiled here (DPO + DIR,
-  GRPO + CLIPO or a teacher)."""
+  its data; donating the state by default (module docstring). PPO's is the policy + critic update
+  (`jaxpt.trainers.ppo.update_training`), the critic at the policy's size (a `ppo.critic_init` reward model's own
+  shapes are not read, as in the account); an RM with ODIN's `odin_length_sign=auto` compiles as `longer` (the
+  sign is read from the data; the memory is the same). ConfigError for what is not compiled here (DPO + DIR, an RM
+  with DIR, GRPO + CLIPO or a teacher)."""
   from jaxpt.engine.builder import build_training
   from jaxpt.parallel.mesh import make_mesh
 
   mesh = make_mesh(run.mesh, jax.devices()[:devices])
-  model = TransformerLM(run.model, lora=run.lora.spec())
   shapes = step_shapes(trainer, run)
+  if trainer == "ppo":
+    from jaxpt.trainers.ppo import update_training
+    return update_training(run, mesh, run.model, donate=donate)[0]
+  if trainer == "rm":
+    from jaxpt.trainers.rm import rm_training
+    settings = run.rm
+    if settings.objective.uses_club:
+      raise ConfigError("config.rm.loss", "jaxpt plan compiles the reward model's step without DIR's estimator",
+                        settings.loss)
+    if settings.odin_length_sign == "auto":
+      settings = dataclasses.replace(settings, odin_length_sign="longer")
+    return rm_training(run, settings, mesh, shapes, donate=donate)
+  model = TransformerLM(run.model, lora=run.lora.spec())
   seq = run.data.max_prompt_len if trainer == "grpo" else workload(trainer, run).seq
   build = functools.partial(build_training, run, mesh, model, (jnp.zeros((1, seq), jnp.int32),), shapes,
                             donate=donate)
@@ -313,6 +338,9 @@ def step_training(trainer: str, run: RunConfig, devices: int, donate: bool = Tru
     if run.dpo.dir:
       raise ConfigError("config.dpo.dir", "jaxpt plan compiles DPO's step without DIR's estimator", True)
     return build(grad_fn=make_dpo_grad_fn(model, run.dpo), weight_key="num_pairs")
+  if trainer == "kto":
+    from jaxpt.trainers.kto import make_kto_grad_fn
+    return build(grad_fn=make_kto_grad_fn(model, run.kto), weight_key="num_pairs")
   if trainer == "grpo":
     from jaxpt.engine.step import grad_fn_of
     from jaxpt.trainers.grpo import make_policy_loss
@@ -331,8 +359,6 @@ def compiled_account(trainer: str, run: RunConfig, devices: int) -> dict[str, An
   """XLA's memory analysis (bytes per device) of `trainer`'s real train step compiled for `devices` devices of the
   local backend from abstract shapes (`step_training`: no params allocated); {"skipped": why} where it cannot be
   compiled here."""
-  if trainer not in COMPILED:
-    return {"skipped": f"the compiled step is read for {', '.join(COMPILED)} (the others' steps need their data)"}
   if jax.device_count() < devices:
     return {"skipped": f"the local backend has {jax.device_count()} devices, not {devices} (jaxpt plan sets "
                        "jax_num_cpu_devices before jax starts; a process that started jax earlier cannot)"}
