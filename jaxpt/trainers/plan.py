@@ -10,8 +10,11 @@ the adapters, `jaxpt.engine.builder.lora_trainable`), b the micro-batch's rows o
 
     params       P in param_dtype (LoRA: the frozen base in lora.base_dtype, the adapters in param_dtype; QLoRA:
                  the adapted kernels as stored, codes (1 byte, nf4 1/2) + float32 scales (4 / base_quant_block))
-    grads        T in param_dtype, the gradient; with grad_accum_steps > 1 + T in float32, the accumulator the
-                 micro-batches' gradients are added into
+    grads        T in param_dtype, the gradient (with grad_accum_steps > 1: a micro-batch's, then their average)
+    accumulator  with grad_accum_steps > 1, T in float32: the sum the micro-batches' gradients are added into
+                 (alive through the backward passes; the update reads the average, the sum's buffer freed), + T / L
+                 in param_dtype: one block's gradient, which the backward's layer scan holds beside the stacked
+                 gradient under accumulation (XLA:CPU's compiled temporaries: 2 T + T / L at L = 2, 4, 8 layers)
     update       T in float32: the update tree AdamW builds from the whole gradient before the donated state is
                  overwritten (alive with the gradient, after the backward's activations are gone)
     optimizer    AdamW's two moments: 2 T in param_dtype (optax keeps them in the params' dtype)
@@ -31,15 +34,16 @@ the adapters, `jaxpt.engine.builder.lora_trainable`), b the micro-batch's rows o
                  reads (the base's size in lora.base_dtype; QLoRA with lora.rollouts=merged: dequantized); 0 when
                  the rollouts read the params as stored (QLoRA's default: the codes and unmerged adapters)
     total        params + optimizer + reference (alive all run) + the largest of three phases: the step's
-                 backward (grads + activations + logits), its optimizer update (grads + update), or the rollouts'
-                 kv_cache + sampler_params; `fits` when total <= device_gib (1 - HEADROOM)
+                 backward (grads + accumulator + activations + logits), its optimizer update (grads + update), or
+                 the rollouts' kv_cache + sampler_params; `fits` when total <= device_gib (1 - HEADROOM).
+                 `step_total`: the same without the rollouts' phase (the train step alone)
 
 Beside it, `compiled` (only with compile=True; every planned trainer: `step_training` builds its step without
 data, as the trainer builds it; PPO's is the policy + critic update): XLA's memory analysis of the trainer's real
 train step (`jaxpt.engine.builder.build_training`, compiled for the mesh from abstract shapes: no params are
 allocated; the reference log-probs of DPO, KTO, GRPO and PPO are batch columns, computed outside the step, so its
 peak + reference is the account's step phase), with the analytic terms it should match: argument ~ params +
-optimizer (+ the batch), temp ~ grads + the larger of activations + logits and update.
+optimizer (+ the batch), temp ~ `step_transient` (the larger of the backward and the update phase).
 The step is compiled donating the state, as an accelerator run does (the new state is written over the old:
 `alias` = `output`), also on CPU, where a run does not donate it. `benchmarks/plan_tables.py` compares the account
 with this analysis and with the measured peak of the same step on the CPU (d256 and d512 models, SFT / DPO / GRPO,
@@ -73,7 +77,7 @@ from jaxpt.engine.config import RunConfig, check_hf_model, config_json
 from jaxpt.engine.trainers import TRAINERS
 
 __all__ = ["HEADROOM", "PLANNED", "Workload", "account", "advice", "compiled_account", "plan_memory",
-           "rollout_capacity", "run_config", "step_shapes", "step_training", "workload"]
+           "rollout_capacity", "run_config", "step_shapes", "step_total", "step_training", "step_transient", "workload"]
 
 GIB = 2 ** 30
 HEADROOM = 0.10  # of device memory left for XLA's workspace, fragmentation and the runtime
@@ -257,7 +261,8 @@ def account(trainer: str, run: RunConfig, devices: int) -> dict[str, float]:
   logits = tokens * model.vocab_size / tp * 4 * LOGIT_COPIES if load.vocab_logits else 0.0
   parts = dict(
       params=p["params"] * load.models,
-      grads=(p["trainable"] + (p["trainable_f32"] if accum > 1 else 0.0)) * load.models,
+      grads=p["trainable"] * load.models,
+      accumulator=(p["trainable_f32"] + p["trainable"] / model.num_layers if accum > 1 else 0.0) * load.models,
       update=p["trainable_f32"] * load.models,
       optimizer=2 * p["trainable"] * load.models,
       reference=p["full"] if load.reference else 0.0,
@@ -272,9 +277,20 @@ def account(trainer: str, run: RunConfig, devices: int) -> dict[str, float]:
     if run.lora.enabled and not run.lora.samples_unmerged:  # merged rollouts: W + s A B, a copy in base_dtype
       parts["sampler_params"] = p["frozen_float"]  # (lora.rollouts unmerged: the sampler reads the codes as stored)
   resident = parts["params"] + parts["optimizer"] + parts["reference"]
-  step = parts["grads"] + max(parts["activations"] + parts["logits"], parts["update"])
-  parts["total"] = resident + max(step, parts["kv_cache"] + parts["sampler_params"])
+  parts["total"] = resident + max(step_transient(parts), parts["kv_cache"] + parts["sampler_params"])
   return parts
+
+
+def step_transient(parts: dict[str, float]) -> float:
+  """The train step's own bytes beyond the resident state (`account`'s parts): the larger of its backward (grads +
+  accumulator + activations + logits) and its optimizer update (grads + update)."""
+  backward = parts["grads"] + parts["accumulator"] + parts["activations"] + parts["logits"]
+  return max(backward, parts["grads"] + parts["update"])
+
+
+def step_total(parts: dict[str, float]) -> float:
+  """The train step's peak by the account: params + optimizer + reference + `step_transient` (no rollouts)."""
+  return parts["params"] + parts["optimizer"] + parts["reference"] + step_transient(parts)
 
 
 def step_shapes(trainer: str, run: RunConfig) -> dict[str, jax.ShapeDtypeStruct]:
