@@ -1,6 +1,7 @@
 """`jaxpt plan` tables for Qwen2.5 shapes, and the plan against compiled and measured peaks of steps this machine runs.
 
-    python -m benchmarks.plan_tables [--part tables|peaks|all] [--sizes tiny,d256,d512]
+    python -m benchmarks.plan_tables [--part tables|peaks|all] [--sizes tiny,d256,d512] [--trainers sft,dpo,grpo]
+        [--accum 1,4]
 
 `tables`: `jaxpt.trainers.plan.plan_memory` (the analytic account, nothing compiled) for Qwen2.5-0.5B, 1.5B and 7B
 (their config.json alone, `tests/assets/qwen2_5_*_shape`; no weights) on 1 x 16 GiB and 8 x 16 GiB (8: the plan's
@@ -11,15 +12,17 @@ gives the plan's per-device GiB by component, `fits` and its `advice`; where a c
 plan of the advice's `together:` overrides (its first concrete way to fit, if any).
 
 `peaks`: at small sizes (`SIZES`: sft_tiny's model, a d256 and the d512 train-step benchmark model; float32, remat
-full) for SFT, DPO and GRPO, full and LoRA rank 8, in a fresh process each: the analytic account
+full) for SFT, DPO and GRPO (`--trainers`), full and LoRA rank 8, with each of the `--accum` optim.grad_accum_steps
+(the same 8 rows per update split into that many micro-batches), in a fresh process each: the analytic account
 (`plan.account`), XLA's memory analysis of the same real train step (`plan.step_training`, the state donated as
 on an accelerator) and the measured peak of one step on the CPU: the state (and a reference copy where the plan
 counts one) allocated, then per step the process's peak RSS over it (VmHWM, reset just before it through
 /proc/self/clear_refs) minus its RSS before it (read once the previous step's buffers are freed), the largest of
 the `MEASURED` steps after `WARMUP` steps, plus the bytes of the arrays alive (state, reference, batch). The child
 runs with glibc's mmap threshold fixed at 64 KiB (MALLOC_MMAP_THRESHOLD_), so freed buffers leave the RSS. The
-analytic figure compared is the step phase, `step_total` = params + optimizer + reference + grads + the larger of
-activations + logits and update (GRPO's sampler phase is not run here). Prints one JSON object.
+analytic figure compared is the step phase, `plan.step_total` = params + optimizer + reference + the larger of the
+backward (grads + accumulator + activations + logits) and the update (grads + update) (GRPO's sampler phase is not
+run here). Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -151,13 +154,15 @@ def _batch(shapes: dict, seq: int) -> dict:
   return out
 
 
-def child(trainer: str, size: str, rank: int) -> dict:
-  """The analytic, compiled and measured peak of one step of `trainer` at `size` (run in a fresh process)."""
+def child(trainer: str, size: str, rank: int, accum: int = 1) -> dict:
+  """The analytic, compiled and measured peak of one step of `trainer` at `size`, LoRA `rank` (0: full fine-tune),
+  `accum` micro-batches per update (run in a fresh process)."""
   import jax
   import jax.numpy as jnp
   from jaxpt.trainers import plan
   changes = {**{f"model.{k}": v for k, v in SIZES[size].items()}, **PEAK_WORKLOAD[trainer],
-             "model.dtype": "float32", "model.remat": "full", "model.max_seq_len": 256, "lora.rank": rank}
+             "model.dtype": "float32", "model.remat": "full", "model.max_seq_len": 256, "lora.rank": rank,
+             "optim.grad_accum_steps": accum}
   run = plan.run_config(trainer, _config(trainer, "tiny", changes))
   parts = plan.account(trainer, run, 1)
   start = time.perf_counter()
@@ -182,12 +187,12 @@ def child(trainer: str, size: str, rank: int) -> dict:
   alive = sum(x.nbytes for x in jax.tree.leaves((state, reference, batch)))
   transient = max(transients[WARMUP:])
   reference_bytes = parts["reference"]
-  step_total = sum(parts[k] for k in ("params", "optimizer", "reference", "grads")) + max(
-      parts["activations"] + parts["logits"], parts["update"])
+  step_total = plan.step_total(parts)
   measured = alive + transient
   mib = lambda n: round(n / 2 ** 20, 2)
   return dict(
-      trainer=trainer, size=size, lora_rank=rank, rows=load.rows, seq=load.seq,
+      trainer=trainer, size=size, lora_rank=rank, grad_accum_steps=accum, rows=load.rows,
+      micro_rows=load.micro_rows, seq=load.seq,
       analytic_mib={k: mib(v) for k, v in parts.items()}, analytic_step_total_mib=mib(step_total),
       compiled_mib={k: mib(v) for k, v in compiled.items()}, compiled_total_mib=mib(compiled["peak"] + reference_bytes),
       measured_mib=dict(alive_before_step=mib(alive), step_transient=mib(transient), peak=mib(measured),
@@ -197,22 +202,23 @@ def child(trainer: str, size: str, rank: int) -> dict:
       loss_finite=bool(jnp.isfinite(metrics["loss"])), compile_s=round(compile_s, 1))
 
 
-def peaks(sizes: list[str]) -> list[dict]:
+def peaks(sizes: list[str], trainers: list[str], accums: list[int]) -> list[dict]:
   env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", JAX_PLATFORMS="cpu",
              PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
   out = []
   for size in sizes:
-    for trainer in ("sft", "dpo", "grpo"):
+    for trainer in trainers:
       for rank in (0, 8):
-        done = subprocess.run([sys.executable, "-c", CHILD, json.dumps([trainer, size, rank])], env=env, cwd=ROOT,
-                              capture_output=True, text=True)
-        line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
-        if line is None:
-          raise RuntimeError(f"{trainer} {size} rank {rank}: {done.stderr[-2000:]}")
-        result = json.loads(line[len("RESULT "):])
-        result["loadavg_1min"] = os.getloadavg()[0]
-        print(json.dumps(result), file=sys.stderr, flush=True)
-        out.append(result)
+        for accum in accums:
+          done = subprocess.run([sys.executable, "-c", CHILD, json.dumps([trainer, size, rank, accum])], env=env,
+                                cwd=ROOT, capture_output=True, text=True)
+          line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
+          if line is None:
+            raise RuntimeError(f"{trainer} {size} rank {rank} accum {accum}: {done.stderr[-2000:]}")
+          result = json.loads(line[len("RESULT "):])
+          result["loadavg_1min"] = os.getloadavg()[0]
+          print(json.dumps(result), file=sys.stderr, flush=True)
+          out.append(result)
   return out
 
 
@@ -220,6 +226,8 @@ def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--part", default="all", choices=("tables", "peaks", "all"))
   parser.add_argument("--sizes", default="tiny,d256,d512", help="peaks: among " + ",".join(SIZES))
+  parser.add_argument("--trainers", default="sft,dpo,grpo", help="peaks: among " + ",".join(PEAK_WORKLOAD))
+  parser.add_argument("--accum", default="1", help="peaks: optim.grad_accum_steps values (each divides 8)")
   args = parser.parse_args(argv)
   report = {"benchmark": "plan_tables", "command": "python -m benchmarks.plan_tables " + " ".join(
       sys.argv[1:] if argv is None else argv), "headroom": None}
@@ -230,7 +238,7 @@ def main(argv=None) -> None:
     report["tables"] = tables()
   if args.part in ("peaks", "all"):
     report["peak_workload"] = dict(PEAK_WORKLOAD, sizes={s: SIZES[s] for s in args.sizes.split(",")})
-    report["peaks"] = peaks(args.sizes.split(","))
+    report["peaks"] = peaks(args.sizes.split(","), args.trainers.split(","), [int(a) for a in args.accum.split(",")])
   json.dump(report, sys.stdout, indent=1)
   print()
 

@@ -62,8 +62,8 @@ _ADAPTERS = flags.DEFINE_bool("adapters", False, "jaxpt export-hf: a LoRA run's 
 WORKDIR_FLAGS = ("step", "out", "format", "overwrite", "merge", "adapters")  # flags of the workdir subcommands only
 _DEVICES = flags.DEFINE_integer("devices", None, "jaxpt plan: the devices the run would have (the mesh's size).")
 _DEVICE_GIB = flags.DEFINE_float("device_gib", None, "jaxpt plan: memory of one device in GiB (--device-gib).")
-_COMPILE = flags.DEFINE_bool("compile", False, "jaxpt plan: also compile the step from abstract shapes (pretrain, "
-                             "sft, dpo, grpo) and report XLA's memory analysis beside the analytic account.")
+_COMPILE = flags.DEFINE_bool("compile", False, "jaxpt plan: also compile the step from abstract shapes (every planned "
+                             "trainer) and report XLA's memory analysis beside the analytic account.")
 PLAN_FLAGS = ("devices", "device_gib", "compile")  # flags of jaxpt plan only
 PLANNED_MODELS = ("lm", "reward", "actor_critic")  # the trainers jaxpt plan reads (`jaxpt.trainers.plan.PLANNED`)
 _OVERWRITE = flags.DEFINE_bool("overwrite", False, "jaxpt export-hf: replace a previous export in --out (one that "
@@ -168,8 +168,8 @@ class PlanSubcommand:
       "  <trainer>       pretrain, sft, dpo, kto, rm, grpo or ppo",
       "  --devices N     devices of the run (the mesh's sizes are resolved for N)",
       "  --device-gib G  memory of one device, GiB",
-      "  --compile       also compile the step from abstract shapes (pretrain, sft, dpo, grpo; N <= the local devices,",
-      "                  CPU devices are made as needed) and report XLA's memory analysis (compiled_gib)")
+      "  --compile       also compile the step from abstract shapes (PPO: the policy + critic update; N <= the local",
+      "                  devices, CPU devices are made as needed) and report XLA's memory analysis (compiled_gib)")
 
   def __call__(self, trainer: str, config: Any) -> int:
     import json

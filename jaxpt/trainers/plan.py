@@ -10,14 +10,18 @@ the adapters, `jaxpt.engine.builder.lora_trainable`), b the micro-batch's rows o
 
     params       P in param_dtype (LoRA: the frozen base in lora.base_dtype, the adapters in param_dtype; QLoRA:
                  the adapted kernels as stored, codes (1 byte, nf4 1/2) + float32 scales (4 / base_quant_block))
-    grads        T in param_dtype, the gradient; with grad_accum_steps > 1 + T in float32, the accumulator the
-                 micro-batches' gradients are added into
+    grads        T in param_dtype, the gradient (with grad_accum_steps > 1: a micro-batch's, then their average)
+    accumulator  with grad_accum_steps > 1, T in float32: the sum the micro-batches' gradients are added into
+                 (alive through the backward passes; the update reads the average, the sum's buffer freed), + T / L
+                 in param_dtype: one block's gradient, which the backward's layer scan holds beside the stacked
+                 gradient under accumulation (XLA:CPU's compiled temporaries: 2 T + T / L at L = 2, 4, 8 layers)
     update       T in float32: the update tree AdamW builds from the whole gradient before the donated state is
                  overwritten (alive with the gradient, after the backward's activations are gone)
     optimizer    AdamW's two moments: 2 T in param_dtype (optax keeps them in the params' dtype)
     reference    a frozen copy of the policy (DPO / KTO, GRPO with kl_coef > 0, PPO with a KL; not with LoRA, whose
                  reference is the base, adapters off): P in param_dtype
-    activations  what the backward pass keeps of the L blocks, per layer and token (`_layer_bytes`):
+    activations  what the backward pass keeps of the L blocks (PPO: of one model, its critic's backward done before
+                 the policy's forward, `jaxpt.trainers.ppo.sequenced_grad_fn`), per layer and token (`_layer_bytes`):
                  remat none: every block intermediate (norms, q/k/v, attention out, the MLP's hidden, the attention
                  probabilities b H S (S + chunk) / 2 in float32); remat dots: the matmul outputs; remat full: the block
                  input (x streams); plus one block's intermediates recomputed in the backward; LoRA: + one block's
@@ -30,18 +34,21 @@ the adapters, `jaxpt.engine.builder.lora_trainable`), b the micro-batch's rows o
                  reads (the base's size in lora.base_dtype; QLoRA with lora.rollouts=merged: dequantized); 0 when
                  the rollouts read the params as stored (QLoRA's default: the codes and unmerged adapters)
     total        params + optimizer + reference (alive all run) + the largest of three phases: the step's
-                 backward (grads + activations + logits), its optimizer update (grads + update), or the rollouts'
-                 kv_cache + sampler_params; `fits` when total <= device_gib (1 - HEADROOM)
+                 backward (grads + accumulator + activations + logits), its optimizer update (grads + update), or
+                 the rollouts' kv_cache + sampler_params; `fits` when total <= device_gib (1 - HEADROOM).
+                 `step_total`: the same without the rollouts' phase (the train step alone)
 
-Beside it, `compiled` (only with compile=True; pretrain, sft, dpo and grpo: `step_training` builds their steps
-without data, as their trainers build them): XLA's memory analysis of the trainer's real train step
-(`jaxpt.engine.builder.build_training`, compiled for the mesh from abstract shapes: no params are allocated; DPO's
-and GRPO's reference log-probs are batch columns, computed outside the step), with the analytic terms it should
-match: argument ~ params + optimizer (+ the batch), temp ~ grads + the larger of activations + logits and update.
+Beside it, `compiled` (only with compile=True; every planned trainer: `step_training` builds its step without
+data, as the trainer builds it; PPO's is the policy + critic update): XLA's memory analysis of the trainer's real
+train step (`jaxpt.engine.builder.build_training`, compiled for the mesh from abstract shapes: no params are
+allocated; the reference log-probs of DPO, KTO, GRPO and PPO are batch columns, computed outside the step, so its
+peak + reference is the account's step phase), with the analytic terms it should match: argument ~ params +
+optimizer (+ the batch), temp ~ `step_transient` (the larger of the backward and the update phase).
 The step is compiled donating the state, as an accelerator run does (the new state is written over the old:
 `alias` = `output`), also on CPU, where a run does not donate it. `benchmarks/plan_tables.py` compares the account
 with this analysis and with the measured peak of the same step on the CPU (d256 and d512 models, SFT / DPO / GRPO,
-full and LoRA); `benchmarks/results_plan_tables.json` holds the figures.
+full and LoRA; SFT and GRPO also with grad_accum_steps 4, plan / measured 1.01 to 1.02 there);
+`benchmarks/results_plan_tables.json` holds the figures.
 
 `hf:DIR` starts are read from DIR/config.json alone (no weights are opened): the model's architecture fields are
 filled as a run fills them (`jaxpt.engine.config.RunConfig.prepare_values`).
@@ -71,12 +78,11 @@ from jaxpt.engine.config import RunConfig, check_hf_model, config_json
 from jaxpt.engine.trainers import TRAINERS
 
 __all__ = ["HEADROOM", "PLANNED", "Workload", "account", "advice", "compiled_account", "plan_memory",
-           "rollout_capacity", "run_config", "step_shapes", "step_training", "workload"]
+           "rollout_capacity", "run_config", "step_shapes", "step_total", "step_training", "step_transient", "workload"]
 
 GIB = 2 ** 30
 HEADROOM = 0.10  # of device memory left for XLA's workspace, fragmentation and the runtime
 PLANNED = ("pretrain", "sft", "dpo", "kto", "rm", "grpo", "ppo")  # the language-model trainers `jaxpt plan` reads
-COMPILED = ("pretrain", "sft", "dpo", "grpo")  # whose real train step compiles from the config alone
 LOGIT_COPIES = 1  # float32 logits; XLA writes their gradient (softmax - onehot, fused) over them
 
 
@@ -256,11 +262,12 @@ def account(trainer: str, run: RunConfig, devices: int) -> dict[str, float]:
   logits = tokens * model.vocab_size / tp * 4 * LOGIT_COPIES if load.vocab_logits else 0.0
   parts = dict(
       params=p["params"] * load.models,
-      grads=(p["trainable"] + (p["trainable_f32"] if accum > 1 else 0.0)) * load.models,
+      grads=p["trainable"] * load.models,
+      accumulator=(p["trainable_f32"] + p["trainable"] / model.num_layers if accum > 1 else 0.0) * load.models,
       update=p["trainable_f32"] * load.models,
       optimizer=2 * p["trainable"] * load.models,
       reference=p["full"] if load.reference else 0.0,
-      activations=(blocks + frozen_block) * load.models,
+      activations=blocks + frozen_block,  # PPO: one model's at a time (`jaxpt.trainers.ppo.sequenced_grad_fn`)
       logits=logits,
       kv_cache=0.0,
       sampler_params=0.0)
@@ -271,23 +278,43 @@ def account(trainer: str, run: RunConfig, devices: int) -> dict[str, float]:
     if run.lora.enabled and not run.lora.samples_unmerged:  # merged rollouts: W + s A B, a copy in base_dtype
       parts["sampler_params"] = p["frozen_float"]  # (lora.rollouts unmerged: the sampler reads the codes as stored)
   resident = parts["params"] + parts["optimizer"] + parts["reference"]
-  step = parts["grads"] + max(parts["activations"] + parts["logits"], parts["update"])
-  parts["total"] = resident + max(step, parts["kv_cache"] + parts["sampler_params"])
+  parts["total"] = resident + max(step_transient(parts), parts["kv_cache"] + parts["sampler_params"])
   return parts
 
 
+def step_transient(parts: dict[str, float]) -> float:
+  """The train step's own bytes beyond the resident state (`account`'s parts): the larger of its backward (grads +
+  accumulator + activations + logits) and its optimizer update (grads + update)."""
+  backward = parts["grads"] + parts["accumulator"] + parts["activations"] + parts["logits"]
+  return max(backward, parts["grads"] + parts["update"])
+
+
+def step_total(parts: dict[str, float]) -> float:
+  """The train step's peak by the account: params + optimizer + reference + `step_transient` (no rollouts)."""
+  return parts["params"] + parts["optimizer"] + parts["reference"] + step_transient(parts)
+
+
 def step_shapes(trainer: str, run: RunConfig) -> dict[str, jax.ShapeDtypeStruct]:
-  """The global batch shapes `trainer`'s train step is compiled for (one optimizer update's rows)."""
+  """The global batch shapes `trainer`'s train step is compiled for (one optimizer update's rows): the flattened
+  pair batch of DPO / KTO / RM (no DIR bias columns; DPO and KTO with the reference's log-prob columns, KTO with its
+  mismatched rows and per-side weights), GRPO's and PPO's experience minibatch, an LM batch otherwise."""
   load = workload(trainer, run)
   i32, f32 = jnp.int32, jnp.float32
-  if trainer == "grpo":
-    from jaxpt.trainers.grpo import experience_shapes
-    return experience_shapes(run)
-  if trainer == "dpo":  # a flattened preference batch (no bias columns: DIR is not compiled here) + the reference's
+  if trainer in ("grpo", "ppo"):
+    from jaxpt.trainers import grpo, ppo
+    return (grpo if trainer == "grpo" else ppo).experience_shapes(run)
+  if trainer in ("dpo", "kto", "rm"):
     b, s = load.rows // 2, load.seq
+    sides = ("chosen", "rejected")
     shapes = {"chosen_tokens": ((b, s), i32), "rejected_tokens": ((b, s), i32), "weights": ((b,), f32),
-              **{f"{k}_{side}": ((b,), i32) for k in ("chosen", "rejected") for side in ("last", "response_len")},
-              "step": ((b,), i32), "ref_chosen_logps": ((b,), f32), "ref_rejected_logps": ((b,), f32)}
+              **{f"{k}_{end}": ((b,), i32) for k in sides for end in ("last", "response_len")}}
+    if trainer != "rm":
+      shapes.update({"step": ((b,), i32), "ref_chosen_logps": ((b,), f32), "ref_rejected_logps": ((b,), f32)})
+    if trainer == "kto":
+      shapes.update({f"kl_{k}_tokens": ((b, s), i32) for k in sides})
+      shapes.update({f"kl_{k}_{end}": ((b,), i32) for k in sides for end in ("last", "response_len")})
+      shapes.update({f"{k}_weights": ((b,), f32) for k in sides})
+      shapes.update({f"ref_kl_{k}_logps": ((b,), f32) for k in sides})
   else:
     shapes = {k: ((load.rows, load.seq), i32) for k in ("inputs", "targets", "segment_ids", "positions")}
     shapes["weights"] = ((load.rows, load.seq), f32)
@@ -297,14 +324,29 @@ def step_shapes(trainer: str, run: RunConfig) -> dict[str, jax.ShapeDtypeStruct]
 def step_training(trainer: str, run: RunConfig, devices: int, donate: bool = True) -> Any:
   """`trainer`'s sharded training (`jaxpt.engine.builder.Training`: its init and its real train step, compiled for
   the first `devices` local devices from abstract shapes, `step_shapes`), built as the trainer builds it, without
-  its data; donating the state by default (module docstring). ConfigError for what is not compiled here (DPO + DIR,
-  GRPO + CLIPO or a teacher)."""
+  its data; donating the state by default (module docstring). PPO's is the policy + critic update
+  (`jaxpt.trainers.ppo.update_training`), the critic at the policy's size (a `ppo.critic_init` reward model's own
+  shapes are not read, as in the account); an RM with ODIN's `odin_length_sign=auto` compiles as `longer` (the
+  sign is read from the data; the memory is the same). ConfigError for what is not compiled here (DPO + DIR, an RM
+  with DIR, GRPO + CLIPO or a teacher)."""
   from jaxpt.engine.builder import build_training
   from jaxpt.parallel.mesh import make_mesh
 
   mesh = make_mesh(run.mesh, jax.devices()[:devices])
-  model = TransformerLM(run.model, lora=run.lora.spec())
   shapes = step_shapes(trainer, run)
+  if trainer == "ppo":
+    from jaxpt.trainers.ppo import update_training
+    return update_training(run, mesh, run.model, donate=donate)[0]
+  if trainer == "rm":
+    from jaxpt.trainers.rm import rm_training
+    settings = run.rm
+    if settings.objective.uses_club:
+      raise ConfigError("config.rm.loss", "jaxpt plan compiles the reward model's step without DIR's estimator",
+                        settings.loss)
+    if settings.odin_length_sign == "auto":
+      settings = dataclasses.replace(settings, odin_length_sign="longer")
+    return rm_training(run, settings, mesh, shapes, donate=donate)
+  model = TransformerLM(run.model, lora=run.lora.spec())
   seq = run.data.max_prompt_len if trainer == "grpo" else workload(trainer, run).seq
   build = functools.partial(build_training, run, mesh, model, (jnp.zeros((1, seq), jnp.int32),), shapes,
                             donate=donate)
@@ -313,6 +355,9 @@ def step_training(trainer: str, run: RunConfig, devices: int, donate: bool = Tru
     if run.dpo.dir:
       raise ConfigError("config.dpo.dir", "jaxpt plan compiles DPO's step without DIR's estimator", True)
     return build(grad_fn=make_dpo_grad_fn(model, run.dpo), weight_key="num_pairs")
+  if trainer == "kto":
+    from jaxpt.trainers.kto import make_kto_grad_fn
+    return build(grad_fn=make_kto_grad_fn(model, run.kto), weight_key="num_pairs")
   if trainer == "grpo":
     from jaxpt.engine.step import grad_fn_of
     from jaxpt.trainers.grpo import make_policy_loss
@@ -331,8 +376,6 @@ def compiled_account(trainer: str, run: RunConfig, devices: int) -> dict[str, An
   """XLA's memory analysis (bytes per device) of `trainer`'s real train step compiled for `devices` devices of the
   local backend from abstract shapes (`step_training`: no params allocated); {"skipped": why} where it cannot be
   compiled here."""
-  if trainer not in COMPILED:
-    return {"skipped": f"the compiled step is read for {', '.join(COMPILED)} (the others' steps need their data)"}
   if jax.device_count() < devices:
     return {"skipped": f"the local backend has {jax.device_count()} devices, not {devices} (jaxpt plan sets "
                        "jax_num_cpu_devices before jax starts; a process that started jax earlier cannot)"}

@@ -71,7 +71,7 @@ from jaxpt.engine.state import TrainState
 from jaxpt.engine.step import GradFn, grad_fn_of, make_train_step
 
 __all__ = ["PPOHooks", "PolicyAndCritic", "build", "critic_values", "experience_shapes", "loss_parts",
-           "sequenced_grad_fn"]
+           "sequenced_grad_fn", "update_training"]
 
 
 class PolicyAndCritic(nn.Module):
@@ -294,21 +294,15 @@ def load_critic_start(config: PPORunConfig, mesh: Any, tokenizer: Any) -> SavedM
   return run
 
 
-def build(config: PPORunConfig | Any, workdir: str) -> BuiltRun:
-  """Checks `config` (ConfigError naming the field), loads the reward model(s) (every refusal before any compile),
-  then builds the tokenizer, prompts, samplers and the two compiled updates (policy + critic; critic only)."""
-  config = from_section(PPORunConfig, config, "config")
-  mesh, tokenizer = rl_start(config, workdir, "config.ppo.group_size / config.ppo.minibatches")
-  reward_run = load_reward_model(config, mesh)
-  critic_start = load_critic_start(config, mesh, tokenizer)
-  critic_config = config.model if critic_start is None else critic_start.config
-
+def update_training(config: PPORunConfig, mesh: Any, critic_config: ModelConfig,
+                    donate: bool | None = None) -> tuple[Training, dict, dict]:
+  """(the shared builder's policy + critic update on `mesh`, compiled for one minibatch (`experience_shapes`), its
+  per-part optimizers {"policy", "critic"} and their schedules): what `build` runs and `jaxpt plan` compiles."""
   settings = config.ppo
   policy_updates = max(1, (config.steps - settings.value_warmup_steps) * config.updates_per_step)
   critic_updates = max(1, config.steps * config.updates_per_step)
   critic_optim = dataclasses.replace(config.optim, learning_rate=settings.critic_learning_rate)
-  parts = {}
-  schedules = {}
+  parts, schedules = {}, {}
 
   def optimizer(boxed: Any, steps: int) -> tuple[Any, Any]:
     parts["policy"], schedules["policy"] = make_optimizer(config.optim, steps, mask=decay_mask(boxed["policy"]))
@@ -320,18 +314,32 @@ def build(config: PPORunConfig | Any, workdir: str) -> BuiltRun:
     return {"reward_stats": init_running_stats()} if config.reward.normalize == "running" else None
 
   policy_part, value_part = loss_parts(config.model, critic_config, settings, config.sampling.temperature)
-  value_only = lambda params, mb, rng: value_part(params["critic"], mb)
-  weight_key = "num_tokens" if settings.agg == "token-mean" else "num_rows"
-  say("compiling the policy and critic updates ...")
-  model = PolicyAndCritic(config.model, critic_config)
-  shapes = experience_shapes(config)
-  training = build_training(config, mesh, model, (jnp.zeros((1, config.data.max_prompt_len), jnp.int32),), shapes,
-                            grad_fn=sequenced_grad_fn(policy_part, value_part), weight_key=weight_key,
+  training = build_training(config, mesh, PolicyAndCritic(config.model, critic_config),
+                            (jnp.zeros((1, config.data.max_prompt_len), jnp.int32),), experience_shapes(config),
+                            grad_fn=sequenced_grad_fn(policy_part, value_part),
+                            weight_key="num_tokens" if settings.agg == "token-mean" else "num_rows",
                             total_steps=policy_updates, init_aux=init_aux, init_from_subtree="policy",
-                            optimizer=optimizer)
+                            optimizer=optimizer, donate=donate)
+  return training, parts, schedules
+
+
+def build(config: PPORunConfig | Any, workdir: str) -> BuiltRun:
+  """Checks `config` (ConfigError naming the field), loads the reward model(s) (every refusal before any compile),
+  then builds the tokenizer, prompts, samplers and the two compiled updates (policy + critic; critic only)."""
+  config = from_section(PPORunConfig, config, "config")
+  mesh, tokenizer = rl_start(config, workdir, "config.ppo.group_size / config.ppo.minibatches")
+  reward_run = load_reward_model(config, mesh)
+  critic_start = load_critic_start(config, mesh, tokenizer)
+  critic_config = config.model if critic_start is None else critic_start.config
+
+  say("compiling the policy and critic updates ...")
+  training, parts, schedules = update_training(config, mesh, critic_config)
+  _, value_part = loss_parts(config.model, critic_config, config.ppo, config.sampling.temperature)
+  value_only = lambda params, mb, rng: value_part(params["critic"], mb)
+  weight_key = "num_tokens" if config.ppo.agg == "token-mean" else "num_rows"
   warmup_step = training.compile_step(make_train_step(
       None, partitioned(parts, frozen=("policy",)), schedules["critic"], config.optim.grad_accum_steps, weight_key,
-      grad_fn=grad_fn_of(value_only), skip_nonfinite=config.on_nonfinite == "skip"), shapes)
+      grad_fn=grad_fn_of(value_only), skip_nonfinite=config.on_nonfinite == "skip"), experience_shapes(config))
 
   layout = training.layout
   policy_layout = dataclasses.replace(layout, params=layout.params["policy"])

@@ -32,7 +32,7 @@ from jaxpt.models.reward import RewardModel
 from jaxpt.progress import say
 from jaxpt.registry import Registry
 from jaxpt.trainers import dir_estimator
-from jaxpt.engine.builder import batch_shapes, build_training, training_mesh
+from jaxpt.engine.builder import Training, batch_shapes, build_training, training_mesh
 from jaxpt.trainers.dir_estimator import DIRSettings
 from jaxpt.engine.config import RunConfig, check_vocab
 from jaxpt.engine.init_from import init_tokenizer
@@ -43,7 +43,7 @@ from jaxpt.engine.run import BuiltRun
 from jaxpt.engine.step import make_train_step
 
 __all__ = ["BIAS_PREFIX", "RMConfig", "RMEvaluator", "RMRunConfig", "build", "flatten_batch", "init_estimator",
-           "make_rm_grad_fn", "make_rm_train_step", "pair_tokens", "rm_objective"]
+           "make_rm_grad_fn", "make_rm_train_step", "pair_tokens", "rm_objective", "rm_training"]
 
 
 class RMInputs(NamedTuple):
@@ -251,6 +251,19 @@ class RMEvaluator(PairEvaluator):
 # Build and run
 
 
+def rm_training(config: RMRunConfig, settings: RMConfig, mesh: Any, shapes: dict[str, jax.ShapeDtypeStruct],
+                donate: bool | None = None) -> Training:
+  """The shared builder's reward-model step on `mesh` for batches of `shapes` (flattened pairs), `settings` the run's
+  `rm` section with odin_length_sign resolved: what `build` runs and `jaxpt plan` compiles. With LoRA the score head
+  trains whole beside the backbone's adapters."""
+  model = RewardModel(config.model, settings.objective.num_scores, lora=config.lora.spec())
+  init_args = (jnp.zeros((1, config.data.seq_len), jnp.int32), jnp.zeros((1,), jnp.int32))
+  init_aux = lambda rng: init_estimator(settings, config.model.d_model, rng)
+  return build_training(config, mesh, model, init_args, shapes, grad_fn=make_rm_grad_fn(model, settings),
+                        weight_key="num_pairs", init_aux=init_aux, init_from_subtree="backbone", new_heads=("head",),
+                        donate=donate)
+
+
 def build(config: RMRunConfig | Any, workdir: str) -> BuiltRun:
   """Checks `config` (ConfigError naming the field), then builds preference data, RewardModel, optimizer, the
   compiled step and evaluator. `config.init_from` (a jaxpt pretrain/SFT workdir, or hf:DIR) fills the backbone's
@@ -271,19 +284,13 @@ def build(config: RMRunConfig | Any, workdir: str) -> BuiltRun:
     settings = dataclasses.replace(settings, odin_length_sign="longer" if share >= 0.5 else "shorter")
     logging.info("rm.odin_length_sign=auto: %.3f of the training pairs' chosen responses are longer -> %s", share,
                  settings.odin_length_sign)
-  model = RewardModel(config.model, settings.objective.num_scores, lora=config.lora.spec())
-  init_args = (jnp.zeros((1, config.data.seq_len), jnp.int32), jnp.zeros((1,), jnp.int32))
 
   def train_batch(step: int, index: int, count: int) -> dict:
     return flatten_batch(data.train_batch(step, index, count))
 
   say("compiling the train step ...")
-  training = build_training(
-      config, mesh, model, init_args, batch_shapes(train_batch(0, 0, 1), batch_size),
-      grad_fn=make_rm_grad_fn(model, settings), weight_key="num_pairs",
-      init_aux=lambda rng: init_estimator(settings, config.model.d_model, rng), init_from_subtree="backbone",
-      new_heads=("head",))  # with LoRA the score head trains whole beside the backbone's adapters
-  evaluator = RMEvaluator(model, eval_splits(data), put=training.put, out_sharding=parallel.replicated(mesh))
+  training = rm_training(config, settings, mesh, batch_shapes(train_batch(0, 0, 1), batch_size))
+  evaluator = RMEvaluator(training.model, eval_splits(data), put=training.put, out_sharding=parallel.replicated(mesh))
   return BuiltRun("rm", config, training, training.batches(train_batch, batch_size),
                   inputs=run_inputs(data.corpus_id, data.tokenizer), tokenizer=data.tokenizer, data=data,
                   evaluate=training.under_rules(evaluator), title=f"rm ({settings.loss})",
