@@ -1,7 +1,10 @@
 """Rollouts on a QLoRA policy's codes (`lora.rollouts`, `make_sampler(lora=...)`): the sampler on the nf4 codes and
 unmerged adapters against the same sampler on the merged float copy W~ + s A B (greedy tokens exact, log-probs to
 rounding), the teacher-forced log-probs and the adapters-off reference against the merged policy and the quantized
-base, and the compiled sampler's memory: no float copy of the base among its arguments or temporaries."""
+base, bf16 rollouts on the codes (their scales kept float32), and the compiled sampler's memory: no float copy of
+the base among its arguments or temporaries."""
+
+import dataclasses
 
 import flax.linen as nn
 import jax
@@ -15,7 +18,8 @@ from jaxpt.models.transformer import TransformerLM
 from jaxpt.nn import lora as lora_lib
 from jaxpt.nn.lora import LoRAConfig
 from jaxpt.rl.logprobs import response_logprobs
-from jaxpt.rl.sampler import SamplingConfig, make_sampler
+from jaxpt.nn.quant import Quant
+from jaxpt.rl.sampler import SamplingConfig, decode_config_of, decode_params, make_sampler
 
 # 4 layers whose projections outweigh the embedding, so that a float copy of the base would show in the memory
 TINY = ModelConfig(vocab_size=64, d_model=64, num_layers=4, num_heads=4, num_kv_heads=2, mlp_dim=256, max_seq_len=64)
@@ -74,6 +78,25 @@ def test_teacher_forced_logprobs_on_the_codes_and_the_adapters_off_reference(pol
   off = lora_lib.replace_adapters(params, jax.tree.map(jnp.zeros_like, lora_lib.adapter_params(params)))
   np.testing.assert_array_equal(adapted(off), forward(TransformerLM(TINY, lora=lora_lib.base_spec(spec)))(
       lora_lib.base_params(params)))
+
+
+@pytest.mark.parametrize("scheme", ["nf4", "int8"])
+def test_bf16_rollouts_on_the_codes_read_the_float32_dequantized_kernels_cast_once(policy, scheme):
+  """`decode_params` keeps `kernel_scale` float32 under bf16 rollouts: the codes path's W~ is code x scale in float32
+  cast to bf16, bitwise the merged path's bf16(W~), so with the adapters at 0 the bf16 logits on the codes equal the
+  bf16 logits on the dequantized base (a bf16 scale rounds a second time: benchmarks/qlora_bf16_rollouts.py)."""
+  spec, params, _, tokens, _ = policy
+  if scheme != spec.quant.scheme:
+    spec = dataclasses.replace(spec, quant=Quant(scheme, spec.quant.block))
+    params = lora_lib.quantize_params(lora_lib.dequantize_params(params, policy[0].quant), spec.quant)
+  params = lora_lib.replace_adapters(params, jax.tree.map(jnp.zeros_like, lora_lib.adapter_params(params)))
+  bf16 = decode_config_of(TINY, dataclasses.replace(GREEDY, rollout_dtype="bfloat16"))
+  codes = decode_params(params, TINY, bf16)
+  scales = [leaf for path, leaf in jax.tree_util.tree_leaves_with_path(codes) if "kernel_scale" in str(path[-1])]
+  assert scales and all(leaf.dtype == jnp.float32 for leaf in scales)
+  base = decode_params(lora_lib.dequantize_params(lora_lib.base_params(params), spec.quant), TINY, bf16)
+  logits = lambda model, p: jax.jit(model.apply)({"params": p}, tokens)
+  np.testing.assert_array_equal(logits(TransformerLM(bf16, lora=spec), codes), logits(TransformerLM(bf16), base))
 
 
 def test_the_compiled_sampler_holds_no_float_copy_of_the_base(policy, samplers):
