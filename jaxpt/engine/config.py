@@ -109,6 +109,12 @@ class RunConfig(Section):
                         "hf:DIR)", self.lora.init_adapter)
     hf_peft.check_adapter(os.path.expanduser(self.lora.init_adapter), self.model, self.lora, "lora.init_adapter")
 
+  def recorded_before(self, recorded: Mapping[str, Any]) -> dict[str, Any]:
+    """{dotted field: value} for the fields that a run's config.json `recorded`, written before they existed, lacks
+    and whose default would change what that run does: the value it ran with (`jaxpt.engine.record` compares this
+    launch with it on resume). None here."""
+    return {}
+
   def check_batch_split(self, rows: int, rows_field: str) -> None:
     """ConfigError naming optim.grad_accum_steps when it does not divide the `rows` of a step's batch."""
     if rows % self.optim.grad_accum_steps:
