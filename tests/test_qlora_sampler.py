@@ -117,7 +117,25 @@ def test_rollouts_setting_resolves_and_refuses_one_line():
   assert resolved(base_quant="int8") and resolved(base_quant="nf4", base_quant_block=16)
   assert not resolved() and resolved(rollouts="unmerged")
   assert not resolved(base_quant="int8", rollouts="merged")
-  assert not from_section(LoRAConfig, {"rollouts": "unmerged"}, "lora").samples_unmerged  # rank 0: no adapters
+  assert not from_section(LoRAConfig, {}, "lora").samples_unmerged  # rank 0: no adapters
+  for way in ("merged", "unmerged"):  # set with LoRA off: refused, not ignored
+    with pytest.raises(ConfigError, match=rf"^lora\.rollouts='{way}': .*LoRA is off: set lora\.rank > 0") as e:
+      from_section(LoRAConfig, {"rollouts": way}, "lora")
+    assert "\n" not in str(e.value)
   with pytest.raises(ConfigError, match=r"^lora\.rollouts='codes': ") as e:
     from_section(LoRAConfig, {"rank": 4, "rollouts": "codes"}, "lora")
   assert "\n" not in str(e.value)
+
+
+def test_a_rollouts_override_with_lora_off_is_refused_even_at_auto():
+  """`--config.lora.rollouts=auto` with rank 0: a config file holds every field, so the run config cannot tell it from
+  auto left unset; the command line's overrides can (`check_overrides`, run by the CLI before any work)."""
+  from ml_collections import ConfigDict
+
+  from jaxpt.engine.config import check_overrides
+
+  off = ConfigDict({"lora": {"rank": 0, "rollouts": "auto"}})
+  with pytest.raises(ConfigError, match=r"^config\.lora\.rollouts='auto': .*LoRA is off: set lora\.rank > 0"):
+    check_overrides(off, {"lora.rollouts": "auto"})
+  check_overrides(off, {"lora.alpha": 8.0})
+  check_overrides(ConfigDict({"lora": {"rank": 4, "rollouts": "auto"}}), {"lora.rollouts": "auto"})

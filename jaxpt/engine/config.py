@@ -14,14 +14,14 @@ from typing import Any, Mapping
 from jaxpt.config import ConfigError, DataError, Section, as_dict, at_least, inline, section_values
 from jaxpt.models import hf, hf_config, hf_peft
 from jaxpt.models.config import ModelConfig
-from jaxpt.nn.lora import LoRAConfig, resolve_targets
+from jaxpt.nn.lora import ROLLOUTS_WITHOUT_LORA, LoRAConfig, resolve_targets
 from jaxpt.parallel.mesh import MeshConfig
 from jaxpt.engine.loop import LoopConfig
 from jaxpt.engine.optim import OptimConfig
 from jaxpt.engine.record import NoRunRecord, recorded_config
 from jaxpt.engine.trainers import TRAINER_KEY, TRAINERS, recorded_trainer, trainer_list, trainer_of
 
-__all__ = ["RunConfig", "check_hf_model", "check_init_from", "check_vocab", "config_json"]
+__all__ = ["RunConfig", "check_hf_model", "check_init_from", "check_overrides", "check_vocab", "config_json"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -160,6 +160,17 @@ def _adapter_fields(values: dict, path: str) -> dict:
     elif name != "dropout" and not _same_lora_value(name, given, value):
       raise _contradiction(path, name, given, value, where)
   return {**values, "lora": lora}
+
+
+def check_overrides(config: Any, overrides: Mapping[str, Any], path: str = "config") -> None:
+  """ConfigError naming the field for a command-line override (`overrides`: flat dotted names -> values, as
+  ml_collections' `get_override_values` gives them) that is wrong even at the field's default, which the run config,
+  filled from a file holding every field, cannot tell from a field left unset: one contradicting lora.init_adapter's
+  adapter (`check_adapter_overrides`), lora.rollouts with LoRA off."""
+  check_adapter_overrides(config, overrides, path)
+  rank = section_values(section_values(config).get("lora")).get("rank")
+  if "lora.rollouts" in overrides and not (isinstance(rank, int) and rank > 0):
+    raise ConfigError(f"{path}.lora.rollouts", ROLLOUTS_WITHOUT_LORA, overrides["lora.rollouts"])
 
 
 def check_adapter_overrides(config: Any, overrides: Mapping[str, Any], path: str = "config") -> None:
