@@ -80,7 +80,7 @@ def test_teacher_forced_logprobs_on_the_codes_and_the_adapters_off_reference(pol
       lora_lib.base_params(params)))
 
 
-@pytest.mark.parametrize("scheme", ["nf4", "int8"])
+@pytest.mark.parametrize("scheme", ["nf4", pytest.param("int8", marks=pytest.mark.slow)])
 def test_bf16_rollouts_on_the_codes_read_the_float32_dequantized_kernels_cast_once(policy, scheme):
   """`decode_params` keeps `kernel_scale` float32 under bf16 rollouts: the codes path's W~ is code x scale in float32
   cast to bf16, bitwise the merged path's bf16(W~), so with the adapters at 0 the bf16 logits on the codes equal the
