@@ -151,13 +151,13 @@ def _grpo(**lora):
 
   config = load_config_file(os.path.join(os.path.dirname(__file__), "..", "experiments", "configs", "grpo_tiny.py"))
   allow = lora.pop("allow_changes", "")
-  config.lora.update(rank=4, **lora)
+  config.lora.update({"rank": 4, **lora})
   config.allow_changes = allow
   return from_section(GRPORunConfig, config, "config")
 
 
-def _recorded_without_rollouts(workdir, config) -> None:
-  """A checkpointed run recorded as jaxpt did before `lora.rollouts` existed: no such key in its rows."""
+def _recorded_without(workdir, config, *keys) -> None:
+  """A checkpointed run recorded as jaxpt did before the config field `keys` ('lora', 'rollouts') existed."""
   record.record_launch(workdir, config, INPUTS)
   _with_checkpoint(workdir)
   for name in (record.HISTORY_FILE, record.CONFIG_FILE):
@@ -166,7 +166,10 @@ def _recorded_without_rollouts(workdir, config) -> None:
       text = f.read()
     rows = [json.loads(line) for line in text.splitlines()] if name == record.HISTORY_FILE else [json.loads(text)]
     for row in rows:
-      del (row["config"] if name == record.HISTORY_FILE else row)["lora"]["rollouts"]
+      section = row["config"] if name == record.HISTORY_FILE else row
+      for key in keys[:-1]:
+        section = section[key]
+      del section[keys[-1]]
     with open(path, "w") as f:
       f.write("".join(json.dumps(row) + "\n" for row in rows))
 
@@ -176,7 +179,7 @@ def test_a_qlora_grpo_run_recorded_before_lora_rollouts_keeps_its_merged_rollout
   so a resume with it is refused in one line naming lora.rollouts; merged resumes, allow_changes switches."""
   qlora = dict(base_quant="nf4", base_quant_block=16)
   workdir = str(tmp_path)
-  _recorded_without_rollouts(workdir, _grpo(rollouts="merged", **qlora))
+  _recorded_without(workdir, _grpo(rollouts="merged", **qlora), "lora", "rollouts")
   for rollouts in ("auto", "unmerged"):
     with pytest.raises(record.RunMismatch, match=f'lora.rollouts \\("merged" -> "{rollouts}"\\)') as error:
       record.check_launch(workdir, _grpo(rollouts=rollouts, **qlora), INPUTS)
@@ -190,7 +193,19 @@ def test_a_qlora_grpo_run_recorded_before_lora_rollouts_keeps_its_merged_rollout
 def test_a_lora_grpo_run_recorded_before_lora_rollouts_resumes_as_it_ran(tmp_path):
   """LoRA on a float base: auto samples the merged params as the run did, so it resumes without allow_changes."""
   workdir = str(tmp_path)
-  _recorded_without_rollouts(workdir, _grpo())
+  _recorded_without(workdir, _grpo(), "lora", "rollouts")
   assert record.check_launch(workdir, _grpo(), INPUTS) == {}
   with pytest.raises(record.RunMismatch, match=r'lora.rollouts \("merged" -> "unmerged"\)'):
     record.check_launch(workdir, _grpo(rollouts="unmerged"), INPUTS)
+
+
+def test_a_run_recorded_before_the_lora_section_resumes_without_adapters_only(tmp_path):
+  """Its record has no `lora`: it trained every parameter (lora.rank 0), so a resume with LoRA on is refused in one
+  line naming lora.rank instead of being taken for a LoRA run."""
+  workdir = str(tmp_path)
+  plain = _grpo(rank=0)
+  _recorded_without(workdir, plain, "lora")
+  assert record.check_launch(workdir, plain, INPUTS) == {}
+  with pytest.raises(record.RunMismatch, match=r"lora\.rank \(0 -> 4\)") as error:
+    record.check_launch(workdir, _grpo(), INPUTS)
+  assert "\n" not in str(error.value)

@@ -112,8 +112,8 @@ class RunConfig(Section):
   def recorded_before(self, recorded: Mapping[str, Any]) -> dict[str, Any]:
     """{dotted field: value} for the fields that a run's config.json `recorded`, written before they existed, lacks
     and whose default would change what that run does: the value it ran with (`jaxpt.engine.record` compares this
-    launch with it on resume). None here."""
-    return {}
+    launch with it on resume). A run recorded before the `lora` section trained without adapters: lora.rank 0."""
+    return {} if "lora" in recorded else {"lora.rank": 0}
 
   def check_batch_split(self, rows: int, rows_field: str) -> None:
     """ConfigError naming optim.grad_accum_steps when it does not divide the `rows` of a step's batch."""

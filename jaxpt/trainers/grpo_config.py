@@ -164,7 +164,7 @@ class GRPORunConfig(RunConfig):
     lora.rollouts."""
     lora = recorded.get("lora")
     if not isinstance(lora, Mapping) or "rollouts" in lora:
-      return {}
+      return super().recorded_before(recorded)
     return {"lora.rollouts": "merged" if self.lora.samples_unmerged else self.lora.rollouts}
 
   def check(self) -> None:
