@@ -6,7 +6,8 @@ A Llama-shaped checkpoint with random weights (d 1024, 4 layers, mlp 2816, vocab
 that QLoRA quantizes, 34 MB of embeddings) is written to a temporary directory once; each way runs in its own fresh
 process (alternating, `ROUNDS` each), which samples its anonymous resident memory (RssAnon, /proc/self/status:
 safetensors' memory-mapped file pages are not counted) every millisecond while the checkpoint loads; the figure is
-the peak above the level just before the load, in MB. Both ways end with the same codes (checked here; bitwise in
+the peak above the level just before the load (taken after `malloc_trim`, so that memory the set-up freed and the
+load reuses counts), in MB. Both ways end with the same codes (checked here; bitwise in
 tests/test_qlora.py).
 
   PYTHONPATH=. python3 benchmarks/qlora_hf_load.py > benchmarks/results_qlora_hf_load_cpu.json
@@ -49,7 +50,6 @@ def load(directory: str, way: str) -> dict:
   import flax.linen as nn
   import jax
   import jax.numpy as jnp
-  import numpy as np
 
   from jaxpt.engine.builder import lifted, stream_quantizer
   from jaxpt.models import hf
@@ -63,6 +63,25 @@ def load(directory: str, way: str) -> dict:
                                                                            jnp.zeros((1, 1), jnp.int32))["params"])
   quantize = jax.jit(lambda p: lora_lib.quantize_params(p, spec.quant))
   jax.block_until_ready(template)
+
+  def run():
+    if way == "whole":
+      return quantize(lora_lib.with_adapters(hf.load_params(directory, config), template))
+    each = stream_quantizer(template, spec.quant, jnp.float32)
+    return lora_lib.with_adapters(lifted(hf.load_params(directory, config, each=each)), template)
+
+  return measured(run)
+
+
+def measured(run) -> dict:
+  """Runs `run()` (-> QLoRA params) sampling RssAnon every millisecond: {peak_mb above the level before, seconds,
+  codes_checksum (of every `kernel_q`), params_mb}."""
+  import ctypes
+
+  import jax
+  import numpy as np
+
+  ctypes.CDLL("libc.so.6").malloc_trim(0)  # the start level without the set-up's freed memory (it may fall below)
   peak, start, done = [0], rss_anon_kb(), threading.Event()
 
   def sample():
@@ -73,12 +92,7 @@ def load(directory: str, way: str) -> dict:
   sampler = threading.Thread(target=sample)
   sampler.start()
   began = time.perf_counter()
-  if way == "whole":
-    params = quantize(lora_lib.with_adapters(hf.load_params(directory, config), template))
-  else:
-    each = stream_quantizer(template, spec.quant, jnp.float32)
-    params = lora_lib.with_adapters(lifted(hf.load_params(directory, config, each=each)), template)
-  jax.block_until_ready(params)
+  params = jax.block_until_ready(run())
   seconds = time.perf_counter() - began
   done.set()
   sampler.join()

@@ -433,12 +433,11 @@ def _run(name: str, trainer: str | None = None) -> Callable[[list[str]], int]:
 
 
 def _check_overrides() -> None:
-  """ConfigError for a `--config.lora.<field>` override that contradicts the adapter file of lora.init_adapter,
-  even one at the field's default (which the run config, filled from a file holding every field, cannot tell from
-  a field left unset: `jaxpt.engine.config.check_adapter_overrides`)."""
-  from jaxpt.engine.config import check_adapter_overrides
+  """ConfigError for a `--config.<field>` override wrong even at the field's default (which the run config, filled
+  from a file holding every field, cannot tell from a field left unset: `jaxpt.engine.config.check_overrides`)."""
+  from jaxpt.engine.config import check_overrides
 
-  check_adapter_overrides(_CONFIG.value, config_flags.get_override_values(flags.FLAGS["config"]))
+  check_overrides(_CONFIG.value, config_flags.get_override_values(flags.FLAGS["config"]))
 
 
 def _cpu_devices(count: int) -> None:

@@ -246,6 +246,23 @@ def test_a_qlora_run_starts_others_and_loads_as_its_merged_dequantized_policy(sf
 
 
 @pytest.mark.slow
+def test_a_qlora_run_started_from_a_qlora_run_holds_its_merged_policy_quantized(sft_qlora, tmp_path):
+  """`Training.init_state` of a QLoRA SFT run with `init_from` the QLoRA run (restored one projection at a time,
+  merged, quantized again: `init_from.run_params(each=...)`) holds what quantizing its whole merged policy gives."""
+  from jaxpt.engine.init_from import init_params
+
+  _, _, _, _, _, workdir = sft_qlora
+  built = jaxpt.build("sft", config_of(sft_lora_tiny, {**QLORA, "init_from": workdir}), str(tmp_path))
+  params = jax.device_get(built.training.init_state().params)
+  plain = TransformerLM(built.config.model)
+  template = jax.jit(lambda: nn.meta.unbox(plain.init(jax.random.PRNGKey(1), jnp.zeros((1, 8), jnp.int32))["params"]))()
+  loaded = init_params(workdir, built.config.model, template)
+  quant = built.config.lora.quant
+  want = lora_lib.quantize_params(lora_lib.with_adapters(loaded, lora_lib.dequantize_params(params, quant)), quant)
+  jax.tree.map(np.testing.assert_array_equal, params, jax.device_get(want))
+
+
+@pytest.mark.slow
 def test_an_hf_start_is_quantized_once_from_the_checkpoint(tmp_path):
   """`init_from=hf:DIR` with QLoRA: the run starts from the checkpoint's kernels quantized (what `quantize_params`
   makes of them), its other params as loaded, and B = 0 adapters."""
@@ -293,6 +310,51 @@ def test_kernels_quantized_as_they_stream_in_equal_the_whole_base_quantized():
       quantized = jax.tree_util.keystr(path).endswith(("['kernel_q']", "['kernel_scale']"))
       ref = functools.reduce(lambda tree, key: tree[key.key], path, want if quantized else whole)  # others: as read
       np.testing.assert_array_equal(got, ref, jax.tree_util.keystr(path))
+
+
+@pytest.mark.parametrize("source", ["plain", pytest.param("lora", marks=pytest.mark.slow), "qlora"])
+def test_a_jaxpt_run_start_is_quantized_one_projection_at_a_time(source, tmp_path):
+  """`init_from` a jaxpt run into a QLoRA run restores the float base in parts (`init_from.run_params(each=...)`):
+  the rest at once, then each projection alone (a LoRA run's merged, a QLoRA run's codes dequantized and merged) and
+  quantized before the next is read; the params are bitwise those of the whole base restored, then quantized. The
+  starting run: a plain, LoRA or QLoRA (int8) model's params, random (codes too), as a checkpoint + config.json."""
+  import json
+
+  import optax
+
+  from jaxpt.engine.builder import lifted, stream_quantizer
+  from jaxpt.engine.checkpoint import Checkpointer
+  from jaxpt.engine.init_from import run_params
+  from jaxpt.engine.state import TrainState
+  from jaxpt.models.transformer import init_params
+
+  config = ModelConfig(vocab_size=64, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, mlp_dim=64)
+  one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  shapes = lambda lora: jax.tree.map(  # the params' shapes (no init compiled), placed on one device
+      lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=one),
+      jax.eval_shape(lambda: init_params(config, jax.random.PRNGKey(0), model=TransformerLM(config, lora=lora))))
+  rng = np.random.default_rng(0)
+  draw = lambda leaf: (rng.integers(-127, 128, leaf.shape).astype(leaf.dtype) if leaf.dtype == jnp.int8 else
+                       rng.uniform(0.01, 0.1, leaf.shape).astype(leaf.dtype))
+  recorded = {"plain": {}, "lora": {"rank": 2, "alpha": 4.0},
+              "qlora": {"rank": 2, "alpha": 4.0, "base_quant": "int8", "base_quant_block": 8}}[source]
+  params = jax.tree.map(draw, shapes(from_section(lora_lib.LoRAConfig, recorded, "lora").spec()))
+  checkpointer = Checkpointer(str(tmp_path), async_save=False)
+  checkpointer.save(TrainState.create(params, optax.sgd(0.1), jax.random.PRNGKey(0)))
+  checkpointer.close()
+  (tmp_path / "config.json").write_text(json.dumps({"trainer": "sft", "lora": recorded}))
+
+  spec = lora_lib.LoRA(4, 1.0, quant=Quant("nf4", 8))  # head_dim 8: o's blocked axis
+  template, floats = shapes(spec), shapes(None)
+  read = []
+  quantizer = stream_quantizer(template, spec.quant, jnp.float32)
+  each = lambda names, kernel: read.append(names) or quantizer(names, kernel)
+  streamed = lifted(run_params(str(tmp_path), config, floats, each=each))
+  adapters = jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), lora_lib.adapter_params(template))
+  whole = lora_lib.with_adapters(run_params(str(tmp_path), config, floats), adapters)
+  want = jax.jit(lambda p: lora_lib.base_params(lora_lib.quantize_params(p, spec.quant)))(whole)
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(streamed), jax.device_get(want))
+  assert len(read) == 7 and all(names[-1] == "kernel" for names in read), read  # q k v o wi_gate wi_up wo
 
 
 NF4_16 = {"lora.base_quant": "nf4", "lora.base_quant_block": 16}

@@ -1,7 +1,10 @@
 """Rollouts on a QLoRA policy's codes (`lora.rollouts`, `make_sampler(lora=...)`): the sampler on the nf4 codes and
 unmerged adapters against the same sampler on the merged float copy W~ + s A B (greedy tokens exact, log-probs to
 rounding), the teacher-forced log-probs and the adapters-off reference against the merged policy and the quantized
-base, and the compiled sampler's memory: no float copy of the base among its arguments or temporaries."""
+base, bf16 rollouts on the codes (their scales kept float32), and the compiled sampler's memory: no float copy of
+the base among its arguments or temporaries."""
+
+import dataclasses
 
 import flax.linen as nn
 import jax
@@ -15,7 +18,8 @@ from jaxpt.models.transformer import TransformerLM
 from jaxpt.nn import lora as lora_lib
 from jaxpt.nn.lora import LoRAConfig
 from jaxpt.rl.logprobs import response_logprobs
-from jaxpt.rl.sampler import SamplingConfig, make_sampler
+from jaxpt.nn.quant import Quant
+from jaxpt.rl.sampler import SamplingConfig, decode_config_of, decode_params, make_sampler
 
 # 4 layers whose projections outweigh the embedding, so that a float copy of the base would show in the memory
 TINY = ModelConfig(vocab_size=64, d_model=64, num_layers=4, num_heads=4, num_kv_heads=2, mlp_dim=256, max_seq_len=64)
@@ -76,6 +80,25 @@ def test_teacher_forced_logprobs_on_the_codes_and_the_adapters_off_reference(pol
       lora_lib.base_params(params)))
 
 
+@pytest.mark.parametrize("scheme", ["nf4", pytest.param("int8", marks=pytest.mark.slow)])
+def test_bf16_rollouts_on_the_codes_read_the_float32_dequantized_kernels_cast_once(policy, scheme):
+  """`decode_params` keeps `kernel_scale` float32 under bf16 rollouts: the codes path's W~ is code x scale in float32
+  cast to bf16, bitwise the merged path's bf16(W~), so with the adapters at 0 the bf16 logits on the codes equal the
+  bf16 logits on the dequantized base (a bf16 scale rounds a second time: benchmarks/qlora_bf16_rollouts.py)."""
+  spec, params, _, tokens, _ = policy
+  if scheme != spec.quant.scheme:
+    spec = dataclasses.replace(spec, quant=Quant(scheme, spec.quant.block))
+    params = lora_lib.quantize_params(lora_lib.dequantize_params(params, policy[0].quant), spec.quant)
+  params = lora_lib.replace_adapters(params, jax.tree.map(jnp.zeros_like, lora_lib.adapter_params(params)))
+  bf16 = decode_config_of(TINY, dataclasses.replace(GREEDY, rollout_dtype="bfloat16"))
+  codes = decode_params(params, TINY, bf16)
+  scales = [leaf for path, leaf in jax.tree_util.tree_leaves_with_path(codes) if "kernel_scale" in str(path[-1])]
+  assert scales and all(leaf.dtype == jnp.float32 for leaf in scales)
+  base = decode_params(lora_lib.dequantize_params(lora_lib.base_params(params), spec.quant), TINY, bf16)
+  logits = lambda model, p: jax.jit(model.apply)({"params": p}, tokens)
+  np.testing.assert_array_equal(logits(TransformerLM(bf16, lora=spec), codes), logits(TransformerLM(bf16), base))
+
+
 def test_the_compiled_sampler_holds_no_float_copy_of_the_base(policy, samplers):
   """Its arguments are the codes (nf4: 1/8 of float32 kernels) and its temporaries stay near the merged sampler's:
   a float copy of the quantized kernels would add their whole size (before `codes_in_step`, XLA hoisted their
@@ -94,7 +117,25 @@ def test_rollouts_setting_resolves_and_refuses_one_line():
   assert resolved(base_quant="int8") and resolved(base_quant="nf4", base_quant_block=16)
   assert not resolved() and resolved(rollouts="unmerged")
   assert not resolved(base_quant="int8", rollouts="merged")
-  assert not from_section(LoRAConfig, {"rollouts": "unmerged"}, "lora").samples_unmerged  # rank 0: no adapters
+  assert not from_section(LoRAConfig, {}, "lora").samples_unmerged  # rank 0: no adapters
+  for way in ("merged", "unmerged"):  # set with LoRA off: refused, not ignored
+    with pytest.raises(ConfigError, match=rf"^lora\.rollouts='{way}': .*LoRA is off: set lora\.rank > 0") as e:
+      from_section(LoRAConfig, {"rollouts": way}, "lora")
+    assert "\n" not in str(e.value)
   with pytest.raises(ConfigError, match=r"^lora\.rollouts='codes': ") as e:
     from_section(LoRAConfig, {"rank": 4, "rollouts": "codes"}, "lora")
   assert "\n" not in str(e.value)
+
+
+def test_a_rollouts_override_with_lora_off_is_refused_even_at_auto():
+  """`--config.lora.rollouts=auto` with rank 0: a config file holds every field, so the run config cannot tell it from
+  auto left unset; the command line's overrides can (`check_overrides`, run by the CLI before any work)."""
+  from ml_collections import ConfigDict
+
+  from jaxpt.engine.config import check_overrides
+
+  off = ConfigDict({"lora": {"rank": 0, "rollouts": "auto"}})
+  with pytest.raises(ConfigError, match=r"^config\.lora\.rollouts='auto': .*LoRA is off: set lora\.rank > 0"):
+    check_overrides(off, {"lora.rollouts": "auto"})
+  check_overrides(off, {"lora.alpha": 8.0})
+  check_overrides(ConfigDict({"lora": {"rank": 4, "rollouts": "auto"}}), {"lora.rollouts": "auto"})

@@ -7,7 +7,10 @@ max_position_embeddings raised to 512 so that chat-template prompts fit (RoPE ha
 
 import json
 import os
+import re
 import shutil
+import subprocess
+import sys
 import types
 
 import jax
@@ -80,6 +83,44 @@ def test_a_field_that_contradicts_the_checkpoint_names_both_values(checkpoint, k
     return
   with pytest.raises(ConfigError, match=message):
     from_section(SFTRunConfig, config, "config")
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"model.qkv_bias": False}, r"^config\.model\.qkv_bias=False: contradicts .*/config\.json, which gives True$"),
+    ({"model.d_model": 128}, r"^config\.model\.d_model=128: contradicts .*/config\.json, which gives 64$"),
+    ({"model.num_kv_heads": 4}, r"^config\.model\.num_kv_heads=4: contradicts .*, which gives 2$"),
+    ({"model.rope_theta": 10000.0}, r"^config\.model\.rope_theta=10000\.0: contradicts .*, which gives 1000000\.0$"),
+    ({"model.max_seq_len": 2048}, r"^config\.model\.max_seq_len=2048: longer than the 512 positions of "),
+    ({"model.d_model": 64, "model.qkv_bias": True, "model.head_dim": None, "model.max_seq_len": 256,
+      "model.remat": "none"}, None),  # agreeing with the checkpoint, or not read from it
+])
+def test_an_override_at_the_default_that_contradicts_the_checkpoint_is_an_error(checkpoint, override, message):
+  """Each override is its field's default (but the last case's): a config file holds every field, so the run config
+  takes such a value for unset and fills the checkpoint's (the parametrized test above: qkv_bias False -> True);
+  the command line's overrides tell it apart (`check_overrides`, as for lora.init_adapter's fields)."""
+  from jaxpt.engine.config import check_overrides
+
+  config = experiment_config("sft_hf", checkpoint, **SFT)
+  if message is None:
+    check_overrides(config, override)
+    return
+  with pytest.raises(ConfigError, match=message):
+    check_overrides(config, override)
+
+
+def test_the_cli_refuses_an_override_at_the_default_that_contradicts_the_checkpoint(tmp_path):
+  """End to end through `jaxpt sft`: exit 2, one line naming the field, before any other check and with no workdir
+  (before, the override was taken for unset: the run config had the checkpoint's qkv biases)."""
+  env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  workdir = tmp_path / "run"
+  done = subprocess.run([sys.executable, "-m", "jaxpt.cli", "sft", "--config", os.path.join(CONFIGS, "sft_hf.py"),
+                         f"--workdir={workdir}", f"--config.init_from=hf:{os.path.join(ASSETS, 'qwen2')}",
+                         "--config.model.qkv_bias=False"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                        timeout=300)
+  assert done.returncode == 2 and done.stdout == "", (done.stdout, done.stderr)
+  assert re.fullmatch(r"jaxpt sft: config error: config\.model\.qkv_bias=False: contradicts .*/qwen2/config\.json, "
+                      r"which gives True\n", done.stderr), done.stderr
+  assert not workdir.exists()
 
 
 def test_chat_prompts_are_the_tokenizers_chat_template(checkpoint):

@@ -143,3 +143,69 @@ def test_appending_to_the_corpus_then_resuming_fails_before_any_work(tmp_path):
   result = jaxpt.train("pretrain", config, workdir, stop_at=4)
   assert int(result.state.step) == 4
   assert (tmp_path / "run" / "tokenizer" / "spm.model").read_bytes() == tokenizer_bytes
+
+
+def _grpo(**lora):
+  from jaxpt.config import load_config_file
+  from jaxpt.trainers.grpo import GRPORunConfig
+
+  config = load_config_file(os.path.join(os.path.dirname(__file__), "..", "experiments", "configs", "grpo_tiny.py"))
+  allow = lora.pop("allow_changes", "")
+  config.lora.update({"rank": 4, **lora})
+  config.allow_changes = allow
+  return from_section(GRPORunConfig, config, "config")
+
+
+def _recorded_without(workdir, config, *keys) -> None:
+  """A checkpointed run recorded as jaxpt did before the config field `keys` ('lora', 'rollouts') existed."""
+  record.record_launch(workdir, config, INPUTS)
+  _with_checkpoint(workdir)
+  for name in (record.HISTORY_FILE, record.CONFIG_FILE):
+    path = os.path.join(workdir, name)
+    with open(path) as f:
+      text = f.read()
+    rows = [json.loads(line) for line in text.splitlines()] if name == record.HISTORY_FILE else [json.loads(text)]
+    for row in rows:
+      section = row["config"] if name == record.HISTORY_FILE else row
+      for key in keys[:-1]:
+        section = section[key]
+      del section[keys[-1]]
+    with open(path, "w") as f:
+      f.write("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def test_a_qlora_grpo_run_recorded_before_lora_rollouts_keeps_its_merged_rollouts(tmp_path):
+  """Its rollouts read the merged params; the new default (auto: the codes, unmerged) would switch them silently,
+  so a resume with it is refused in one line naming lora.rollouts; merged resumes, allow_changes switches."""
+  qlora = dict(base_quant="nf4", base_quant_block=16)
+  workdir = str(tmp_path)
+  _recorded_without(workdir, _grpo(rollouts="merged", **qlora), "lora", "rollouts")
+  for rollouts in ("auto", "unmerged"):
+    with pytest.raises(record.RunMismatch, match=f'lora.rollouts \\("merged" -> "{rollouts}"\\)') as error:
+      record.check_launch(workdir, _grpo(rollouts=rollouts, **qlora), INPUTS)
+    assert "\n" not in str(error.value) and "--config.allow_changes=lora.rollouts " in str(error.value)
+  assert record.check_launch(workdir, _grpo(rollouts="merged", **qlora), INPUTS) == {}
+  assert record.record_launch(workdir, _grpo(allow_changes="lora.rollouts", **qlora), INPUTS) == {
+      "lora.rollouts": ["merged", "auto"]}
+  assert record.check_launch(workdir, _grpo(**qlora), INPUTS) == {}  # recorded now: auto is the run's
+
+
+def test_a_lora_grpo_run_recorded_before_lora_rollouts_resumes_as_it_ran(tmp_path):
+  """LoRA on a float base: auto samples the merged params as the run did, so it resumes without allow_changes."""
+  workdir = str(tmp_path)
+  _recorded_without(workdir, _grpo(), "lora", "rollouts")
+  assert record.check_launch(workdir, _grpo(), INPUTS) == {}
+  with pytest.raises(record.RunMismatch, match=r'lora.rollouts \("merged" -> "unmerged"\)'):
+    record.check_launch(workdir, _grpo(rollouts="unmerged"), INPUTS)
+
+
+def test_a_run_recorded_before_the_lora_section_resumes_without_adapters_only(tmp_path):
+  """Its record has no `lora`: it trained every parameter (lora.rank 0), so a resume with LoRA on is refused in one
+  line naming lora.rank instead of being taken for a LoRA run."""
+  workdir = str(tmp_path)
+  plain = _grpo(rank=0)
+  _recorded_without(workdir, plain, "lora")
+  assert record.check_launch(workdir, plain, INPUTS) == {}
+  with pytest.raises(record.RunMismatch, match=r"lora\.rank \(0 -> 4\)") as error:
+    record.check_launch(workdir, _grpo(), INPUTS)
+  assert "\n" not in str(error.value)

@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax import lax
 import numpy as np
 import optax
 from jax.sharding import Mesh
@@ -34,7 +35,7 @@ from jax.sharding import Mesh
 from jaxpt import parallel
 from jaxpt.data import order
 from jaxpt.engine.config import RunConfig
-from jaxpt.engine.init_from import hf_directory, init_adapters, init_params
+from jaxpt.engine.init_from import init_adapters, init_params
 from jaxpt.engine.optim import decay_mask, make_optimizer
 from jaxpt.engine.sharded import ShardedTraining, compile_step, shard_training
 from jaxpt.engine.state import TrainState, trainable_part
@@ -109,19 +110,16 @@ class Training:
       if self.quant is None:
         loaded = init_params(init_from, model, lora_lib.base_params(template))
         return lora_lib.with_adapters(frozen_dtype(loaded, self.config), template)
-      # QLoRA: the float base loaded into the dequantized layout and quantized once, on the mesh: an hf: checkpoint
-      # kernel by kernel as it streams in (the float base is never whole), a jaxpt run's after its restore
+      # QLoRA: the float base loaded into the dequantized layout and quantized on the mesh kernel by kernel as it is
+      # read (an hf: checkpoint's as it streams in, a jaxpt run's restored one projection at a time): the float
+      # base is never whole
       shardings = jax.tree.map(lambda leaf: leaf.sharding, template)
       floats = jax.eval_shape(lambda p: lora_lib.dequantize_params(p, self.quant, self.base_dtype), template)
       floats = jax.tree.map(lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
                             floats, lora_lib.dequantized_layout(shardings))
-      if hf_directory(init_from) is not None:
-        each = stream_quantizer(template, self.quant, self.base_dtype)
-        loaded = init_params(init_from, model, lora_lib.base_params(floats), each=each)
-        return lora_lib.with_adapters(frozen_dtype(lifted(loaded), self.config), template)
-      loaded = init_params(init_from, model, lora_lib.base_params(floats))
-      quantize = jax.jit(lambda p: lora_lib.quantize_params(p, self.quant), out_shardings=shardings)
-      return quantize(lora_lib.with_adapters(frozen_dtype(loaded, self.config), template))
+      each = stream_quantizer(template, self.quant, self.base_dtype)
+      loaded = init_params(init_from, model, lora_lib.base_params(floats), each=each)
+      return lora_lib.with_adapters(frozen_dtype(lifted(loaded), self.config), template)
 
     if self.init_from_subtree is None:
       return state.replace(params=start(state.params))
@@ -272,7 +270,8 @@ def lora_trainable(boxed: Any, new_heads: tuple[str, ...] = ()) -> Any:
 
 
 def stream_quantizer(template: Any, quant: Any, dtype: Any) -> Callable[[tuple[str, ...], jax.Array], Any]:
-  """each(names, array) for `init_params` of an `hf:` start (called as each leaf streams in): a kernel that
+  """each(names, array) for `init_params` (called as an `hf:` start's every leaf streams in, as a jaxpt run's every
+  kernel is restored): a kernel that
   `template` (QLoRA params: arrays or shapes with shardings) holds quantized -> {kernel_q, kernel_scale} in the
   template's shardings (the kernel cast to `dtype`, lora.base_dtype, as `frozen_dtype` casts it, then blocked as
   `quantize_params` blocks it: the same codes); any other leaf as it is. `lifted` puts the codes in place."""
@@ -282,12 +281,18 @@ def stream_quantizer(template: Any, quant: Any, dtype: Any) -> Callable[[tuple[s
     if names[-1] != "kernel" or "kernel_q" not in node:
       return array
     axis = node["lora_a"].ndim - 2  # the kernel's last input axis, as quantize_params
-    codes = quantizer(axis, tuple(node[k].sharding for k in lora_lib.QUANT_NAMES))(array)
+    stacked = node["lora_a"].ndim + node["lora_b"].ndim - 2 > node["kernel_q"].ndim  # a leading layers axis
+    codes = quantizer(axis, stacked, tuple(node[k].sharding for k in lora_lib.QUANT_NAMES))(array)
     return dict(zip(lora_lib.QUANT_NAMES, codes))
 
   @functools.cache
-  def quantizer(axis: int, shardings: tuple) -> Callable[[jax.Array], tuple]:  # one jit per axis and shardings
-    return jax.jit(lambda w: quantize(w.astype(dtype), quant, axis), out_shardings=shardings)
+  def quantizer(axis: int, stacked: bool, shardings: tuple) -> Callable[[jax.Array], tuple]:  # one jit per kind
+    one = lambda w, axis: quantize(w.astype(dtype), quant, axis)
+    if not stacked:
+      return jax.jit(lambda w: one(w, axis), out_shardings=shardings)
+    # a scanned kernel [layers, ...], one layer at a time (the same codes: blocks never span layers): the
+    # quantizer's float temporaries (~5x the kernel: benchmarks/qlora_run_load.py) are one layer's, not all
+    return jax.jit(lambda w: lax.map(lambda layer: one(layer, axis - 1), w), out_shardings=shardings)
 
   return each
 

@@ -14,14 +14,14 @@ from typing import Any, Mapping
 from jaxpt.config import ConfigError, DataError, Section, as_dict, at_least, inline, section_values
 from jaxpt.models import hf, hf_config, hf_peft
 from jaxpt.models.config import ModelConfig
-from jaxpt.nn.lora import LoRAConfig, resolve_targets
+from jaxpt.nn.lora import ROLLOUTS_WITHOUT_LORA, LoRAConfig, resolve_targets
 from jaxpt.parallel.mesh import MeshConfig
 from jaxpt.engine.loop import LoopConfig
 from jaxpt.engine.optim import OptimConfig
 from jaxpt.engine.record import NoRunRecord, recorded_config
 from jaxpt.engine.trainers import TRAINER_KEY, TRAINERS, recorded_trainer, trainer_list, trainer_of
 
-__all__ = ["RunConfig", "check_hf_model", "check_init_from", "check_vocab", "config_json"]
+__all__ = ["RunConfig", "check_hf_model", "check_init_from", "check_overrides", "check_vocab", "config_json"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -37,8 +37,8 @@ class RunConfig(Section):
     seed: seed of the parameter init, the data order and the run's random keys.
     init_from: '' = random init; a jaxpt run's workdir whose latest checkpoint's params (and tokenizer) start this
       run; or 'hf:DIR', a Hugging Face checkpoint directory (jaxpt.models.hf) whose config.json fills the model's
-      architecture fields (those left at their defaults; another value is an error naming both) and whose
-      tokenizer the run uses.
+      architecture fields (those left at their defaults; another value is an error naming both, and so is a
+      `--config.model.<field>` override even at the default: `check_overrides`) and whose tokenizer the run uses.
     allow_changes: comma-separated fields or sections ('steps,optim.learning_rate', 'optim', 'inputs') this launch
       may change when it resumes a run recorded with other values (`jaxpt.engine.record`); '' = resume only the run
       as recorded.
@@ -109,6 +109,12 @@ class RunConfig(Section):
                         "hf:DIR)", self.lora.init_adapter)
     hf_peft.check_adapter(os.path.expanduser(self.lora.init_adapter), self.model, self.lora, "lora.init_adapter")
 
+  def recorded_before(self, recorded: Mapping[str, Any]) -> dict[str, Any]:
+    """{dotted field: value} for the fields that a run's config.json `recorded`, written before they existed, lacks
+    and whose default would change what that run does: the value it ran with (`jaxpt.engine.record` compares this
+    launch with it on resume). A run recorded before the `lora` section trained without adapters: lora.rank 0."""
+    return {} if "lora" in recorded else {"lora.rank": 0}
+
   def check_batch_split(self, rows: int, rows_field: str) -> None:
     """ConfigError naming optim.grad_accum_steps when it does not divide the `rows` of a step's batch."""
     if rows % self.optim.grad_accum_steps:
@@ -154,6 +160,28 @@ def _adapter_fields(values: dict, path: str) -> dict:
     elif name != "dropout" and not _same_lora_value(name, given, value):
       raise _contradiction(path, name, given, value, where)
   return {**values, "lora": lora}
+
+
+def check_overrides(config: Any, overrides: Mapping[str, Any], path: str = "config") -> None:
+  """ConfigError naming the field for a command-line override (`overrides`: flat dotted names -> values, as
+  ml_collections' `get_override_values` gives them) that is wrong even at the field's default, which the run config,
+  filled from a file holding every field, cannot tell from a field left unset: one contradicting lora.init_adapter's
+  adapter (`check_adapter_overrides`), lora.rollouts with LoRA off, a model field contradicting the config.json of
+  an `init_from='hf:DIR'` start (`check_hf_fields`; `prepare_values` fills a field at its default from the file:
+  `--config.model.qkv_bias=False` over a checkpoint with qkv biases would train with them)."""
+  check_adapter_overrides(config, overrides, path)
+  init_from = section_values(config).get("init_from")
+  if isinstance(init_from, str) and init_from.startswith(hf.HF_PREFIX):
+    model = {name.split(".", 1)[1]: value for name, value in overrides.items() if name.startswith("model.")}
+    if model.get("head_dim", 0) is None:  # None: derived (d_model / num_heads), as the checkpoint's is
+      del model["head_dim"]
+    try:
+      check_hf_fields(init_from, model)
+    except ConfigError as e:
+      raise e.under(path) from None
+  rank = section_values(section_values(config).get("lora")).get("rank")
+  if "lora.rollouts" in overrides and not (isinstance(rank, int) and rank > 0):
+    raise ConfigError(f"{path}.lora.rollouts", ROLLOUTS_WITHOUT_LORA, overrides["lora.rollouts"])
 
 
 def check_adapter_overrides(config: Any, overrides: Mapping[str, Any], path: str = "config") -> None:
@@ -236,18 +264,24 @@ def _checkpoint_fields(init_from: str, field: str) -> tuple[dict, tuple[str, ...
 def check_hf_model(init_from: str, model: ModelConfig) -> None:
   """ConfigError naming both values when `model` contradicts the architecture of checkpoint `init_from`
   ('hf:DIR'), or wants more positions than a transformers checkpoint has."""
+  values = {f.name: getattr(model, f.name) for f in dataclasses.fields(model)}
+  check_hf_fields(init_from, {**values, "head_dim": model.resolved_head_dim})
+
+
+def check_hf_fields(init_from: str, values: Mapping[str, Any]) -> None:
+  """`check_hf_model` for the ModelConfig fields `values` holds ({name: value}; head_dim resolved) alone."""
   directory = os.path.expanduser(init_from[len(hf.HF_PREFIX):])
   fields, architecture = _checkpoint_fields(init_from, "init_from")
   expected = {**fields, "head_dim": fields.get("head_dim") or fields["d_model"] // fields["num_heads"]}
   for name in architecture:
-    value = model.resolved_head_dim if name == "head_dim" else getattr(model, name)
-    if (error := hf_config.contradiction(directory, name, value, expected, architecture)) is not None:
+    if name in values and (error := hf_config.contradiction(directory, name, values[name], expected,
+                                                            architecture)) is not None:
       raise error
-  positions = fields.get("max_seq_len")
+  positions, wanted = fields.get("max_seq_len"), values.get("max_seq_len")
   if architecture is hf_config.ARCHITECTURE_FIELDS:  # a transformers checkpoint: its positions bound max_seq_len
-    if positions is not None and model.max_seq_len > positions:
+    if positions is not None and wanted is not None and wanted > positions:
       raise ConfigError("model.max_seq_len", f"longer than the {positions} positions of "
-                        f"{os.path.join(directory, hf_config.CONFIG_FILE)}", model.max_seq_len)
+                        f"{os.path.join(directory, hf_config.CONFIG_FILE)}", wanted)
 
 
 def check_vocab(model: ModelConfig, tokenizer_vocab_size: int) -> None:

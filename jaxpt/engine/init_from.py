@@ -46,11 +46,12 @@ def hf_directory(init_from: str) -> str | None:
 
 def init_params(init_from: str, model_config: ModelConfig, template: Any, each: Any = None) -> Any:
   """The params `init_from` starts the run with, as `template` (a TransformerLM params tree of arrays) has them;
-  an `hf:` checkpoint's leaves passed through `each(names, array)` as they stream in (`hf.load_params`; a jaxpt
-  run's are restored whole). ConfigError naming config.init_from for a checkpoint that does not fit."""
+  with `each`, each kernel passed through `each(names, array)` as it is read (an `hf:` checkpoint's every leaf as it
+  streams in, `hf.load_params`; a jaxpt run's kernels restored one at a time, `run_params`). ConfigError naming
+  config.init_from for a checkpoint that does not fit."""
   directory = hf_directory(init_from)
   if directory is None:
-    return run_params(init_from, model_config, template)
+    return run_params(init_from, model_config, template, each=each)
   shardings = jax.tree.map(lambda leaf: leaf.sharding, template)
   try:
     return hf.load_params(directory, model_config, shardings=shardings, each=each)
@@ -65,18 +66,72 @@ def init_adapters(init_adapter: str, template: Any) -> Any:
   return hf_peft.load_adapters(os.path.expanduser(init_adapter), template, "config.lora.init_adapter")
 
 
-def run_params(workdir: str, model_config: ModelConfig, template: Any, field: str = FIELD) -> Any:
+def run_params(workdir: str, model_config: ModelConfig, template: Any, field: str = FIELD, each: Any = None) -> Any:
   """The latest params of the jaxpt run in `workdir` as `template` has them (a PPO run's policy: its critic is not
   read); a LoRA run's adapters merged into its kernels (a QLoRA run's quantized kernels dequantized first), each
-  restored split as its kernel in `template` (`adapted_target`)."""
+  restored split as its kernel in `template` (`adapted_target`).
+
+  With `each(names, kernel)` (`builder.stream_quantizer`: a QLoRA run started from this one), the params are
+  restored in parts: all but the projections (the dicts holding a `kernel`) at once, then each projection alone
+  (merged, for a LoRA run), its kernel replaced by `each`'s value before the next is read: the float kernels are
+  never all in memory (peak: benchmarks/qlora_run_load.py)."""
+  lora, target, key = _run_target(workdir, model_config, template)
+  adapted = lora is not None
+  shardings = jax.tree.map(lambda leaf: leaf.sharding, template)
+  merge = lambda p: lora_lib.merge_params(p, lora.scale, lora.quant, jnp.dtype(model_config.param_dtype))
+  if each is None:
+    restored = load_run_params(workdir, target, field, key)
+    return jax.jit(merge, out_shardings=shardings)(restored) if adapted else restored
+  check_run_params(workdir, target, field, key)  # the whole tree first: a misfit is refused before any read
+  rest, projections = _projections(target)
+  params = load_run_params(workdir, rest, field, key) if rest else {}
+  for names in projections:
+    part = _nested(names, _at(target, names))
+    node = _at(load_run_params(workdir, part, field, key), names)
+    if adapted:
+      node = jax.jit(merge, out_shardings=_at(shardings, names))(node)
+    node = dict(node, kernel=each(names + ("kernel",), node["kernel"]))
+    _at(params, names[:-1], create=True)[names[-1]] = node
+  return params
+
+
+def _run_target(workdir: str, model_config: ModelConfig, template: Any) -> tuple[Any, Any, str | None]:
+  """(the `LoRAConfig` of the jaxpt run in `workdir`, None without LoRA; what its params restore into: `template`,
+  or with LoRA its `adapted_target`; the params key of its language model, `run_lm_key`)."""
   path = os.path.expanduser(workdir)
   lora = recorded_lora(recorded_config(path)) if os.path.isfile(os.path.join(path, CONFIG_FILE)) else None
-  key = run_lm_key(path)
   if lora is None or not lora.enabled:
-    return load_run_params(workdir, template, field, key)
-  restored = load_run_params(workdir, adapted_target(template, model_config, lora), field, key)
-  merge = lambda p: lora_lib.merge_params(p, lora.scale, lora.quant, jnp.dtype(model_config.param_dtype))
-  return jax.jit(merge, out_shardings=jax.tree.map(lambda leaf: leaf.sharding, template))(restored)
+    return None, template, run_lm_key(path)
+  return lora, adapted_target(template, model_config, lora), run_lm_key(path)
+
+
+def _projections(tree: Any, names: tuple[str, ...] = ()) -> tuple[dict, list[tuple[str, ...]]]:
+  """(`tree` without its projections: the dicts holding a `kernel` (or a QLoRA run's `kernel_q`), the names
+  of those dicts)."""
+  if "kernel" in tree or "kernel_q" in tree:
+    return {}, [names]
+  rest, found = {}, []
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      sub, more = _projections(value, names + (key,))
+      found += more
+      if sub:
+        rest[key] = sub
+    else:
+      rest[key] = value
+  return rest, found
+
+
+def _at(tree: dict, names: tuple[str, ...], create: bool = False) -> Any:
+  for name in names:
+    tree = tree.setdefault(name, {}) if create else tree[name]
+  return tree
+
+
+def _nested(names: tuple[str, ...], leaf: Any) -> dict:
+  for name in reversed(names):
+    leaf = {name: leaf}
+  return leaf
 
 
 def adapted_target(template: Any, model_config: ModelConfig, lora: Any) -> Any:
@@ -135,8 +190,9 @@ def check_fits(init_from: str, model_config: ModelConfig) -> None:
   needs no check here: its model config is read from the checkpoint's own config.json."""
   if not init_from or hf_directory(init_from) is not None:
     return
-  check_run_params(init_from, jax.eval_shape(lambda: init_params_of(model_config, jax.random.PRNGKey(0))), FIELD,
-                   run_lm_key(init_from))
+  _, target, key = _run_target(init_from, model_config,
+                               jax.eval_shape(lambda: init_params_of(model_config, jax.random.PRNGKey(0))))
+  check_run_params(init_from, target, FIELD, key)  # a LoRA run's adapters, a QLoRA run's codes: as restored
 
 
 def init_tokenizer(init_from: str, workdir: str, resuming: bool, model_config: ModelConfig):

@@ -13,7 +13,10 @@ only say how the run is watched or laid out (`FREE_FIELDS`: log/eval/checkpoint 
 max_skipped_steps, the mesh) may change freely. Any other difference (model, optim, data, loss, steps, seed, ... and
 the `inputs`: digests of the training corpus and of the tokenizer) fails before any work with one line listing the
 fields, unless the launch names them in the run config's `allow_changes` ('steps,optim.learning_rate', or whole
-sections: 'optim', 'inputs'); the history records what was accepted. A workdir without a checkpoint starts afresh:
+sections: 'optim', 'inputs'); the history records what was accepted. A field added to the config after a run was
+recorded takes its default on resume, unless that default changes what the run does: the run config's
+`recorded_before(recorded)` gives such a field the value the old run had (GRPO's `lora.rollouts`: 'merged'), so a
+launch that changes it is refused like any other change. A workdir without a checkpoint starts afresh:
 any config is accepted (and recorded).
 
     check_launch(workdir, config)                  # early, before data work (config fields only)
@@ -174,6 +177,8 @@ def check_launch(workdir: str, config: Any, inputs: Mapping[str, str] | None = N
     return {}
   _check_same_trainer(workdir, recorded.get("config", {}), config)
   before = _flatten({"config": recorded.get("config", {}), "inputs": recorded.get("inputs", {})})
+  before.update({f"config.{k}": v for k, v in _recorded_before(config, recorded.get("config", {})).items()
+                 if f"config.{k}" not in before})
   changes = {k.split(".", 1)[1] if k.startswith("config.") else k: v for k, v in _changes(before, current).items()}
   changes = {k: v for k, v in changes.items() if not _covered(k, FREE_FIELDS)}
   refused = {k: v for k, v in changes.items() if not _covered(k, allowed)}
@@ -184,6 +189,13 @@ def check_launch(workdir: str, config: Any, inputs: Mapping[str, str] | None = N
         f"unchanged, pass --config.allow_changes={','.join(refused)} to continue it with the new values "
         "(recorded in config_history.jsonl), or use another --workdir")
   return changes
+
+
+def _recorded_before(config: Any, recorded: Any) -> dict[str, Any]:
+  """{dotted field: value}: the fields added since `recorded` (a config.json) was written whose default would change
+  what its run does, at the value that describes it (the run config's `recorded_before`; {} for a dict)."""
+  fill = getattr(config, "recorded_before", None)
+  return fill(recorded) if fill is not None and isinstance(recorded, Mapping) else {}
 
 
 def _check_same_trainer(workdir: str, recorded: Mapping[str, Any], config: Any) -> None:

@@ -62,6 +62,8 @@ BASE_DTYPES = ("float32", "bfloat16")
 QUANT_NAMES = ("kernel_q", "kernel_scale")  # a QLoRA projection's quantized kernel: codes and scales
 BASE_QUANTS = ("none",) + QUANT_SCHEMES
 ROLLOUT_PARAMS = ("auto", "merged", "unmerged")
+ROLLOUTS_WITHOUT_LORA = ("chooses how RL rollouts read LoRA's params, and LoRA is off: set lora.rank > 0 or leave "
+                         "lora.rollouts unset")
 
 
 def lora_scale(alpha: float, rank: int, rslora: bool = False) -> float:
@@ -268,7 +270,8 @@ class LoRAConfig(Section):
       copy of a quantized base is the float base the quantization saved (at 7B, ~14 GB in bf16 beside ~4 GB of nf4
       codes); a float base is held anyway. The price, at d512 on CPU (benchmarks/qlora_sampler.py): a decode step on
       the codes 1.17x a merged one, a 16-token rollout of 8 rows 1.32x the merge and the merged sampler's; the
-      compiled sampler's peak 95 MiB against 145.
+      compiled sampler's peak 95 MiB against 145. Set with lora.rank 0 (LoRA off), it is an error (a command-line
+      override even at auto: `jaxpt.engine.config.check_overrides`).
   """
 
   rank: int = 0
@@ -289,6 +292,8 @@ class LoRAConfig(Section):
     one_of(self, "base_dtype", BASE_DTYPES)
     one_of(self, "base_quant", BASE_QUANTS)
     one_of(self, "rollouts", ROLLOUT_PARAMS)
+    if self.rollouts != "auto" and not self.enabled:
+      raise ConfigError("rollouts", ROLLOUTS_WITHOUT_LORA, self.rollouts)
     if self.base_quant != "none" and not self.enabled:
       raise ConfigError("base_quant", "a quantized base is frozen: it needs adapters to train (set lora.rank > 0; "
                         "full fine-tuning keeps float params)", self.base_quant)

@@ -180,12 +180,16 @@ def decode_config_of(model_config: ModelConfig, sampling: SamplingConfig) -> Mod
 
 def decode_params(params: Any, model_config: ModelConfig, decode_config: ModelConfig) -> Any:
   """`params` of `model_config` laid out for `decode_config` (`decode_config_of`): scanned layers unstacked, float
-  leaves cast to the rollout dtype."""
+  leaves cast to the rollout dtype, but for a quantized base's scales (`kernel_scale`): kept float32, W~ = code x
+  scale is computed in float32 and cast to the rollout dtype once, as the merged path's W~ is (a bf16 scale would
+  add a second rounding shared by its whole block; benchmarks/qlora_bf16_rollouts.py)."""
   if model_config.scan_layers:
     params = unstack_layers(params, model_config.num_layers)
   dtype = jnp.dtype(decode_config.dtype)
   if dtype != jnp.float32:
-    params = jax.tree.map(lambda p: p.astype(dtype) if jnp.issubdtype(p.dtype, jnp.floating) else p, params)
+    cast = lambda path, p: (p.astype(dtype) if jnp.issubdtype(p.dtype, jnp.floating)
+                            and getattr(path[-1], "key", None) != QUANT_NAMES[1] else p)
+    params = jax.tree_util.tree_map_with_path(cast, params)
   return params
 
 

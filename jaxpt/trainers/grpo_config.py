@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from typing import Any, Mapping
 
 from jaxpt.config import ConfigError, Section, at_least, fail, in_range, one_of
 from jaxpt.data.math_task import PromptDataConfig, TaskConfig
@@ -155,6 +156,16 @@ class GRPORunConfig(RunConfig):
   dapo: dapo.DAPOConfig = dapo.DAPOConfig()
   reward: RewardConfig = RewardConfig()
   engine: EngineConfig = EngineConfig()
+
+  def recorded_before(self, recorded: Mapping[str, Any]) -> dict[str, Any]:
+    """A LoRA GRPO run recorded before `lora.rollouts` sampled from the merged params: its record reads as
+    'merged', or as this launch's own value when that samples the merged params too (auto without a quantized
+    base), so that a launch switching it to the unmerged codes is refused unless allow_changes names
+    lora.rollouts."""
+    lora = recorded.get("lora")
+    if not isinstance(lora, Mapping) or "rollouts" in lora:
+      return super().recorded_before(recorded)
+    return {"lora.rollouts": "merged" if self.lora.samples_unmerged else self.lora.rollouts}
 
   def check(self) -> None:
     super().check()

@@ -3,7 +3,7 @@ step with adapters on a data x fsdp x tensor mesh equals the one-device run, and
 split as their kernels' logical axes say (A along embed over fsdp, B along heads / mlp over tensor); with a quantized
 base (QLoRA) too, its codes split as the kernels and its scales as the kernels' out axes; `init_from` that QLoRA run
 restores its codes, scales and adapters split as the kernels they belong to (not whole on every device) and starts
-from its merged policy.
+from its merged policy, also quantized again one projection at a time into the codes' shardings.
 
   python -m pytest tests/multidevice/sharded_lora.py
 """
@@ -21,11 +21,12 @@ import numpy as np  # noqa: E402
 
 from jaxpt import parallel  # noqa: E402
 from jaxpt.config import from_section  # noqa: E402
-from jaxpt.engine.builder import build_training  # noqa: E402
+from jaxpt.engine.builder import build_training, lifted, stream_quantizer  # noqa: E402
 from jaxpt.engine.checkpoint import Checkpointer, load_run_params  # noqa: E402
 from jaxpt.engine.init_from import adapted_target, run_params  # noqa: E402
 from jaxpt.engine.record import record_launch  # noqa: E402
 from jaxpt.models.transformer import TransformerLM  # noqa: E402
+from jaxpt.nn import lora as lora_lib  # noqa: E402
 from jaxpt.trainers.lm import make_lm_loss_fn  # noqa: E402
 from jaxpt.trainers.sft import SFTRunConfig  # noqa: E402
 
@@ -112,3 +113,15 @@ def init_from_restores_the_codes_split(training, state, workdir):
   started = run_params(workdir, training.config.model, template)
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(started),
                jax.device_get(training.merged_params(state.params)))
+  # a QLoRA run started from it: each projection restored alone on the mesh, merged and quantized (a stacked kernel
+  # one layer at a time) into the codes' shardings; bitwise the whole start quantized
+  quant = training.config.lora.quant
+  streamed = lifted(run_params(workdir, training.config.model, template,
+                               each=stream_quantizer(state.params, quant, jnp.float32)))
+  want = lora_lib.base_params(lora_lib.quantize_params(lora_lib.with_adapters(started, state.params), quant))
+  for path, got, ref in zip(jax.tree_util.tree_leaves_with_path(streamed), jax.tree.leaves(streamed),
+                            jax.tree.leaves(want)):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(ref), err_msg=jax.tree_util.keystr(path[0]))
+  codes = streamed["decoder"]["layers"]["attn"]["query"]
+  assert codes["kernel_q"].sharding.is_equivalent_to(query["kernel_q"].sharding, 4)
+  assert codes["kernel_scale"].sharding.is_equivalent_to(query["kernel_scale"].sharding, 4)
