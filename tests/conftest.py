@@ -15,8 +15,9 @@ tests launch (notebook kernels, CLI runs). The multi-device suites (tests/multid
 Each test process keeps JAX's persistent compilation cache in a folder of its own (removed when the session ends),
 with no threshold on compile time or size: the many builds of the same micro runs (a GRPO run's sampler and
 log-probs under another policy loss, teacher or test) compile their programs once per process. It is the
-process's own (not an environment variable): subprocesses (CLI runs killed mid-write, the multi-device suites, the
-notebooks) neither read nor write it, and the two workers never share a file that one of them is still writing.
+process's own (not an environment variable): subprocesses (CLI runs killed mid-write, the notebooks' kernels)
+neither read nor write it, the two workers never share a file that one of them is still writing, and the
+multi-device suites (pytest in a subprocess, loading this file) keep one of their own.
 
 The README's two workers (`-n 2 --dist loadfile`) take whole files, so a module's compiled fixtures are
 built once, not once per worker; the longest files go first (`LONGEST_FIRST`; xdist's own reordering of files by
