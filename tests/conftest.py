@@ -12,6 +12,13 @@ XLA's CPU backend compiles the suite's tiny programs with cheaper LLVM code gene
 not run time, dominates them), set here before any test starts jax's backend and inherited by the subprocesses the
 tests launch (notebook kernels, CLI runs). The multi-device suites (tests/multidevice) ask for the same.
 
+Each test process keeps JAX's persistent compilation cache in a folder of its own (removed when the session ends),
+with no threshold on compile time or size: the many builds of the same micro runs (a GRPO run's sampler and
+log-probs under another policy loss, teacher or test) compile their programs once per process. It is the
+process's own (not an environment variable): subprocesses (CLI runs killed mid-write, the notebooks' kernels)
+neither read nor write it, the two workers never share a file that one of them is still writing, and the
+multi-device suites (pytest in a subprocess, loading this file) keep one of their own.
+
 The README's two workers (`-n 2 --dist loadfile`) take whole files, so a module's compiled fixtures are
 built once, not once per worker; the longest files go first (`LONGEST_FIRST`; xdist's own reordering of files by
 their number of tests is turned off, as `--no-loadscope-reorder` would), so the run does not end on one worker with
@@ -19,7 +26,9 @@ a long file of few tests (the 8-device suites) while the other is idle.
 """
 
 import os
+import shutil
 import subprocess
+import tempfile
 
 import pytest
 from hypothesis import settings
@@ -33,6 +42,19 @@ LONGEST_FIRST = ("test_parallel_sharded.py", "test_parallel_multiprocess.py", "t
 FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 if FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE}".strip()
+
+COMPILE_CACHE = tempfile.mkdtemp(prefix="jaxpt-tests-compile-cache-")
+
+
+def _use_compile_cache():
+  import jax  # after XLA_FLAGS above: the backend reads them when it starts
+
+  jax.config.update("jax_compilation_cache_dir", COMPILE_CACHE)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+_use_compile_cache()
 
 settings.register_profile("ci", max_examples=1000, derandomize=True, deadline=None, database=None, print_blob=True)
 settings.register_profile("thorough", parent=settings.get_profile("default"), max_examples=10_000, deadline=None,
@@ -64,6 +86,10 @@ def small_disk(tmp_path):
 def pytest_configure(config):
   if hasattr(config.option, "loadscopereorder"):  # pytest-xdist >= 3.8, when installed and enabled
     config.option.loadscopereorder = False
+
+
+def pytest_unconfigure(config):
+  shutil.rmtree(COMPILE_CACHE, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items):

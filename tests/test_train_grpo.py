@@ -50,7 +50,8 @@ def sft_workdir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def grpo_run(sft_workdir, tmp_path_factory):
-  config = grpo_config(sft_workdir)
+  """(config, trainer, workdir, result) of the 12-step learning run, which ends with an eval on 8 held-out prompts."""
+  config = grpo_config(sft_workdir, **{"data.eval_prompts": 8})
   workdir = str(tmp_path_factory.mktemp("grpo"))
   trainer = jaxpt.build("grpo", config, workdir)
   return config, trainer, workdir, jaxpt.train("grpo", config, workdir, built=trainer)
@@ -79,12 +80,15 @@ def test_resume_reaches_the_same_parameters(grpo_run, tmp_path):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
-def test_policy_update_goes_through_the_shared_step_with_grad_accumulation(sft_workdir, tmp_path):
-  """grad_accum_steps splits each minibatch into micro-batches: the same update (fp tolerance), `lr` logged."""
+def test_policy_update_goes_through_the_shared_step_with_grad_accumulation(grpo_run, sft_workdir, tmp_path):
+  """grad_accum_steps splits each minibatch into micro-batches: the same update (fp tolerance), `lr` logged. The
+  learning run's trainer (grad_accum_steps 1) against one with 2."""
+  config, learning_trainer, _, _ = grpo_run
+  assert config.optim.grad_accum_steps == 1
   runs = []
   for accum in (1, 2):
-    config = grpo_config(sft_workdir, **{"optim.grad_accum_steps": accum})
-    trainer = jaxpt.build("grpo", config, str(tmp_path / str(accum)))
+    trainer = learning_trainer if accum == 1 else jaxpt.build(
+        "grpo", grpo_config(sft_workdir, **{"optim.grad_accum_steps": accum}), str(tmp_path))
     state, metrics = trainer.train_step(trainer.init_state(), trainer.hooks.collector.prompts.batch(0))
     assert int(state.step) == 1  # the loop's step; the optimizer's own count is inside opt_state
     assert metrics["lr"] == pytest.approx(2e-3)
@@ -273,12 +277,11 @@ def test_sampled_pass1_with_top_k_1_equals_greedy_accuracy(sft_workdir, tmp_path
     assert results[f"eval_pass1_{name}"] == results[f"eval_accuracy_{name}"], results
 
 
-def test_jaxpt_eval_rebuilds_a_grpo_run_and_gives_its_own_eval(sft_workdir, tmp_path):
-  """One GRPO step with an eval at the end; `jaxpt eval` rebuilds the run from its config.json (the trainer table's
-  build) and reproduces that eval row."""
-  config = grpo_config(sft_workdir, **{"steps": 1, "data.eval_prompts": 8, "checkpoint_every": 0})
-  result = jaxpt.train("grpo", config, str(tmp_path))
-  row = evaluate_run(str(tmp_path))
-  assert row["run"] == "grpo" and row["step"] == 1
+def test_jaxpt_eval_rebuilds_a_grpo_run_and_gives_its_own_eval(grpo_run):
+  """The learning run ends with an eval; `jaxpt eval` rebuilds the run from its config.json (the trainer table's
+  build) and reproduces that eval row from the last checkpoint."""
+  _, _, workdir, result = grpo_run
+  row = evaluate_run(workdir)
+  assert row["run"] == "grpo" and row["step"] == 12
   for key in ("eval_accuracy_test", "eval_accuracy_test_numbers"):
     assert row[key] == pytest.approx(result.last_row[key], abs=1e-9), key

@@ -35,11 +35,14 @@ KEYS = ("reward_mean", "accuracy", "loss", "pg_loss", "ppo_kl", "grad_norm", "ev
 VARIANT_KEYS = {"grpo": (), "clipo": ("clipo_loss", "clipo_reward_mean"),
                 "dapo": ("dapo_rounds", "dapo_groups_informative", "truncated_frac", "overlong_penalty_mean"),
                 "rm": ("rm_score", "gold_score"), "engine": (), "row_keys": ()}
+VARIANT_KEYS["clipo_dapo"] = VARIANT_KEYS["clipo"] + VARIANT_KEYS["dapo"]
+# CLIPO's in-loss term reads the loss mask that overlong filtering empties, so the two are not combined (config.py)
+CLIPO_DAPO = {**DAPO, "dapo.overlong_filtering": False}
 # the static sampler with the engine's per-rollout keys; one step
 ROW_KEYS = {"sampling.row_keys": True, "steps": 1}
 ENGINE = {**ROW_KEYS, "engine.enabled": True, "engine.num_slots": 2, "engine.page_size": 4}  # slots refilled
 CASES = [(v, p) for v in ("grpo", "clipo") for p in MESHES] + [("dapo", "fsdp"), ("dapo", "fsdp_tp"),
-                                                                ("rm", "fsdp_tp")]
+                                                                ("clipo_dapo", "fsdp"), ("rm", "fsdp_tp")]
 
 
 @functools.cache
@@ -59,13 +62,14 @@ def reward_model_run() -> str:
 
 
 def variant_config(variant, **overrides):
-  """micro_config of the variant: grpo, clipo (CLIPO on), dapo (dynamic sampling, overlong filtering and penalty)
-  or rm (the verifier plus a reward model, running normalisation and clipping)."""
+  """micro_config of the variant: grpo, clipo (CLIPO on), dapo (dynamic sampling, overlong filtering and penalty),
+  clipo_dapo (both, without overlong filtering) or rm (the verifier plus a reward model, running normalisation and
+  clipping)."""
   if variant == "rm":
     overrides = {"reward.model": reward_model_run(), "reward.model_weight": 0.5, "reward.normalize": "running",
                  "reward.clip": 2.0, "reward.eos_missing_penalty": 0.25, **overrides}
-  extra = {"dapo": DAPO, "engine": ENGINE, "row_keys": ROW_KEYS}.get(variant, {})
-  return micro_config(variant == "clipo", **extra, **overrides)
+  extra = {"dapo": DAPO, "clipo_dapo": CLIPO_DAPO, "engine": ENGINE, "row_keys": ROW_KEYS}.get(variant, {})
+  return micro_config(variant in ("clipo", "clipo_dapo"), **extra, **overrides)
 
 
 @functools.cache
@@ -85,9 +89,11 @@ def run(variant, preset):
   return read_metrics(workdir), jax.tree.map(np.asarray, result.state), trainer, result.state
 
 
-# the default suite's cases cover every mesh once, each with a variant that adds to plain GRPO (CLIPO, DAPO, a
-# reward model); the rest are `slow` (tests/test_parallel_sharded)
-DEFAULT_CASES = {("clipo", "dp"), ("dapo", "fsdp"), ("rm", "fsdp_tp")}
+# the default suite's two cases cover each variant that adds to plain GRPO (CLIPO with DAPO in one run, DAPO's
+# host-side overlong filtering in the `slow` dapo cases; a reward model) and each mesh axis: the batch over 8 devices
+# with the params split 8 ways (fsdp; dp's batch split without it is `slow`), and data x fsdp x tensor; the rest are
+# `slow` (tests/test_parallel_sharded)
+DEFAULT_CASES = {("clipo_dapo", "fsdp"), ("rm", "fsdp_tp")}
 
 
 @pytest.mark.parametrize("variant,preset", [c if c in DEFAULT_CASES else pytest.param(*c, marks=pytest.mark.slow)
