@@ -302,11 +302,21 @@ def _signals_stop_the_command():
     return
   stopped: list[int] = []
   in_hook = threading.Event()  # set while `swallowed` runs: a handler there must not raise (that would be dropped too)
+  unsent: set[int] = set()  # signals dropped where exceptions are ignored, whose timer has not sent them again yet
+  lock = threading.Lock()
   main_thread = threading.get_ident()
+
+  def send(signum: int) -> None:
+    with lock:
+      if signum in unsent:
+        unsent.discard(signum)
+        signal.pthread_kill(main_thread, signum)
 
   def send_again(signum: int) -> None:
     """The signal again, to the main thread, from a timer thread: its handler runs at a later bytecode."""
-    threading.Timer(0.01, signal.pthread_kill, (main_thread, signum)).start()
+    with lock:
+      unsent.add(signum)
+    threading.Timer(0.01, send, (signum,)).start()
 
   def handle(signum, frame):
     del frame
@@ -319,23 +329,33 @@ def _signals_stop_the_command():
 
   def swallowed(unraisable):
     """The handler ran where exceptions are ignored (a gc callback such as jax's, a `__del__`): send it again."""
-    if not isinstance(unraisable.exc_value, Stopped):
-      return previous_hook(unraisable)
     in_hook.set()
     try:
-      stopped.clear()  # the same signal again, not a second one
-      send_again(unraisable.exc_value.signum)
+      if isinstance(unraisable.exc_value, Stopped):
+        stopped.clear()  # the same signal again, not a second one
+        send_again(unraisable.exc_value.signum)
+      else:
+        previous_hook(unraisable)
     finally:
       in_hook.clear()
 
   previous = install_handlers(handle, (signal.SIGTERM, signal.SIGINT))
   previous_hook, sys.unraisablehook = sys.unraisablehook, swallowed
+  completed = False
   try:
     yield
+    completed = True
   finally:
-    sys.unraisablehook = previous_hook
-    for signum, handler in previous.items():
-      signal.signal(signum, handler)
+    try:
+      with lock:  # a timer that has not fired sends nothing after this
+        left = sorted(unsent)
+        unsent.clear()
+    finally:
+      sys.unraisablehook = previous_hook
+      for signum, handler in previous.items():
+        signal.signal(signum, handler)
+  if left and completed:  # a dropped signal not yet sent again when the command ended: it still stops it
+    raise Stopped(left[0])
 
 
 def _run(name: str, trainer: str | None = None) -> Callable[[list[str]], int]:

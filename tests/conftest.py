@@ -51,7 +51,7 @@ def _use_compile_cache():
 
   jax.config.update("jax_compilation_cache_dir", COMPILE_CACHE)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)  # -1: every entry, whatever its size
 
 
 _use_compile_cache()

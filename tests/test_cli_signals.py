@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 import signal
 import subprocess
+import sys
+import textwrap
 import threading
 import time
 
@@ -114,3 +116,25 @@ def test_a_signal_handled_where_exceptions_are_ignored_still_stops_the_command()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
       time.sleep(0.01)
+
+
+def test_a_dropped_signal_not_yet_sent_again_when_the_command_ends_still_stops_it():
+  """The command ends within the 10 ms before the timer sends the dropped signal again: the signal still stops
+  it (`Stopped` at the end), and nothing is sent after the handlers are restored (SIGTERM's default action would
+  kill the process then). In a subprocess, for that reason."""
+  script = textwrap.dedent("""
+      import signal, time
+      from jaxpt.cli import Stopped, _signals_stop_the_command
+      class SignalledWhileDropped:
+        def __del__(self):
+          signal.raise_signal(signal.SIGTERM)
+      try:
+        with _signals_stop_the_command():
+          SignalledWhileDropped()
+      except Stopped as e:
+        print("stopped", e.name)
+      time.sleep(0.5)
+      print("alive")
+  """)
+  done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120)
+  assert (done.returncode, done.stdout.split()) == (0, ["stopped", "SIGTERM", "alive"]), done.stderr[-2000:]

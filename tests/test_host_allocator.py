@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from jaxpt.host_allocator import available_fraction
+from jaxpt.host_allocator import available_fraction, cgroup_available_fraction, trim_threshold
 
 MEMINFO = "MemTotal:       24000000 kB\nMemFree:         1000000 kB\nMemAvailable:    6000000 kB\n"
 
@@ -31,6 +31,9 @@ FREED_AND_WAITED = textwrap.dedent("""
     guard = libc.malloc(4096)
     libc.free(block)
     time.sleep(2)
+    reuse_freed_host_memory()  # again (a CLI called in-process twice): still one valve thread
+    names = [t.name for t in __import__("threading").enumerate()]
+    assert names.count("jaxpt-host-trim") == 1, names
     print(round(resident() - before))
 """)
 
@@ -46,6 +49,19 @@ def _held_after_free(trim_below: str) -> float:
 def test_available_fraction_reads_meminfo():
   assert available_fraction(MEMINFO) == pytest.approx(0.25)
   assert available_fraction("MemTotal: 10 kB\n") is None  # an old kernel without MemAvailable: the valve idles
+
+
+def test_a_container_limit_counts_as_the_memory_available():
+  assert cgroup_available_fraction("1000\n", "750\n") == pytest.approx(0.25)
+  assert cgroup_available_fraction("max\n", "750\n") is None  # no limit: the machine's figure alone
+
+
+@pytest.mark.parametrize("value", ["", "abc", "-0.1", "nan"])
+def test_a_bad_trim_threshold_is_one_line_naming_the_variable(value):
+  with pytest.raises(SystemExit, match=r"^JAXPT_TRIM_BELOW=.*: must be a number >= 0 \(") as raised:
+    trim_threshold(value)
+  assert "\n" not in str(raised.value)
+  assert trim_threshold(None) == 0.15 and trim_threshold("0.5") == 0.5
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt / malloc_trim and /proc")

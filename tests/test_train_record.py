@@ -209,3 +209,18 @@ def test_a_run_recorded_before_the_lora_section_resumes_without_adapters_only(tm
   with pytest.raises(record.RunMismatch, match=r"lora\.rank \(0 -> 4\)") as error:
     record.check_launch(workdir, _grpo(), INPUTS)
   assert "\n" not in str(error.value)
+
+
+def test_an_eval_rebuilds_an_old_qlora_grpo_run_with_the_rollouts_it_ran(tmp_path):
+  """`jaxpt eval` rebuilds a run from its config.json: one written before lora.rollouts is read as the run ran
+  (merged), not with today's default (auto: the codes, unmerged), as a resume reads it."""
+  from jaxpt.engine.evaluate import with_recorded_before
+  from jaxpt.engine.trainers import TRAINERS
+
+  workdir = str(tmp_path)
+  _recorded_without(workdir, _grpo(rollouts="merged", base_quant="nf4", base_quant_block=16), "lora", "rollouts")
+  recorded = record.recorded_config(workdir)
+  assert "rollouts" not in recorded["lora"]
+  filled = with_recorded_before(TRAINERS.get("grpo"), recorded)
+  assert filled["lora"]["rollouts"] == "merged" and "rollouts" not in recorded["lora"]  # the record is untouched
+  assert with_recorded_before(TRAINERS.get("grpo"), filled) == filled  # a field the record has is kept

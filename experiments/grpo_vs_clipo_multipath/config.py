@@ -8,7 +8,8 @@ train_size), 'validation' (the next VALIDATION_PROBLEMS training-split problems,
 run) and 'test' (disjoint in content); every calibration and selection reads validation only.
 SFT: `experiments/configs/sft_tiny.py` (a 2-layer d_model 128 SiameseNorm LM), eval_split='validation' (its eval
 never reads test); SFT_STEPS was chosen on that validation curve (`sft_calibration.json`: 3000 steps, greedy 0.68 and
-sampled 0.34 on validation; at the first pilot's 600 steps the policy solved 5%, a floor).
+sampled 0.34 on validation, where the first pilot's 600 steps left ~5%, a floor; 3000 is the longest schedule
+tried, its curve still rising slowly: a grid edge).
 GRPO: PROMPTS x 8 rollouts a step, MINIBATCHES updates a step (so every loss but the first minibatch's sees
 ratios != 1), GRPO_STEPS steps, k3 KL 0.001; eval on EVAL_PROBLEMS problems of 'validation' and 'test', greedy and
 EVAL_SAMPLES samples at T = 1 (sampled pass@1).

@@ -77,6 +77,22 @@ def without_gone_inputs(trainer: Trainer, recorded: dict) -> tuple[dict, list[st
   return recorded, notes
 
 
+def with_recorded_before(trainer: Trainer, recorded: dict) -> dict:
+  """`recorded` (a run's config.json) with the fields added since it was written, whose default would change what
+  the run does, at the value it ran with (its run config's `recorded_before`, as a resume reads them): an eval
+  rebuilds the run it evaluates, not one with today's defaults."""
+  from jaxpt.config import from_section
+
+  filled = json.loads(json.dumps(recorded))
+  for dotted, value in from_section(trainer.config_type, recorded, "config").recorded_before(recorded).items():
+    *sections, last = dotted.split(".")
+    target = filled
+    for name in sections:
+      target = target.setdefault(name, {})
+    target.setdefault(last, value)
+  return filled
+
+
 def _build(name: str, recorded: dict, workdir: str) -> tuple[Any, Callable[[TrainState], dict]]:
   """(Training, the trainer's evaluate) of the run recorded as `recorded`, rebuilt by its trainer `name`."""
   if name not in TRAINERS:
@@ -86,6 +102,7 @@ def _build(name: str, recorded: dict, workdir: str) -> tuple[Any, Callable[[Trai
   recorded, notes = without_gone_inputs(trainer, recorded)
   for note in notes:
     say(note)
+  recorded = with_recorded_before(trainer, recorded)
   built = trainer.build_function(recorded, workdir)
   if trainer.eval_set and not _field(built.config, trainer.eval_set):
     raise EvalError(f"{workdir}: the run has no eval set (config.{trainer.eval_set}=0)")

@@ -277,9 +277,13 @@ def account(trainer: str, run: RunConfig, devices: int) -> dict[str, float]:
                          * model.resolved_head_dim * jnp.dtype(model.dtype).itemsize)
     if run.lora.enabled and not run.lora.samples_unmerged:  # merged rollouts: W + s A B, a copy in base_dtype
       parts["sampler_params"] = p["frozen_float"]  # (lora.rollouts unmerged: the sampler reads the codes as stored)
-  resident = parts["params"] + parts["optimizer"] + parts["reference"]
-  parts["total"] = resident + max(step_transient(parts), parts["kv_cache"] + parts["sampler_params"])
+  parts["total"] = max(step_total(parts), resident(parts) + parts["kv_cache"] + parts["sampler_params"])
   return parts
+
+
+def resident(parts: dict[str, float]) -> float:
+  """What the run holds throughout (`account`'s parts): params + optimizer state + the reference's params."""
+  return parts["params"] + parts["optimizer"] + parts["reference"]
 
 
 def step_transient(parts: dict[str, float]) -> float:
@@ -291,7 +295,7 @@ def step_transient(parts: dict[str, float]) -> float:
 
 def step_total(parts: dict[str, float]) -> float:
   """The train step's peak by the account: params + optimizer + reference + `step_transient` (no rollouts)."""
-  return parts["params"] + parts["optimizer"] + parts["reference"] + step_transient(parts)
+  return resident(parts) + step_transient(parts)
 
 
 def step_shapes(trainer: str, run: RunConfig) -> dict[str, jax.ShapeDtypeStruct]:
