@@ -114,7 +114,7 @@ def test_moe_mlp_targets_and_pretraining_refuse_lora():
     from_section(SFTRunConfig, moe, "config")
   assert from_section(SFTRunConfig, dict(moe, lora={"rank": 2, "targets": "q,v"}), "config").lora.rank == 2
   with pytest.raises(ConfigError, match=r"^config\.lora\.rank=2: jaxpt pretrain trains every parameter; LoRA is "
-                     r"for jaxpt sft, grpo, rm, dpo or kto$"):
+                     r"for jaxpt sft, grpo, ppo, rm, dpo or kto$"):
     from_section(PretrainRunConfig, {k: v for k, v in sft_config(rank=2).items() if k != "decode"}, "config")
 
 

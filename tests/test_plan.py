@@ -148,13 +148,15 @@ def test_dpo_and_grpo_steps_compile_from_the_config(trainer):
   assert compiled_step["peak"] == pytest.approx(parts["total"], rel=0.15), (compiled_step, parts)
 
 
-@pytest.mark.parametrize("trainer,rank,tolerance", [("kto", 8, 0.25), ("rm", 0, 0.25), ("ppo", 0, 0.10)])
+@pytest.mark.parametrize("trainer,rank,tolerance", [("kto", 8, 0.25), ("rm", 0, 0.25), ("ppo", 0, 0.10),
+                                                   pytest.param("ppo", 8, 0.10, marks=pytest.mark.slow)])
 def test_kto_rm_and_ppo_steps_compile_from_the_config(trainer, rank, tolerance):
   """`jaxpt plan --compile` for KTO, the reward model and PPO (the policy + critic update, two models' params and
   AdamW state): the compiled figure is there, its arguments are the analytic state, and its peak + the reference
   (computed outside the step) is the account's step phase. Measured plan / compiled at the tiny configs (remat
   full, pre-norm): KTO (LoRA rank 8) 0.92, RM 0.87 (LoRA rank 8: 0.79; the tiny model's attention intermediates
-  dominate, as for SFT), PPO 1.00 (1.2 while the account counted both models' activations at once)."""
+  dominate, as for SFT), PPO 1.00 (1.2 while the account counted both models' activations at once; LoRA rank 8 on
+  policy and critic, the reference their base: 0.96)."""
   config = __import__(f"experiments.configs.{trainer}_tiny", fromlist=["get_config"]).get_config()
   config.update_from_flattened_dict({"lora.rank": rank, "model.remat": "full", "model.norm_scheme": "pre"})
   run = plan.run_config(trainer, config)

@@ -77,3 +77,45 @@ def test_a_nonfinite_critic_gradient_makes_the_step_nonfinite(compiled):
   bad["critic"]["head"]["kernel"][0, 0] = np.nan
   grads, _, _ = fns["sequenced"](bad, batch)
   assert all(np.all(np.isnan(np.asarray(g))) for g in jax.tree.leaves(grads["policy"]))
+
+
+def test_lora_gradient_is_the_summed_losses_on_the_trainable_part():
+  """With LoRA on a QLoRA int8 base (int codes: `allow_int`) the sequenced gradient's trainable part (both models'
+  adapters, the critic's value head) is the summed loss's, and its frozen policy leaves are zeros."""
+  from jaxpt.engine.builder import lora_trainable
+  from jaxpt.engine.state import trainable_part
+  from jaxpt.nn.lora import LoRAConfig
+  from jaxpt.trainers.ppo import CRITIC_HEAD
+
+  lora = LoRAConfig(rank=4, alpha=8.0, base_quant="int8", base_quant_block=16).spec()
+  shapes = jax.eval_shape(PolicyAndCritic(MODEL, MODEL, lora).init, jax.random.PRNGKey(0), jnp.zeros((1, P), jnp.int32))
+  rng = np.random.default_rng(2)
+
+  def leaf(path, s):
+    if jnp.issubdtype(s.dtype, jnp.integer):
+      return rng.integers(-127, 128, s.shape).astype(s.dtype)
+    if "kernel_scale" in jax.tree_util.keystr(path):  # dequantized kernels of about 0.05 a weight
+      return np.full(s.shape, 0.05 / 127, s.dtype)
+    return (float("['scale']" in jax.tree_util.keystr(path)) + 0.05 * rng.standard_normal(s.shape)).astype(s.dtype)
+
+  params = jax.tree_util.tree_map_with_path(leaf, nn.meta.unbox(shapes["params"]))
+  batch = minibatch(3)
+  policy_part, value_part = loss_parts(MODEL, MODEL, PPOConfig(value_clip=0.2), 1.0, lora)
+  sequenced = sequenced_grad_fn(policy_part, value_part, lora=True)
+
+  def summed(params, batch):
+    (pg, _), (vl, _) = policy_part(params["policy"], batch), value_part(params["critic"], batch)
+    return pg + vl
+
+  grads, _, metrics = jax.jit(lambda p, b: sequenced(p, None, b, jax.random.PRNGKey(1)))(params, batch)
+  want = jax.jit(jax.grad(summed, allow_int=True))(params, batch)
+  trainable = lora_trainable(params, (CRITIC_HEAD,))
+  got_part, want_part = trainable_part(grads, trainable), trainable_part(want, trainable)
+  flat_got, flat_want = (jax.tree_util.tree_flatten_with_path(t)[0] for t in (got_part, want_part))
+  assert [k for k, _ in flat_got] == [k for k, _ in flat_want] and np.isfinite(metrics["loss"])
+  assert {"lora_a", "lora_b", "kernel"} == {path[-1].key for path, _ in flat_got}  # adapters + the value head
+  for (path, g), (_, w) in zip(flat_got, flat_want):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=1e-7, err_msg=jax.tree_util.keystr(path))
+  assert all(np.any(np.asarray(g) != 0) for _, g in flat_got)
+  frozen = [g for g, train in zip(jax.tree.leaves(grads["policy"]), jax.tree.leaves(trainable["policy"])) if not train]
+  assert frozen and all(not np.any(np.asarray(g)) for g in frozen)

@@ -299,3 +299,120 @@ def test_eval_of_a_ppo_run_whose_reward_model_is_gone(ppo_run, tmp_path, capfd):
     notes = [line for line in capfd.readouterr().err.splitlines() if "is gone" in line]
     assert len(notes) == (2 if name == "gone" else 0), notes
   assert rows["gone"] == rows["in_place"] and any(k.startswith("eval_accuracy") for k in rows["gone"])
+
+
+# -- LoRA: the DIR paper's RLHF recipe is PPO with LoRA (rank 8, alpha 32); here rank 4 at the micro size -------------
+
+LORA = {"lora.rank": 4, "lora.alpha": 16.0, "steps": 2, "checkpoint_every": 1, "ppo.value_warmup_steps": 0}
+
+
+def _paths(tree):
+  return [(jax.tree_util.keystr(path), np.asarray(leaf)) for path, leaf in jax.tree_util.tree_leaves_with_path(tree)]
+
+
+def _is_adapter(path):
+  return path.endswith(("['lora_a']", "['lora_b']"))
+
+
+@pytest.fixture(scope="module")
+def lora_runs(runs, tmp_path_factory):
+  """(config, built, initial params, the uninterrupted run, the run stopped after step 1 and resumed): 2 PPO steps
+  with LoRA on policy and critic (no value warm-up), the critic started from the RM run."""
+  config = ppo_config(*runs, **LORA)
+  root = tmp_path_factory.mktemp("ppo_lora")
+  built = jaxpt.build("ppo", config, str(root / "whole"))
+  initial = jax.device_get(built.init_state().params)  # the hooks': the critic from the RM
+  whole = jaxpt.train("ppo", config, str(root / "whole"), built=built)
+  jaxpt.train("ppo", config, str(root / "split"), built=built, stop_at=1)
+  resumed = jaxpt.train("ppo", config, str(root / "split"), built=built)
+  return config, built, initial, whole, resumed
+
+
+def test_ppo_with_lora_trains_the_adapters_and_the_value_head_alone(lora_runs, runs):
+  """The base kernels of policy and critic are bit for bit their start (the SFT run's params; the RM's backbone);
+  the adapters of both and the critic's value head move, and only they have AdamW moments; a resumed run is the
+  uninterrupted one, bit for bit."""
+  from jaxpt.engine.saved_model import load_run
+  from jaxpt.nn import lora as lora_lib
+
+  _, _, initial, whole, resumed = lora_runs
+  final = jax.device_get(whole.state.params)
+  changed = {path for (path, a), (_, b) in zip(_paths(initial), _paths(final)) if not np.array_equal(a, b)}
+  assert all(_is_adapter(p) or p.startswith("['critic']['head']") for p in changed), changed
+  assert {"['critic']['head']['kernel']"} < changed
+  for part in ("['policy']", "['critic']['backbone']"):
+    assert any(p.startswith(part) and p.endswith("['lora_b']") for p in changed), (part, changed)
+  sft, rm = (load_run(path).params for path in runs)
+  for got, want in ((final["policy"], sft), (final["critic"]["backbone"], rm["backbone"])):
+    got = lora_lib.base_params(got)
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    jax.tree.map(np.testing.assert_array_equal, got, jax.device_get(want))
+  moments = [p for p, _ in _paths(whole.state.opt_state) if ".mu" in p or ".nu" in p]
+  assert moments and all(_is_adapter(p) or (p.startswith("['critic']") and "['head']['kernel']" in p)
+                             for p in moments), moments
+  assert any(p.startswith("['critic']") and "['head']" in p for p in moments)
+  assert len(moments) < len(_paths(final))
+  got, want = (jax.tree.leaves((r.state.params, r.state.opt_state)) for r in (resumed, whole))
+  assert len(got) == len(want)
+  for a, b in zip(got, want):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_ppo_with_lora_references_the_base_model(lora_runs, runs):
+  """No copy of the policy is kept: the reference is the policy's base (adapters off), whose log-probs of a
+  rollout are those of the plain model on the SFT run's params, while the trained (merged) policy's are not."""
+  from jaxpt.engine.saved_model import load_run
+  from jaxpt.models.transformer import TransformerLM
+  from jaxpt.rl.logprobs import response_logprobs
+  from jaxpt.trainers.grpo import rollout_params
+
+  config, built, _, whole, _ = lora_runs
+  hooks = built.hooks
+  assert hooks.ref_params is None and built.config.ppo.uses_reference
+  policy = whole.state.params["policy"]
+  ro = hooks.collector.rollouts(rollout_params(hooks.policy, policy), hooks.collector.prompts.batch(0),
+                                jax.random.PRNGKey(5))
+  arrays = [ro[k] for k in ("prompt_tokens", "prompt_mask", "tokens", "mask")]
+  ref = np.asarray(hooks.collector.logprobs(hooks.reference_params(policy), *arrays))
+  plain = TransformerLM(built.config.model)
+  want = np.asarray(jax.jit(lambda p, *a: response_logprobs(plain, p, *a, temperature=config.sampling.temperature))(
+      load_run(runs[0]).params, *arrays))
+  np.testing.assert_allclose(ref, want, rtol=1e-5, atol=1e-6)
+  trained = np.asarray(hooks.collector.logprobs(rollout_params(hooks.policy, policy), *arrays))
+  assert np.abs(trained - want).max() > 1e-4  # the adapters moved the policy away from its reference
+
+
+def test_ppo_takes_the_lora_section():
+  """`jaxpt ppo --config.lora.rank=4` is a LoRA run (it was refused: 'jaxpt ppo trains every parameter')."""
+  from jaxpt.config import from_section
+  from jaxpt.engine.trainers import TRAINERS
+  from jaxpt.trainers.ppo_config import PPORunConfig
+
+  config = ppo_tiny.get_config()
+  config.update_from_flattened_dict({"lora.rank": 4})
+  assert TRAINERS.get("ppo").lora and from_section(PPORunConfig, config, "config").lora.rank == 4
+
+
+@pytest.mark.slow  # one more PPO build
+def test_ppo_with_qlora_and_a_critic_from_the_policy(runs, tmp_path):
+  """QLoRA (int8 base, rollouts unmerged on the codes) with the critic started from the policy: the critic's frozen
+  base is the policy's (the same codes), its adapters its own; 2 steps keep every code and move the adapters."""
+  from jaxpt.nn import lora as lora_lib
+
+  config = ppo_config(*runs, **LORA, **{"lora.base_quant": "int8", "lora.base_quant_block": 16,
+                                        "ppo.critic_init": ""})
+  built = jaxpt.build("ppo", config, str(tmp_path))
+  assert built.config.lora.samples_unmerged
+  initial = jax.device_get(built.init_state().params)
+  policy, critic = initial["policy"], initial["critic"]["backbone"]
+  jax.tree.map(np.testing.assert_array_equal, lora_lib.base_params(critic), lora_lib.base_params(policy))
+  assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(lora_lib.adapter_params(critic)),
+                                                      jax.tree.leaves(lora_lib.adapter_params(policy))))
+  result = jaxpt.train("ppo", config, str(tmp_path), built=built)
+  final = jax.device_get(result.state.params)
+  changed = {path for (path, a), (_, b) in zip(_paths(initial), _paths(final)) if not np.array_equal(a, b)}
+  assert changed and all(_is_adapter(p) or p.startswith("['critic']['head']") for p in changed), changed
+  assert any("kernel_q" in p for p, _ in _paths(final))
+  rows = read_metrics(str(tmp_path))
+  assert len(rows) == 2 and all(np.isfinite(r["value_loss"]) and np.isfinite(r["kl_ref"]) for r in rows)
+  assert abs(rows[0]["kl_ref"]) < 1e-5  # B = 0: the policy starts at its reference, the base

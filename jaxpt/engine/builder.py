@@ -9,12 +9,13 @@ Keys: split(PRNGKey(seed)) -> (init, train); init -> (model, aux) when the train
 differ only in what they pass: model and init arguments, the gradient, batch shapes, an aux state (the DIR
 estimator, the CLIPO head), the params subtree `init_from` fills, and the number of optimizer updates.
 
-LoRA (`config.lora.rank > 0`, the model built with `config.lora.spec()`): only the adapters and the top-level
-params subtrees `new_heads` (a reward head) train and have optimizer state (`Training.trainable`); the frozen base
-is kept in `lora.base_dtype` (QLoRA, `lora.base_quant`: the adapted kernels quantized once, when the run gets its base:
-`Training.init_state`). `Training.merged_params` is the policy as the same model without LoRA reads it
+LoRA (`config.lora.rank > 0`, the model built with `config.lora.spec()`): only the adapters and the params
+subtrees `new_heads` (a reward head, PPO's value head) train and have optimizer state (`Training.trainable`); the
+frozen base is kept in `lora.base_dtype` (QLoRA, `lora.base_quant`: the adapted kernels quantized once, when the run
+gets its base: `Training.init_state`). `Training.merged_params` is the policy as the same model without LoRA reads it
 (samplers, evaluators built on `config.model` alone), `Training.base_params` the base, adapters off (the reference
-policy of DPO / GRPO, without a copy), `Training.adapters_off` the same base for the adapted model (adapters at 0).
+policy of DPO / GRPO, without a copy), `Training.adapters_off` the same base for the adapted model (adapters at 0);
+`Training.of_part(key)` reads them (and `layout`) for one params subtree (PPO's policy beside its critic).
 """
 
 from __future__ import annotations
@@ -70,6 +71,12 @@ class Training:
   sharded: ShardedTraining  # mesh, rules, shardings, the compiled step and its per-device memory
   init_from_subtree: str | None
   trainable: Any = None  # LoRA: bools shaped like the params, True where they train (None: all train)
+  part: str | None = None  # the params key `layout` and the LoRA helpers read (`of_part`; None: the whole params)
+
+  def of_part(self, key: str) -> "Training":
+    """This training as the programs that read `params[key]` alone see it (PPO's policy): `layout` holds that
+    subtree's shardings, and `merged_params`, `adapters_off`, ... take and give that subtree."""
+    return dataclasses.replace(self, part=key)
 
   @property
   def train_step(self) -> Callable[[TrainState, dict], tuple[TrainState, dict]]:
@@ -83,8 +90,9 @@ class Training:
   @property
   def layout(self) -> parallel.MeshLayout:
     """The mesh, its rules and the params' and batch shardings, for the run's other programs (a sampler, ...)."""
-    return parallel.MeshLayout(self.sharded.mesh, self.sharded.rules, self.sharded.state_sharding.params,
-                               self.sharded.batch_sharding)
+    params = self.sharded.state_sharding.params
+    params = params if self.part is None else params[self.part]
+    return parallel.MeshLayout(self.sharded.mesh, self.sharded.rules, params, self.sharded.batch_sharding)
 
   def describe(self, command: str) -> str:
     """One line for `jaxpt <command>` at start: processes, devices, mesh, rules, compiled step memory."""
@@ -231,10 +239,11 @@ def build_training(config: RunConfig, mesh: Mesh, model: nn.Module, init_args: t
 
   init_args: dummy inputs of `model.init` after the rng; shapes: the global batch shapes the step is compiled for;
   loss_fn / grad_fn: the gradient (see `jaxpt.engine.step.make_train_step`); total_steps: optimizer updates of the
-  schedule (default config.steps); init_aux(rng) -> the TrainState's aux (default None); new_heads: top-level
-  params subtrees that train with LoRA on (module docstring); optimizer(boxed params, steps) -> (optimizer,
-  schedule) replaces `config.optim`'s (`make_optimizer`), e.g. one optimizer per params subtree
-  (`jaxpt.engine.optim.partitioned`; trainers that pass one do not take LoRA). donate: the step donates the state
+  schedule (default config.steps); init_aux(rng) -> the TrainState's aux (default None); new_heads: params
+  subtrees ('head', or a '/'-joined path: 'critic/head') that train whole with LoRA on (module docstring);
+  optimizer(decay, steps) -> (optimizer, schedule) replaces `config.optim`'s (`make_optimizer`), e.g. one
+  optimizer per params subtree (`jaxpt.engine.optim.partitioned`), `decay` the weight-decay mask of the params it
+  updates (`decay_mask`; with LoRA, of the trainable part alone). donate: the step donates the state
   (None: on accelerators only; `jaxpt plan` compiles a donated step on CPU to read an accelerator's memory).
   """
   rules = config.mesh.logical_rules
@@ -244,10 +253,11 @@ def build_training(config: RunConfig, mesh: Mesh, model: nn.Module, init_args: t
   parallel.check_param_divisibility(boxed, mesh, rules, config.mesh.rules)
   steps = config.steps if total_steps is None else total_steps
   trainable = lora_trainable(boxed, new_heads) if config.lora.enabled else None
+  decay = trainable_part(decay_mask(boxed), trainable)
   if optimizer is None:
-    optimizer, schedule = make_optimizer(config.optim, steps, mask=trainable_part(decay_mask(boxed), trainable))
+    optimizer, schedule = make_optimizer(config.optim, steps, mask=decay)
   else:
-    optimizer, schedule = optimizer(boxed, steps)
+    optimizer, schedule = optimizer(decay, steps)
 
   def init_fn() -> TrainState:
     params = frozen_dtype(nn.meta.unbox(model.init(model_rng, *init_args)["params"]), config, trainable)
@@ -264,9 +274,18 @@ def build_training(config: RunConfig, mesh: Mesh, model: nn.Module, init_args: t
 
 
 def lora_trainable(boxed: Any, new_heads: tuple[str, ...] = ()) -> Any:
-  """Bools shaped like the (unboxed) params: True at the LoRA adapters and under the top-level keys `new_heads`."""
-  is_adapter = nn.meta.unbox(lora_lib.adapter_mask(boxed))
-  return {key: jax.tree.map(lambda _: True, value) if key in new_heads else value for key, value in is_adapter.items()}
+  """Bools shaped like the (unboxed) params: True at the LoRA adapters and under the subtrees `new_heads` (a
+  top-level key, or a '/'-joined path of keys)."""
+  paths = [tuple(head.split("/")) for head in new_heads]
+
+  def mark(tree: Any, at: tuple[str, ...]) -> Any:
+    if at in paths:
+      return jax.tree.map(lambda _: True, tree)
+    if not isinstance(tree, dict) or not any(path[:len(at)] == at for path in paths):
+      return tree
+    return {key: mark(value, at + (key,)) for key, value in tree.items()}
+
+  return mark(nn.meta.unbox(lora_lib.adapter_mask(boxed)), ())
 
 
 def stream_quantizer(template: Any, quant: Any, dtype: Any) -> Callable[[tuple[str, ...], jax.Array], Any]:

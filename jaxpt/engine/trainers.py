@@ -109,7 +109,7 @@ for _trainer in (
             eval_unread=(("reward.model", "reward"),)),
     Trainer("ppo", "PPO with a learned critic (from a reward-model run or the policy), GAE and KL-shaped rewards.",
             "jaxpt.trainers.ppo", "PPORunConfig", ("reward_mean", "accuracy", "value_loss", "eval_accuracy*"),
-            "actor_critic", eval_set="data.eval_prompts", config_module="jaxpt.trainers.ppo_config",
+            "actor_critic", eval_set="data.eval_prompts", config_module="jaxpt.trainers.ppo_config", lora=True,
             eval_unread=(("reward.model", "reward"), ("ppo.critic_init", "ppo.critic_init"))),
     Trainer("rm", "Train a reward model (Bradley-Terry, DIR, ODIN) and write its evaluation report.",
             "jaxpt.trainers.rm", "RMRunConfig", ("loss", "accuracy", "eval_accuracy", "eval_pearson_score_length",

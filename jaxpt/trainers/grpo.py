@@ -165,19 +165,13 @@ class GRPOHooks(Hooks):
     return state
 
   def policy_params(self, params: Any) -> Any:
-    """The policy `params` as the collector's programs read them (`lora.rollouts`): unmerged, as they train, or with
-    LoRA merged (W + s A B, a float copy made here; `params` themselves without LoRA)."""
-    return params if self.config.lora.samples_unmerged else self.training.merged_params(params)
+    """The policy `params` as the collector's programs read them (`rollout_params`)."""
+    return rollout_params(self.training, params)
 
   def reference_params(self, params: Any) -> Any:
     """The reference policy of the policy `params` as the collector's log-probs read it: with LoRA their base
-    (unmerged rollouts: the same params with the adapters at 0, the codes as they are; merged: the base's arrays,
-    QLoRA's dequantized, a copy while the log-probs run), else the initial params' copy."""
-    if not self.training.lora:
-      return self.ref_params
-    if self.config.lora.samples_unmerged:
-      return self.training.adapters_off(params)
-    return self.training.dequantized_base(params)
+    (`lora_reference`), else the initial params' copy."""
+    return lora_reference(self.training, params) if self.training.lora else self.ref_params
 
   def train_step(self, training: Training, state: TrainState, batch: dict) -> tuple[TrainState, dict]:
     settings, cfg = self.config.grpo, self.config.clipo
@@ -256,6 +250,29 @@ class GRPOHooks(Hooks):
   def evaluate(self, state: TrainState) -> dict:
     """eval_accuracy_<set> (and eval_pass1_<set>) of the state's policy (`RolloutCollector.evaluate`)."""
     return self.collector.evaluate(self.policy_params(state.params))
+
+
+def rollout_params(training: Training, params: Any) -> Any:
+  """The policy `params` (of `training`, or of its `of_part` view) as the rollout collector's programs read them
+  (`lora.rollouts`): unmerged, as they train, or with LoRA merged (W + s A B, a float copy made here; `params`
+  themselves without LoRA) (GRPO and PPO)."""
+  return params if training.config.lora.samples_unmerged else training.merged_params(params)
+
+
+def lora_reference(training: Training, params: Any) -> Any:
+  """The reference policy of LoRA policy `params` as the collector's log-probs read it: their base (unmerged
+  rollouts: the same params with the adapters at 0, the codes as they are; merged: the base's arrays, QLoRA's
+  dequantized, a copy while the log-probs run) (GRPO and PPO)."""
+  return training.adapters_off(params) if training.config.lora.samples_unmerged else training.dequantized_base(params)
+
+
+def rollout_reader(model: Any, training: Training, params: Any) -> tuple[Any, Any, Any]:
+  """(model, layout, abstract params) the rollout collector's programs are compiled for, of the policy `model`
+  (with LoRA's spec) trained by `training` (or its `of_part` view) with abstract params `params`: the model as it
+  trains with `lora.rollouts` unmerged, else `config.model` alone reading the merged params (W + s A B)."""
+  if training.config.lora.samples_unmerged:
+    return model, training.layout, params
+  return model.clone(lora=None), training.merged_layout, jax.eval_shape(training.merged_params, params)
 
 
 def reward_score_hook(settings: RewardConfig, assemble: Callable | None,
@@ -353,12 +370,7 @@ def build(config: GRPORunConfig | Any, workdir: str) -> BuiltRun:
                             weight_key=weight_key, total_steps=max(1, config.steps * config.updates_per_step),
                             init_aux=init_aux)
 
-  params = jax.eval_shape(training.sharded.init_state).params
-  if config.lora.samples_unmerged:  # the collector's programs read the policy as it trains (`lora.rollouts`)
-    reader, reader_layout = model, training.layout
-  else:  # config.model alone: with LoRA, the merged params (W + s A B)
-    reader, reader_layout = model.clone(lora=None), training.merged_layout
-    params = jax.eval_shape(training.merged_params, params)
+  reader, reader_layout, params = rollout_reader(model, training, jax.eval_shape(training.sharded.init_state).params)
   collector = RolloutCollector.create(config, reader, reader_layout, params, tokenizer, config.task.data_dir(workdir))
   kl_rewards = lambda *arrays: kl_penalized_rewards(*arrays, config.grpo.kl_coef, config.grpo.kl_kind)
   teacher = None

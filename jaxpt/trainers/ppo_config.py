@@ -97,7 +97,8 @@ class PPOConfig(Section):
 class PPORunConfig(RunConfig):
   """A PPO run: `RunConfig` plus these sections. `optim` is the policy's optimizer (steps x epochs x minibatches
   updates after the value warm-up); the critic's is `optim` at `ppo.critic_learning_rate`. grad_accum_steps splits
-  each minibatch.
+  each minibatch. With `lora.rank > 0` both models train LoRA adapters, the critic's value head whole (as `jaxpt rm`
+  trains a LoRA reward model's score head); the reference is the policy's base, adapters off (`jaxpt.trainers.ppo`).
 
   Attributes:
     task: the math task whose problems are the prompts and whose answers the verifier checks.
