@@ -337,10 +337,10 @@ def step_training(trainer: str, run: RunConfig, devices: int, donate: bool = Tru
   from jaxpt.parallel.mesh import make_mesh
 
   mesh = make_mesh(run.mesh, jax.devices()[:devices])
-  shapes = step_shapes(trainer, run)
-  if trainer == "ppo":
+  if trainer == "ppo":  # its minibatch shapes are `experience_shapes`, read by update_training itself
     from jaxpt.trainers.ppo import update_training
     return update_training(run, mesh, run.model, donate=donate)[0]
+  shapes = step_shapes(trainer, run)
   if trainer == "rm":
     from jaxpt.trainers.rm import rm_training
     settings = run.rm

@@ -362,11 +362,17 @@ def lora_base(config: PPORunConfig, start: Any, adapters: Any) -> Any:
   return floats if config.lora.quant is None else lora_lib.quantize_params(floats, config.lora.quant)
 
 
+def weight_key(settings: PPOConfig) -> str:
+  """The metric a minibatch's gradient is weighted by when steps are accumulated: tokens for token-mean, else rows."""
+  return "num_tokens" if settings.agg == "token-mean" else "num_rows"
+
+
 def update_training(config: PPORunConfig, mesh: Any, critic_config: ModelConfig,
-                    donate: bool | None = None) -> tuple[Training, dict, dict]:
+                    donate: bool | None = None) -> tuple[Training, dict, dict, Callable]:
   """(the shared builder's policy + critic update on `mesh`, compiled for one minibatch (`experience_shapes`), its
-  per-part optimizers {"policy", "critic"} and their schedules): what `build` runs and `jaxpt plan` compiles. With
-  LoRA each optimizer sees its part's adapters (and the critic's value head, `CRITIC_HEAD`) alone."""
+  per-part optimizers {"policy", "critic"}, their schedules, and the critic's `value_part` loss): what `build` runs
+  and `jaxpt plan` compiles. With LoRA each optimizer sees its part's adapters (and the critic's value head,
+  `CRITIC_HEAD`) alone."""
   settings = config.ppo
   policy_updates = max(1, (config.steps - settings.value_warmup_steps) * config.updates_per_step)
   critic_updates = max(1, config.steps * config.updates_per_step)
@@ -386,10 +392,9 @@ def update_training(config: PPORunConfig, mesh: Any, critic_config: ModelConfig,
   training = build_training(config, mesh, PolicyAndCritic(config.model, critic_config, lora),
                             (jnp.zeros((1, config.data.max_prompt_len), jnp.int32),), experience_shapes(config),
                             grad_fn=sequenced_grad_fn(policy_part, value_part, lora is not None),
-                            weight_key="num_tokens" if settings.agg == "token-mean" else "num_rows",
-                            total_steps=policy_updates, init_aux=init_aux, init_from_subtree="policy",
-                            new_heads=(CRITIC_HEAD,), optimizer=optimizer, donate=donate)
-  return training, parts, schedules
+                            weight_key=weight_key(settings), total_steps=policy_updates, init_aux=init_aux,
+                            init_from_subtree="policy", new_heads=(CRITIC_HEAD,), optimizer=optimizer, donate=donate)
+  return training, parts, schedules, value_part
 
 
 def build(config: PPORunConfig | Any, workdir: str) -> BuiltRun:
@@ -402,12 +407,11 @@ def build(config: PPORunConfig | Any, workdir: str) -> BuiltRun:
   critic_config = config.model if critic_start is None else critic_start.config
 
   say("compiling the policy and critic updates ...")
-  training, parts, schedules = update_training(config, mesh, critic_config)
-  _, value_part = loss_parts(config.model, critic_config, config.ppo, config.sampling.temperature, config.lora.spec())
+  training, parts, schedules, value_part = update_training(config, mesh, critic_config)
   value_only = lambda params, mb, rng: value_part(params["critic"], mb)
-  weight_key = "num_tokens" if config.ppo.agg == "token-mean" else "num_rows"
   warmup_step = training.compile_step(make_train_step(
-      None, partitioned(parts, frozen=("policy",)), schedules["critic"], config.optim.grad_accum_steps, weight_key,
+      None, partitioned(parts, frozen=("policy",)), schedules["critic"], config.optim.grad_accum_steps,
+      weight_key(config.ppo),
       grad_fn=grad_fn_of(value_only), skip_nonfinite=config.on_nonfinite == "skip", trainable=training.trainable),
       experience_shapes(config))
 
