@@ -10,8 +10,10 @@ SFT: `experiments/configs/sft_tiny.py` (a 2-layer d_model 128 SiameseNorm LM), e
 never reads test); SFT_STEPS was chosen on that validation curve (`sft_calibration.json`: 3000 steps, greedy 0.68 and
 sampled 0.34 on validation, where the first pilot's 600 steps left ~5%, a floor; 3000 is the longest schedule
 tried, its curve still rising slowly: a grid edge).
-GRPO: PROMPTS x 8 rollouts a step, MINIBATCHES updates a step (so every loss but the first minibatch's sees
-ratios != 1), GRPO_STEPS steps, k3 KL 0.001; eval on EVAL_PROBLEMS problems of 'validation' and 'test', greedy and
+GRPO: PROMPTS x 8 rollouts a step, EPOCHS passes of MINIBATCHES updates a step (8 updates: every update after
+the first sees ratios != 1; the first pilot's 2 updates a step at lr 1e-4 clipped no token, so the losses that
+differ only on clipped tokens coincided with PPO-clip; with 8, a probe at lr 3e-4 clipped ~1% of tokens a step,
+lr 1e-3 collapsed), GRPO_STEPS steps, k3 KL 0.001; eval on EVAL_PROBLEMS problems of 'validation' and 'test', greedy and
 EVAL_SAMPLES samples at T = 1 (sampled pass@1).
 
   jaxpt sft  --config experiments/grpo_vs_clipo_multipath/config.py:sft  --workdir /tmp/mp/sft
@@ -34,7 +36,8 @@ SFT_EVAL_EVERY = 500
 SFT_EVAL_PROBLEMS = 128
 GRPO_STEPS = 20
 PROMPTS = 16
-MINIBATCHES = 2
+MINIBATCHES = 4
+EPOCHS = 2
 EVAL_PROBLEMS = 128
 EVAL_SAMPLES = 2
 SFT_BATCH = 16
@@ -50,6 +53,7 @@ GRPO = {"steps": GRPO_STEPS, "log_every": 1, "eval_every": GRPO_STEPS,
         "checkpoint_every": max(1, GRPO_STEPS // 3),  # a killed run resumes
         "progress": False, "data.prompts_per_step": PROMPTS, "sampling.max_new_tokens": MAX_NEW_TOKENS,
         "data.eval_prompts": EVAL_PROBLEMS, "data.eval_samples": EVAL_SAMPLES, "grpo.minibatches": MINIBATCHES,
+        "grpo.epochs": EPOCHS,
         "optim.learning_rate": 3e-5, "clipo.out_dim": 512}
 
 

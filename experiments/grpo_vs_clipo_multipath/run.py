@@ -5,8 +5,8 @@ GRPO-vs-SFT comparison (`experiments/toolkit/rl_comparison.py` has the stages).
 
 CLIPO as the official code runs it: a 512-wide head and a head-only warm-up of HEAD_ONLY_STEPS steps.
 
-  python experiments/grpo_vs_clipo_multipath/run.py --stage pilot [--workdir /tmp/multipath_rl_v2] [--jobs 2]
-  python experiments/grpo_vs_clipo_multipath/run.py [--workdir /tmp/multipath_rl_v2] [--jobs 2] [--out DIR]
+  python experiments/grpo_vs_clipo_multipath/run.py --stage pilot [--workdir /tmp/multipath_rl_v3] [--jobs 2]
+  python experiments/grpo_vs_clipo_multipath/run.py [--workdir /tmp/multipath_rl_v3] [--jobs 2] [--out DIR]
   python experiments/grpo_vs_clipo_multipath/run.py --smoke --workdir /tmp/mp_smoke
 
 The default workdir is shared with `policy_losses` (same set-up): the SFTs and the GRPO runs are the same runs.
@@ -30,7 +30,7 @@ METHODS = {"grpo": {}, "clipo": {"clipo.enabled": True, "clipo.critic_warmup": H
 EXPERIMENT = rl_comparison.Experiment(
     module="experiments.grpo_vs_clipo_multipath.run", doc=__doc__, here=HERE,
     title="GRPO vs GRPO + CLIPO, multi-path arithmetic", config=config, methods=METHODS,
-    lrs=(1e-5, 3e-5, 1e-4, 3e-4), pilot_lr=1e-4, target=0.03,
+    lrs=(3e-5, 1e-4, 3e-4, 1e-3), pilot_lr=3e-4, target=0.03,
     target_source="chosen here: 3 points of sampled pass@1 (the CLIPO paper reports no number for this task)",
     max_seeds=20, diagnostics=("clipo_num_anchors", "clipo_pos_sim", "clipo_neg_sim"))
 

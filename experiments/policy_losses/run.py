@@ -3,10 +3,11 @@
 loss compared with GRPO's PPO-clip paired by seed (t intervals, Holm) (`experiments/toolkit/rl_comparison.py` has
 the stages). The losses' knobs are the trainer's defaults except where a method sets them below (GSPO's clip range
 is sequence-level, so its paper's 3e-4 / 4e-4; CISPO's IS weight has no lower bound in its paper). TOPR runs
-on-policy (the trainer has no off-policy data path): its ratios differ from 1 only on the second minibatch.
+on-policy (the trainer has no off-policy data path): its ratios differ from 1 on every update
+after a step's first.
 
-  python experiments/policy_losses/run.py --stage pilot [--workdir /tmp/multipath_rl_v2] [--jobs 2]
-  python experiments/policy_losses/run.py [--workdir /tmp/multipath_rl_v2] [--jobs 2] [--out DIR]
+  python experiments/policy_losses/run.py --stage pilot [--workdir /tmp/multipath_rl_v3] [--jobs 2]
+  python experiments/policy_losses/run.py [--workdir /tmp/multipath_rl_v3] [--jobs 2] [--out DIR]
   python experiments/policy_losses/run.py --smoke --workdir /tmp/pl_smoke
 
 The default workdir is shared with `grpo_vs_clipo_multipath`: its 'grpo' runs are this experiment's baseline.
@@ -38,7 +39,7 @@ METHODS = {
 EXPERIMENT = rl_comparison.Experiment(
     module="experiments.policy_losses.run", doc=__doc__, here=HERE,
     title="Policy losses side by side, multi-path arithmetic", config=config, methods=METHODS,
-    lrs=(1e-5, 3e-5, 1e-4, 3e-4), pilot_lr=1e-4, target=0.03,
+    lrs=(3e-5, 1e-4, 3e-4, 1e-3), pilot_lr=3e-4, target=0.03,
     target_source="chosen here: 3 points of sampled pass@1 (no paper states a number for this task)",
     max_seeds=20)
 

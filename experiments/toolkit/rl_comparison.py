@@ -72,7 +72,7 @@ class Experiment:
   target: float
   target_source: str
   max_seeds: int
-  workdir: str = "/tmp/multipath_rl_v2"  # v2: SFT_STEPS 3000 (the first pilot's 600-step runs: /tmp/multipath_rl)
+  workdir: str = "/tmp/multipath_rl_v3"  # v3: 8 updates a step (v2: 2 updates; /tmp/multipath_rl: SFT 600 steps)
   diagnostics: tuple = ()
 
   @property
