@@ -60,7 +60,9 @@ def test_comparisons_are_paired_by_seed(exp):
 def test_power_fixes_n_from_the_largest_pilot_sd(exp):
   rng = np.random.default_rng(1)
   runs, _ = fake_runs(exp, (200, 201, 202), rng)
-  estimate = rl_comparison.power(exp, runs, list(exp.methods))
+  lrs = {m: 1e-4 for m in exp.methods}
+  estimate = rl_comparison.power(exp, runs, list(exp.methods), lrs)
+  assert estimate["pilot_lrs"] == lrs
   value = lambda m: np.array([r["evals"]["eval_pass1_validation"] for r in runs if r["method"] == m])
   sds = [np.std(value(m) - value(exp.baseline), ddof=1) for m in exp.methods if m != exp.baseline]
   sd = max(sds)
@@ -77,7 +79,7 @@ def test_power_fixes_n_from_the_largest_pilot_sd(exp):
   assert estimate["cap_binds"] == (needed > exp.max_seeds)
   small = [dict(r, evals=dict(r["evals"], eval_pass1_validation=0.5 + 1e-4 * r["seed"] * (r["method"] == "x")))
            for r in runs]
-  assert rl_comparison.power(exp, small, list(exp.methods))["n"] == exp.max_seeds  # sd 0: no estimate, the cap
+  assert rl_comparison.power(exp, small, list(exp.methods), lrs)["n"] == exp.max_seeds  # sd 0: no estimate, the cap
 
 
 def test_select_takes_validation_pass1_then_greedy_and_flags_the_edge(exp):
@@ -127,12 +129,15 @@ def test_both_stages_with_recorded_runs(tmp_path, monkeypatch):
   with pytest.raises(SystemExit, match="no pilot file"):
     rl_comparison.main(exp, common + ["--out", str(tmp_path / "none")])
   rl_comparison.main(exp, common + ["--stage", "pilot", "--out", str(tmp_path / "p")])
-  assert len(trained) == 3 * 3  # 3 SFTs, 2 methods x 3 pilot seeds
+  assert len(trained) == 1 + 2 * 2 + 3 * 3  # tuning SFT, 2 methods x 2 lrs; 3 SFTs, 2 methods x 3 pilot seeds
   with open(pilot) as f:
-    n = json.load(f)["power"]["n"]
+    fixed = json.load(f)
+  n, best = fixed["power"]["n"], fixed["best_lr"]
   assert n == rl_comparison.MIN_SEEDS  # a pilot sd of ~0.005 needs fewer than MIN_SEEDS for 0.03
+  assert fixed["power"]["pilot_lrs"] == best and set(best) == {"grpo", "clipo"}
+  assert {r["lr"] for r in fixed["runs"] if r["phase"] == "pilot" and r["method"] == "clipo"} == {best["clipo"]}
   rl_comparison.main(exp, common + ["--out", str(tmp_path / "out")])
-  assert len(trained) == 9 + 1 + 2 * 2 + n * 3  # tuning SFT, 2 methods x 2 lrs, N x (SFT + 2 methods)
+  assert len(trained) == 14 + n * 3  # N x (SFT + 2 methods): the tuning runs are the pilot stage's
   with open(tmp_path / "out" / "results.json") as f:
     payload = json.load(f)
   assert payload["design"]["reported_seeds"] == list(range(n)) and payload["power"]["n"] == n
@@ -140,7 +145,12 @@ def test_both_stages_with_recorded_runs(tmp_path, monkeypatch):
   assert {(c["a"], c["b"]) for c in payload["comparisons"]} == {("clipo", "grpo"), ("grpo", "sft"), ("clipo", "sft")}
   assert all(c["n"] == n for c in payload["comparisons"])
   rl_comparison.main(exp, common + ["--out", str(tmp_path / "again")])
-  assert len(trained) == 9 + 5 + 3 * n  # nothing trained twice
+  assert len(trained) == 14 + 3 * n  # nothing trained twice
+  fixed["best_lr"] = {"grpo": 1.0, "clipo": 1.0}
+  with open(pilot, "w") as f:
+    json.dump(fixed, f)
+  with pytest.raises(SystemExit, match="tuned lrs"):
+    rl_comparison.main(exp, common + ["--out", str(tmp_path / "changed")])
 
 
 @pytest.mark.slow
@@ -152,7 +162,8 @@ def test_smoke_pipeline_runs_both_stages(tmp_path):
   subprocess.run(args + ["--out", str(tmp_path / "out")], check=True, cwd=ROOT, capture_output=True, text=True)
   with open(tmp_path / "out" / "pilot.json") as f:
     pilot = json.load(f)
-  assert pilot["power"]["pilot_seeds"] == [200, 201] and len(pilot["runs"]) == 4
+  assert pilot["power"]["pilot_seeds"] == [200, 201]
+  assert sorted(r["phase"] for r in pilot["runs"]) == ["pilot"] * 4 + ["tune"] * 2  # 2 methods at lr 1e-4
   with open(tmp_path / "out" / "results.json") as f:
     payload = json.load(f)
   assert payload["design"]["reported_seeds"] == [0, 1]

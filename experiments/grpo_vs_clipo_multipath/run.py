@@ -30,7 +30,7 @@ METHODS = {"grpo": {}, "clipo": {"clipo.enabled": True, "clipo.critic_warmup": H
 EXPERIMENT = rl_comparison.Experiment(
     module="experiments.grpo_vs_clipo_multipath.run", doc=__doc__, here=HERE,
     title="GRPO vs GRPO + CLIPO, multi-path arithmetic", config=config, methods=METHODS,
-    lrs=(3e-5, 1e-4, 3e-4, 1e-3), pilot_lr=3e-4, target=0.03,
+    lrs=(3e-5, 1e-4, 3e-4, 1e-3), target=0.03,
     target_source="chosen here: 3 points of sampled pass@1 (the CLIPO paper reports no number for this task)",
     max_seeds=20, diagnostics=("clipo_num_anchors", "clipo_pos_sim", "clipo_neg_sim"))
 

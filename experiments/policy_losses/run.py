@@ -39,7 +39,7 @@ METHODS = {
 EXPERIMENT = rl_comparison.Experiment(
     module="experiments.policy_losses.run", doc=__doc__, here=HERE,
     title="Policy losses side by side, multi-path arithmetic", config=config, methods=METHODS,
-    lrs=(3e-5, 1e-4, 3e-4, 1e-3), pilot_lr=3e-4, target=0.03,
+    lrs=(3e-5, 1e-4, 3e-4, 1e-3), target=0.03,
     target_source="chosen here: 3 points of sampled pass@1 (no paper states a number for this task)",
     max_seeds=20)
 

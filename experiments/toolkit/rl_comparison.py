@@ -3,17 +3,20 @@ a pilot fixes N by a power estimate, then lr is tuned per method on validation a
 
 Stages (`--stage`), each resumable from its per-run files (`runner`: a run whose done.json exists is not trained
 again, so a stage can be continued over several sessions):
-  pilot: SFT seeds PILOT_SEEDS, each method at `pilot_lr` from each; the paired sd over pilot seeds of
-         (method - baseline) of the validation sampled pass@1 (never test: N is a calibration) fixes
-         N = the smallest n >= MIN_SEEDS with 80% power for `target` (two-sided paired t, alpha 0.05;
-         `stats.paired_n_for_power`) from the largest sd; written to the experiment's `pilot.json`
-         (committed before any main run) with the command, the code and every pilot run.
-  main:  N read from pilot.json (the main runs never change it). Tuning: every method x `lrs` from the SFT of
-         TUNE_SEED, each method's lr = argmax of the final validation sampled pass@1 (ties: greedy), flagged where
-         it sits at the grid's edge. Final: seeds 0 .. N-1; seed k's SFT is trained with seed k and every method's
-         seed-k run starts from it, so (method - baseline) and (method - SFT) are paired by seed and carry the SFT's
-         own seed variance. Reported per held-out set (validation, test): greedy accuracy and sampled pass@1; the
-         paired differences with the 95% t interval, paired t, exact sign-flip p, Holm-adjusted over the report.
+  pilot: tuning first: every method x `lrs` from the SFT of TUNE_SEED, each method's lr = argmax of the final
+         validation sampled pass@1 (ties: greedy), flagged where it sits at the grid's edge. Then SFT seeds
+         PILOT_SEEDS and each method at its tuned lr from each (the seed spread of the runs the main stage will
+         make: one lr for all methods would measure a method far from its own optimum, e.g. one that diverges
+         there); the paired sd over pilot seeds of (method - baseline) of the validation sampled pass@1 (never
+         test: N is a calibration) fixes N = the smallest n >= MIN_SEEDS with 80% power for `target` (two-sided
+         paired t, alpha 0.05; `stats.paired_n_for_power`) from the largest sd; written with the tuned lrs to the
+         experiment's `pilot.json` (committed before any main run) with the command, the code and every run.
+  main:  N and the tuned lrs read from pilot.json (the main runs never change them; the tuning runs are read
+         again for the report and must give the same lrs). Final: seeds 0 .. N-1; seed k's SFT is trained with
+         seed k and every method's seed-k run starts from it, so (method - baseline) and (method - SFT) are paired
+         by seed and carry the SFT's own seed variance. Reported per held-out set (validation, test): greedy
+         accuracy and sampled pass@1; the paired differences with the 95% t interval, paired t, exact sign-flip p,
+         Holm-adjusted over the report.
 Every run's GRPO config is the set-up's `grpo()` + the method's settings (`methods`) + --set; the SFT's `sft()` +
 --sft-set. `--smoke` runs both stages on a tiny model for a few steps (a check that the pipeline runs; no numbers).
 """
@@ -53,7 +56,7 @@ class Experiment:
     config: the set-up module (`sft()`, `grpo()`).
     methods: {method: its GRPO config overrides} in table order; the first is the baseline every other is
       compared with.
-    lrs: the tuning grid; pilot_lr: the lr of the pilot runs (before tuning: the pilot measures the seed spread).
+    lrs: the tuning grid (the pilot runs each method at its tuned lr).
     target: the effect N is powered for (sampled pass@1), and where it comes from.
     max_seeds: the CPU budget's cap on N (the report says "cannot resolve at this scale" where the power estimate
       exceeds it).
@@ -68,7 +71,6 @@ class Experiment:
   config: object
   methods: dict
   lrs: tuple
-  pilot_lr: float
   target: float
   target_source: str
   max_seeds: int
@@ -187,15 +189,16 @@ def comparisons(exp: Experiment, runs: list[dict], sfts: list[dict], methods, se
   return out
 
 
-def power(exp: Experiment, pilot: list[dict], methods) -> dict:
-  """N from the pilot (module docstring): the largest paired sd of PRIMARY over the method - baseline pairs."""
+def power(exp: Experiment, pilot: list[dict], methods, lrs: dict) -> dict:
+  """N from the pilot (module docstring), run at `lrs` ({method: its tuned lr}): the largest paired sd of PRIMARY
+  over the method - baseline pairs."""
   comps = [c for c in comparisons(exp, pilot, [], methods, kinds=("pass1",), sets=("validation",), against_sft=False)]
   sds = {f"{c['a']}-{c['b']}": c["std_diff"] for c in comps}
   finite = [v for v in sds.values() if v is not None and math.isfinite(v) and v > 0]
   sd = max(finite) if finite else math.nan
   needed = stats.paired_n_for_power(sd, exp.target) if finite else math.inf
   n = int(min(max(needed, MIN_SEEDS), exp.max_seeds)) if math.isfinite(needed) else exp.max_seeds
-  return dict(outcome=PRIMARY, target_effect=exp.target, target_source=exp.target_source, pilot_lr=exp.pilot_lr,
+  return dict(outcome=PRIMARY, target_effect=exp.target, target_source=exp.target_source, pilot_lrs=lrs,
               pilot_seeds=sorted({r["seed"] for r in pilot}), pilot_sd_diff=sds, sd_used=sd,
               n_for_80_power=needed if math.isfinite(needed) else None, n=n, min_seeds=MIN_SEEDS,
               max_seeds=exp.max_seeds, cap_binds=bool(not math.isfinite(needed) or needed > exp.max_seeds),
@@ -238,8 +241,8 @@ def summary_rows(exp: Experiment, final: list[dict], sfts: list[dict], methods) 
 def markdown(payload: dict) -> str:
   p = payload["power"]
   lines = [payload["provenance"], "",
-           f"N = {p['n']} seeds, fixed before the main runs by the pilot (`pilot.json`: seeds {p['pilot_seeds']} at "
-           f"lr {p['pilot_lr']:g}): the largest paired sd of {p['outcome']} ({p['sd_used']:.4f}); 80% power for "
+           f"N = {p['n']} seeds, fixed before the main runs by the pilot (`pilot.json`: seeds {p['pilot_seeds']}, "
+           "each method at its tuned lr): the largest paired sd of {p['outcome']} ({p['sd_used']:.4f}); 80% power for "
            f"{p['target_effect']} needs n = {p['n_for_80_power']}" +
            (" (capped: the CPU budget, so this scale cannot resolve that effect)" if p["cap_binds"] else "") + ".",
            "", "## Learning rate, tuned on validation (sampled pass@1 / greedy accuracy)", "",
@@ -305,40 +308,49 @@ def main(exp: Experiment, argv=None) -> None:
   pilot_seeds = PILOT_SEEDS[:2] if args.smoke else flags.split_list(args.pilot_seeds, int, flag="--pilot-seeds")
   if len(pilot_seeds) < 2 or min(pilot_seeds) < exp.max_seeds or TUNE_SEED in pilot_seeds:
     raise SystemExit(f"--pilot-seeds: at least 2, none of them {TUNE_SEED} or a final seed (< {exp.max_seeds})")
+  tune_sft = grid(sft_runs([TUNE_SEED], common), train_sft)
+  tuning = grid(grpo_runs("tune", methods, {m: lrs for m in methods}, [TUNE_SEED], common, workdir), train_grpo)
+  if len(tune_sft) + len(tuning) < 1 + len(methods) * len(lrs):
+    raise SystemExit(f"tuning: {len(tune_sft) + len(tuning)} of {1 + len(methods) * len(lrs)} runs finished; run "
+                     "the stage again (it resumes)")
+  best, tuning_table = select(exp, tuning, methods, lrs)
+  print("tuned lr:", best, flush=True)
   if args.stage == "pilot" or args.smoke:
     sfts = grid(sft_runs(pilot_seeds, common), train_sft)
-    pilot = grid(grpo_runs("pilot", methods, {m: [exp.pilot_lr] for m in methods}, pilot_seeds, common, workdir),
+    pilot = grid(grpo_runs("pilot", methods, {m: [best[m]] for m in methods}, pilot_seeds, common, workdir),
                  train_grpo)
     expected = len(pilot_seeds) * (1 + len(methods))
     if len(sfts) + len(pilot) < expected:
       raise SystemExit(f"pilot: {len(sfts) + len(pilot)} of {expected} runs finished; run the stage again (it "
                        "resumes) before N can be fixed")
-    estimate = power(exp, pilot, methods)
+    estimate = power(exp, pilot, methods, best)
     path = os.path.join(out, "pilot.json") if args.smoke else args.pilot
     results.write_json(path, dict(power=estimate, methods=methods, settings={m: exp.methods[m] for m in methods},
-                                 sft_curves={s["sft_seed"]: sft_curve(runner.run_dir(workdir, s)) for s in sfts},
-                                 sfts=sfts, runs=pilot), sfts + pilot)
+                                 lrs=lrs, best_lr=best, tuning=tuning_table,
+                                 sft_curves={s["sft_seed"]: sft_curve(runner.run_dir(workdir, s))
+                                             for s in tune_sft + sfts},
+                                 sfts=tune_sft + sfts, runs=tuning + pilot), tune_sft + tuning + sfts + pilot)
     if not args.smoke:
-      results.copy_run_files(workdir, sfts + pilot, os.path.join(os.path.dirname(path), "pilot_runs"))
+      results.copy_run_files(workdir, tune_sft + tuning + sfts + pilot,
+                             os.path.join(os.path.dirname(path), "pilot_runs"))
     print(f"pilot: N = {estimate['n']} (80% power needs {estimate['n_for_80_power']}; {path})", flush=True)
     if not args.smoke:
       return
   if args.smoke:
     n, how = 2, "smoke run: 2 seeds (a check that the pipeline runs; no conclusions)"
-    estimate = power(exp, pilot, methods)
   else:
     if not os.path.exists(args.pilot):
       raise SystemExit(f"{args.pilot}: no pilot file; run --stage pilot first (it fixes N)")
     with open(args.pilot) as f:
-      estimate = json.load(f)["power"]
-    n = estimate["n"]
+      fixed = json.load(f)
+    estimate, n = fixed["power"], fixed["power"]["n"]
+    if fixed.get("best_lr") != best:
+      raise SystemExit(f"{args.pilot}: its tuned lrs {fixed.get('best_lr')} are not the tuning runs' {best} (another "
+                       "--lrs or workdir?); the main stage runs at the pilot's")
     how = (f"N = {n} fixed before the main runs by the pilot's power estimate ({os.path.relpath(args.pilot)}: 80% "
-           f"power for {exp.target} on {PRIMARY}, paired t, alpha 0.05, from the pilot's largest paired sd)")
+           f"power for {exp.target} on {PRIMARY}, paired t, alpha 0.05, from the pilot's largest paired sd, each "
+           "method at its tuned lr)")
   seeds = list(range(n))
-  tune_sft = grid(sft_runs([TUNE_SEED], common), train_sft)
-  tuning = grid(grpo_runs("tune", methods, {m: lrs for m in methods}, [TUNE_SEED], common, workdir), train_grpo)
-  best, tuning_table = select(exp, tuning, methods, lrs)
-  print("tuned lr:", best, flush=True)
   sfts = grid(sft_runs(seeds, common), train_sft)
   final = grid(grpo_runs("final", [m for m in methods if m in best], {m: [best[m]] for m in best}, seeds, common,
                          workdir), train_grpo)
