@@ -319,8 +319,9 @@ RATIOS = (2e-4, 0.125, 0.5)   # dyadic (or tiny): floor(ratio N) the same in flo
 @functools.lru_cache(maxsize=None)
 def _compiled(name, ratio, kl):
   """One compiled function per (loss, ratio, KL option): every aggregation mode's ((loss, metrics), grad) and
-  the selection, all [B, S]."""
-  def f(lp, old, adv, mask, ref, key):
+  the selection, all [B, S]; the key is made inside from the seed (op by op it cost as much as the loss)."""
+  def f(lp, old, adv, mask, ref, seed):
+    key = jax.random.key(seed)
     own = dict(rng=key, clip_cov_ratio=ratio, clip_cov_lb=0.0, clip_cov_ub=1.0) if name == "clip_cov" else dict(
         kl_cov_ratio=ratio)
     out = {}
@@ -340,9 +341,8 @@ def _check_property(name, seed, ratio, kl, gap, masked, garbage):
   logp, old, ref, adv, mask = gapped_batch(seed, gap, masked)
   adv = (adv * 2).astype(np.float32)   # covariances of order 1: some inside Clip-Cov's band (0, 1), some not
   dirty = lambda x, fill: np.where(mask != 0, x, fill).astype(np.float32)
-  out, (sel, cand) = _compiled(name, ratio, kl)(dirty(logp, garbage), dirty(old, -garbage), adv, mask,
-                                                dirty(ref, garbage), jax.random.key(seed))
-  sel, cand = np.asarray(sel), np.asarray(cand)
+  out, (sel, cand) = jax.device_get(_compiled(name, ratio, kl)(   # every output in one copy: NumPy from here on
+      dirty(logp, garbage), dirty(old, -garbage), adv, mask, dirty(ref, garbage), np.uint32(seed)))
   x = np.where(mask != 0, logp.astype(np.float64), 0.0)
   old64 = np.where(mask != 0, old.astype(np.float64), 0.0)
   n_valid = int(mask.sum())

@@ -370,7 +370,15 @@ def _grad_fn(name, mode, kl_kind=None):
   return lambda *args: _every_variant(name)(*args)[mode, kl_kind or "none"]
 
 
-_advantages = jax.jit(G.group_advantages, static_argnums=(1, 2))
+@functools.partial(jax.jit, static_argnums=1)
+def _every_advantage(rewards, gs):
+  """{kind: group_advantages(rewards, gs, kind)} for every estimator: one compile per group size, not per (size,
+  kind) (a compile costs far more than running the five estimators)."""
+  return {kind: G.group_advantages(rewards, gs, kind) for kind in G.ADVANTAGES}
+
+
+def _advantages(rewards, gs, kind):
+  return _every_advantage(rewards, gs)[kind]
 
 
 @given(seed=st.integers(0, 2**31 - 1), value=st.floats(-5, 5), gs=st.sampled_from([2, 4]),
