@@ -2,8 +2,6 @@
 Qwen-Applications/CLIPO @ 13c5fd6, verl/trainer/ppo/ray_trainer.py, cited rt:LINE): sets, anchors, values, gradients,
 properties."""
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +12,7 @@ from hypothesis import strategies as st
 from jaxpt.losses import clipo as C
 from jaxpt.losses import get_loss
 from tests.finite_differences import finite_diff
+from tests.host_copy import on_host
 
 TAU = 0.05
 
@@ -275,27 +274,6 @@ def every_option(z, labels, groups, key, tau=TAU, masked_label=0):
     (loss, m), g = jax.value_and_grad(fn, has_aux=True)(z)
     out[objective, level, distance] = (loss, g, m, C.contrastive_reward(m["per_rollout_loss"], labels))
   return out
-
-
-def on_host(fn):
-  """fn (pytree of float32 / int32 arrays of fixed shapes) as a function returning that pytree in numpy through ONE
-  device-to-host copy (the outputs packed into one vector by the compiled function): fetching every_option's 144
-  small arrays one by one costs several times what computing them does."""
-  @functools.cache
-  def layout(*specs):
-    leaves, tree = jax.tree_util.tree_flatten(jax.eval_shape(fn, *specs))
-    return tree, leaves, np.cumsum([int(np.prod(leaf.shape)) for leaf in leaves])[:-1]
-
-  packed = jax.jit(lambda *args: jnp.concatenate(
-      [jnp.ravel(leaf).astype(jnp.float32) for leaf in jax.tree_util.tree_leaves(fn(*args))]))
-
-  def call(*args):
-    args = [jnp.asarray(a) for a in args]
-    tree, leaves, cuts = layout(*(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args))
-    parts = np.split(np.asarray(packed(*args)), cuts)
-    return jax.tree_util.tree_unflatten(tree, [p.reshape(l.shape).astype(l.dtype) for p, l in zip(parts, leaves)])
-
-  return call
 
 
 every_option_on_host = on_host(every_option)

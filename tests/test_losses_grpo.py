@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from jaxpt.losses import get_loss, known_losses
 from jaxpt.losses import grpo as G
+from tests.host_copy import on_host
 
 MODES = G.AGG_MODES
 EPS = 1e-6
@@ -353,7 +354,8 @@ KL_OPTIONS = ("none", "k1", "k2", "k3")
 @functools.lru_cache(maxsize=None)
 def _every_variant(name):
   """One compiled function per loss: {(mode, kl): ((loss, metrics), d loss / d logp)} for every aggregation mode and
-  KL option (kl_coef 0.1), all [B, S]. One compile instead of 16 keeps a property's examples cheap."""
+  KL option (kl_coef 0.1), all [B, S]. One compile instead of 16 keeps a property's examples cheap; its ~200
+  outputs come back in one copy (on_host), and only the variant asked for is cut out of it."""
   def f(lp, old, adv, mask, ref):
     out = {}
     for mode in MODES:
@@ -362,12 +364,13 @@ def _every_variant(name):
         loss = lambda x: get_loss("policy", name)(x, old, adv, mask, **kw)
         out[mode, kl] = jax.value_and_grad(loss, has_aux=True)(lp)
     return out
-  return jax.jit(f)
+  return on_host(f)
 
 
 def _grad_fn(name, mode, kl_kind=None):
-  """(lp, old, adv, mask, ref) -> ((loss, metrics), grad) of `name` with aggregation `mode`, KL term if kl_kind."""
-  return lambda *args: _every_variant(name)(*args)[mode, kl_kind or "none"]
+  """(lp, old, adv, mask, ref) -> ((loss, metrics), grad) of `name` with aggregation `mode`, KL term if kl_kind,
+  in NumPy."""
+  return lambda *args: _every_variant(name)(*args, part=(mode, kl_kind or "none"))
 
 
 @functools.partial(jax.jit, static_argnums=1)
