@@ -24,6 +24,7 @@ from jaxpt.losses import get_loss
 from jaxpt.losses import grpo as G
 from jaxpt.trainers.grpo import GRPOConfig
 from tests.finite_differences import finite_diff
+from tests.host_copy import on_host
 from tests.test_losses_grpo import B, MODES, S, gapped_batch, np_agg, np_kl, np_weights, random_batch
 
 NAMES = ("clip_cov", "kl_cov")
@@ -322,8 +323,8 @@ KL_OPTIONS = (None, "k3")
 @functools.lru_cache(maxsize=None)
 def _compiled(name, ratio):
   """One compiled function per (loss, ratio): {KL option ("none", "k3"): every aggregation mode's ((loss,
-  metrics), grad)} and the selection, all [B, S]. The key is made inside from the seed (op by op it cost as much as
-  the loss); both KL options in one program compile in less time than two."""
+  metrics), grad)} and the selection, all [B, S], in NumPy through one copy (on_host). The key is made inside from
+  the seed (op by op it cost as much as the loss); both KL options in one program compile in less time than two."""
   def f(lp, old, adv, mask, ref, seed):
     key = jax.random.key(seed)
     own = dict(rng=key, clip_cov_ratio=ratio, clip_cov_lb=0.0, clip_cov_ub=1.0) if name == "clip_cov" else dict(
@@ -339,15 +340,15 @@ def _compiled(name, ratio):
     else:
       sel = (EC.kl_cov_selection(lp, adv, mask, ratio), mask != 0)
     return out, sel
-  return jax.jit(f)
+  return on_host(f)
 
 
 def _check_property(name, seed, ratio, kl, gap, masked, garbage):
   logp, old, ref, adv, mask = gapped_batch(seed, gap, masked)
   adv = (adv * 2).astype(np.float32)   # covariances of order 1: some inside Clip-Cov's band (0, 1), some not
   dirty = lambda x, fill: np.where(mask != 0, x, fill).astype(np.float32)
-  out, (sel, cand) = jax.device_get(_compiled(name, ratio)(   # every output in one copy: NumPy from here on
-      dirty(logp, garbage), dirty(old, -garbage), adv, mask, dirty(ref, garbage), np.uint32(seed)))
+  out, (sel, cand) = _compiled(name, ratio)(dirty(logp, garbage), dirty(old, -garbage), adv, mask,
+                                            dirty(ref, garbage), np.uint32(seed))
   out = {mode: out[kl or "none", mode] for mode in MODES}
   x = np.where(mask != 0, logp.astype(np.float64), 0.0)
   old64 = np.where(mask != 0, old.astype(np.float64), 0.0)
