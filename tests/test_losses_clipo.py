@@ -2,8 +2,6 @@
 Qwen-Applications/CLIPO @ 13c5fd6, verl/trainer/ppo/ray_trainer.py, cited rt:LINE): sets, anchors, values, gradients,
 properties."""
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +12,7 @@ from hypothesis import strategies as st
 from jaxpt.losses import clipo as C
 from jaxpt.losses import get_loss
 from tests.finite_differences import finite_diff
+from tests.host_copy import on_host
 
 TAU = 0.05
 
@@ -277,28 +276,21 @@ def every_option(z, labels, groups, key, tau=TAU, masked_label=0):
   return out
 
 
-def on_host(fn):
-  """fn (pytree of float32 / int32 arrays of fixed shapes) as a function returning that pytree in numpy through ONE
-  device-to-host copy (the outputs packed into one vector by the compiled function): fetching every_option's 144
-  small arrays one by one costs several times what computing them does."""
-  @functools.cache
-  def layout(*specs):
-    leaves, tree = jax.tree_util.tree_flatten(jax.eval_shape(fn, *specs))
-    return tree, leaves, np.cumsum([int(np.prod(leaf.shape)) for leaf in leaves])[:-1]
-
-  packed = jax.jit(lambda *args: jnp.concatenate(
-      [jnp.ravel(leaf).astype(jnp.float32) for leaf in jax.tree_util.tree_leaves(fn(*args))]))
-
-  def call(*args):
-    args = [jnp.asarray(a) for a in args]
-    tree, leaves, cuts = layout(*(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args))
-    parts = np.split(np.asarray(packed(*args)), cuts)
-    return jax.tree_util.tree_unflatten(tree, [p.reshape(l.shape).astype(l.dtype) for p, l in zip(parts, leaves)])
-
-  return call
-
-
 every_option_on_host = on_host(every_option)
+
+
+def over_options(results):
+  """every_option_on_host's {option: (loss, grad, metrics, reward)} as arrays over the options (axis 0, in the
+  dict's order): loss [K], grad [K, N, 3], per_rollout_loss [K, N], reward [K, N], num_anchors [K] -- one
+  vectorised check per property instead of one NumPy assertion per option."""
+  loss, g, m, r = zip(*results.values())
+  return (np.array(loss), np.stack(g), np.stack([x["per_rollout_loss"] for x in m]), np.stack(r),
+          np.array([x["num_anchors"] for x in m]))
+
+
+def _check_every_option(results, ok, what):
+  """ok [K]: the verdict of check `what` per option of `results`; the failing options are named."""
+  assert np.all(ok), f"{what} fails for {[option for option, good in zip(results, ok) if not good]}"
 
 
 def anchors_by_level(labels, groups, masked_label=0):
@@ -319,20 +311,20 @@ def test_finite_and_bounded_for_any_groups_and_values(labels, groups, log_scale,
   labels, groups = np.array(labels), np.array(groups)
   results = every_option_on_host(z, labels, groups, jax.random.PRNGKey(seed), np.float32(10.0 ** log_tau),
                                  np.int32(masked_label))   # numpy: cheap checks
+  loss, g, per, r, num_anchors = over_options(results)
   anchors_of = anchors_by_level(labels, groups, masked_label)
-  for (objective, level, distance), (loss, g, m, r) in results.items():
-    assert np.isfinite(float(loss)) and np.all(np.isfinite(g)) and np.all(np.isfinite(r))
-    per = np.asarray(m["per_rollout_loss"])
-    assert np.all(per >= -1e-6) and float(loss) >= -1e-6
-    # r = -0.2 max(L, 0): an L rounded below 0 (-1.5e-8, two correct rollouts close in l2) gives r = 0, not +3e-9
-    assert np.all(r <= 0) and np.all(r >= -0.5)
-    np.testing.assert_array_equal(r[labels == 0], 0.0)
-    anchors = anchors_of[level]
-    np.testing.assert_array_equal(per[anchors == 0], 0.0)
-    np.testing.assert_array_equal(r[anchors == 0], 0.0)
-    if anchors.sum() == 0:
-      assert float(loss) == 0.0 and float(m["num_anchors"]) == 0.0
-      np.testing.assert_array_equal(g, 0.0)
+  anchors = np.stack([anchors_of[level] for _, level, _ in results])   # [K, N]
+  check = lambda ok, what: _check_every_option(results, ok, what)
+  check(np.isfinite(loss) & np.isfinite(g).all((1, 2)) & np.isfinite(r).all(1), "finite loss, gradient, reward")
+  check((per >= -1e-6).all(1) & (loss >= -1e-6), "L >= 0")
+  # r = -0.2 max(L, 0): an L rounded below 0 (-1.5e-8, two correct rollouts close in l2) gives r = 0, not +3e-9
+  check((r <= 0).all(1) & (r >= -0.5).all(1), "-0.5 <= r <= 0")
+  check((r[:, labels == 0] == 0.0).all(1), "r = 0 on the incorrect rollouts")
+  check(((per == 0.0) | (anchors != 0)).all(1), "L = 0 off the anchors")
+  check(((r == 0.0) | (anchors != 0)).all(1), "r = 0 off the anchors")
+  no_anchor = anchors.sum(1) == 0
+  check(~no_anchor | ((loss == 0.0) & (num_anchors == 0.0)), "no anchor: loss 0, num_anchors 0")
+  check(~no_anchor | (g == 0.0).all((1, 2)), "no anchor: gradient 0")
 
 
 @pytest.mark.parametrize("labels,groups,anchored", [
@@ -344,7 +336,7 @@ def test_finite_and_bounded_for_any_groups_and_values(labels, groups, log_scale,
 def test_no_anchors_gives_zero_loss_reward_and_gradient(labels, groups, anchored):
   z = np.random.default_rng(0).normal(size=(N, 3)).astype(np.float32)
   labels, groups = np.array(labels), np.array(groups)
-  results = every_option(z, labels, groups, jax.random.PRNGKey(0))
+  results = every_option_on_host(z, labels, groups, jax.random.PRNGKey(0), np.float32(TAU), np.int32(0))  # 1 compile
   anchors_of = anchors_by_level(labels, groups)
   assert {level for level, a in anchors_of.items() if a.sum() > 0} == set(anchored)
   for (objective, level, distance), (loss, g, m, r) in results.items():
@@ -395,9 +387,12 @@ def test_property_every_option_matches_official_statement(labels, groups, log_sc
   key, tau = jax.random.PRNGKey(seed), 10.0 ** log_tau
   results = every_option_on_host(z, labels, groups, key, np.float32(tau), np.int32(masked_label))
   drawn = jax.device_get(drawn_positives(labels, groups, key))
-  for (objective, level, distance), (loss, _, m, _) in results.items():
+  want = []
+  for objective, level, distance in results:
     want_loss, want_per, _ = np_official(z, labels, groups, objective, level, distance, masked_label, drawn[level],
                                          np.float32(tau))
-    atol = 1e-4 + 1e-6 / tau
-    np.testing.assert_allclose(np.r_[m["per_rollout_loss"], loss], np.r_[want_per, want_loss], rtol=1e-4, atol=atol,
-                               err_msg=f"{objective}/{level}/{distance}: L_1..L_N, loss")
+    want.append(np.r_[want_per, want_loss])
+  loss, _, per, _, _ = over_options(results)
+  got, want, atol = np.c_[per, loss], np.stack(want), 1e-4 + 1e-6 / tau   # [K, N + 1]: L_1..L_N, loss per option
+  failing = [option for option, close in zip(results, np.isclose(got, want, rtol=1e-4, atol=atol).all(1)) if not close]
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=atol, err_msg=f"rows: options, L_1..L_N, loss; {failing}")

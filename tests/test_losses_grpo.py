@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from jaxpt.losses import get_loss, known_losses
 from jaxpt.losses import grpo as G
+from tests.host_copy import on_host
 
 MODES = G.AGG_MODES
 EPS = 1e-6
@@ -217,6 +218,11 @@ def test_sum_norm_denominator_is_a_constant_of_the_batch_shape():
                              rtol=1e-6)
 
 
+# value and d / d values in one compiled call, one compile per [rows, cols] (30 shapes; op by op, each of the 1000
+# examples dispatched the aggregation and its gradient eagerly)
+_sum_norm_value_and_grad = jax.jit(jax.value_and_grad(lambda v, m: G.aggregate(v, m, "seq-mean-token-sum-norm")))
+
+
 @given(rows=st.integers(1, 6), cols=st.integers(1, 5), empty=st.lists(st.booleans(), min_size=6, max_size=6),
        seed=st.integers(0, 2**16), log_scale=st.floats(-20, 20))
 def test_property_sum_norm_weights_ignore_empty_rows(rows, cols, empty, seed, log_scale):
@@ -225,8 +231,7 @@ def test_property_sum_norm_weights_ignore_empty_rows(rows, cols, empty, seed, lo
   rng = np.random.default_rng(seed)
   v = (rng.normal(size=(rows, cols)) * 10.0 ** log_scale).astype(np.float32)
   m = (rng.random((rows, cols)) < 0.6).astype(np.float32) * ~np.array(empty[:rows])[:, None]
-  value, g = G.aggregate(v, m, "seq-mean-token-sum-norm"), jax.grad(
-      lambda x: G.aggregate(x, m, "seq-mean-token-sum-norm"))(jnp.asarray(v))
+  value, g = jax.device_get(_sum_norm_value_and_grad(v, m))
   want = (v.astype(np.float64) * m).sum() / (rows * cols)
   scale = (np.abs(v.astype(np.float64)) * m).sum() / (rows * cols)
   assert abs(float(value) - want) <= 1e-6 * scale + 1e-30
@@ -349,7 +354,8 @@ KL_OPTIONS = ("none", "k1", "k2", "k3")
 @functools.lru_cache(maxsize=None)
 def _every_variant(name):
   """One compiled function per loss: {(mode, kl): ((loss, metrics), d loss / d logp)} for every aggregation mode and
-  KL option (kl_coef 0.1), all [B, S]. One compile instead of 16 keeps a property's examples cheap."""
+  KL option (kl_coef 0.1), all [B, S]. One compile instead of 16 keeps a property's examples cheap; its ~200
+  outputs come back in one copy (on_host), and only the variant asked for is cut out of it."""
   def f(lp, old, adv, mask, ref):
     out = {}
     for mode in MODES:
@@ -358,15 +364,24 @@ def _every_variant(name):
         loss = lambda x: get_loss("policy", name)(x, old, adv, mask, **kw)
         out[mode, kl] = jax.value_and_grad(loss, has_aux=True)(lp)
     return out
-  return jax.jit(f)
+  return on_host(f)
 
 
 def _grad_fn(name, mode, kl_kind=None):
-  """(lp, old, adv, mask, ref) -> ((loss, metrics), grad) of `name` with aggregation `mode`, KL term if kl_kind."""
-  return lambda *args: _every_variant(name)(*args)[mode, kl_kind or "none"]
+  """(lp, old, adv, mask, ref) -> ((loss, metrics), grad) of `name` with aggregation `mode`, KL term if kl_kind,
+  in NumPy."""
+  return lambda *args: _every_variant(name)(*args, part=(mode, kl_kind or "none"))
 
 
-_advantages = jax.jit(G.group_advantages, static_argnums=(1, 2))
+@functools.partial(jax.jit, static_argnums=1)
+def _every_advantage(rewards, gs):
+  """{kind: group_advantages(rewards, gs, kind)} for every estimator: one compile per group size, not per (size,
+  kind) (a compile costs far more than running the five estimators)."""
+  return {kind: G.group_advantages(rewards, gs, kind) for kind in G.ADVANTAGES}
+
+
+def _advantages(rewards, gs, kind):
+  return _every_advantage(rewards, gs)[kind]
 
 
 @given(seed=st.integers(0, 2**31 - 1), value=st.floats(-5, 5), gs=st.sampled_from([2, 4]),
