@@ -39,15 +39,16 @@ def flat(prefix, section):
 
 def sft_and_reward_model(tmp_path_factory, model, task, quiet, rm_loss="bt"):
   """(sft workdir, rm workdir): 3 steps of `sft_tiny` with `model` (a model section's fields), `task` and `quiet`
-  (flattened overrides), then 2 steps of an `rm_tiny` reward model (loss `rm_loss`) whose backbone and tokenizer
-  are the SFT run's (so it reads an RL run's rollouts in their own tokens)."""
+  (flattened overrides; no eval: the SFT run only starts the RM and the policies), then 2 steps of an `rm_tiny`
+  reward model (loss `rm_loss`) whose backbone and tokenizer are the SFT run's (so it reads an RL run's rollouts in
+  their own tokens)."""
   import jaxpt
   from experiments.configs import rm_tiny, sft_tiny
 
   sft = str(tmp_path_factory.mktemp("sft"))
   config = sft_tiny.get_config()
   config.update_from_flattened_dict({**flat("model", model), **task, **quiet, "steps": 3, "checkpoint_every": 3,
-                                     "data.seq_len": 48, "data.batch_size": 8, "data.eval_batches": 1,
+                                     "data.seq_len": 48, "data.batch_size": 8, "data.eval_batches": 0,
                                      "decode.eval_problems": 0, "decode.prompt_len": 32,
                                      "decode.max_new_tokens": 16})
   jaxpt.train("sft", config, sft)

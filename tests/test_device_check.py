@@ -41,6 +41,9 @@ def test_sections_report_their_figures(dry_run):
   variants = _read(out, "train_step")["models"]["tiny"]["variants"]
   assert set(variants) == set(device_training.TRAIN_VARIANTS)
   assert all(v["tokens_per_sec"] > 0 for v in variants.values())
+  # off cuDNN (here: CPU) `auto` attention is jaxpt's own: the one program, compiled once
+  assert {v: e.get("same_program_as") for v, e in variants.items() if "same_program_as" in e} == {
+      "pre_jaxpt_attention": "pre"}
   assert _read(out, "sampler")["jaxpt"]["new_tokens_per_sec"] > 0
   grpo = _read(out, "grpo_step")
   assert grpo["bfloat16"]["step_s"] > 0 and grpo["float32"]["rollout_s"] > 0

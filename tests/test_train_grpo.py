@@ -22,9 +22,9 @@ MODEL = {"model.vocab_size": 512, "model.d_model": 64, "model.num_layers": 2, "m
          "model.num_kv_heads": 2, "model.mlp_dim": 128, "model.max_seq_len": 80}
 TASK = {"task.num_steps": 1, "task.max_value": 9, "task.ops": "+", "task.train_size": 400, "task.test_size": 64}
 SFT = {"steps": 200, "log_every": 20, "eval_every": 0, "checkpoint_every": 0, "progress": False,
-       "data.seq_len": 64, "data.batch_size": 32, "data.eval_batches": 1, "optim.warmup_steps": 10,
+       "data.seq_len": 64, "data.batch_size": 32, "data.eval_batches": 0, "optim.warmup_steps": 10,
        "optim.learning_rate": 1e-2, "decode.prompt_len": 40, "decode.max_new_tokens": 24,
-       "decode.eval_problems": 32, "decode.batch_size": 32}
+       "decode.eval_problems": 0, "decode.batch_size": 32}  # only starts the policies: no eval (test_train_sft)
 # GRPO draws its prompts from the first 8 training problems (one batch), so that within a few steps every
 # prompt is revisited and the mean reward on them can rise measurably.
 GRPO = {"steps": 12, "log_every": 1, "eval_every": 0, "checkpoint_every": 4, "progress": False,

@@ -4,6 +4,7 @@ and one GRPO step, each beside its peer (HF `generate` on torch CUDA, persistent
 from __future__ import annotations
 
 import collections
+import dataclasses
 import gc
 import os
 import statistics
@@ -24,6 +25,7 @@ from benchmarks.train_step import OPTIM
 import jaxpt
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM, init_params, param_count
+from jaxpt.nn.attention import cudnn_attention_applies
 from jaxpt.trainers.lm import make_lm_loss_fn
 from jaxpt.engine.optim import make_optimizer
 from jaxpt.engine.state import TrainState
@@ -92,15 +94,28 @@ def train_step(sizes: Sizes, budget: Budget) -> dict:
   return report
 
 
+def resolved(cfg: ModelConfig) -> ModelConfig:
+  """`cfg` with `attention_impl="auto"` replaced by what it resolves to on this device for the train step's
+  unpacked rows (`jaxpt` where cuDNN's fused attention does not apply: the same program)."""
+  if cfg.attention_impl == "auto" and not cudnn_attention_applies(cfg.dtype, packed=False):
+    return dataclasses.replace(cfg, attention_impl="jaxpt")
+  return cfg
+
+
 def train_model(fields: dict, sizes: Sizes, budget: Budget, peak: float | None, skipped: list, name: str) -> dict:
-  """One model size's variants, compiled, then timed in alternation."""
+  """One model size's variants, compiled, then timed in alternation; a variant whose program is an earlier one's on
+  this device (`pre` and `pre_jaxpt_attention` off cuDNN: `resolved`) reuses its step (`same_program_as`)."""
   batch, seq = sizes.train_batch
-  runs, facts = {}, {}
+  runs, facts, built = {}, {}, {}
   for variant, extra in TRAIN_VARIANTS.items():
     if budget.spent():
       skipped.append(f"{name} {variant}")
       continue
     cfg = lm_config(fields, **extra)
+    same = built.setdefault(resolved(cfg), variant)
+    if same != variant:
+      facts[variant], runs[variant] = dict(facts[same], same_program_as=same), runs[same]
+      continue
     facts[variant], runs[variant] = build_train_step(cfg, batch, seq)
     facts[variant]["flops_per_token"] = 6 * facts[variant]["params"] + 6 * cfg.num_layers * cfg.d_model * seq
   model = {"config": {**fields, "num_kv_heads": fields["num_heads"]}, "variants": {}}

@@ -202,10 +202,14 @@ def test_fsdp_state_memory_per_device_is_an_eighth_of_dp():
   assert fsdp["peak_mib"] < dp["peak_mib"]
 
 
-def _template(scheme, mesh_config, devices=None):
+def _template(scheme, mesh_config, devices=None, abstract=False):
+  """(state, its shardings) laid out on the mesh: made by the sharded init, or (abstract) only its shapes, dtypes
+  and shardings (what `Checkpointer.restore_latest` reads of a template: no init compiled)."""
   s = setup(scheme)
   mesh = parallel.make_mesh(mesh_config, devices)
-  _, sharding = train_state_sharding(s.init_fn, s.boxed, s.optimizer, mesh, mesh_config.logical_rules)
+  shapes, sharding = train_state_sharding(s.init_fn, s.boxed, s.optimizer, mesh, mesh_config.logical_rules)
+  if abstract:
+    return jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh), shapes, sharding), sharding
   return sharded_init(s.init_fn, sharding, mesh, mesh_config.logical_rules)(), sharding
 
 
@@ -220,7 +224,7 @@ def test_checkpoint_restores_on_another_mesh_and_one_device(tmp_path):
   targets = {"(4,2)": (parallel.MeshConfig(data=1, fsdp=4, tensor=2, rules="fsdp_tp"), None),
              "1 device": (parallel.MeshConfig(data=1), jax.devices()[:1])}
   for name, (mesh_config, devices) in targets.items():
-    template, sharding = _template("pre", mesh_config, devices)
+    template, sharding = _template("pre", mesh_config, devices, abstract=True)
     checkpointer = Checkpointer(str(tmp_path))
     restored = checkpointer.restore_latest(template)
     checkpointer.close()
