@@ -53,9 +53,8 @@ def on_host(fn):
     return parts
 
   def call(*args, part=None):
-    specs = tuple(jax.ShapeDtypeStruct(np.shape(a), jax.dtypes.canonicalize_dtype(getattr(a, "dtype", None)
-                                                                                   or np.result_type(a)))
-                  for a in args)
+    dtypes = (a.dtype if hasattr(a, "dtype") else np.result_type(a) for a in args)  # Python scalars: NumPy's
+    specs = tuple(jax.ShapeDtypeStruct(np.shape(a), jax.dtypes.canonicalize_dtype(d)) for a, d in zip(args, dtypes))
     tree, cuts = layout(specs)[part]
     flat = np.array(packed(*args))   # one copy, writable
     return jax.tree_util.tree_unflatten(tree, [_unpacked(flat[start:stop], spec) for start, stop, spec in cuts])

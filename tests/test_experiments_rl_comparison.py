@@ -60,9 +60,7 @@ def test_comparisons_are_paired_by_seed(exp):
 def test_power_fixes_n_from_the_largest_pilot_sd(exp):
   rng = np.random.default_rng(1)
   runs, _ = fake_runs(exp, (200, 201, 202), rng)
-  lrs = {m: 1e-4 for m in exp.methods}
-  estimate = rl_comparison.power(exp, runs, list(exp.methods), lrs)
-  assert estimate["pilot_lrs"] == lrs
+  estimate = rl_comparison.power(exp, runs, list(exp.methods))
   value = lambda m: np.array([r["evals"]["eval_pass1_validation"] for r in runs if r["method"] == m])
   sds = [np.std(value(m) - value(exp.baseline), ddof=1) for m in exp.methods if m != exp.baseline]
   sd = max(sds)
@@ -79,7 +77,7 @@ def test_power_fixes_n_from_the_largest_pilot_sd(exp):
   assert estimate["cap_binds"] == (needed > exp.max_seeds)
   small = [dict(r, evals=dict(r["evals"], eval_pass1_validation=0.5 + 1e-4 * r["seed"] * (r["method"] == "x")))
            for r in runs]
-  assert rl_comparison.power(exp, small, list(exp.methods), lrs)["n"] == exp.max_seeds  # sd 0: no estimate, the cap
+  assert rl_comparison.power(exp, small, list(exp.methods))["n"] == exp.max_seeds  # sd 0: no estimate, the cap
 
 
 def test_select_takes_validation_pass1_then_greedy_and_flags_the_edge(exp):
@@ -128,13 +126,14 @@ def test_both_stages_with_recorded_runs(tmp_path, monkeypatch):
   common = ["--workdir", str(tmp_path / "w"), "--lrs", "1e-5,1e-4", "--pilot", pilot]
   with pytest.raises(SystemExit, match="no pilot file"):
     rl_comparison.main(exp, common + ["--out", str(tmp_path / "none")])
+  assert trained == []  # the main stage trains nothing before its pilot file is read
   rl_comparison.main(exp, common + ["--stage", "pilot", "--out", str(tmp_path / "p")])
   assert len(trained) == 1 + 2 * 2 + 3 * 3  # tuning SFT, 2 methods x 2 lrs; 3 SFTs, 2 methods x 3 pilot seeds
   with open(pilot) as f:
     fixed = json.load(f)
   n, best = fixed["power"]["n"], fixed["best_lr"]
   assert n == rl_comparison.MIN_SEEDS  # a pilot sd of ~0.005 needs fewer than MIN_SEEDS for 0.03
-  assert fixed["power"]["pilot_lrs"] == best and set(best) == {"grpo", "clipo"}
+  assert set(best) == {"grpo", "clipo"}
   assert {r["lr"] for r in fixed["runs"] if r["phase"] == "pilot" and r["method"] == "clipo"} == {best["clipo"]}
   rl_comparison.main(exp, common + ["--out", str(tmp_path / "out")])
   assert len(trained) == 14 + n * 3  # N x (SFT + 2 methods): the tuning runs are the pilot stage's
@@ -144,18 +143,25 @@ def test_both_stages_with_recorded_runs(tmp_path, monkeypatch):
   assert payload["statistics"]["n_fixed"].startswith(f"N = {n} fixed before the main runs")
   assert {(c["a"], c["b"]) for c in payload["comparisons"]} == {("clipo", "grpo"), ("grpo", "sft"), ("clipo", "sft")}
   assert all(c["n"] == n for c in payload["comparisons"])
+  report = (tmp_path / "out" / "results.md").read_text()
+  assert f"paired sd of pass1_validation ({payload['power']['sd_used']:.4f})" in report
   rl_comparison.main(exp, common + ["--out", str(tmp_path / "again")])
   assert len(trained) == 14 + 3 * n  # nothing trained twice
+  with pytest.raises(SystemExit, match="tuned over --lrs"):  # another grid: refused before anything trains
+    rl_comparison.main(exp, common[:-3] + ["1e-5,3e-4", "--pilot", pilot, "--out", str(tmp_path / "grid")])
+  with pytest.raises(SystemExit, match="runs finished"):  # another workdir: its tuning runs are not trained
+    rl_comparison.main(exp, ["--workdir", str(tmp_path / "w2")] + common[2:] + ["--out", str(tmp_path / "w2out")])
   fixed["best_lr"] = {"grpo": 1.0, "clipo": 1.0}
   with open(pilot, "w") as f:
     json.dump(fixed, f)
   with pytest.raises(SystemExit, match="tuned lrs"):
     rl_comparison.main(exp, common + ["--out", str(tmp_path / "changed")])
+  assert len(trained) == 14 + 3 * n
 
 
 @pytest.mark.slow
 def test_smoke_pipeline_runs_both_stages(tmp_path):
-  """--smoke: a tiny pilot (2 seeds, N from it written) and main stage (tune, 2 seeds, report) of
+  """--smoke: a tiny pilot (2 seeds, N from it written) and main stage (2 seeds, report) of
   grpo_vs_clipo_multipath; then the same workdir reported again without training (runs are resumed, not redone)."""
   script = os.path.join(ROOT, "experiments", "grpo_vs_clipo_multipath", "run.py")
   args = [sys.executable, script, "--smoke", "--workdir", str(tmp_path / "w"), "--lrs", "1e-4", "--jobs", "1"]

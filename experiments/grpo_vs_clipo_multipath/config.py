@@ -11,10 +11,10 @@ never reads test); SFT_STEPS was chosen on that validation curve (`sft_calibrati
 sampled 0.34 on validation, where the first pilot's 600 steps left ~5%, a floor; 3000 is the longest schedule
 tried, its curve still rising slowly: a grid edge).
 GRPO: PROMPTS x 8 rollouts a step, EPOCHS passes of MINIBATCHES updates a step (8 updates: every update after
-the first sees ratios != 1; the first pilot's 2 updates a step at lr 1e-4 clipped no token, so the losses that
-differ only on clipped tokens coincided with PPO-clip; with 8, a probe at lr 3e-4 clipped ~1% of tokens a step,
-lr 1e-3 collapsed), GRPO_STEPS steps, k3 KL 0.001; eval on EVAL_PROBLEMS problems of 'validation' and 'test', greedy and
-EVAL_SAMPLES samples at T = 1 (sampled pass@1).
+the first sees ratios != 1; the v2 pilot's 2 updates a step at lr 1e-4 clipped <= 0.02% of tokens, so the losses
+that differ only on clipped tokens nearly coincided with PPO-clip; with 8, a probe at lr 3e-4 clipped ~1% of tokens
+a step, lr 1e-3 collapsed), GRPO_STEPS steps, k3 KL 0.001; eval on EVAL_PROBLEMS problems of 'validation' and
+'test', greedy and EVAL_SAMPLES samples at T = 1 (sampled pass@1).
 
   jaxpt sft  --config experiments/grpo_vs_clipo_multipath/config.py:sft  --workdir /tmp/mp/sft
   jaxpt grpo --config experiments/grpo_vs_clipo_multipath/config.py:grpo --workdir /tmp/mp/grpo \\

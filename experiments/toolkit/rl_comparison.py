@@ -1,5 +1,6 @@
 """The design the GRPO-family comparisons on the multi-path task share (`grpo_vs_clipo_multipath`, `policy_losses`):
-a pilot fixes N by a power estimate, then lr is tuned per method on validation and N paired seeds are run.
+lr is tuned per method on validation, a pilot at the tuned lrs fixes N by a power estimate, then N paired seeds are
+run.
 
 Stages (`--stage`), each resumable from its per-run files (`runner`: a run whose done.json exists is not trained
 again, so a stage can be continued over several sessions):
@@ -189,16 +190,16 @@ def comparisons(exp: Experiment, runs: list[dict], sfts: list[dict], methods, se
   return out
 
 
-def power(exp: Experiment, pilot: list[dict], methods, lrs: dict) -> dict:
-  """N from the pilot (module docstring), run at `lrs` ({method: its tuned lr}): the largest paired sd of PRIMARY
-  over the method - baseline pairs."""
+def power(exp: Experiment, pilot: list[dict], methods) -> dict:
+  """N from the pilot (module docstring; its runs at each method's tuned lr): the largest paired sd of PRIMARY over
+  the method - baseline pairs."""
   comps = [c for c in comparisons(exp, pilot, [], methods, kinds=("pass1",), sets=("validation",), against_sft=False)]
   sds = {f"{c['a']}-{c['b']}": c["std_diff"] for c in comps}
   finite = [v for v in sds.values() if v is not None and math.isfinite(v) and v > 0]
   sd = max(finite) if finite else math.nan
   needed = stats.paired_n_for_power(sd, exp.target) if finite else math.inf
   n = int(min(max(needed, MIN_SEEDS), exp.max_seeds)) if math.isfinite(needed) else exp.max_seeds
-  return dict(outcome=PRIMARY, target_effect=exp.target, target_source=exp.target_source, pilot_lrs=lrs,
+  return dict(outcome=PRIMARY, target_effect=exp.target, target_source=exp.target_source,
               pilot_seeds=sorted({r["seed"] for r in pilot}), pilot_sd_diff=sds, sd_used=sd,
               n_for_80_power=needed if math.isfinite(needed) else None, n=n, min_seeds=MIN_SEEDS,
               max_seeds=exp.max_seeds, cap_binds=bool(not math.isfinite(needed) or needed > exp.max_seeds),
@@ -242,8 +243,8 @@ def markdown(payload: dict) -> str:
   p = payload["power"]
   lines = [payload["provenance"], "",
            f"N = {p['n']} seeds, fixed before the main runs by the pilot (`pilot.json`: seeds {p['pilot_seeds']}, "
-           "each method at its tuned lr): the largest paired sd of {p['outcome']} ({p['sd_used']:.4f}); 80% power for "
-           f"{p['target_effect']} needs n = {p['n_for_80_power']}" +
+           f"each method at its tuned lr): the largest paired sd of {p['outcome']} ({p['sd_used']:.4f}); 80% power "
+           f"for {p['target_effect']} needs n = {p['n_for_80_power']}" +
            (" (capped: the CPU budget, so this scale cannot resolve that effect)" if p["cap_binds"] else "") + ".",
            "", "## Learning rate, tuned on validation (sampled pass@1 / greedy accuracy)", "",
            "| method | " + " | ".join(f"lr {lr:g}" for lr in payload["lrs"]) + " | chosen |",
@@ -283,7 +284,7 @@ def main(exp: Experiment, argv=None) -> None:
                       help="override a field of the SFT config (repeatable)")
   parser.add_argument("--lrs", default=",".join(f"{lr:g}" for lr in exp.lrs), help="the tuning grid of lrs")
   parser.add_argument("--pilot", default=os.path.join(exp.here, "pilot.json"),
-                      help="the pilot's file: written by --stage pilot, read by --stage main (N)")
+                      help="the pilot's file: written by --stage pilot, read by --stage main (N and the tuned lrs)")
   parser.add_argument("--pilot-seeds", default=",".join(map(str, PILOT_SEEDS)),
                       help="the pilot's seeds (disjoint from the tuning seed and the final seeds 0 .. N-1)")
   parser.add_argument("--smoke", action="store_true", help="a tiny run of both stages (pipeline check, no numbers)")
@@ -302,17 +303,27 @@ def main(exp: Experiment, argv=None) -> None:
     grpo_config(exp, dict(probe, method=m))
   overrides = {k: common[k] for k in ("smoke", "sets", "sft_sets", "config_digest")}
 
-  def grid(runs, train: Callable) -> list[dict]:
-    return runner.finished_or_trained(runs, train, workdir, args.jobs, args.report_only, overrides)
+  def grid(runs, train: Callable, report_only: bool = args.report_only) -> list[dict]:
+    return runner.finished_or_trained(runs, train, workdir, args.jobs, report_only, overrides)
 
   pilot_seeds = PILOT_SEEDS[:2] if args.smoke else flags.split_list(args.pilot_seeds, int, flag="--pilot-seeds")
   if len(pilot_seeds) < 2 or min(pilot_seeds) < exp.max_seeds or TUNE_SEED in pilot_seeds:
     raise SystemExit(f"--pilot-seeds: at least 2, none of them {TUNE_SEED} or a final seed (< {exp.max_seeds})")
-  tune_sft = grid(sft_runs([TUNE_SEED], common), train_sft)
-  tuning = grid(grpo_runs("tune", methods, {m: lrs for m in methods}, [TUNE_SEED], common, workdir), train_grpo)
+  main_stage = args.stage == "main" and not args.smoke
+  if main_stage:  # the pilot's file first: the main stage trains nothing before it is read and matches
+    if not os.path.exists(args.pilot):
+      raise SystemExit(f"{args.pilot}: no pilot file; run --stage pilot first (it tunes the lrs and fixes N)")
+    with open(args.pilot) as f:
+      fixed = json.load(f)
+    if fixed["lrs"] != lrs or not set(methods) <= set(fixed["best_lr"]):
+      raise SystemExit(f"{args.pilot}: tuned over --lrs {fixed['lrs']} for the methods {list(fixed['best_lr'])}, "
+                       f"not {lrs} for {methods}")
+  tune_sft = grid(sft_runs([TUNE_SEED], common), train_sft, report_only=args.report_only or main_stage)
+  tuning = grid(grpo_runs("tune", methods, {m: lrs for m in methods}, [TUNE_SEED], common, workdir), train_grpo,
+                report_only=args.report_only or main_stage)
   if len(tune_sft) + len(tuning) < 1 + len(methods) * len(lrs):
-    raise SystemExit(f"tuning: {len(tune_sft) + len(tuning)} of {1 + len(methods) * len(lrs)} runs finished; run "
-                     "the stage again (it resumes)")
+    raise SystemExit(f"tuning: {len(tune_sft) + len(tuning)} of {1 + len(methods) * len(lrs)} runs finished in "
+                     f"{workdir}; run --stage pilot (again: it resumes)")
   best, tuning_table = select(exp, tuning, methods, lrs)
   print("tuned lr:", best, flush=True)
   if args.stage == "pilot" or args.smoke:
@@ -323,7 +334,7 @@ def main(exp: Experiment, argv=None) -> None:
     if len(sfts) + len(pilot) < expected:
       raise SystemExit(f"pilot: {len(sfts) + len(pilot)} of {expected} runs finished; run the stage again (it "
                        "resumes) before N can be fixed")
-    estimate = power(exp, pilot, methods, best)
+    estimate = power(exp, pilot, methods)
     path = os.path.join(out, "pilot.json") if args.smoke else args.pilot
     results.write_json(path, dict(power=estimate, methods=methods, settings={m: exp.methods[m] for m in methods},
                                  lrs=lrs, best_lr=best, tuning=tuning_table,
@@ -339,14 +350,10 @@ def main(exp: Experiment, argv=None) -> None:
   if args.smoke:
     n, how = 2, "smoke run: 2 seeds (a check that the pipeline runs; no conclusions)"
   else:
-    if not os.path.exists(args.pilot):
-      raise SystemExit(f"{args.pilot}: no pilot file; run --stage pilot first (it fixes N)")
-    with open(args.pilot) as f:
-      fixed = json.load(f)
     estimate, n = fixed["power"], fixed["power"]["n"]
-    if fixed.get("best_lr") != best:
-      raise SystemExit(f"{args.pilot}: its tuned lrs {fixed.get('best_lr')} are not the tuning runs' {best} (another "
-                       "--lrs or workdir?); the main stage runs at the pilot's")
+    if {m: fixed["best_lr"][m] for m in methods} != best:
+      raise SystemExit(f"{args.pilot}: its tuned lrs {fixed['best_lr']} are not those of the tuning runs in "
+                       f"{workdir}, {best} (another workdir?); the main stage runs at the pilot's")
     how = (f"N = {n} fixed before the main runs by the pilot's power estimate ({os.path.relpath(args.pilot)}: 80% "
            f"power for {exp.target} on {PRIMARY}, paired t, alpha 0.05, from the pilot's largest paired sd, each "
            "method at its tuned lr)")
