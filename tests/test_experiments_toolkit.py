@@ -226,6 +226,22 @@ def test_grid_trains_each_run_once_and_keeps_going_past_a_failure(tmp_path, caps
     runner.finished_or_trained(runs[:1], square_or_fail, str(tmp_path), 1, True, {"sets": {"a": 2}})
 
 
+def worker_xla_flags(run, directory):
+  """A module-level train_one: the XLA_FLAGS its worker process started with."""
+  return dict(flags=os.environ.get("XLA_FLAGS", ""))
+
+
+def test_workers_are_single_threaded_only_when_runs_share_the_cores(tmp_path, monkeypatch):
+  from experiments.toolkit import runner
+
+  monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/nowhere")
+  pair = runner.run_grid([dict(name="a"), dict(name="b")], worker_xla_flags, str(tmp_path), jobs=2)
+  assert all(runner.SINGLE_THREADED_XLA in s["flags"] and "--xla_dump_to" in s["flags"] for s in pair)
+  lone = runner.run_grid([dict(name="a"), dict(name="c")], worker_xla_flags, str(tmp_path), jobs=2)[1]
+  assert lone["flags"] == "--xla_dump_to=/nowhere"  # one run left: one worker, XLA's own threads
+  assert os.environ["XLA_FLAGS"] == "--xla_dump_to=/nowhere"  # the grid's process keeps its flags
+
+
 def test_report_only_reports_runs_whose_config_digest_alone_changed(tmp_path, capsys):
   from experiments.toolkit import runner
 

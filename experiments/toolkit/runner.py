@@ -10,14 +10,16 @@ where it stopped. A run that raises is reported and retried by the next invocati
 run's done.json is never replaced: a worker whose grid was killed (an orphan left with queued runs) trains
 nothing more, and a run finished by another grid meanwhile keeps that grid's record.
 
-Speed, not semantics: each worker uses single-threaded XLA when jobs > 1 (two single-threaded workers train ~1.3x
-faster than one two-threaded process on a 2-core machine), and all share JAX's persistent compilation cache
-(`WORKDIR/_jax_cache`), so runs that differ only in seed or learning rate reuse one compiled program.
+Speed, not semantics: a grid runs min(jobs, runs left) workers, each with single-threaded XLA when there are
+several (two single-threaded workers train ~1.3x faster than one two-threaded process on a 2-core machine; a lone
+run keeps XLA's threads: a pool of one single-threaded worker left a core idle), and all share JAX's persistent
+compilation cache (`WORKDIR/_jax_cache`), so runs that differ only in seed or learning rate reuse one compiled program.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as futures
+import contextlib
 import json
 import multiprocessing
 import os
@@ -99,6 +101,22 @@ def _train_and_record(train_one: Callable[[dict, str], dict], run: dict, workdir
   return summary
 
 
+@contextlib.contextmanager
+def _worker_xla_flags(jobs: int):
+  """XLA_FLAGS for the workers this grid spawns (they copy the environment when they start): single-threaded XLA
+  when jobs > 1; the process's own XLA_FLAGS are restored after, so a later grid of one run is multi-threaded."""
+  before = os.environ.get("XLA_FLAGS")
+  if jobs > 1 and SINGLE_THREADED_XLA not in (before or ""):
+    os.environ["XLA_FLAGS"] = f"{before or ''} {SINGLE_THREADED_XLA}".strip()
+  try:
+    yield
+  finally:
+    if before is None:
+      os.environ.pop("XLA_FLAGS", None)
+    else:
+      os.environ["XLA_FLAGS"] = before
+
+
 def run_grid(runs: list[dict], train_one: Callable[[dict, str], dict], workdir: str, jobs: int = 2,
              describe: Callable[[dict], str] = lambda s: "") -> list[dict | None]:
   """Trains every unfinished run; returns each run's done.json (None where it failed), in the order of `runs`."""
@@ -106,15 +124,15 @@ def run_grid(runs: list[dict], train_one: Callable[[dict, str], dict], workdir: 
   if len(set(names)) != len(names):
     raise ValueError("run_grid: run names must be unique")
   todo = [r for r in runs if load_done(workdir, r) is None]
+  jobs = max(1, min(jobs, len(todo)))  # a lone run trains multi-threaded, not on one core of an idle pool
   print(f"{len(runs) - len(todo)} of {len(runs)} runs already finished; training {len(todo)} with {jobs} jobs",
         flush=True)
   if todo:
-    if jobs > 1 and SINGLE_THREADED_XLA not in os.environ.get("XLA_FLAGS", ""):
-      os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {SINGLE_THREADED_XLA}".strip()
     start = time.time()
     context = multiprocessing.get_context("spawn")
-    with futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_init_worker,
-                                     initargs=(os.path.join(workdir, "_jax_cache"), os.getpid())) as pool:
+    with _worker_xla_flags(jobs), futures.ProcessPoolExecutor(
+        max_workers=jobs, mp_context=context, initializer=_init_worker,
+        initargs=(os.path.join(workdir, "_jax_cache"), os.getpid())) as pool:
       pending = {pool.submit(_train_and_record, train_one, r, workdir): r for r in todo}
       for count, future in enumerate(futures.as_completed(pending), 1):
         run = pending[future]
