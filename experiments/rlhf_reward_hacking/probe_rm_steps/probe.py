@@ -1,9 +1,10 @@
 """Probe, not a selection: does a Bradley-Terry reward model from this experiment's SFT backbone learn to read
-correctness when it trains longer than the experiment's 50 steps? One RM per STEPS:LR argument, tuning seed, on
-the experiment's own pairs (LENGTH_BIAS of run.py); each writes `WORKDIR/bt_<steps>_<lr>/done.json` with the
+correctness when it trains longer than the experiment's 50 steps, or on pairs with a weaker length bias? One RM
+per STEPS:LR[:BIAS] argument (BIAS: P(chosen side padded) in the training pairs, default run.py's LENGTH_BIAS),
+tuning seed, on the experiment's pairs; each writes `WORKDIR/bt_<steps>_<lr>[_bias<BIAS>]/done.json` with the
 validation balanced accuracy (`run.train_rm`). The committed `bt_*.json` are its outputs:
 
-    python experiments/rlhf_reward_hacking/probe_rm_steps/probe.py /tmp/rmprobe 50:3e-3 400:3e-3
+    python experiments/rlhf_reward_hacking/probe_rm_steps/probe.py /tmp/rmprobe 50:3e-3 400:3e-3 400:3e-3:0.7
 """
 
 import json
@@ -19,17 +20,26 @@ from experiments.rlhf_reward_hacking import run  # noqa: E402
 from jaxpt.data import arithmetic_preferences  # noqa: E402
 
 
+def pairs_folder(workdir: str, bias: float) -> str:
+  """The experiment's pairs with `bias` (written once per bias; run.LENGTH_BIAS's in `pairs`)."""
+  folder = os.path.join(workdir, "pairs" if bias == run.LENGTH_BIAS else f"pairs_bias{bias:g}")
+  arithmetic_preferences.write_pairs(folder, run.sft_config(False).task, run.PAIRS["train"], run.PAIRS["validation"],
+                                     run.PAIRS["test"], bias, run.MAX_FILLER)
+  return folder
+
+
 def main(workdir: str, points: list[str]) -> None:
-  pairs, sft = os.path.join(workdir, "pairs"), os.path.join(workdir, "sft")
-  arithmetic_preferences.write_pairs(pairs, run.sft_config(False).task, run.PAIRS["train"], run.PAIRS["validation"],
-                                     run.PAIRS["test"], run.LENGTH_BIAS, run.MAX_FILLER)
+  sft = os.path.join(workdir, "sft")
   if not os.path.exists(os.path.join(sft, "done.json")):
     run.train_sft(dict(smoke=False), sft)
     with open(os.path.join(sft, "done.json"), "w") as f:
       json.dump({}, f)
   for point in points:
-    steps, lr = int(point.split(":")[0]), float(point.split(":")[1])
-    directory = os.path.join(workdir, f"bt_{steps}_{lr:g}")
+    fields = point.split(":")
+    steps, lr = int(fields[0]), float(fields[1])
+    bias = float(fields[2]) if len(fields) > 2 else run.LENGTH_BIAS
+    pairs = pairs_folder(workdir, bias)
+    directory = os.path.join(workdir, f"bt_{steps}_{lr:g}" + ("" if bias == run.LENGTH_BIAS else f"_bias{bias:g}"))
     if os.path.exists(os.path.join(directory, "done.json")):
       continue
     start = time.time()
@@ -38,7 +48,7 @@ def main(workdir: str, points: list[str]) -> None:
     out["seconds"] = time.time() - start
     with open(os.path.join(directory, "done.json"), "w") as f:
       json.dump(out, f, indent=1)
-    print(steps, lr, json.dumps(out), flush=True)
+    print(steps, lr, bias, json.dumps(out), flush=True)
 
 
 if __name__ == "__main__":
