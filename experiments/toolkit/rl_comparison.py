@@ -277,6 +277,12 @@ def markdown(payload: dict) -> str:
 # --------------------------------------------------------------------------------------------------------- main
 
 
+def require_finished(stage: str, finished: list[dict], expected: int, hint: str) -> None:
+  """Stops the program unless all `expected` runs of `stage` have finished (the message ends with `hint`)."""
+  if len(finished) < expected:
+    raise SystemExit(f"{stage}: {len(finished)} of {expected} runs finished{hint}")
+
+
 def main(exp: Experiment, argv=None) -> None:
   parser = flags.parser(exp.doc, methods=tuple(exp.methods), seeds=(), workdir=exp.workdir)
   parser.add_argument("--stage", choices=("pilot", "main"), default="main")
@@ -318,22 +324,20 @@ def main(exp: Experiment, argv=None) -> None:
     if fixed["lrs"] != lrs or not set(methods) <= set(fixed["best_lr"]):
       raise SystemExit(f"{args.pilot}: tuned over --lrs {fixed['lrs']} for the methods {list(fixed['best_lr'])}, "
                        f"not {lrs} for {methods}")
-  tune_sft = grid(sft_runs([TUNE_SEED], common), train_sft, report_only=args.report_only or main_stage)
+  read_only = args.report_only or main_stage  # the main stage reads the pilot stage's tuning runs
+  tune_sft = grid(sft_runs([TUNE_SEED], common), train_sft, report_only=read_only)
   tuning = grid(grpo_runs("tune", methods, {m: lrs for m in methods}, [TUNE_SEED], common, workdir), train_grpo,
-                report_only=args.report_only or main_stage)
-  if len(tune_sft) + len(tuning) < 1 + len(methods) * len(lrs):
-    raise SystemExit(f"tuning: {len(tune_sft) + len(tuning)} of {1 + len(methods) * len(lrs)} runs finished in "
-                     f"{workdir}; run --stage pilot (again: it resumes)")
+                report_only=read_only)
+  require_finished("tuning", tune_sft + tuning, 1 + len(methods) * len(lrs),
+                   f" in {workdir}; run --stage pilot (again: it resumes)")
   best, tuning_table = select(exp, tuning, methods, lrs)
   print("tuned lr:", best, flush=True)
   if args.stage == "pilot" or args.smoke:
     sfts = grid(sft_runs(pilot_seeds, common), train_sft)
     pilot = grid(grpo_runs("pilot", methods, {m: [best[m]] for m in methods}, pilot_seeds, common, workdir),
                  train_grpo)
-    expected = len(pilot_seeds) * (1 + len(methods))
-    if len(sfts) + len(pilot) < expected:
-      raise SystemExit(f"pilot: {len(sfts) + len(pilot)} of {expected} runs finished; run the stage again (it "
-                       "resumes) before N can be fixed")
+    require_finished("pilot", sfts + pilot, len(pilot_seeds) * (1 + len(methods)),
+                     "; run the stage again (it resumes) before N can be fixed")
     estimate = power(exp, pilot, methods)
     path = os.path.join(out, "pilot.json") if args.smoke else args.pilot
     results.write_json(path, dict(power=estimate, methods=methods, settings={m: exp.methods[m] for m in methods},
