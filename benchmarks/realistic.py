@@ -32,6 +32,7 @@ MODELS = {"issue": MODEL, "small": dict(MODEL, d_model=256, num_layers=4, num_he
           "tiny": dict(MODEL, d_model=64, num_layers=2, num_heads=2, num_kv_heads=1, mlp_dim=256)}
 FLAGS = (("prompts", 32), ("group", 8), ("min-prompt", 64), ("max-prompt", 256), ("median", 100), ("max-new", 512),
          ("slots", 64), ("page-size", 16))
+EOS = 0  # the peers' EOS (and pad) id at the point: never a prompt token
 _MIB = 2 ** 20
 
 
