@@ -118,7 +118,7 @@ def forced_lengths_model(model, prompt_lengths, lengths, eos: int):
 def check_lengths(peer: str, got, lengths) -> None:
   """Fails the call unless every row's answer length `got` [R] is its forced length."""
   if not np.array_equal(np.asarray(got), lengths):
-    raise AssertionError(f"{peer}: answer lengths {list(got)} are not the forced {list(lengths)}")
+    raise AssertionError(f"{peer}: answer lengths {np.asarray(got).tolist()} are not the forced {lengths.tolist()}")
 
 
 def fastest_torch_threads(call) -> str:
