@@ -1,5 +1,5 @@
 """KV-cache sampler throughput (new tokens/s) per residual scheme and rollout dtype, beside HF `generate` and
-tunix's `Sampler`, timed in alternation. Prints one JSON object.
+tunix's `Sampler`, timed in alternation. Prints one JSON object (or writes it to --out).
 
     python -m benchmarks.sampler [--peer-python /tmp/peers-venv/bin/python] [--points small,kv] [--rounds 5,2]
                                  [--schemes pre,siamese_post_pre] [--kv-schemes pre] [--dtypes float32,bfloat16]
