@@ -3,17 +3,14 @@
 realistic point, timed in alternation. Prints one JSON object.
 
     python -m benchmarks.engine [--prompts 32] [--group 8] [--min-prompt 64] [--max-prompt 256] [--median 100]
-                                [--max-new 512] [--slots 64] [--page-size 16] [--rounds 3] [--model issue|small]
+                                [--max-new 512] [--slots 64] [--page-size 16] [--rounds 3] [--model issue|small|tiny]
                                 [--whole-tables] [--prefill-batch 8] [--spread 0.9]
 
-The rows: `prompts` random prompts, lengths uniform in [min-prompt, max-prompt], left-padded to max-prompt, each
-repeated `group` times (the trainer's layout). Answer lengths are drawn once per row from a long tail (lognormal,
-median `median`, sigma `spread`, clipped to 1 .. max-new; spread 0: every row `median` tokens) and forced as
-per-row token budgets (`budgets`, which both systems honour: a row stops there as at an EOS), the same for both;
-sampled at temperature 1 with per-rollout keys (`row_keys=True`), so both draw the same tokens up to rounding
-(`rows_same_tokens`, see `agreement`). Models: `issue` is
-`benchmarks/train_step.py`'s (d_model 512, 8 layers, 8 heads / 4 KV, SwiGLU 2048, vocab 8192, tied); `small`
-(d_model 256, 4 layers, 4 heads / 2 KV, SwiGLU 1024, vocab 8192, tied) keeps a run short on a shared CPU.
+The rows, their forced answer lengths, the models (`--model issue|small|tiny`) and the figures (`useful_fraction`,
+`peak_mib`, `kv_mib`, `kv_held_peak_mib`) are `benchmarks/realistic.py`'s. The lengths are per-row token budgets
+(`budgets`, which both systems honour: a row stops there as at an EOS), the same for both; sampled at temperature 1
+with per-rollout keys (`row_keys=True`), so both draw the same tokens up to rounding (`rows_same_tokens`, see
+`agreement`).
 
 Each call is one compiled function (compile excluded), a fresh key each; a round times both once
 (`benchmarks.common.alternating_seconds`, after the untimed calls whose outputs `agreement` compares) and `speedup`
@@ -21,10 +18,6 @@ is the median over rounds of that round's static seconds / engine seconds. `--wh
 `engine_whole_tables`: the engine with every slot gathering its whole page table in each layer and step (one chunk,
 one width: the attention before `jaxpt.nn.attention.paged_chunk_attention`), timed in the same rounds.
 `tokens_per_sec` counts the rollout tokens (the sum of the budgets).
-`useful_fraction`: rollout tokens decoded / slot-steps run (engine: its `EngineStats`; static: every row runs for
-the longest row's steps). `peak_mib` is XLA's compiled memory analysis (arguments + outputs + temporaries -
-aliased); `kv_mib` the KV storage each allocates (engine: its page pool; static: the shared prompt block and every
-row's response buffers) and `kv_held_peak_mib` the engine's most pages in use at once.
 
 `prefill`: the distinct prompts' prefills as the engine runs them (one [1, P] call each, `prompt_len` columns)
 against `--prefill-batch` prompts a call, timed alone in alternation (3 rounds), and their share of an engine call.
@@ -52,40 +45,20 @@ import jax
 import numpy as np
 
 from benchmarks.common import alternating_seconds, median_ratio
-from benchmarks.train_step import MODEL
+from benchmarks.realistic import MODELS, add_flags, answer_lengths, call_figures, jaxpt_figures, jaxpt_systems
+from benchmarks.realistic import point_facts, realistic_rows
 from jaxpt.models import hf_config
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM, init_cache, init_params
-from jaxpt.parallel import compiled_memory
 from jaxpt.rl.engine import Engine, EngineConfig
-from jaxpt.rl.rollouts import repeat_prompts
-from jaxpt.rl.sampler import SamplingConfig, decode_config_of, decode_params, make_sampler, prompt_layout
+from jaxpt.rl.sampler import SamplingConfig, decode_config_of, decode_params, prompt_layout
 from jaxpt.trainers import plan
-
-MODELS = {"issue": MODEL, "small": dict(MODEL, d_model=256, num_layers=4, num_heads=4, num_kv_heads=2, mlp_dim=1024)}
-_MIB = 2 ** 20
-
-
-def realistic_rows(args, vocab_size: int):
-  """(tokens, mask [B, P] left-padded, budgets int32 [B]) of the point (see the module doc)."""
-  rng = np.random.default_rng(0)
-  lengths = rng.integers(args.min_prompt, args.max_prompt + 1, args.prompts)
-  mask = (np.arange(args.max_prompt)[None, :] >= args.max_prompt - lengths[:, None]).astype(np.int32)
-  prompts = np.where(mask == 1, rng.integers(1, vocab_size, mask.shape), 0).astype(np.int32)
-  tokens, mask, _ = repeat_prompts(prompts, mask, args.group)
-  return tokens, mask, answer_lengths(rng, len(tokens), args.median, args.max_new, args.spread)
 
 
 class WholeTables(Engine):
   """The engine with every slot gathering its whole page table (see the module doc)."""
 
   attention_chunks, width_buckets = 1, 1
-
-
-def answer_lengths(rng, rows: int, median: float, max_new: int, spread: float = 0.9):
-  """Forced answer lengths int32 [rows]: lognormal (median, sigma spread) clipped to 1 .. max_new."""
-  lengths = np.exp(np.log(median) + spread * rng.standard_normal(rows))
-  return np.clip(np.round(lengths), 1, max_new).astype(np.int32)
 
 
 def prefill_seconds(cfg, sampling, tokens, mask, group: int, batch: int, rounds: int = 3) -> dict:
@@ -125,24 +98,17 @@ def agreement(engine_out, static_out) -> dict:
 
 def main(argv=None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  for name, default in (("prompts", 32), ("group", 8), ("min-prompt", 64), ("max-prompt", 256), ("median", 100),
-                        ("max-new", 512), ("slots", 64), ("page-size", 16), ("rounds", 3)):
-    parser.add_argument(f"--{name}", type=int, default=default)
-  parser.add_argument("--model", choices=sorted(MODELS), default="issue")
+  add_flags(parser)
+  parser.add_argument("--rounds", type=int, default=3)
   parser.add_argument("--whole-tables", action="store_true")
   parser.add_argument("--prefill-batch", type=int, default=8)
-  parser.add_argument("--spread", type=float, default=0.9)
   args = parser.parse_args(argv)
   cfg = ModelConfig(**MODELS[args.model])
   params = init_params(cfg, jax.random.PRNGKey(0))
   tokens, mask, budgets = realistic_rows(args, cfg.vocab_size)
   sampling = SamplingConfig(max_new_tokens=args.max_new)
-  engine = Engine(cfg, sampling, args.max_prompt, EngineConfig(num_slots=args.slots, page_size=args.page_size),
-                  group_size=args.group)
-  static = make_sampler(cfg, sampling, args.max_prompt, group_size=args.group, row_keys=True)
+  engine, compiled = jaxpt_systems(cfg, args, params, tokens, mask, budgets, sampling)
   key = jax.random.PRNGKey(0)
-  compiled = {"engine": engine.jitted.lower(params, tokens, mask, key, budgets).compile(),
-              "static": static.lower(params, tokens, mask, key, budgets).compile()}
   if args.whole_tables:
     whole = WholeTables(cfg, sampling, args.max_prompt, EngineConfig(num_slots=args.slots, page_size=args.page_size),
                         group_size=args.group)
@@ -156,19 +122,11 @@ def main(argv=None) -> dict:
   load_before = os.getloadavg()
   times = alternating_seconds(runs, args.rounds, warmup=0)  # the calls above were the warm-up
   load_after = os.getloadavg()
-  rows, rollout_tokens = len(tokens), int(budgets.sum())
-  kv_bytes_per_slot = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.resolved_head_dim * 4
-  static_slots = args.prompts * args.max_prompt + rows * (args.max_new - 1)
   report = {
       "benchmark": "engine", "config": dict(MODELS[args.model], model=args.model, norm_scheme=cfg.norm_scheme,
                                             sampling="temperature 1, no top-k/top-p, per-rollout keys",
                                             host_allocator_reuse=allocator_reuse),
-      "point": {"prompts": args.prompts, "group": args.group, "rows": rows, "prompt_len": [args.min_prompt,
-                                                                                             args.max_prompt],
-                "new_tokens_median": float(np.median(budgets)), "new_tokens_max": int(budgets.max()),
-                "new_tokens_mean": round(float(budgets.mean()), 1), "rollout_tokens": rollout_tokens,
-                "spread": args.spread, "slots": args.slots, "page_size": args.page_size, "pool_pages": engine.num_pages,
-                "rounds": args.rounds},
+      "point": point_facts(args, budgets, engine, args.rounds),
       **agreement(engine_out, static_out),
       "same_lengths_as_budgets": bool(np.array_equal(engine_out.lengths, budgets)),
       "device": str(jax.devices()[0]), "jax": jax.__version__, "cpu_count": os.cpu_count(),
@@ -176,24 +134,16 @@ def main(argv=None) -> dict:
       "load": {"note": "a CPU shared with other jobs: os.getloadavg() (1, 5, 15 min) before and after the timed "
                        "rounds", "before": [round(x, 2) for x in load_before],
                "after": [round(x, 2) for x in load_after]},
-      "command": "python -m benchmarks.engine " + shlex.join(sys.argv[1:] if argv is None else argv)}
-  for name in compiled:
-    seconds = statistics.median(times[name])
-    report[name] = {"call_s": round(seconds, 2), "tokens_per_sec": round(rollout_tokens / seconds, 1),
-                    "peak_mib": compiled_memory(compiled[name]).get("peak_mib")}
-  report["engine"].update(
-      speedup=round(median_ratio(times["static"], times["engine"]), 2), steps=int(stats.steps),
-      useful_fraction=round(int(stats.useful) / (int(stats.steps) * args.slots), 3), waits=int(stats.waits),
-      kv_mib=round((engine.num_pages + 1) * args.page_size * kv_bytes_per_slot / _MIB, 1),
-      kv_held_peak_mib=round(int(stats.peak_pages) * args.page_size * kv_bytes_per_slot / _MIB, 1))
+      "command": "python -m benchmarks.engine " + shlex.join(sys.argv[1:] if argv is None else argv),
+      **jaxpt_figures(cfg, args, engine, compiled, times, stats, budgets)}
+  report["engine"]["speedup"] = round(median_ratio(times["static"], times["engine"]), 2)
   if args.whole_tables:
-    report["engine_whole_tables"].update(
+    report["engine_whole_tables"] = dict(
+        call_figures(times["engine_whole_tables"], int(budgets.sum()), compiled["engine_whole_tables"]),
         speedup=round(median_ratio(times["static"], times["engine_whole_tables"]), 2),
         same_tokens_as_engine=bool(np.array_equal(whole_out.tokens, engine_out.tokens)))
     report["engine"]["speedup_vs_whole_tables"] = round(median_ratio(times["engine_whole_tables"],
                                                                      times["engine"]), 2)
-  report["static"].update(useful_fraction=round((rollout_tokens - rows) / (rows * (int(budgets.max()) - 1)), 3),
-                          kv_mib=round(static_slots * kv_bytes_per_slot / _MIB, 1))
   prefill = prefill_seconds(cfg, sampling, tokens, mask, args.group, args.prefill_batch)
   report["prefill"] = {"one_per_call_s": round(prefill["one"], 3), "batched_s": round(prefill["batched"], 3),
                        "batch": args.prefill_batch, "speedup": round(prefill["one"] / prefill["batched"], 2),

@@ -1,14 +1,33 @@
 """KV-cache sampler throughput (new tokens/s) per residual scheme and rollout dtype, beside HF `generate` and
-tunix's `Sampler`, timed in alternation. Prints one JSON object.
+tunix's `Sampler`, timed in alternation. Prints one JSON object (or writes it to --out).
 
     python -m benchmarks.sampler [--peer-python /tmp/peers-venv/bin/python] [--points small,kv] [--rounds 5,2]
                                  [--schemes pre,siamese_post_pre] [--kv-schemes pre] [--dtypes float32,bfloat16]
+                                 [--out FILE] [realistic point flags: --prompts 32 --group 8 --min-prompt 64
+                                 --max-prompt 256 --median 100 --max-new 512 --spread 0.9 --slots 64
+                                 --page-size 16 --model issue|small|tiny]
 
 Model (the issue's): d_model 512, 8 layers, 8 heads (4 KV), SwiGLU 2048, vocab 8192 (tied), random init. Points:
 `small` = batch 8, prompt 32, 128 new tokens; `kv` = batch 64, prompt 256, 256 new tokens (the KV cache read per
 step, ~0.4 GB in fp32, outweighs the 0.14 GB of weights). Every call samples at temperature 1 with no EOS, so all
 rows generate every token. One jaxpt call = prefill + (new - 1) decode steps, compile excluded; `prefill_ms` is
 the same sampler with 1 new token, so decode_step_ms = (call - prefill) / (new - 1).
+
+`realistic` (issue 29's: `python -m benchmarks.sampler --points realistic --rounds 3 --peer-python
+/tmp/peers-venv/bin/python --out benchmarks/results_sampler_realistic_cpu.json`): the rows and answer lengths of
+`benchmarks/realistic.py` (B = --prompts prompts x G = --group rollouts, prompts --min-prompt .. --max-prompt
+tokens left-padded, lognormal answer lengths of median --median up to --max-new), the same token ids and lengths
+for every system: written once to an .npz that each peer process reads (`sampler_peers.py --rows`). jaxpt
+(`jaxpt.pre_float32`) is the rollout engine (`jaxpt.rl.engine.Engine`, continuous batching over a paged cache,
+--slots slots of --page-size pages) and `jaxpt_static.pre_float32` the static sampler beside it, both given the
+lengths as per-row token budgets; HF and tunix end each row at its length by an EOS forced through their logits
+(see `sampler_peers.py`); everyone may sample --max-new tokens, at temperature 1 over the full vocabulary. One call
+samples every row; a round times the engine, the static sampler and each peer once, and a speed-up is the median
+of per-round ratios. `tokens_per_sec` = sum of the forced lengths / call seconds; `useful_fraction` = useful decode
+slot-steps (the engine's `EngineStats`; a static batch steps every row until its longest one ends: HF's call checks
+it stopped there, tunix's while_loop stops when no row is left undone); `peak_mib` / `peak_vs_static`: the compiled
+peak memory of the engine and the static sampler (`benchmarks/realistic.py`). `--model small|tiny` and smaller
+sizes make a short smoke run.
 
 Peers (`benchmarks/sampler_peers.py`, run with --peer-python, a venv with torch 2.13 CPU + transformers and
 google-tunix 0.1.7): HF transformers `generate` and tunix's Sampler with untied (tunix's default) and tied
@@ -33,8 +52,10 @@ import json
 import os
 import pathlib
 import platform
+import shlex
 import statistics
 import sys
+import tempfile
 import time
 from typing import Callable
 
@@ -42,7 +63,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.common import Peer
+from benchmarks import realistic
+from benchmarks.common import Peer, alternating_seconds, median_ratio
 from benchmarks.train_step import MODEL
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import init_params, param_count
@@ -156,6 +178,62 @@ def run_point(name: str, schemes: list[str], dtypes: list[str], rounds: int, pee
   return report
 
 
+def write_rows(path: str, cfg: ModelConfig, args, tokens, mask, lengths) -> None:
+  """The realistic point's rows for the peers (`sampler_peers.py --rows`): tokens and mask [R, P], lengths [R],
+  eos, max_new and the model's (d_model, layers, heads, KV heads, vocab)."""
+  np.savez(path, tokens=tokens, mask=mask, lengths=lengths, eos=realistic.EOS, max_new=args.max_new,
+           model=np.array([cfg.d_model, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size]))
+
+
+def run_realistic(args, rounds: int, peer_python: str) -> dict:
+  """The realistic point (see the module doc): the peers start on the rows' .npz, jaxpt's engine and static
+  sampler compile and run once (untimed), then `rounds` alternating rounds; -> its report."""
+  cfg = ModelConfig(norm_scheme="pre", **realistic.MODELS[args.model])
+  tokens, mask, lengths = realistic.realistic_rows(args, cfg.vocab_size)
+  with tempfile.TemporaryDirectory() as tmp:
+    rows = os.path.join(tmp, "rows.npz")
+    write_rows(rows, cfg, args, tokens, mask, lengths)
+    peers = [Peer(p, [peer_python, str(PEER_SCRIPT), p, "--rows", rows], stderr=None) for p in PEERS if peer_python]
+    params = init_params(cfg, jax.random.PRNGKey(0))
+    engine, compiled = realistic.jaxpt_systems(cfg, args, params, tokens, mask, lengths)
+    calls = iter(range(1, 10 ** 6))
+    runs = {name: (lambda fn=fn: fn(params, tokens, mask, jax.random.PRNGKey(next(calls)), lengths))
+            for name, fn in compiled.items()}
+    (engine_out, stats), static_out = runs["engine"](), runs["static"]()  # the warm-up
+    for peer in peers:
+      peer.wait_ready()  # each has read the rows and made its checked warm-up call
+  load_before = os.getloadavg()
+  times = alternating_seconds(runs, rounds, warmup=0, peers={p.name: p.seconds for p in peers})
+  load_after = os.getloadavg()
+  for peer in peers:
+    peer.close()
+  figures = realistic.jaxpt_figures(cfg, args, engine, compiled, times, stats, lengths)
+  for name in ("engine", "static"):
+    figures[name].update({f"speedup_vs_{p.name}": round(median_ratio(times[p.name], times[name]), 2) for p in peers})
+  figures["engine"].update(speedup_vs_static=round(median_ratio(times["static"], times["engine"]), 2),
+                           peak_vs_static=round(figures["engine"]["peak_mib"] / figures["static"]["peak_mib"], 3))
+  report = {
+      "point": realistic.point_facts(args, lengths, engine, rounds),
+      "model": dict(realistic.MODELS[args.model], name=args.model, norm_scheme=cfg.norm_scheme),
+      "sampling": f"temperature 1, full vocabulary, up to {args.max_new} tokens; answers end at pre-drawn lengths: "
+                  f"jaxpt's token budgets, HF's and tunix's EOS (id {realistic.EOS}) forced through their logits",
+      "same_lengths_as_forced": {"engine": bool(np.array_equal(engine_out.lengths, lengths)),
+                                 "static": bool(np.array_equal(static_out.lengths, lengths)),
+                                 "peers": "checked by each peer call"},
+      "jaxpt": {"pre_float32": figures["engine"]}, "jaxpt_static": {"pre_float32": figures["static"]},
+      "peers": {p.name: dict(realistic.call_figures(times[p.name], int(lengths.sum())), params=p.params,
+                             setting=p.setting, useful_fraction=realistic.static_useful_fraction(lengths))
+                for p in peers},
+      "load": {"note": "os.getloadavg() (1, 5, 15 min) before and after the timed rounds",
+               "before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in load_after]}}
+  if peers:
+    fastest = max(("tunix_untied", "tunix_tied"), key=lambda p: report["peers"][p]["tokens_per_sec"])
+    report["fastest_tunix"] = fastest
+    report["goals"] = {f"pre_float32_vs_{fastest} >= 2": figures["engine"][f"speedup_vs_{fastest}"],
+                       "pre_float32_vs_hf >= 3": figures["engine"]["speedup_vs_hf"]}
+  return report
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--points", default="small,kv")
@@ -164,20 +242,32 @@ def main(argv=None) -> None:
   parser.add_argument("--kv-schemes", default="pre", help="jaxpt schemes at the kv point")
   parser.add_argument("--dtypes", default="float32,bfloat16", help="rollout dtypes of every jaxpt scheme")
   parser.add_argument("--peer-python", default="", help="python of a venv with torch + transformers + tunix")
+  parser.add_argument("--out", default="", help="write the JSON here (default: stdout)")
+  realistic.add_flags(parser)
   args = parser.parse_args(argv)
   points = args.points.split(",")
+  for point in points:
+    if point not in (*POINTS, "realistic"):
+      parser.error(f"--points: unknown point {point!r} (small, kv, realistic)")
   rounds = [int(r) for r in args.rounds.split(",")]
   report = {"benchmark": "sampler",
-            "config": dict(MODEL, sampling="temperature 1, no top-k/top-p, no EOS", cache_segments=4,
+            "config": dict(MODEL, sampling="small, kv: temperature 1, no top-k/top-p, no EOS", cache_segments=4,
                            host_allocator_reuse=allocator_reuse),
             "device": str(jax.devices()[0]), "jax": jax.__version__, "cpu_count": os.cpu_count(),
-            "machine": platform.machine(), "command": " ".join(["python -m benchmarks.sampler"] + sys.argv[1:])}
+            "machine": platform.machine(),
+            "command": "python -m benchmarks.sampler " + shlex.join(sys.argv[1:] if argv is None else argv)}
   for point, n in zip(points, rounds):
-    schemes = (args.schemes if point == "small" else args.kv_schemes).split(",")
-    report[point] = run_point(point, schemes, args.dtypes.split(","), n, args.peer_python)
+    if point == "realistic":
+      report[point] = run_realistic(args, n, args.peer_python)
+    else:
+      schemes = (args.schemes if point == "small" else args.kv_schemes).split(",")
+      report[point] = run_point(point, schemes, args.dtypes.split(","), n, args.peer_python)
     print(f"{point}: done", file=sys.stderr, flush=True)
-  json.dump(report, sys.stdout, indent=2)
-  print()
+  text = json.dumps(report, indent=2) + "\n"
+  if args.out:
+    pathlib.Path(args.out).write_text(text)
+  else:
+    sys.stdout.write(text)
 
 
 if __name__ == "__main__":

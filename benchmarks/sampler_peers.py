@@ -1,11 +1,32 @@
 """Persistent peer samplers for `benchmarks/sampler.py`: one process per peer, fed one command a line on stdin.
 
     PEER_PYTHON benchmarks/sampler_peers.py {hf,tunix_untied,tunix_tied} BATCH PROMPT NEW_TOKENS
+    PEER_PYTHON benchmarks/sampler_peers.py {hf,tunix_untied,tunix_tied} --rows ROWS.npz
 
 Run with the python of a venv holding the peer (it imports no jaxpt): `torch` + `transformers` for `hf`,
 `google-tunix==0.1.7` for `tunix_*`. The model is the sampler benchmark's (d_model 512, 8 layers, 8 heads with
 4 KV heads of 64, SwiGLU 2048, vocab 8192, fp32, random init); every call samples NEW_TOKENS tokens at temperature
 1 over the full vocabulary for BATCH random prompts of PROMPT tokens, and no row stops early.
+
+`--rows` (the realistic point of `benchmarks/sampler.py`): the rows come from ROWS.npz, written by the benchmark
+from `benchmarks/realistic.py`'s rows, so every system gets the same token ids and lengths: `tokens` / `mask`
+[R, P] (left-padded with 0, the trainer's layout of B prompts x G), `lengths` [R] (each row's answer length, its
+EOS included), `eos`, `max_new` and `model` (d_model, layers, heads, KV heads, vocab). Each call samples all R rows
+at once (up to `max_new` tokens, temperature 1) and each row's answer is forced to end at its length by
+`force_lengths` through the peer's own logits (EOS's logit -inf before the length, every other -inf at it), so the
+peer stops it by its own EOS handling; the call then checks every row's answer length against `lengths`.
+- `hf`: a `LogitsProcessor` (`forced_lengths_processor`) passed to `generate(eos_token_id=eos,
+  pad_token_id=eos)` with the left-padded rows and their attention mask: generate keeps stepping a finished row
+  (with pad tokens) until every row has finished, then stops; the call checks it stopped at the longest length.
+- `tunix_*`: tunix 0.1.7's Sampler has no logits hook. Its EOS handling (read in tunix/generate/sampler.py):
+  `_sample` marks a row done when it draws one of `eos_tokens`; the decode `while_loop` runs while any row is not
+  done (and the buffer has room), stepping the whole batch, done rows included; it left-pads each prompt to
+  max_prompt_length with the tokenizer's pad id and takes RoPE positions from the non-pad tokens; the output cuts
+  each row before its first EOS. So the lengths are forced the way a model's EOS would end them: the Llama3 runs
+  inside `forced_lengths_model`, an nnx module that applies `force_lengths` to its last-position logits (row r's
+  answer tokens so far = its last position - (prompt length - 1)), and the call passes `eos_tokens=[eos]`. This is
+  exactly the work tunix does on rows that end by EOS at those lengths (prefill + max(lengths) - 1 decode steps of
+  the whole batch), plus one `where` over [R, vocab] logits a step, as HF's processor adds.
 
 - `hf`: transformers' Qwen2ForCausalLM (tied embeddings, its default attention), `generate(do_sample=True,
   top_k=0, min_new_tokens=N, max_new_tokens=N)` under `torch.inference_mode()` with the default dynamic cache
@@ -29,20 +50,75 @@ from __future__ import annotations
 import sys
 import time
 
+import numpy as np
+
 from tunix_model import D_MODEL, HEADS, KV_HEADS, LAYERS, VOCAB, IdTokenizer, llama3  # beside this script
 
 
-def qwen2(d_model: int = D_MODEL, layers: int = LAYERS):
-  """transformers' Qwen2ForCausalLM (8 heads, 4 KV heads, SwiGLU 4 * d_model, vocab 8192, tied embeddings, its
-  default attention), random init after `torch.manual_seed(0)`: ../shared/bench/hf_reference.py's model."""
+def qwen2(d_model: int = D_MODEL, layers: int = LAYERS, heads: int = HEADS, kv_heads: int = KV_HEADS):
+  """transformers' Qwen2ForCausalLM (by default 8 heads, 4 KV heads; SwiGLU 4 * d_model, vocab 8192, tied
+  embeddings, its default attention), random init after `torch.manual_seed(0)`: ../shared/bench/hf_reference.py's
+  model."""
   import torch
   from transformers import Qwen2Config, Qwen2ForCausalLM
 
   torch.manual_seed(0)
   return Qwen2ForCausalLM(Qwen2Config(
       vocab_size=VOCAB, hidden_size=d_model, intermediate_size=4 * d_model, num_hidden_layers=layers,
-      num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=2048,
+      num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=2048,
       tie_word_embeddings=True))
+
+
+def force_lengths(xp, logits, generated, lengths, eos: int):
+  """logits [R, V] of each row's next answer token, with the row forced to end at its length: where generated [R]
+  (its answer tokens so far) + 1 >= lengths [R] every logit but EOS's is -inf (EOS's 0), before that EOS's is -inf;
+  `xp` is numpy, torch or jax.numpy."""
+  last = (generated + 1 >= lengths)[:, None]
+  is_eos = xp.arange(logits.shape[-1]) == eos
+  return xp.where(is_eos, xp.where(last, 0.0, -np.inf), xp.where(last, -np.inf, logits))
+
+
+def forced_lengths_processor(lengths, prompt_len: int, eos: int):
+  """-> a transformers `LogitsProcessor` forcing row r's answer to end at lengths[r] (torch int [R]) tokens after
+  the prompt's prompt_len columns (`force_lengths`)."""
+  import torch
+  from transformers import LogitsProcessor
+
+  class ForcedLengths(LogitsProcessor):
+    def __call__(self, input_ids, scores):
+      return force_lengths(torch, scores, torch.tensor(input_ids.shape[1] - prompt_len), lengths, eos)
+
+  return ForcedLengths()
+
+
+def forced_lengths_model(model, prompt_lengths, lengths, eos: int):
+  """-> an nnx module calling tunix's `model` (tokens, positions, cache, attention_mask) whose last-position logits
+  force row r's answer to end at lengths[r] (`force_lengths`; answer tokens so far = position - prompt_lengths[r]
+  + 1); the lengths are static tuples, so the module's only variables are the model's."""
+  import jax.numpy as jnp
+  from flax import nnx
+
+  class ForcedLengths(nnx.Module):
+    def __init__(self):
+      self.model, self.first, self.lengths = model, tuple(int(n) - 1 for n in prompt_lengths), tuple(map(int, lengths))
+
+    def __call__(self, input_tokens, positions, cache, attention_mask):
+      logits, cache = self.model(input_tokens, positions, cache, attention_mask)
+      generated = positions[:, -1] - jnp.asarray(self.first)
+      last = force_lengths(jnp, logits[:, -1], generated, jnp.asarray(self.lengths), eos)
+      return logits.at[:, -1].set(last.astype(logits.dtype)), cache
+
+    @property
+    def num_embed(self) -> int:
+      return self.model.num_embed
+
+  return ForcedLengths()
+
+
+def check_lengths(peer: str, got, lengths) -> None:
+  """Fails the call unless every row's answer length `got` [R] is its forced length."""
+  if not np.array_equal(np.asarray(got), lengths):
+    raise AssertionError(f"{peer}: answer lengths {np.asarray(got).tolist()} are not the forced {lengths.tolist()}")
 
 
 def fastest_torch_threads(call) -> str:
@@ -79,7 +155,6 @@ def hf_peer(batch: int, prompt: int, new: int):
 
 def tunix_peer(batch: int, prompt: int, new: int, tied: bool):
   """-> (params, call(seed)) for tunix 0.1.7's Sampler."""
-  import numpy as np
   from tunix.generate.sampler import CacheConfig, Sampler
 
   model, params = llama3(tied)
@@ -93,6 +168,61 @@ def tunix_peer(batch: int, prompt: int, new: int, tied: bool):
     assert all(len(row) == new for row in out.tokens), [len(row) for row in out.tokens]
 
   return params, call
+
+
+def hf_rows_peer(rows: dict):
+  """-> (params, call(seed)) for transformers' generate on the rows of ROWS.npz (see the module doc)."""
+  import torch
+  from transformers import LogitsProcessorList
+
+  d_model, layers, heads, kv_heads, _ = map(int, rows["model"])
+  model = qwen2(d_model, layers, heads, kv_heads).eval()
+  tokens, mask = torch.from_numpy(rows["tokens"].astype(np.int64)), torch.from_numpy(rows["mask"].astype(np.int64))
+  prompt, lengths, eos = tokens.shape[1], rows["lengths"], int(rows["eos"])
+  processors = LogitsProcessorList([forced_lengths_processor(torch.from_numpy(lengths.astype(np.int64)), prompt,
+                                                             eos)])
+
+  def call(seed: int) -> None:
+    torch.manual_seed(seed)
+    with torch.inference_mode():
+      out = model.generate(tokens, attention_mask=mask, do_sample=True, top_k=0, temperature=1.0,
+                           max_new_tokens=int(rows["max_new"]), eos_token_id=eos, pad_token_id=eos,
+                           logits_processor=processors)
+    answers = out[:, prompt:].numpy() == eos
+    assert answers.shape[1] == lengths.max() and answers.any(axis=1).all(), answers.shape
+    check_lengths("hf", np.argmax(answers, axis=1) + 1, lengths)
+
+  return sum(p.numel() for p in model.parameters()), call
+
+
+def tunix_rows_peer(rows: dict, tied: bool):
+  """-> (params, call(seed)) for tunix 0.1.7's Sampler on the rows of ROWS.npz (see the module doc)."""
+  from tunix.generate.sampler import CacheConfig, Sampler
+
+  d_model, layers, heads, kv_heads, _ = map(int, rows["model"])
+  model, params = llama3(tied, d_model, layers, heads, kv_heads)
+  tokens, mask, lengths, eos = rows["tokens"], rows["mask"], rows["lengths"], int(rows["eos"])
+  prompt, max_new = tokens.shape[1], int(rows["max_new"])
+  sampler = Sampler(forced_lengths_model(model, mask.sum(axis=1), lengths, eos), IdTokenizer(),
+                    CacheConfig(cache_size=prompt + max_new, num_layers=layers, num_kv_heads=kv_heads,
+                                head_dim=d_model // heads))
+  texts = [" ".join(map(str, row[keep == 1])) for row, keep in zip(tokens, mask)]
+
+  def call(seed: int) -> None:
+    out = sampler(texts, max_generation_steps=max_new, max_prompt_length=prompt, temperature=1.0, top_p=1.0,
+                  seed=seed, eos_tokens=[eos])
+    check_lengths("tunix", [len(row) + 1 for row in out.tokens], lengths)  # tunix cuts each row before its EOS
+
+  return params, call
+
+
+def read_rows(path: str) -> dict:
+  """ROWS.npz's arrays (see the module doc); a model of another vocabulary than the peers' is refused."""
+  with np.load(path) as data:
+    rows = dict(data)
+  if int(rows["model"][4]) != VOCAB:
+    raise SystemExit(f"{path}: model vocab {int(rows['model'][4])}, the peers build {VOCAB}")
+  return rows
 
 
 def serve(call, ready: str) -> None:
@@ -109,13 +239,16 @@ def serve(call, ready: str) -> None:
 
 
 def main() -> None:
-  peer, batch, prompt, new = sys.argv[1], *map(int, sys.argv[2:5])
-  if peer == "hf":
-    params, call = hf_peer(batch, prompt, new)
-  elif peer in ("tunix_untied", "tunix_tied"):
-    params, call = tunix_peer(batch, prompt, new, tied=peer == "tunix_tied")
-  else:
+  peer = sys.argv[1]
+  if peer not in ("hf", "tunix_untied", "tunix_tied"):
     raise SystemExit(f"unknown peer {peer!r}")
+  if sys.argv[2] == "--rows":
+    rows = read_rows(sys.argv[3])
+    params, call = hf_rows_peer(rows) if peer == "hf" else tunix_rows_peer(rows, tied=peer == "tunix_tied")
+  else:
+    batch, prompt, new = map(int, sys.argv[2:5])
+    params, call = (hf_peer(batch, prompt, new) if peer == "hf"
+                    else tunix_peer(batch, prompt, new, tied=peer == "tunix_tied"))
   call(0)
   serve(call, f"{params} {fastest_torch_threads(call)}" if peer == "hf" else str(params))
 

@@ -1,0 +1,118 @@
+"""benchmarks/sampler.py's realistic point without timing anything: every system's answers end exactly at the
+pre-drawn lengths (the peers' forced-EOS rule against a plain statement of it, HF's logits processor where torch is
+installed), the peers read the very rows and lengths the benchmark drew, a static batch's useful slot-steps; and
+(slow) the whole point at a tiny size with the three peers where /tmp/peers-venv exists. The engine's and the
+static sampler's token budgets are checked against their run without budgets in tests/test_rl_engine.py."""
+
+import json
+import os
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from benchmarks import realistic, sampler
+from jaxpt.models.config import ModelConfig
+
+BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+PEER_PYTHON = "/tmp/peers-venv/bin/python"
+ARGS = types.SimpleNamespace(prompts=2, group=3, min_prompt=4, max_prompt=9, median=4, max_new=12, spread=0.9)
+
+
+@pytest.fixture
+def peers(monkeypatch):
+  """benchmarks/sampler_peers.py imported as its peer processes run it (beside tunix_model.py)."""
+  monkeypatch.syspath_prepend(BENCHMARKS)
+  import sampler_peers
+  return sampler_peers
+
+
+def forced_statement(logits, generated, lengths, eos):
+  """force_lengths row by row in float64: EOS alone (logit 0) at the row's last token, EOS barred before it."""
+  out = np.array(logits, np.float64)
+  for r, (t, length) in enumerate(zip(generated, lengths)):
+    if t + 1 >= length:
+      out[r] = -np.inf
+      out[r, eos] = 0.0
+    else:
+      out[r, eos] = -np.inf
+  return out
+
+
+def test_the_forced_eos_rule_is_its_statement_and_ends_each_row_at_its_length(peers):
+  rng = np.random.default_rng(0)
+  lengths, eos, vocab = np.array([1, 2, 5, 9, 12]), 3, 16
+  generated = np.zeros(len(lengths), np.int64)
+  answers = np.full((len(lengths), 12), -1)
+  for t in range(12):
+    logits = rng.standard_normal((len(lengths), vocab))
+    logits[:, eos] = 30.0  # EOS would win every draw unless barred
+    got = peers.force_lengths(np, logits, generated, lengths, eos)
+    np.testing.assert_array_equal(got, forced_statement(logits, generated, lengths, eos))
+    answers[:, t] = np.argmax(got + rng.gumbel(size=got.shape), axis=1)  # a draw at temperature 1
+    generated += 1
+  np.testing.assert_array_equal(np.argmax(answers == eos, axis=1) + 1, lengths)
+  with pytest.raises(AssertionError, match=r"^hf: answer lengths \[1, 3\] are not the forced \[1, 2\]"):
+    peers.check_lengths("hf", [1, 3], np.array([1, 2]))
+
+
+def test_hf_generate_stops_each_row_at_its_forced_length(peers, tmp_path):
+  pytest.importorskip("torch")
+  pytest.importorskip("transformers")
+  cfg = ModelConfig(**dict(realistic.MODELS["tiny"], num_layers=1))
+  tokens, mask, lengths = realistic.realistic_rows(ARGS, cfg.vocab_size)
+  sampler.write_rows(str(tmp_path / "rows.npz"), cfg, ARGS, tokens, mask, lengths)
+  _, call = peers.hf_rows_peer(peers.read_rows(str(tmp_path / "rows.npz")))
+  call(0)  # raises unless generate ended every row at its length and stopped at the longest one
+
+
+def test_the_peers_read_the_rows_and_lengths_the_benchmark_drew(peers, tmp_path):
+  cfg = ModelConfig(**realistic.MODELS["tiny"])
+  tokens, mask, lengths = realistic.realistic_rows(ARGS, cfg.vocab_size)
+  assert tokens.shape == (6, 9) and np.all(tokens[mask == 1] > realistic.EOS) and np.all(tokens[mask == 0] == 0)
+  assert np.all(mask[:, -1] == 1) and 1 <= lengths.min() and lengths.max() <= ARGS.max_new  # left-padded
+  np.testing.assert_array_equal(tokens[::3], tokens[1::3])  # G = 3 rollouts of each prompt
+  sampler.write_rows(str(tmp_path / "rows.npz"), cfg, ARGS, tokens, mask, lengths)
+  rows = peers.read_rows(str(tmp_path / "rows.npz"))
+  for name, want in (("tokens", tokens), ("mask", mask), ("lengths", lengths)):
+    np.testing.assert_array_equal(rows[name], want)
+  assert (int(rows["eos"]), int(rows["max_new"]), rows["model"].tolist()) == (0, 12, [64, 2, 2, 1, 8192])
+  sampler.write_rows(str(tmp_path / "other.npz"), ModelConfig(**dict(realistic.MODELS["tiny"], vocab_size=64)), ARGS,
+                     tokens, mask, lengths)
+  with pytest.raises(SystemExit, match="other.npz: model vocab 64, the peers build 8192"):
+    peers.read_rows(str(tmp_path / "other.npz"))
+
+
+def test_a_static_batch_steps_every_row_until_its_longest_one_ends():
+  # decode slot-steps (prefill's first token excluded): rows of 1, 3, 5 tokens step 4 times each, 0 + 2 + 4 useful
+  assert realistic.static_useful_fraction(np.array([1, 3, 5])) == 0.5
+  assert realistic.static_useful_fraction(np.array([1, 1])) == 1.0
+
+
+def test_an_unknown_point_is_refused_before_anything_runs(capsys):
+  with pytest.raises(SystemExit):
+    sampler.main(["--points", "realistic,big"])
+  assert "--points: unknown point 'big' (small, kv, realistic)" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists(PEER_PYTHON), reason=f"no peer venv at {PEER_PYTHON}")
+def test_the_realistic_point_runs_end_to_end_with_the_three_peers(tmp_path):
+  """A tiny run (about 1.5 min on a busy 2-core CPU): every peer call checks its answer lengths, jaxpt's are in
+  the report."""
+  out = tmp_path / "realistic.json"
+  argv = ["--points", "realistic", "--rounds", "1", "--peer-python", PEER_PYTHON, "--model", "tiny", "--prompts", "2",
+          "--group", "2", "--min-prompt", "8", "--max-prompt", "32", "--median", "6", "--max-new", "16", "--slots",
+          "2", "--page-size", "4", "--out", str(out)]
+  subprocess.run([sys.executable, "-m", "benchmarks.sampler", *argv], check=True, timeout=900,
+                 cwd=os.path.dirname(BENCHMARKS))
+  point = json.loads(out.read_text())["realistic"]
+  assert point["same_lengths_as_forced"]["engine"] and point["same_lengths_as_forced"]["static"]
+  assert point["point"]["rows"] == 4 and point["point"]["rollout_tokens"] == 28
+  for system in (point["jaxpt"]["pre_float32"], point["jaxpt_static"]["pre_float32"]):
+    assert all(system[f"speedup_vs_{peer}"] > 0 for peer in ("hf", "tunix_untied", "tunix_tied"))
+    assert 0 < system["useful_fraction"] <= 1 and system["peak_mib"] > 0
+  assert point["jaxpt"]["pre_float32"]["speedup_vs_static"] > 0 and point["jaxpt"]["pre_float32"]["peak_vs_static"] > 0
+  assert set(point["peers"]) == {"hf", "tunix_untied", "tunix_tied"}
