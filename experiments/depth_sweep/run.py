@@ -12,8 +12,9 @@ dirs, `--jobs` workers).
 
 Each run's outcome (`outcome`): "diverged" (a non-finite loss, gradient or parameter stopped it, or its final
 validation loss is above ln(vocab), worse than uniform), "stalled" (final validation loss above the unigram loss
-minus MARGIN = 0.1 nats: it learned nothing a context-free token-frequency model does not know; Post-Norm's
-stalled runs of `residual_schemes_lm` sit at 5.95, the unigram line), else "trained".
+minus MARGIN = 0.1 nats: it learned nothing a context-free token-frequency model does not know; the unigram loss of
+these validation rows is 5.949 (every run records it), and Post-Norm's and HybridNorm's stalled runs of
+`residual_schemes_lm` ended at 5.948-5.952), else "trained".
 
 Stages (`--stage`), each resumable from its per-run files, so a stage can run over several sessions:
   pilot: tuning first: every scheme x depth x lr (LRS) x warm-up (WARMUPS, steps of linear warm-up before the
@@ -41,15 +42,30 @@ Stages (`--stage`), each resumable from its per-run files, so a stage can run ov
          - gradient norm by depth: the largest and the last logged global gradient norm (pre-clipping) of the
            main runs, and the init probe's gradient reaching the first over the last block;
          - every comparison with its 95% t interval, paired t and exact sign-flip p, Holm-adjusted over the whole
-           report (`toolkit/stats.py`), and each claim's verdict (`CLAIMS`, the rule of experiments/power.py:
-           supports / contradicts / cannot resolve at this scale, with the n that 80% power needs from the
-           observed sd).
+           report (`toolkit/stats.py`), and each claim's verdict (`CLAIMS`, `verdict`: supports / contradicts /
+           cannot resolve at this scale, with the n that 80% power needs from the observed sd).
 `--smoke`: both stages on a tiny model (2 depths, 2 lrs, 1 warm-up, 2 pilot seeds, N = 2), a pipeline check with
 no numbers. `--stage timing` measures the CPU time of one run per (scheme, depth) (below).
 
-Sizing (measured, `--stage timing`, on this 2-core machine while another experiment held both cores; CPU seconds
-of one single-threaded process, as a grid worker with --jobs 2 runs, which contention slows in wall time but
-barely in CPU time): see TIMING below and the estimate after it; 48 layers does not fit (see there).
+Sizing (measured with `--stage timing --methods pre --depths 6,12,24,48` and `--stage timing --depths 24`, the code
+of 396022c before its fresh-directory fix (the second command's pre run resumed the first's directory and is left
+out), on this 2-core machine while other jobs held both cores: the CPU seconds of one single-threaded process, as a
+--jobs 2 grid worker runs, with no compilation cache, at 10 and 50 steps, extrapolated linearly to 200; contention
+slows the wall time, much less the CPU time). One 200-step run, CPU s (of which fixed: compile, probes,
+evaluations): pre 46 (23) / 71 (29) / 112 (41) / 215 (56) at 6 / 12 / 24 / 48 layers (0.11 / 0.21 / 0.36 / 0.80 s a
+step: linear in depth); at 24 layers post 124, hybrid 134,
+siamese_post_pre 138, mhc_lite:4 204 (1.10 / 1.19 / 1.23 / 1.82 x pre; the other depths scaled by these ratios).
+One run of each scheme: 294 / 450 / 712 / 1364 CPU s at 6 / 12 / 24 / 48 layers. Each (scheme, depth) has 20
+tuning runs (5 lrs x 2 warm-ups x 2 tuning seeds), 3 pilot runs and N <= 8 main runs. At DEPTHS = 6 / 12 / 24:
+pilot stage 23 x 1456 = 33,500 CPU s (9.3 h of CPU, 4.6 h on 2 cores), main stage at most 8 x 1456 = 11,600 CPU s
+(1.6 h on 2 cores); in all about 6.3 h of 2 free cores, two or three 3-hour sessions (an upper bound on CPU time:
+the grid's shared compilation cache saves part of each run's fixed seconds; other jobs on the cores stretch the
+wall time). **48 layers does not fit**: it alone would add 31 x 1364 = 42,300 CPU s (+5.9 h on 2 cores, doubling
+the experiment), so the sweep stops at 24; `--depths 6,12,24,48` runs it where the budget allows (the pilot then
+reruns with it: the main stage refuses a pilot made for another grid). A 2-seed tuning grid was kept over a
+deeper sweep because the stability claims are paired by tuning cell: with 10 cells a McNemar p passes Holm's
+strictest level over the report's 22 comparisons (0.05 / 22) only when all 10 cells disagree in one direction, and
+no exact bound can show non-inferiority within 0.2 (the Clopper-Pearson end for 0 of 10 cells is 0.31; of 20, 0.17).
 
   python experiments/depth_sweep/run.py --stage timing --workdir /tmp/depth_timing --out /tmp/depth_timing/out
   python experiments/depth_sweep/run.py --stage pilot [--workdir /tmp/depth_sweep] [--jobs 2]
@@ -436,6 +452,8 @@ def plot(payload: dict, out: str) -> None:
   axes[2].set(xlabel="layers", ylabel="largest logged grad norm", xscale="log", yscale="log",
               title="Gradient norm at the tuned setting")
   for ax in axes:
+    ax.set_xticks(payload["depths"], [str(d) for d in payload["depths"]])
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
   fig.tight_layout()
