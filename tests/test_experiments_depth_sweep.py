@@ -206,6 +206,32 @@ def test_power_fixes_n_from_the_largest_siamese_sd_at_the_bonferroni_level():
   assert estimate["cap_binds"] == (needed > sweep.MAX_SEEDS)
 
 
+def test_timing_extrapolates_cpu_seconds_linearly_from_two_lengths(tmp_path, monkeypatch):
+  """The child processes replaced by a record whose CPU time is 3 s + 0.25 s a step x depth: the fit, the 200-step
+  extrapolation and the stage totals are the real code."""
+  seen = []
+
+  def child(command, env, cwd, capture_output, text, check):
+    run = json.loads(command[-1])
+    seen.append(run["directory"])
+    assert sweep.runner.SINGLE_THREADED_XLA in env["XLA_FLAGS"]
+    assert run["sets"]["checkpoint_every"] == run["sets"]["steps"]
+    cpu = 3.0 + 0.25 * run["sets"]["steps"] * run["num_layers"]
+    return subprocess.CompletedProcess(command, 0, stdout=f"log line\n{json.dumps(dict(cpu_s=cpu, wall_s=1.0))}\n")
+
+  monkeypatch.setattr(sweep.subprocess, "run", child)
+  common = dict(sets={}, corpus="c", config=sweep.CONFIG)
+  counts = {"tune": {"pre@2": 4, "post@4": 4}, "main": {"pre@2": 5, "post@4": 5}}
+  out = sweep.timing(["pre", "post"], [2, 4], 10, str(tmp_path), common, counts)
+  assert len(seen) == len(set(seen)) == 8 and all(os.path.isdir(d) for d in seen)  # a new directory each
+  row = {(r["scheme"], r["num_layers"]): r for r in out["runs"]}
+  for (scheme, depth), r in row.items():
+    assert r["cpu_s_per_step"] == pytest.approx(0.25 * depth) and r["cpu_s_fixed"] == pytest.approx(3.0)
+    assert r["cpu_s_run"] == pytest.approx(3.0 + 200 * 0.25 * depth)
+  assert out["stage_cpu_s"] == pytest.approx({"tune": 4 * 103 + 4 * 203, "main": 5 * 103 + 5 * 203})
+  assert out["wall_h_on_2_cores"] == pytest.approx((9 * 103 + 9 * 203) / 3600 / 2)
+
+
 # ------------------------------------------------------------------------------------------- recorded stages
 
 
