@@ -152,6 +152,16 @@ def outcome(run: dict) -> str:
   return "stalled" if loss > run["unigram_loss"] - MARGIN else "trained"
 
 
+COMPACT = ("name", "phase", "scheme", "num_layers", "lr", "warmup_steps", "seed", "validation_loss", "unigram_loss",
+           "vocab_size", "grad_norm_max", "grad_norm_last", "nonfinite_step", "wall_s")
+
+
+def compact(run: dict) -> dict:
+  """A run's row in pilot.json: its settings, final validation loss, outcome and gradient norms (the full record,
+  probes included, is its done.json in pilot_runs/; its test loss is left out: the pilot reads validation only)."""
+  return dict({k: run[k] for k in COMPACT if k in run}, outcome=outcome(run))
+
+
 def finite_or_inf(value) -> float:
   return value if value is not None and math.isfinite(value) else math.inf
 
@@ -284,7 +294,9 @@ def verdict(c: dict, sign: int, effect: float, how: str) -> str:
   Superiority (A trains on more): 'supports' where Holm sign-flip p < 0.05 and k_a > k_b, 'contradicts' where it is
   < 0.05 and k_b > k_a, 'contradicts a difference of the target's size' where U(k_a) < `effect`. Non-inferiority
   (A trains on at most `effect` less): 'supports' where U(k_b) < `effect`, 'contradicts' where Holm sign-flip p
-  < 0.05 and k_b > k_a. Otherwise 'cannot resolve at this scale'."""
+  < 0.05 and k_b > k_a. Otherwise 'cannot resolve at this scale'. The exact bounds are each claim's own 95% bound,
+  not adjusted for multiplicity (at Holm's strictest level, 0.05 / 22, no 20-cell grid could show non-inferiority
+  within 0.2: U(0 of 20) would be 0.29); the p values are Holm-adjusted."""
   if c["kind"] != "trained":
     return power_lib.verdict(c, sign, effect)
   n, k_a, k_b = c["n"], c["a_only"], c["b_only"]
@@ -416,7 +428,9 @@ def markdown(payload: dict) -> str:
             f"needed {p['n_for_80_power']} from the pilot's sd {p['sd_used']:.4f}" +
             ("; capped by the CPU budget, so the loss claims cannot resolve that effect at this scale" if
              p["cap_binds"] else "") + ").", "",
-            "Holm p: of the paired t test (loss, trend); of the exact sign-flip (McNemar) test (trained).", "",
+            "Holm p: of the paired t test (loss, trend); of the exact sign-flip (McNemar) test (trained). The "
+            "trained claims' exact (Clopper-Pearson) bounds are per claim at 95%, not multiplicity-adjusted "
+            "(`verdict`).", "",
             "| claim | mean [95% t] | Holm p | n | target | verdict | n for 80% |", "|---|---|---:|---:|---:|---|---:|"]
   for c in payload["claims"]:
     n80 = c["n_for_80_power"] if c["verdict"].startswith("cannot") and c["n_for_80_power"] else "—"
@@ -582,7 +596,8 @@ def main(argv=None) -> None:
     path = os.path.join(out, "pilot.json") if args.smoke else args.pilot
     results.write_json(path, dict(power=estimate, schemes=schemes, depths=depths, lrs=lrs, warmups=warmups,
                                   tune_seeds=tune_seeds, best=best, tuning=tuning_table,
-                                  stability=stability_table(tuning, schemes, depths), runs=tuning + pilot),
+                                  stability=stability_table(tuning, schemes, depths),
+                                  runs=[compact(r) for r in tuning + pilot]),
                        tuning + pilot)
     if not args.smoke:
       results.copy_run_files(workdir, tuning + pilot, os.path.join(os.path.dirname(path), "pilot_runs"))
