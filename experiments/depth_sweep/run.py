@@ -39,8 +39,9 @@ Stages (`--stage`), each resumable from its per-run files, so a stage can run ov
            with the diverged and stalled counts, and paired by grid cell (the same lr, warm-up and seed) at each
            depth: trained(siamese_post_pre) - trained(pre) and - trained(post) (the sign-flip p of a 0/1
            difference is the exact McNemar test on the discordant cells);
-         - gradient norm by depth: the largest and the last logged global gradient norm (pre-clipping) of the
-           main runs, and the init probe's gradient reaching the first over the last block;
+         - gradient norm by depth: the largest and the last logged global gradient norm (before clipping; each
+           logged value is the mean over its log_every = 10 steps) of the main runs, and the init probe's gradient
+           reaching the first over the last block;
          - every comparison with its 95% t interval, paired t and exact sign-flip p, Holm-adjusted over the whole
            report (`toolkit/stats.py`), and each claim's verdict (`CLAIMS`, `verdict`: supports / contradicts /
            cannot resolve at this scale, with the n that 80% power needs from the observed sd).
