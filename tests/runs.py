@@ -1,6 +1,7 @@
 """Helpers for the trainers' end-to-end tests: stop a CLI run with SIGTERM, read a run's checkpoint back, train a
-micro SFT run and a reward model started from it."""
+micro SFT run and a reward model started from it; and a recording stand-in for an experiment grid's training."""
 
+import json
 import os
 import signal
 import subprocess
@@ -61,3 +62,18 @@ def sft_and_reward_model(tmp_path_factory, model, task, quiet, rm_loss="bt"):
                                      "data.synthetic_test_pairs": 8})
   jaxpt.train("rm", config, rm)
   return sft, rm
+
+
+def recording_grid(runner, summarise, trained):
+  """A stand-in for `experiments.toolkit.runner.run_grid` that trains nothing: each unfinished run's done.json is
+  the run + `summarise(run)` (+ an empty environment), and its name is appended to `trained`."""
+  def run_grid(runs, train_one, workdir, jobs, describe=None):
+    for run in runs:
+      if runner.load_done(workdir, run) is None:
+        trained.append(run["name"])
+        os.makedirs(runner.run_dir(workdir, run))
+        with open(os.path.join(runner.run_dir(workdir, run), "done.json"), "w") as f:
+          json.dump(dict(run, **summarise(run), environment={}), f)
+    return [runner.load_done(workdir, r) for r in runs]
+
+  return run_grid

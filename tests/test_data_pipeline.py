@@ -67,6 +67,14 @@ def test_batch_format(data):
   assert any(w in text.split() for w in _WORDS)
 
 
+def test_train_rows_are_the_rows_train_batches_draw(data):
+  tokens, segments = data.train_rows()
+  assert tokens.shape == segments.shape == (data.num_train_rows, 32) and tokens.dtype == np.int32
+  rows = {tuple(row) for row in tokens.tolist()}
+  for step in range(3):
+    assert all(tuple(row) in rows for row in data.train_batch(step)["inputs"].tolist())
+
+
 def test_resume_from_step_k_matches_uninterrupted_run_across_epochs(data):
   steps_per_epoch = data.num_train_rows // 8
   assert steps_per_epoch > 10

@@ -14,6 +14,7 @@ import pytest
 from scipy import stats as sps
 
 from experiments.toolkit import rl_comparison
+from tests.runs import recording_grid
 from jaxpt.config import from_section
 from jaxpt.trainers.grpo import GRPORunConfig
 from jaxpt.trainers.sft import SFTRunConfig
@@ -110,18 +111,12 @@ def test_both_stages_with_recorded_runs(tmp_path, monkeypatch):
   rng = np.random.default_rng(3)
   trained = []
 
-  def record(runs, train_one, workdir, jobs, describe=None):
-    for run in runs:
-      if rl_comparison.runner.load_done(workdir, run) is None:
-        trained.append(run["name"])
-        evals = {f"eval_{k}_{split}": float(rng.uniform(0.5, 0.51)) for k in rl_comparison.KINDS
-                 for split in rl_comparison.SETS}
-        os.makedirs(rl_comparison.runner.run_dir(workdir, run))
-        with open(os.path.join(rl_comparison.runner.run_dir(workdir, run), "done.json"), "w") as f:
-          json.dump(dict(run, evals=evals, diagnostics={"accuracy": 0.5}, sft_curve=[], environment={}), f)
-    return [rl_comparison.runner.load_done(workdir, r) for r in runs]
+  def summarise(run):
+    evals = {f"eval_{k}_{split}": float(rng.uniform(0.5, 0.51)) for k in rl_comparison.KINDS
+             for split in rl_comparison.SETS}
+    return dict(evals=evals, diagnostics={"accuracy": 0.5}, sft_curve=[])
 
-  monkeypatch.setattr(rl_comparison.runner, "run_grid", record)
+  monkeypatch.setattr(rl_comparison.runner, "run_grid", recording_grid(rl_comparison.runner, summarise, trained))
   pilot = str(tmp_path / "pilot.json")
   common = ["--workdir", str(tmp_path / "w"), "--lrs", "1e-5,1e-4", "--pilot", pilot]
   with pytest.raises(SystemExit, match="no pilot file"):

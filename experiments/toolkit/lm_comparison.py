@@ -14,7 +14,12 @@ Three phases, each a grid of `jaxpt.train("pretrain", ...)` runs of one config (
 
 A scheme is written `norm_scheme[:n][+moe][@layers]`: n = model.hc_streams (the multi-stream schemes), `+moe`
 replaces every MLP with MOE_EXPERTS experts of half the width, top-MOE_TOP_K routed (the same active MLP FLOPs),
-`@layers` sets model.num_layers (else the config's).
+`@layers` sets model.num_layers (else the config's). A run dict may also set `num_layers` and `warmup_steps`
+(`experiments/depth_sweep`: depth and warm-up are grid axes there).
+
+Every run records, beside its losses, its logged gradient norms (`grad_norm_summary`: the global norm before
+clipping, as metrics.jsonl has it) and the unigram loss of the corpus (`unigram_loss`: the validation loss of a
+model that ignores context, the line a run that learned nothing from context stays above).
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ import dataclasses
 import importlib
 import math
 import os
+
+import numpy as np
 
 import jaxpt
 
@@ -87,6 +94,8 @@ def make_config(run: dict):
     config.model.num_experts, config.model.experts_per_token = MOE_EXPERTS, MOE_TOP_K
     config.model.mlp_dim //= MOE_TOP_K
   config.model.num_layers = run.get("num_layers") or scheme.get("num_layers") or config.model.num_layers
+  if run.get("warmup_steps") is not None:
+    config.optim.warmup_steps = run["warmup_steps"]
   config.optim.learning_rate = run["lr"]
   config.seed = run["seed"]
   config.data.path = run["corpus"]
@@ -129,8 +138,31 @@ def probe(model_config, params, batch) -> dict:
               stream_norms=probes.stream_norms(model_config, params, batch).tolist())
 
 
+def unigram_loss(train_tokens: np.ndarray, train_segments: np.ndarray, batches: list[dict], vocab_size: int) -> float:
+  """The token-weighted cross-entropy on `batches` of the add-one unigram model of the training rows:
+  p(v) = (c_v + 1) / (C + V), c_v the count of token v in the rows' non-padding positions (segment > 0), C their
+  total, V = vocab_size; loss = -sum_i w_i log p(target_i) / sum_i w_i over the batches' targets and weights."""
+  counts = np.bincount(np.asarray(train_tokens)[np.asarray(train_segments) > 0], minlength=vocab_size)
+  log_p = np.log(counts + 1.0) - np.log(counts.sum() + float(vocab_size))
+  nll = sum(float(-(log_p[b["targets"]] * b["weights"]).sum()) for b in batches)
+  return nll / sum(float(b["weights"].sum()) for b in batches)
+
+
+def grad_norm_summary(rows: list[dict]) -> dict:
+  """From metrics.jsonl rows (each a mean over its log_every steps): the first, last and largest logged global
+  gradient norm and their mean over the run; inf where a logged one is not finite; NaNs when none was logged."""
+  norms = np.asarray([r["grad_norm"] for r in rows if "grad_norm" in r], np.float64)
+  if not norms.size:
+    return dict(grad_norm_first=math.nan, grad_norm_last=math.nan, grad_norm_max=math.nan, grad_norm_mean=math.nan)
+  finite = bool(np.all(np.isfinite(norms)))
+  return dict(grad_norm_first=float(norms[0]), grad_norm_last=float(norms[-1]),
+              grad_norm_max=float(norms.max()) if finite else math.inf,
+              grad_norm_mean=float(norms.mean()) if finite else math.inf)
+
+
 def train_one(run: dict, directory: str) -> dict:
-  """One pretraining run; -> final validation and test loss, the probes at init and at the end."""
+  """One pretraining run; -> final validation and test loss, the probes at init and at the end, the gradient-norm
+  summary and the corpus's unigram loss (`grad_norm_summary`, `unigram_loss`)."""
   from jaxpt.models.transformer import TransformerLM, param_count
   from jaxpt.trainers.lm import make_lm_evaluator
   from jaxpt.engine.loop import NonFiniteError
@@ -143,19 +175,24 @@ def train_one(run: dict, directory: str) -> dict:
   setup = jaxpt.build("pretrain", config, directory)
   probe_batch = setup.data.eval_batches()[0]
   init_params = setup.training.init_state().params
+  train_tokens, train_segments = setup.data.train_rows()
   summary = dict(probe_init=probe(setup.config.model, init_params, probe_batch), params=param_count(init_params),
-                 vocab_size=setup.config.model.vocab_size)
+                 vocab_size=setup.config.model.vocab_size,
+                 unigram_loss=unigram_loss(train_tokens, train_segments, setup.data.eval_batches(),
+                                           setup.config.model.vocab_size))
   try:
     result = jaxpt.train("pretrain", config, directory, built=setup)
   except NonFiniteError as e:  # diverged: recorded as such (infinite losses), not retried
-    return dict(summary, validation_loss=math.inf, test_loss=math.inf, nonfinite_step=e.step, probe_final=None)
+    return dict(summary, validation_loss=math.inf, test_loss=math.inf, nonfinite_step=e.step, probe_final=None,
+                **grad_norm_summary(results.read_metrics(directory)))
   runner.require_finished(result, directory)
   batches = test_batches(setup.data)
   test = make_lm_evaluator(TransformerLM(setup.config.model), batches)(result.state)
   evals = [r for r in results.read_metrics(directory) if "eval_loss" in r]
   summary.update(validation_loss=evals[-1]["eval_loss"], test_loss=float(test["eval_loss"]),
                  test_tokens=int(sum(b["weights"].sum() for b in batches)),
-                 probe_final=probe(setup.config.model, result.state.params, probe_batch))
+                 probe_final=probe(setup.config.model, result.state.params, probe_batch),
+                 **grad_norm_summary(results.read_metrics(directory)))
   return summary
 
 

@@ -41,6 +41,15 @@ def copy_run_files(workdir: str, runs: list[dict], out: str) -> None:
         shutil.copyfile(os.path.join(source, name), os.path.join(target, name))
 
 
+def read_pilot(path: str, what: str) -> dict:
+  """The pilot stage's file at `path` (JSON); stops the program naming it where there is none, so a main stage
+  trains nothing before it has read its pilot (`what`: what the pilot fixes, for the message)."""
+  if not os.path.exists(path):
+    raise SystemExit(f"{path}: no pilot file; run --stage pilot first (it {what})")
+  with open(path) as f:
+    return json.load(f)
+
+
 def read_metrics(directory: str) -> list[dict]:
   """The rows of `directory/metrics.jsonl` ([] if absent)."""
   path = os.path.join(directory, "metrics.jsonl")

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import json
 import math
 import os
 from typing import Callable
@@ -317,10 +316,7 @@ def main(exp: Experiment, argv=None) -> None:
     raise SystemExit(f"--pilot-seeds: at least 2, none of them {TUNE_SEED} or a final seed (< {exp.max_seeds})")
   main_stage = args.stage == "main" and not args.smoke
   if main_stage:  # the pilot's file first: the main stage trains nothing before it is read and matches
-    if not os.path.exists(args.pilot):
-      raise SystemExit(f"{args.pilot}: no pilot file; run --stage pilot first (it tunes the lrs and fixes N)")
-    with open(args.pilot) as f:
-      fixed = json.load(f)
+    fixed = results.read_pilot(args.pilot, "tunes the lrs and fixes N")
     if fixed["lrs"] != lrs or not set(methods) <= set(fixed["best_lr"]):
       raise SystemExit(f"{args.pilot}: tuned over --lrs {fixed['lrs']} for the methods {list(fixed['best_lr'])}, "
                        f"not {lrs} for {methods}")

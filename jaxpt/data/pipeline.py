@@ -152,6 +152,10 @@ class LMData:
     """Endless batches for steps start_step, start_step + 1, ... (see `train_batch`)."""
     return order.step_batches(self.train_batch, self.config.batch_size, start_step, process_index, process_count)
 
+  def train_rows(self) -> tuple[np.ndarray, np.ndarray]:
+    """All packed training rows (tokens, segment_ids), int32 [rows, seq_len] each; `train_batch` draws from them."""
+    return self._arrays["train_tokens"], self._arrays["train_segments"]
+
   def held_out_rows(self) -> tuple[np.ndarray, np.ndarray]:
     """All packed held-out rows (tokens, segment_ids), int32 [rows, seq_len] each, in corpus order; `eval_batches`
     reads the first data.eval_batches * data.batch_size of them."""
