@@ -1,8 +1,9 @@
 """Probe, not a selection: does a Bradley-Terry reward model from this experiment's SFT backbone learn to read
-correctness when it trains longer than the experiment's 50 steps, or on pairs with a weaker length bias? One RM
-per STEPS:LR[:BIAS] argument (BIAS: P(chosen side padded) in the training pairs, default run.py's LENGTH_BIAS),
-tuning seed, on the experiment's pairs; each writes `WORKDIR/bt_<steps>_<lr>[_bias<BIAS>]/done.json` with the
-validation balanced accuracy (`run.train_rm`). The committed `bt_*.json` are its outputs:
+correctness when it trains longer than the experiment's 50 steps, on pairs with a weaker length bias, or on more
+pairs? One RM per STEPS:LR[:BIAS[:PAIRS]] argument (BIAS: P(chosen side padded) in the training pairs, default
+run.py's LENGTH_BIAS; PAIRS: training pairs, default run.py's PAIRS['train']), tuning seed, on the experiment's
+pairs otherwise; each writes `WORKDIR/bt_<steps>_<lr>[_bias<BIAS>][_pairs<PAIRS>]/done.json` with the validation
+balanced accuracy (`run.train_rm`). The committed `bt_*.json` are its outputs:
 
     python experiments/rlhf_reward_hacking/probe_rm_steps/probe.py /tmp/rmprobe 50:3e-3 400:3e-3 400:3e-3:0.7
 """
@@ -20,10 +21,17 @@ from experiments.rlhf_reward_hacking import run  # noqa: E402
 from jaxpt.data import arithmetic_preferences  # noqa: E402
 
 
-def pairs_folder(workdir: str, bias: float) -> str:
-  """The experiment's pairs with `bias` (written once per bias; run.LENGTH_BIAS's in `pairs`)."""
-  folder = os.path.join(workdir, "pairs" if bias == run.LENGTH_BIAS else f"pairs_bias{bias:g}")
-  arithmetic_preferences.write_pairs(folder, run.sft_config(False).task, run.PAIRS["train"], run.PAIRS["validation"],
+def suffix(bias: float, train_pairs: int) -> str:
+  """The folder-name suffix of a point's pairs: empty for the experiment's own."""
+  return ((f"_bias{bias:g}" if bias != run.LENGTH_BIAS else "")
+          + (f"_pairs{train_pairs}" if train_pairs != run.PAIRS["train"] else ""))
+
+
+def pairs_folder(workdir: str, bias: float, train_pairs: int) -> str:
+  """The experiment's pairs with `bias` and `train_pairs` training pairs (the validation pairs are the next
+  problems of the training split after them: `arithmetic_preferences.write_pairs`)."""
+  folder = os.path.join(workdir, "pairs" + suffix(bias, train_pairs))
+  arithmetic_preferences.write_pairs(folder, run.sft_config(False).task, train_pairs, run.PAIRS["validation"],
                                      run.PAIRS["test"], bias, run.MAX_FILLER)
   return folder
 
@@ -38,8 +46,9 @@ def main(workdir: str, points: list[str]) -> None:
     fields = point.split(":")
     steps, lr = int(fields[0]), float(fields[1])
     bias = float(fields[2]) if len(fields) > 2 else run.LENGTH_BIAS
-    pairs = pairs_folder(workdir, bias)
-    directory = os.path.join(workdir, f"bt_{steps}_{lr:g}" + ("" if bias == run.LENGTH_BIAS else f"_bias{bias:g}"))
+    train_pairs = int(fields[3]) if len(fields) > 3 else run.PAIRS["train"]
+    pairs = pairs_folder(workdir, bias, train_pairs)
+    directory = os.path.join(workdir, f"bt_{steps}_{lr:g}" + suffix(bias, train_pairs))
     if os.path.exists(os.path.join(directory, "done.json")):
       continue
     start = time.time()
@@ -48,7 +57,7 @@ def main(workdir: str, points: list[str]) -> None:
     out["seconds"] = time.time() - start
     with open(os.path.join(directory, "done.json"), "w") as f:
       json.dump(out, f, indent=1)
-    print(steps, lr, bias, json.dumps(out), flush=True)
+    print(steps, lr, bias, train_pairs, json.dumps(out), flush=True)
 
 
 if __name__ == "__main__":
