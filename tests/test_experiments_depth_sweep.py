@@ -1,7 +1,8 @@
 """experiments/depth_sweep (issue 31 item 3): the outcome rule, the (lr, warm-up) selection, the comparison family,
 the paired statistics against scipy, N from the pilot, the verdicts; the lm_comparison pieces it added (warm-up in
-the config, the unigram loss, the gradient-norm summary) against plain NumPy; both stages on recorded runs; and the
---smoke pipeline (slow)."""
+the config, the unigram loss, the gradient-norm summary) against plain NumPy; both stages on recorded runs (the
+exact McNemar p and Clopper-Pearson bounds of the trained rows, runs of another config_digest refused by the main
+stage); and the --smoke pipeline (slow)."""
 
 import json
 import math
@@ -90,11 +91,17 @@ def test_select_takes_the_lowest_mean_validation_loss_over_lr_and_warmup_and_fla
   tuning += [record("post", 6, seed, 4.0 + seed / 1000, lr=lr, warmup=w) for lr in (1e-3, 1e-2) for w in (10, 50)
              for seed in (100, 101)]
   best, table = sweep.select(tuning, ["pre", "post"], [6], [1e-3, 1e-2, 1e-1], [10, 50])
-  assert best["pre@6"] == dict(lr=1e-2, warmup_steps=50, lr_at_edge=False, warmup_at_edge=True)  # inf: worst
+  # inf: worst; of 2 warm-ups either is an end, so no warm-up is flagged
+  assert best["pre@6"] == dict(lr=1e-2, warmup_steps=50, lr_at_edge=False, warmup_at_edge=False)
   assert (best["post@6"]["lr"], best["post@6"]["warmup_steps"]) == (1e-3, 10)  # ties: the smaller lr, warm-up
-  assert best["post@6"]["lr_at_edge"]
+  assert best["post@6"]["lr_at_edge"] and not best["post@6"]["warmup_at_edge"]
   assert [r["validation_loss"] for r in table if r["scheme"] == "pre"] == [5.0, 4.2, math.inf, 4.1]
   assert sum(r["chosen"] for r in table) == 2
+  three = sweep.select(tuning, ["pre", "post"], [6], [1e-3, 1e-2], [10, 50, 100])[0]  # 2 lrs: no lr edge
+  assert (three["pre@6"]["lr_at_edge"], three["pre@6"]["warmup_at_edge"]) == (False, False)  # 50: inside
+  assert (three["post@6"]["lr_at_edge"], three["post@6"]["warmup_at_edge"]) == (False, True)  # 10: an end
+  assert "grid edge" not in sweep.fmt_setting(best["pre@6"]) and sweep.fmt_setting(three["post@6"]) == (
+      "0.001 / 10 (warm-up at grid edge)")
 
 
 # ----------------------------------------------------------------------------------------------- comparisons
@@ -117,7 +124,7 @@ def test_comparisons_pair_by_seed_and_by_cell_against_scipy_and_holm():
   final = [dict(r, test_loss=r["validation_loss"] + float(rng.normal(0, 0.05))) for r in final]
   diverged = next(r for r in final if (r["scheme"], r["num_layers"], r["seed"]) == ("post", 24, 3))
   diverged.update(validation_loss=math.inf, test_loss=math.inf)
-  cells = [(lr, w, seed) for lr in (1e-3, 1e-2, 1e-1) for w in (10, 50) for seed in (100, 101)]
+  cells = [(lr, w, seed) for lr in sweep.LRS for w in sweep.WARMUPS for seed in sweep.TUNE_SEEDS]  # 20 cells
   tuning = [record(s, d, seed, float(rng.choice([4.5, 5.95, math.inf])), lr=lr, warmup=w)
             for s in schemes for d in depths for lr, w, seed in cells]
   plan = sweep.comparison_plan(schemes, depths)
@@ -140,8 +147,12 @@ def test_comparisons_pair_by_seed_and_by_cell_against_scipy_and_holm():
       b = np.array([trained[(c["b"], c["num_layers"]) + cell] for cell in sorted(cells)], np.float64)
       used = [list(cell) for cell in sorted(cells)]
     d = a - b
-    if c["kind"] == "trained":
-      assert (c["a_only"], c["b_only"]) == (int(np.sum(d > 0)), int(np.sum(d < 0)))
+    if c["kind"] == "trained":  # the exact McNemar test on the discordant cells (not a Monte Carlo at 20 cells)
+      k_a, k_b = int(np.sum(d > 0)), int(np.sum(d < 0))
+      assert (c["a_only"], c["b_only"], c["n"]) == (k_a, k_b, 20) and c["sign_flip_exact"]
+      assert c["p_sign_flip"] == pytest.approx(sps.binomtest(k_a, k_a + k_b, 0.5).pvalue if k_a + k_b else 1.0,
+                                               rel=1e-12)
+      assert c["min_p_sign_flip"] == pytest.approx(min(1.0, 2 / 2 ** (k_a + k_b)))
     assert c["seeds"] == used and c["n"] == len(used)
     assert c["dropped_diverged"] == (1 if c["a"] == "post" and c["kind"] != "trained" and (
         c["kind"] == "trend" or c["num_layers"] == 24) else 0)
@@ -181,6 +192,13 @@ def test_verdicts():
                             std_diff=0.1, n=5, p_sign_flip_holm=0.3)])
   assert len(rows) == 1 and rows[0]["verdict"] == "supports" and rows[0]["claim"].endswith("12 layers")
   assert rows[0]["n_for_80_power"] == next(n for n in range(2, 10_000) if power_at(0.1, -0.02, n) >= 0.8)
+  assert "exact_bounds" not in rows[0]
+  trained = dict(cell(20, 3, 1, 0.6), a="siamese_post_pre", b="pre", metric="trained", num_layers=6, mean_diff=0.1,
+                 std_diff=0.4, ci95=[-0.1, 0.3], p_t_holm=0.5, min_p_sign_flip=0.125)
+  row = sweep.claims([trained])[0]
+  upper = lambda k: sps.binomtest(k, 20).proportion_ci(0.95, "exact").high
+  assert row["exact_bounds"] == pytest.approx([-upper(1), upper(3)], rel=1e-9)
+  assert (row["a_only"], row["b_only"], row["min_p_sign_flip"]) == (3, 1, 0.125)
 
 
 def power_at(sd, effect, n, alpha=0.05):
@@ -275,9 +293,38 @@ def test_both_stages_with_recorded_runs(tmp_path, monkeypatch):
   assert {c["claim"] for c in payload["claims"]} >= {"SiameseNorm: lower test loss than Pre-Norm at 12 layers"}
   report = (tmp_path / "out" / "results.md").read_text()
   assert "| 12 | post | 1 | 0 | 1 | 0.50 | 0.001 |" in report and "## Verdicts" in report
+  assert payload["design"]["stages"] == sweep.STAGES and sweep.STAGES.startswith("(`--stage`)")
+  assert "  main:" in sweep.STAGES and sweep.STAGES.endswith("from the observed sd).")
+  upper = lambda k, n: sps.binomtest(k, n).proportion_ci(0.95, "exact").high
+  rows = [c for c in payload["claims"] if c["kind"] == "trained"]
+  assert len(rows) == 4
+  for c in rows:  # the trained rows show the Clopper-Pearson bounds their verdict reads, not a t interval
+    comp = next(x for x in payload["comparisons"] if (x["kind"], x["b"], x["num_layers"]) == ("trained", c["b"],
+                                                                                             c["num_layers"]))
+    k_a, k_b, cells = comp["a_only"], comp["b_only"], comp["n"]
+    line = next(line for line in report.splitlines() if line.startswith(f"| {c['claim']} |"))
+    assert f"[-U(k_b), +U(k_a): {-upper(k_b, cells):+.4f}, {upper(k_a, cells):+.4f}; k_a {k_a}, k_b {k_b}]" in line
+    assert f"(min {min(1.0, 2 / 2 ** (k_a + k_b)):.2g})" in line
   assert (tmp_path / "out" / "depth_sweep.png").exists()
   sweep.main(common + ["--out", str(tmp_path / "again")])
   assert len(trained) == 30 + 6 * n  # nothing trained twice
+  tuned = tmp_path / "w" / "tune/d6/pre/lr0.001/wu10/seed100" / "done.json"
+  kept = json.loads(tuned.read_text())
+  digest = kept["config_digest"]
+  tuned.write_text(json.dumps(dict(kept, config_digest="0ther")))
+  with pytest.raises(SystemExit, match=rf"^tune/d6/pre/lr0.001/wu10/seed100 \(.*\): trained with config_digest 0ther, "
+                                       rf"the current code's is {digest};"):
+    sweep.main(common + ["--out", str(tmp_path / "stale")])
+  sweep.main(common + ["--report-only", "--out", str(tmp_path / "stale_report")])  # a report only: a warning
+  tuned.write_text(json.dumps(kept))
+  stale = dict(fixed, runs=[dict(r, config_digest="0ther") if r["phase"] == "pilot" else r for r in fixed["runs"]])
+  with open(pilot, "w") as f:
+    json.dump(stale, f)
+  with pytest.raises(SystemExit, match=r"^pilot/d6/pre/.*\(.*pilot.json\): trained with config_digest 0ther"):
+    sweep.main(common + ["--out", str(tmp_path / "stale_pilot")])
+  with open(pilot, "w") as f:
+    json.dump(fixed, f)
+  assert len(trained) == 30 + 6 * n
   with pytest.raises(SystemExit, match="made for"):  # another grid: refused before anything trains
     sweep.main(common[:-5] + ["1e-3,1e-1", "--warmups", "10", "--pilot", pilot, "--out", str(tmp_path / "g")])
   fixed["best"]["pre@6"]["lr"] = 1.0

@@ -142,6 +142,25 @@ def test_both_stages_with_recorded_runs(tmp_path, monkeypatch):
   assert f"paired sd of pass1_validation ({payload['power']['sd_used']:.4f})" in report
   rl_comparison.main(exp, common + ["--out", str(tmp_path / "again")])
   assert len(trained) == 14 + 3 * n  # nothing trained twice
+  assert payload["design"]["stages"] == rl_comparison.STAGES and rl_comparison.STAGES.startswith("(`--stage`)")
+  assert "  main:" in rl_comparison.STAGES and rl_comparison.STAGES.endswith("Holm-adjusted over the report.")
+  for name in ("sft/seed100", "tune/clipo/lr0.0001/seed100"):  # the tuning runs the main stage only reads
+    done = tmp_path / "w" / name / "done.json"
+    kept = json.loads(done.read_text())
+    done.write_text(json.dumps(dict(kept, config_digest="0ther")))
+    with pytest.raises(SystemExit, match=rf"^{name} \(.*\): trained with config_digest 0ther, the current code's is "
+                                         rf"{kept['config_digest']};"):
+      rl_comparison.main(exp, common + ["--out", str(tmp_path / "stale")])
+    rl_comparison.main(exp, common + ["--report-only", "--out", str(tmp_path / name.replace("/", "_"))])
+    done.write_text(json.dumps(kept))
+  for key in ("sfts", "runs"):  # the pilot file's runs, read for N
+    with open(pilot, "w") as f:
+      json.dump(dict(fixed, **{key: [dict(r, config_digest="0ther") for r in fixed[key]]}), f)
+    with pytest.raises(SystemExit, match=r"\(.*pilot.json\): trained with config_digest 0ther"):
+      rl_comparison.main(exp, common + ["--out", str(tmp_path / "stale_pilot")])
+  with open(pilot, "w") as f:
+    json.dump(fixed, f)
+  assert len(trained) == 14 + 3 * n
   with pytest.raises(SystemExit, match="tuned over --lrs"):  # another grid: refused before anything trains
     rl_comparison.main(exp, common[:-3] + ["1e-5,3e-4", "--pilot", pilot, "--out", str(tmp_path / "grid")])
   with pytest.raises(SystemExit, match="runs finished"):  # another workdir: its tuning runs are not trained

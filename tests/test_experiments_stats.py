@@ -1,6 +1,7 @@
 """experiments/toolkit/stats against scipy on fixed data: the Student t interval and the paired / one-sample t test,
-the exact sign-flip p (scipy's permutation test over the 2^n within-pair swaps, and a float64 brute force), the
-Monte Carlo sign-flip p beyond the exact range, Holm's adjustment on a hand-computed family, the bootstrap interval
+the exact sign-flip p (scipy's permutation test over the 2^n within-pair swaps, and a float64 brute force), exact
+at any n for 0/1 differences (scipy's binomtest: the McNemar test) and beyond 16 pairs with zeros, the Monte Carlo
+sign-flip p beyond the exact range, Holm's adjustment on a hand-computed family, the bootstrap interval
 only at n >= 20; the paired t test's power, the n for 80% power and the detectable effect against scipy's
 noncentral t, published sample sizes and a fixed-seed Monte Carlo; that every committed results file states n,
 the interval method and the multiplicity correction, with t intervals that follow from its own mean, std and n;
@@ -80,6 +81,37 @@ def test_sign_flip_p_beyond_the_exact_range_is_a_fixed_seed_monte_carlo():
   assert 0.001 < exact < 0.5
   assert p == pytest.approx(exact, abs=5 * math.sqrt(exact * (1 - exact) / stats.SIGN_FLIP_SAMPLES))
   assert not stats.paired(d, np.zeros(20))["sign_flip_exact"]
+  assert stats.paired(d, np.zeros(20))["sign_flip_method"] == "monte carlo"
+
+
+@pytest.mark.parametrize("n, k_a, k_b", [(20, 0, 0), (20, 0, 9), (20, 3, 1), (20, 10, 0), (20, 7, 6), (40, 12, 3),
+                                         (6, 4, 1)])
+def test_sign_flip_p_of_0_1_differences_is_the_exact_mcnemar_test_at_any_n(n, k_a, k_b):
+  """Paired 0/1 outcomes (depth_sweep's 20 tuning cells): the binomial p on the k_a + k_b discordant pairs, exact
+  beyond SIGN_FLIP_EXACT_MAX_N, against scipy's binomtest and (n <= 20) the brute-force enumeration."""
+  rng = np.random.default_rng(n + k_a + k_b)
+  concordant = rng.integers(0, 2, size=n - k_a - k_b).astype(np.float64)
+  a = np.concatenate([np.ones(k_a), np.zeros(k_b), concordant])
+  b = np.concatenate([np.zeros(k_a), np.ones(k_b), concordant])
+  order = rng.permutation(n)
+  s = stats.paired(a[order], b[order])
+  m = k_a + k_b
+  mcnemar = scipy_stats.binomtest(k_a, m, 0.5).pvalue if m else 1.0
+  assert s["p_sign_flip"] == pytest.approx(mcnemar, rel=1e-12, abs=1e-15)
+  if n <= 20:
+    assert s["p_sign_flip"] == pytest.approx(brute_force_sign_flip_p(a - b), abs=1e-15)
+  assert s["sign_flip_exact"] and s["sign_flip_method"] == "binomial"
+  assert s["min_p_sign_flip"] == pytest.approx(min(1.0, 2 / 2 ** m))  # only discordant pairs count, not 2 / 2^n
+
+
+def test_sign_flip_p_enumerates_the_nonzero_differences_exactly_beyond_16_pairs():
+  d = np.random.default_rng(4).normal(size=20) + 0.3
+  d[::3] = 0.0  # 7 zeros: 13 nonzero differences of unequal size
+  s = stats.paired(d, np.zeros(20))
+  assert s["sign_flip_method"] == "enumeration" and s["sign_flip_exact"]
+  assert s["p_sign_flip"] == pytest.approx(brute_force_sign_flip_p(d), abs=1e-15)
+  assert s["min_p_sign_flip"] == pytest.approx(2 / 2 ** 13)
+  assert "McNemar" in stats.statistics([s])["sign_flip"]
 
 
 def test_bootstrap_interval_only_beside_the_t_interval_from_n_20():

@@ -259,6 +259,45 @@ def test_report_only_reports_runs_whose_config_digest_alone_changed(tmp_path, ca
                                {"sets": {"a": 1}, "config_digest": "new"})
 
 
+def test_strict_refuses_finished_runs_and_pilot_rows_of_another_config_digest(tmp_path):
+  """A stage that reads runs and then trains others (a main stage): a run of another digest stops it, even where
+  `report_only` would only warn, before anything trains; the message names the run and both digests."""
+  from experiments.toolkit import runner
+
+  directory = tmp_path / "x1"
+  directory.mkdir()
+  (directory / runner.DONE_FILE).write_text('{"name": "x1", "sets": {}, "config_digest": "old", "square": 1}')
+  same = {"sets": {}, "config_digest": "new"}
+  for report_only in (True, False):
+    with pytest.raises(SystemExit, match=r"^x1 \(.*\): trained with config_digest old, the current code's is new; "):
+      runner.finished_or_trained([dict(name="x1"), dict(name="x2", x=2)], square_or_fail, str(tmp_path), 1,
+                                 report_only, same, strict=True)
+  assert not (tmp_path / "x2").exists()  # refused before training
+  (directory / runner.DONE_FILE).write_text('{"name": "x1", "sets": {}, "config_digest": "new", "square": 1}')
+  assert [s["square"] for s in runner.finished_or_trained([dict(name="x1")], square_or_fail, str(tmp_path), 1, True,
+                                                          same, strict=True)] == [1]
+  rows = [dict(name="tune/a", config_digest="new"), dict(name="pilot/b", config_digest="old")]
+  with pytest.raises(SystemExit, match=r"^pilot/b \(p.json\): trained with config_digest old, the current code's is "
+                                       "new"):
+    runner.refuse_other_digests(rows, same, "p.json")
+  with pytest.raises(SystemExit, match="config_digest None"):  # a row that does not record it cannot be checked
+    runner.refuse_other_digests([dict(name="c")], same)
+  runner.refuse_other_digests(rows[:1], same)
+
+
+def test_doc_section_needs_its_markers():
+  doc = "Intro.\n\nStages (x):\n  pilot: a\n  main: b\nEvery run: c"
+  assert results.doc_section(doc, "Stages", "Every run") == "(x):\n  pilot: a\n  main: b"
+  with pytest.raises(ValueError, match="'Steps' occurs 0 times"):
+    results.doc_section(doc, "Steps", "Every run")
+  with pytest.raises(ValueError, match="'pilot' occurs 2 times"):
+    results.doc_section(doc + " pilot", "pilot", "main")
+  with pytest.raises(ValueError, match="'--smoke' does not follow 'Stages'"):
+    results.doc_section(doc, "Stages", "--smoke")
+  with pytest.raises(ValueError, match="occurs 0 times"):
+    results.doc_section(None, "Stages", "Every run")  # python -OO: no docstring
+
+
 def test_report_only_results_file_keeps_the_config_that_trained_the_runs(tmp_path):
   path = str(tmp_path / "results.json")
   results.write_json(path, dict(config={"lr": 1}, table=[1]))

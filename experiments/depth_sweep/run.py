@@ -12,14 +12,16 @@ dirs, `--jobs` workers).
 
 Each run's outcome (`outcome`): "diverged" (a non-finite loss, gradient or parameter stopped it, or its final
 validation loss is above ln(vocab), worse than uniform), "stalled" (final validation loss above the unigram loss
-minus MARGIN = 0.1 nats: it learned nothing a context-free token-frequency model does not know; the unigram loss of
-these validation rows is 5.949 (every run records it), and Post-Norm's and HybridNorm's stalled runs of
-`residual_schemes_lm` ended at 5.948-5.952), else "trained".
+minus MARGIN = 0.1 nats: it learned nothing a context-free token-frequency model does not know; the unigram loss is
+recomputed from the corpus and recorded by every run, its done.json's `unigram_loss`, the rule's only source: 5.949
+for these validation rows when this was written, not a committed figure; the stalled Post-Norm and HybridNorm runs of
+`residual_schemes_lm` ended at 5.948-5.952, its results/results.json), else "trained".
 
 Stages (`--stage`), each resumable from its per-run files, so a stage can run over several sessions:
   pilot: tuning first: every scheme x depth x lr (LRS) x warm-up (WARMUPS, steps of linear warm-up before the
          cosine decay) x the tuning seeds; each (scheme, depth)'s (lr, warm-up) = argmin of the mean final
-         *validation* loss (a non-finite one counts as +inf), flagged where it sits at a grid edge. Warm-up is
+         *validation* loss (a non-finite one counts as +inf), flagged where it sits at the edge of an axis of 3 or
+         more values (lr; warm-up only if given 3 or more: of 2 values, either is an edge). Warm-up is
          tuned jointly with lr for every scheme (issue 31 item 4: a 10-step warm-up at every lr stalled Post-Norm
          and HybridNorm from lr 1e-2 up). Then PILOT_SEEDS at each (scheme, depth)'s tuned (lr, warm-up); the
          paired sd over pilot seeds of the final validation loss (never test: N is a calibration) of
@@ -31,14 +33,18 @@ Stages (`--stage`), each resumable from its per-run files, so a stage can run ov
          settings, the tuning table and every run to `--pilot` (default `pilot.json` here, committed before any
          main run) and its per-run files to `pilot_runs/`.
   main:  N and the tuned (lr, warm-up) read from pilot.json (the tuning runs are read again, never retrained, and
-         must give the same choice). Seeds 0 .. N-1 of every (scheme, depth) at its tuned setting. Reported:
+         must give the same choice; they and the pilot file's runs must carry the current code's config_digest,
+         `runner.refuse_other_digests`, or the stage stops before training: the final runs are trained with it).
+         Seeds 0 .. N-1 of every (scheme, depth) at its tuned setting. Reported:
          - loss: final *test* loss (held-out rows after the validation rows), paired by seed, each scheme - pre at
            each depth; and the depth trend, (scheme - pre) at the deepest minus at the shallowest depth, per seed;
            a seed where either run diverged drops out of that pair (the count is reported);
          - stability: the share of the tuning grid (lr x warm-up x tuning seed) that trains, per scheme and depth,
            with the diverged and stalled counts, and paired by grid cell (the same lr, warm-up and seed) at each
            depth: trained(siamese_post_pre) - trained(pre) and - trained(post) (the sign-flip p of a 0/1
-           difference is the exact McNemar test on the discordant cells);
+           difference is the exact McNemar test on the m discordant cells, exact at any number of cells
+           (`stats.sign_flip_p`'s binomial case), its smallest attainable value 2 / 2^m; shown with the
+           Clopper-Pearson bounds its verdict uses);
          - gradient norm by depth: the largest and the last logged global gradient norm (before clipping; each
            logged value is the mean over its log_every = 10 steps) of the main runs, and the init probe's gradient
            reaching the first over the last block;
@@ -48,8 +54,10 @@ Stages (`--stage`), each resumable from its per-run files, so a stage can run ov
 `--smoke`: both stages on a tiny model (2 depths, 2 lrs, 1 warm-up, 2 pilot seeds, N = 2), a pipeline check with
 no numbers. `--stage timing` measures the CPU time of one run per (scheme, depth) (below).
 
-Sizing (measured with `--stage timing --methods pre --depths 6,12,24,48` and `--stage timing --depths 24`, the code
-of 396022c before its fresh-directory fix (the second command's pre run resumed the first's directory and is left
+Sizing: **measured once by `--stage timing` at 396022c on a loaded machine, not committed; rerun before relying on
+them** (the rerun's `timing.json` goes to `experiments/depth_sweep/timing/`, the first command below, to be committed
+with the pilot). Measured with `--stage timing --methods pre --depths 6,12,24,48` and `--stage timing --depths 24`, the
+code of 396022c before its fresh-directory fix (the second command's pre run resumed the first's directory and is left
 out), on this 2-core machine while other jobs held both cores: the CPU seconds of one single-threaded process, as a
 --jobs 2 grid worker runs, with no compilation cache, at 10 and 50 steps, extrapolated linearly to 200; contention
 slows the wall time, much less the CPU time). One 200-step run, CPU s (of which fixed: compile, probes,
@@ -68,7 +76,7 @@ deeper sweep because the stability claims are paired by tuning cell: with 10 cel
 strictest level over the report's 22 comparisons (0.05 / 22) only when all 10 cells disagree in one direction, and
 no exact bound can show non-inferiority within 0.2 (the Clopper-Pearson end for 0 of 10 cells is 0.31; of 20, 0.17).
 
-  python experiments/depth_sweep/run.py --stage timing --workdir /tmp/depth_timing --out /tmp/depth_timing/out
+  python experiments/depth_sweep/run.py --stage timing --workdir /tmp/depth_timing --out experiments/depth_sweep/timing
   python experiments/depth_sweep/run.py --stage pilot [--workdir /tmp/depth_sweep] [--jobs 2]
   python experiments/depth_sweep/run.py --stage main --out experiments/depth_sweep/results
   python experiments/depth_sweep/run.py --smoke --workdir /tmp/depth_smoke --jobs 1
@@ -104,11 +112,13 @@ MIN_SEEDS, MAX_SEEDS = 5, 8
 TARGET = power_lib.LM_NATS  # nats of loss: the smallest SiameseNorm - Pre-Norm difference this means to detect
 TARGET_TRAINED = 0.2  # share of the tuning grid: the smallest difference in the share that trains to detect
 MARGIN = 0.1
+EDGE_MIN_VALUES = 3  # a tuned value is flagged at its grid's edge only on an axis of this many values or more
 SMOKE = {"steps": 4, "log_every": 2, "eval_every": 2, "checkpoint_every": 4, "model.d_model": 16,
          "model.num_heads": 2, "model.num_kv_heads": 2, "model.mlp_dim": 32, "data.max_corpus_bytes": 300_000,
          "data.eval_batches": 2}
 SMOKE_GRID = dict(depths=(1, 2), lrs=(1e-2, 1e-1), warmups=(1,), tune_seeds=(100,), pilot_seeds=(200, 201), n=2)
 CORPUS = os.path.normpath(os.path.join(REPO_ROOT, "..", "shared", "data", "tinyshakespeare"))
+STAGES = results.doc_section(__doc__, "Stages", "`--smoke`")  # results.json's design.stages, checked at import
 
 
 # ---------------------------------------------------------------------------------------------------------- runs
@@ -154,7 +164,7 @@ def outcome(run: dict) -> str:
 
 
 COMPACT = ("name", "phase", "scheme", "num_layers", "lr", "warmup_steps", "seed", "validation_loss", "unigram_loss",
-           "vocab_size", "grad_norm_max", "grad_norm_last", "nonfinite_step", "wall_s")
+           "vocab_size", "grad_norm_max", "grad_norm_last", "nonfinite_step", "wall_s", "config_digest")
 
 
 def compact(run: dict) -> dict:
@@ -167,9 +177,15 @@ def finite_or_inf(value) -> float:
   return value if value is not None and math.isfinite(value) else math.inf
 
 
+def at_edge(value, grid) -> bool:
+  """Whether `value` is the smallest or largest of `grid`, an axis of EDGE_MIN_VALUES or more values (with two,
+  every choice is an end: no optimum could be seen inside it, so nothing is flagged)."""
+  return len(set(grid)) >= EDGE_MIN_VALUES and value in (min(grid), max(grid))
+
+
 def select(tuning: list[dict], schemes, depths, lrs, warmups) -> tuple[dict, list[dict]]:
   """({"scheme@depth": {"lr", "warmup_steps", "lr_at_edge", "warmup_at_edge"}} with the lowest mean final
-  validation loss over the tuning seeds (a non-finite loss counts as +inf), the tuning table)."""
+  validation loss over the tuning seeds (a non-finite loss counts as +inf), the tuning table; `at_edge` flags."""
   table, best = [], {}
   for depth in depths:
     for scheme in schemes:
@@ -187,10 +203,9 @@ def select(tuning: list[dict], schemes, depths, lrs, warmups) -> tuple[dict, lis
       chosen = min(rows, key=lambda r: (r["validation_loss"], r["lr"], r["warmup_steps"]))
       for r in rows:
         r["chosen"] = r is chosen
-      best[key_of(scheme, depth)] = dict(
-          lr=chosen["lr"], warmup_steps=chosen["warmup_steps"],
-          lr_at_edge=len(lrs) > 1 and chosen["lr"] in (min(lrs), max(lrs)),
-          warmup_at_edge=len(warmups) > 1 and chosen["warmup_steps"] in (min(warmups), max(warmups)))
+      best[key_of(scheme, depth)] = dict(lr=chosen["lr"], warmup_steps=chosen["warmup_steps"],
+                                         lr_at_edge=at_edge(chosen["lr"], lrs),
+                                         warmup_at_edge=at_edge(chosen["warmup_steps"], warmups))
       table += rows
   return best, table
 
@@ -291,7 +306,8 @@ def verdict(c: dict, sign: int, effect: float, how: str) -> str:
   """A claim's verdict. Loss and trend (paired by seed): experiments/power.py's rule (t interval, Holm p_t).
   Trained (0/1 by cell; a t interval of 0/1 differences is degenerate when every cell agrees): with k_a cells where
   only A trains and k_b where only B does (d = (k_a - k_b) / n), the Holm-adjusted sign-flip p (the exact McNemar
-  test) and exact bounds: d <= k_a / n <= U(k_a) and d >= -k_b / n >= -U(k_b), U the Clopper-Pearson upper end.
+  test on the k_a + k_b discordant cells, exact at any n) and exact bounds: d <= k_a / n <= U(k_a) and
+  d >= -k_b / n >= -U(k_b), U the Clopper-Pearson upper end.
   Superiority (A trains on more): 'supports' where Holm sign-flip p < 0.05 and k_a > k_b, 'contradicts' where it is
   < 0.05 and k_b > k_a, 'contradicts a difference of the target's size' where U(k_a) < `effect`. Non-inferiority
   (A trains on at most `effect` less): 'supports' where U(k_b) < `effect`, 'contradicts' where Holm sign-flip p
@@ -318,14 +334,18 @@ def verdict(c: dict, sign: int, effect: float, how: str) -> str:
 def claims(comps: list[dict]) -> list[dict]:
   """One row per CLAIMS entry and depth (trend: once) with its comparison, verdict and the n that 80% power needs
   (the paired t test from the observed sd; for the trained share a normal approximation, in tuning cells, only
-  where the sd is not 0)."""
+  where the sd is not 0); a trained row adds the discordant counts k_a, k_b (`a_only`, `b_only`) and the bounds its
+  verdict reads, `exact_bounds` = [-U(k_b), +U(k_a)] (`share_upper_bound`)."""
   rows = []
   for text, (kind, a, b), sign, effect, how in CLAIMS:
     for c in (c for c in comps if (c["kind"], c["a"], c["b"]) == (kind, a, b)):
       needed = stats.paired_n_for_power(c["std_diff"], sign * effect) if c["std_diff"] > 0 else math.inf
+      exact = {} if kind != "trained" else dict(
+          a_only=c["a_only"], b_only=c["b_only"], min_p_sign_flip=c["min_p_sign_flip"],
+          exact_bounds=[-share_upper_bound(c["b_only"], c["n"]), share_upper_bound(c["a_only"], c["n"])])
       rows.append(dict(claim=text.format(d=c["num_layers"], s=c.get("shallow_layers"), t=effect), kind=kind, a=a,
                        b=b, metric=c["metric"], num_layers=c["num_layers"], target_effect=sign * effect, test=how,
-                       mean_diff=c["mean_diff"], ci95=c["ci95"], p_t_holm=c["p_t_holm"],
+                       mean_diff=c["mean_diff"], ci95=c["ci95"], **exact, p_t_holm=c["p_t_holm"],
                        p_sign_flip_holm=c["p_sign_flip_holm"], n=c["n"], verdict=verdict(c, sign, effect, how),
                        n_for_80_power=needed if math.isfinite(needed) else None,
                        unit="seeds" if kind != "trained" else "tuning cells"))
@@ -429,15 +449,24 @@ def markdown(payload: dict) -> str:
             f"needed {p['n_for_80_power']} from the pilot's sd {p['sd_used']:.4f}" +
             ("; capped by the CPU budget, so the loss claims cannot resolve that effect at this scale" if
              p["cap_binds"] else "") + ").", "",
-            "Holm p: of the paired t test (loss, trend); of the exact sign-flip (McNemar) test (trained). The "
-            "trained claims' exact (Clopper-Pearson) bounds are per claim at 95%, not multiplicity-adjusted "
-            "(`verdict`).", "",
-            "| claim | mean [95% t] | Holm p | n | target | verdict | n for 80% |", "|---|---|---:|---:|---:|---|---:|"]
+            "Holm p: of the paired t test (loss, trend); of the exact sign-flip (McNemar) test on the k_a + k_b "
+            "discordant cells (trained; k_a cells where only A trains, k_b where only B does; 'min': the smallest "
+            "p those cells can reach). The interval: loss and trend, the 95% Student t interval of the mean; "
+            "trained, the exact bounds the verdict reads, [-U(k_b), +U(k_a)], U the two-sided 95% Clopper-Pearson "
+            "upper end of k of n cells, per claim, not multiplicity-adjusted (`verdict`).", "",
+            "| claim | mean [interval] | Holm p | n | target | verdict | n for 80% |",
+            "|---|---|---:|---:|---:|---|---:|"]
   for c in payload["claims"]:
     n80 = c["n_for_80_power"] if c["verdict"].startswith("cannot") and c["n_for_80_power"] else "—"
-    p_holm = c["p_t_holm"] if c["kind"] != "trained" else c["p_sign_flip_holm"]
-    lines.append(f"| {c['claim']} | {c['mean_diff']:+.4f} [{c['ci95'][0]:+.4f}, {c['ci95'][1]:+.4f}] | "
-                 f"{p_holm:.2g} | {c['n']} {c['unit']} | {c['target_effect']:+g} | {c['verdict']} | {n80} |")
+    if c["kind"] != "trained":
+      value, p_holm = f"{c['mean_diff']:+.4f} [t 95%: {c['ci95'][0]:+.4f}, {c['ci95'][1]:+.4f}]", f"{c['p_t_holm']:.2g}"
+    else:
+      low, high = c["exact_bounds"]
+      value = (f"{c['mean_diff']:+.4f} [-U(k_b), +U(k_a): {low:+.4f}, {high:+.4f}; k_a {c['a_only']}, "
+               f"k_b {c['b_only']}]")
+      p_holm = f"{c['p_sign_flip_holm']:.2g} (min {c['min_p_sign_flip']:.2g})"
+    lines.append(f"| {c['claim']} | {value} | {p_holm} | {c['n']} {c['unit']} | {c['target_effect']:+g} | "
+                 f"{c['verdict']} | {n80} |")
   return "\n".join(lines)
 
 
@@ -573,19 +602,23 @@ def main(argv=None) -> None:
     print(json.dumps({k: v for k, v in measured.items() if k != "runs"}, indent=1))
     return
 
-  def train(runs, report_only=args.report_only):
+  def train(runs, report_only=args.report_only, strict=False):
     return runner.finished_or_trained(runs, lm_comparison.train_one, workdir, args.jobs, report_only, same,
                                       lambda s: f"{outcome(s)} val {s['validation_loss']:.4f}",
-                                      before_training=lambda: lm_comparison.prepare_corpus(workdir, common))
+                                      before_training=lambda: lm_comparison.prepare_corpus(workdir, common),
+                                      strict=strict)
 
   main_stage = args.stage == "main" and not args.smoke
+  strict = main_stage and not args.report_only  # it trains the final runs after reading the pilot's: one config
   if main_stage:  # the pilot's file first: the main stage trains nothing before it is read and matches
     fixed = results.read_pilot(args.pilot, "tunes lr and warm-up and fixes N")
     grid_now = dict(schemes=schemes, depths=depths, lrs=lrs, warmups=warmups, tune_seeds=tune_seeds)
     if {k: fixed[k] for k in grid_now} != grid_now:
       raise SystemExit(f"{args.pilot}: made for { {k: fixed[k] for k in grid_now} }, not {grid_now}")
+    if strict:
+      runner.refuse_other_digests(fixed["runs"], same, args.pilot)
   tuning = train(tune_runs(schemes, depths, lrs, warmups, tune_seeds, common),
-                 report_only=args.report_only or main_stage)
+                 report_only=args.report_only or main_stage, strict=strict)
   require_finished("tuning", tuning, len(schemes) * len(depths) * len(lrs) * len(warmups) * len(tune_seeds),
                    f" in {workdir}; run --stage pilot (again: it resumes)")
   best, tuning_table = select(tuning, schemes, depths, lrs, warmups)
@@ -620,7 +653,7 @@ def main(argv=None) -> None:
   final = train(seed_runs("final", best, seeds, common))
   comps = comparisons(final, tuning, plan)
   payload = dict(
-      design=dict(stages=__doc__.split("Stages")[1].split("`--smoke`")[0].strip(), margin=MARGIN,
+      design=dict(stages=STAGES, margin=MARGIN,
                   summary="mean ± sample std (n)"),
       schemes=schemes, depths=depths, lrs=lrs, warmups=warmups, tune_seeds=tune_seeds, reported_seeds=seeds,
       sets=common["sets"], best=best, tuning=tuning_table, stability=stability_table(tuning, schemes, depths),

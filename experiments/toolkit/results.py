@@ -50,6 +50,19 @@ def read_pilot(path: str, what: str) -> dict:
     return json.load(f)
 
 
+def doc_section(doc: str | None, start: str, end: str) -> str:
+  """The text of `doc` between its one `start` marker and the first `end` after it, stripped (a results file's
+  `design.stages`, cut from its run.py docstring); a ValueError naming the marker where `start` is not there exactly
+  once or `end` does not follow it, so an edited docstring cannot cut the wrong text silently."""
+  found = (doc or "").count(start)
+  if found != 1:
+    raise ValueError(f"doc_section: the marker {start!r} occurs {found} times in the docstring, not once")
+  rest = doc.split(start)[1]
+  if end not in rest:
+    raise ValueError(f"doc_section: the marker {end!r} does not follow {start!r} in the docstring")
+  return rest.split(end)[0].strip()
+
+
 def read_metrics(directory: str) -> list[dict]:
   """The rows of `directory/metrics.jsonl` ([] if absent)."""
   path = os.path.join(directory, "metrics.jsonl")

@@ -13,11 +13,12 @@ again, so a stage can be continued over several sessions):
          paired t, alpha 0.05; `stats.paired_n_for_power`) from the largest sd; written with the tuned lrs to the
          experiment's `pilot.json` (committed before any main run) with the command, the code and every run.
   main:  N and the tuned lrs read from pilot.json (the main runs never change them; the tuning runs are read
-         again for the report and must give the same lrs). Final: seeds 0 .. N-1; seed k's SFT is trained with
-         seed k and every method's seed-k run starts from it, so (method - baseline) and (method - SFT) are paired
-         by seed and carry the SFT's own seed variance. Reported per held-out set (validation, test): greedy
-         accuracy and sampled pass@1; the paired differences with the 95% t interval, paired t, exact sign-flip p,
-         Holm-adjusted over the report.
+         again for the report and must give the same lrs; they and the pilot file's runs must carry the current
+         code's config_digest, `runner.refuse_other_digests`, or the stage stops before training). Final: seeds
+         0 .. N-1; seed k's SFT is trained with seed k and every method's seed-k run starts from it, so (method -
+         baseline) and (method - SFT) are paired by seed and carry the SFT's own seed variance. Reported per
+         held-out set (validation, test): greedy accuracy and sampled pass@1; the paired differences with the 95% t
+         interval, paired t, sign-flip p, Holm-adjusted over the report.
 Every run's GRPO config is the set-up's `grpo()` + the method's settings (`methods`) + --set; the SFT's `sft()` +
 --sft-set. `--smoke` runs both stages on a tiny model for a few steps (a check that the pipeline runs; no numbers).
 """
@@ -37,6 +38,7 @@ PILOT_SEEDS = (200, 201, 202)
 MIN_SEEDS = 5
 SETS = ("validation", "test")
 KINDS = ("pass1", "accuracy")
+STAGES = results.doc_section(__doc__, "Stages", "Every run")  # results.json's design.stages, checked at import
 PRIMARY = "pass1_validation"  # the pilot's outcome (validation: N is a calibration); the report's is pass1_test
 SMOKE_SFT = {"steps": 20, "eval_every": 20, "checkpoint_every": 20, "model.d_model": 32, "model.num_layers": 1,
              "model.num_heads": 2, "model.num_kv_heads": 2, "model.mlp_dim": 64, "task.train_size": 400,
@@ -308,8 +310,8 @@ def main(exp: Experiment, argv=None) -> None:
     grpo_config(exp, dict(probe, method=m))
   overrides = {k: common[k] for k in ("smoke", "sets", "sft_sets", "config_digest")}
 
-  def grid(runs, train: Callable, report_only: bool = args.report_only) -> list[dict]:
-    return runner.finished_or_trained(runs, train, workdir, args.jobs, report_only, overrides)
+  def grid(runs, train: Callable, report_only: bool = args.report_only, strict: bool = False) -> list[dict]:
+    return runner.finished_or_trained(runs, train, workdir, args.jobs, report_only, overrides, strict=strict)
 
   pilot_seeds = PILOT_SEEDS[:2] if args.smoke else flags.split_list(args.pilot_seeds, int, flag="--pilot-seeds")
   if len(pilot_seeds) < 2 or min(pilot_seeds) < exp.max_seeds or TUNE_SEED in pilot_seeds:
@@ -321,9 +323,12 @@ def main(exp: Experiment, argv=None) -> None:
       raise SystemExit(f"{args.pilot}: tuned over --lrs {fixed['lrs']} for the methods {list(fixed['best_lr'])}, "
                        f"not {lrs} for {methods}")
   read_only = args.report_only or main_stage  # the main stage reads the pilot stage's tuning runs
-  tune_sft = grid(sft_runs([TUNE_SEED], common), train_sft, report_only=read_only)
+  strict = main_stage and not args.report_only  # then trains the final runs: all under the current config
+  if strict:
+    runner.refuse_other_digests(fixed["sfts"] + fixed["runs"], overrides, args.pilot)
+  tune_sft = grid(sft_runs([TUNE_SEED], common), train_sft, report_only=read_only, strict=strict)
   tuning = grid(grpo_runs("tune", methods, {m: lrs for m in methods}, [TUNE_SEED], common, workdir), train_grpo,
-                report_only=read_only)
+                report_only=read_only, strict=strict)
   require_finished("tuning", tune_sft + tuning, 1 + len(methods) * len(lrs),
                    f" in {workdir}; run --stage pilot (again: it resumes)")
   best, tuning_table = select(exp, tuning, methods, lrs)
@@ -363,7 +368,7 @@ def main(exp: Experiment, argv=None) -> None:
                          workdir), train_grpo)
   comps = stats.holm_adjust(comparisons(exp, final, sfts, methods))
   payload = dict(
-      design=dict(stages=__doc__.split("Stages")[1].split("Every run")[0].strip(), tuning_seed=TUNE_SEED,
+      design=dict(stages=STAGES, tuning_seed=TUNE_SEED,
                   reported_seeds=seeds, summary="mean ± sample std (n)"),
       methods=methods, settings={m: exp.methods[m] for m in methods}, sets=common["sets"],
       sft_sets=common["sft_sets"], lrs=lrs, best_lr=best, tuning=tuning_table, power=estimate,

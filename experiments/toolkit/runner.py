@@ -145,16 +145,34 @@ def run_grid(runs: list[dict], train_one: Callable[[dict, str], dict], workdir: 
   return [load_done(workdir, r) for r in runs]
 
 
+def refuse_other_digests(summaries: list[dict], overrides: dict, where: str = "") -> None:
+  """Stops the program at the first of `summaries` (finished runs' done.json, or the run rows a pilot file
+  records) whose digests (the `*_digest` keys of `overrides`, e.g. `config_digest`) are not the current code's:
+  a stage that trains after reading runs it does not train would otherwise mix two configs in one result (N, the
+  tuned settings and the claims from one, the runs it trains from the other). One line naming the run (`where`:
+  the file it was read from) and both digests."""
+  keys = [k for k in overrides if k.endswith("_digest")]
+  for summary in summaries:
+    differ = [k for k in keys if summary.get(k) != overrides[k]]
+    if differ:
+      raise SystemExit(f"{summary.get('name', '?')}{f' ({where})' if where else ''}: trained with " + ", ".join(
+          f"{k} {summary.get(k)}, the current code's is {overrides[k]}" for k in differ) +
+          "; a stage must not mix configs: run it with the code that trained it, or retrain in another --workdir")
+
+
 def finished_or_trained(runs: list[dict], train_one: Callable[[dict, str], dict], workdir: str, jobs: int,
                         report_only: bool, overrides: dict, describe: Callable[[dict], str] = lambda s: "",
-                        before_training: Callable[[], None] = lambda: None) -> list[dict]:
+                        before_training: Callable[[], None] = lambda: None, strict: bool = False) -> list[dict]:
   """The finished runs' done.json, after training the unfinished ones unless `report_only` (`before_training` is
   called first, when there is something to train). `overrides` ({key: value} every run dict carries, e.g. the
   --set values): a finished run made with other values would be mixed in silently, so it stops the program.
   With `report_only` nothing is trained, so a finished run where only digests (`config_digest`, a classifier's
   `classifier_digest`: the code's default config changed since it trained) differ is reported with a warning
-  naming the digests instead."""
+  naming the digests instead, unless `strict` (a stage that reads these runs and then trains others, e.g. a main
+  stage reading its pilot stage's tuning runs): then `refuse_other_digests` stops it."""
   existing = [load_done(workdir, r) for r in runs]
+  if strict:
+    refuse_other_digests([s for s in existing if s is not None], overrides, workdir)
   stale: dict[tuple, int] = {}
   for summary in existing:
     if summary is None:

@@ -8,10 +8,13 @@
   - the paired t statistic t = mean(d) / (std(d) / sqrt(n)) with its two-sided p from Student's t with n - 1
     degrees of freedom (`p_t`);
   - the two-sided sign-flip (permutation) p, the share of the 2^n sign patterns s whose |mean(s * d)| >= |mean(d)|,
-    which assumes only that d is symmetric about 0 under the null (`p_sign_flip`): exact enumeration of all 2^n
-    patterns up to n = SIGN_FLIP_EXACT_MAX_N, beyond that a Monte Carlo estimate from SIGN_FLIP_SAMPLES random
-    patterns with a fixed seed (`sign_flip_exact` says which); its smallest possible value 2 / 2^n (so 3 seeds can
-    never give p < 0.25);
+    which assumes only that d is symmetric about 0 under the null (`p_sign_flip`). A zero d_i flips to itself, so
+    only the m nonzero differences count: where they share one magnitude (0/1 outcomes paired, d in {-1, 0, 1}:
+    k_a of +1, k_b of -1) the share is exactly the two-sided binomial p, P(|2X - m| >= |k_a - k_b|) with
+    X ~ Binomial(m, 1/2) (the exact McNemar test), at any n; otherwise exact enumeration of the 2^m patterns up to
+    m = SIGN_FLIP_EXACT_MAX_N, beyond that a Monte Carlo estimate from SIGN_FLIP_SAMPLES random patterns with a
+    fixed seed (`sign_flip_method` says which, `sign_flip_exact` whether it is exact); its smallest possible value
+    2 / 2^m (`min_p_sign_flip`; so 3 seeds can never give p < 0.25);
   - only at n >= BOOTSTRAP_MIN_N, beside them, a 95% percentile bootstrap interval of mean(d) (`bootstrap_ci95`;
     10,000 resamples of the n pairs, fixed seed). Below that it is too narrow (it ignores the t quantile and
     the sd's own uncertainty) and is not reported at all.
@@ -37,6 +40,7 @@ BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_MIN_N = 20  # the percentile bootstrap interval is reported (beside the t interval) only from here on
 SIGN_FLIP_EXACT_MAX_N = 16  # 65,536 patterns; beyond that a fixed random sample of patterns
 SIGN_FLIP_SAMPLES = 200_000
+SIGN_FLIP_METHODS = ("binomial", "enumeration", "monte carlo")  # `sign_flip_method`; the first two are exact
 INTERVAL_METHOD = ("95% Student t interval of the mean paired difference (n - 1 degrees of freedom); paired t "
                    "test p and two-sided sign-flip p (exact enumeration of the 2^n sign patterns up to n = "
                    f"{SIGN_FLIP_EXACT_MAX_N}, Monte Carlo with {SIGN_FLIP_SAMPLES:,} patterns and a fixed seed "
@@ -61,16 +65,33 @@ def fmt(values: Sequence[float] | dict, digits: int = 3) -> str:
   return f"{s['mean']:.{digits}f} ± {s['std']:.{digits}f} ({s['n']})"
 
 
+def sign_flip_method(d: np.ndarray) -> str:
+  """How `sign_flip_p` computes the p of `d` (SIGN_FLIP_METHODS): 'binomial' where the nonzero differences share one
+  magnitude, 'enumeration' where at most SIGN_FLIP_EXACT_MAX_N are nonzero, else 'monte carlo'."""
+  d = np.asarray(d, np.float64)
+  nonzero = np.abs(d[d != 0.0])
+  if nonzero.size == 0 or np.all(nonzero == nonzero[0]):
+    return "binomial"
+  return "enumeration" if nonzero.size <= SIGN_FLIP_EXACT_MAX_N else "monte carlo"
+
+
 def sign_flip_p(d: np.ndarray) -> float:
-  """Two-sided p of the sign-flip test of mean(d) = 0 (module docstring): exact up to SIGN_FLIP_EXACT_MAX_N."""
+  """Two-sided p of the sign-flip test of mean(d) = 0 (module docstring): exact for one magnitude (binomial) or up to
+  SIGN_FLIP_EXACT_MAX_N nonzero differences, a fixed-seed Monte Carlo estimate beyond."""
   d = np.asarray(d, np.float64)
   n = d.size
   observed = abs(d.mean())
-  if n <= SIGN_FLIP_EXACT_MAX_N:
-    signs = np.array(list(itertools.product((1.0, -1.0), repeat=n)))
+  method = sign_flip_method(d)
+  nonzero = d[d != 0.0]
+  if method == "binomial":  # |sum(s * d)| = c |2X - m|, X the number of + signs among the m nonzero d_i
+    m, excess = nonzero.size, abs(int(np.sum(nonzero > 0)) - int(np.sum(nonzero < 0)))
+    return sum(math.comb(m, x) for x in range(m + 1) if abs(2 * x - m) >= excess) / 2 ** m
+  if method == "enumeration":  # a zero d_i flips to itself: the 2^m patterns of the nonzero ones give the same share
+    signs = np.array(list(itertools.product((1.0, -1.0), repeat=nonzero.size)))
+    means = np.abs(signs @ nonzero) / n
   else:
     signs = np.random.default_rng(0).choice((1.0, -1.0), size=(SIGN_FLIP_SAMPLES, n))
-  means = np.abs(signs @ d) / n
+    means = np.abs(signs @ d) / n
   return float(np.mean(means >= observed - 1e-12 * max(1.0, observed)))
 
 
@@ -120,8 +141,9 @@ def paired(a: Sequence[float], b: Sequence[float]) -> dict:
   out = dict(n=int(d.size), mean_diff=float(d.mean()) if d.size else math.nan,
              std_diff=float(d.std(ddof=1)) if d.size > 1 else math.nan, t=t, p_t=p_t,
              ci95=list(t_interval(d)), ci_method="t",
-             p_sign_flip=sign_flip_p(d) if d.size else math.nan,
-             sign_flip_exact=bool(d.size <= SIGN_FLIP_EXACT_MAX_N), min_p_sign_flip=2.0 / 2 ** d.size,
+             p_sign_flip=sign_flip_p(d) if d.size else math.nan, sign_flip_method=sign_flip_method(d),
+             sign_flip_exact=sign_flip_method(d) != "monte carlo",
+             min_p_sign_flip=min(1.0, 2.0 / 2 ** int(np.count_nonzero(d))),
              wins=int(np.sum(d < 0)), losses=int(np.sum(d > 0)))
   if d.size >= BOOTSTRAP_MIN_N:
     out["bootstrap_ci95"] = list(bootstrap_ci(d))
@@ -222,8 +244,14 @@ def fmt_paired(s: dict, digits: int = 3) -> str:
   return text
 
 
-PAIRED_NOTE = ("mean [95% Student t interval], paired t and its p, exact sign-flip p (Holm-adjusted p beside each, "
-               "over every paired comparison of this report; 'min': the smallest sign-flip p n seeds can reach)")
+PAIRED_NOTE = ("mean [95% Student t interval], paired t and its p, sign-flip p (Holm-adjusted p beside each, over "
+               "every paired comparison of this report; 'min': the smallest sign-flip p the pairs can reach, 2 / 2^m "
+               "for m nonzero differences; exact, except a Monte Carlo estimate beyond "
+               f"{SIGN_FLIP_EXACT_MAX_N} nonzero differences of unequal size)")
+SIGN_FLIP_NOTE = ("sign-flip p over the nonzero paired differences (zeros flip to themselves): the exact binomial p "
+                  "where they share one magnitude (0/1 outcomes: the exact McNemar test on the discordant pairs) at "
+                  f"any n; else exact enumeration up to {SIGN_FLIP_EXACT_MAX_N} of them, Monte Carlo beyond "
+                  "(`sign_flip_method` per comparison)")
 N_NOT_POWERED = ("the reported seeds are the experiment's defaults, set before its final runs; N was not computed "
                  "by a power analysis (issue 31 item 2)")
 
@@ -232,4 +260,4 @@ def statistics(comparisons: list[dict], how_n_fixed: str = N_NOT_POWERED) -> dic
   """The `statistics` entry of a results file: n (per comparison), how N was fixed, the interval method and the
   multiplicity correction over `comparisons` (which `holm_adjust` has adjusted)."""
   return dict(n=sorted({c["n"] for c in comparisons}), n_fixed=how_n_fixed, interval=INTERVAL_METHOD,
-              multiplicity=f"{MULTIPLICITY} ({len(comparisons)} comparisons)")
+              sign_flip=SIGN_FLIP_NOTE, multiplicity=f"{MULTIPLICITY} ({len(comparisons)} comparisons)")
