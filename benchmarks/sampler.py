@@ -27,13 +27,21 @@ of per-round ratios. `tokens_per_sec` = sum of the forced lengths / call seconds
 slot-steps (the engine's `EngineStats`; a static batch steps every row until its longest one ends: HF's call checks
 it stopped there, tunix's while_loop stops when no row is left undone); `peak_mib` / `peak_vs_static`: the compiled
 peak memory of the engine and the static sampler (`benchmarks/realistic.py`). `--model small|tiny` and smaller
-sizes make a short smoke run.
+sizes make a short smoke run. Prefill differs by design: the engine and the static sampler get group_size=G and
+prefill each of the B distinct prompts once for its G rollouts (shared-prompt prefill, which issue 29 asks of
+jaxpt), while HF and tunix, which have no shared-prompt prefill (HF's `num_return_sequences` repeats the prompts
+before its prefill), prefill all B x G rows; so the speed-ups include that saving (the point's `note` says so).
 
 Peers (`benchmarks/sampler_peers.py`, run with --peer-python, a venv with torch 2.13 CPU + transformers and
 google-tunix 0.1.7): HF transformers `generate` and tunix's Sampler with untied (tunix's default) and tied
-embeddings. Each peer is a persistent process fed one `run` command per round; a round times every jaxpt
-variant and every peer once, one after the other, so a load swing reaches all alike, and a speed-up is the median
-over rounds of that round's peer seconds / jaxpt seconds.
+embeddings. Each peer is a persistent process fed one `run` command per round. At every point the peers start
+first, one at a time: each builds, makes its warm-up call (compiles) and, for HF, picks its torch thread count
+before the next starts and before jaxpt compiles anything, so each warm-up and HF's 1-or-2-thread choice run
+beside no other work of the benchmark (a ready peer waits on its stdin). A round then times every jaxpt variant
+and every peer once, one after the other, so a load swing reaches all alike, and a speed-up is the median over
+rounds of that round's peer seconds / jaxpt seconds. `--rounds` gives one count per `--points` entry (default:
+small 5, kv 2, realistic 3); a `--model` other than `issue` is refused where small or kv runs (they and their
+peers build the issue's model).
 
 Floors (same rounds): `read_gb_per_s` is the machine's measured memory read rate (a jitted sum over 256 MiB);
 a decode step must read every weight and the filled part of the KV cache (the mean over steps of prompt + t
@@ -71,6 +79,7 @@ from jaxpt.models.transformer import init_params, param_count
 from jaxpt.rl.sampler import SamplingConfig, make_sampler
 
 POINTS = {"small": (8, 32, 128), "kv": (64, 256, 256)}  # batch, prompt, new tokens
+ROUNDS = {"small": 5, "kv": 2, "realistic": 3}  # default timed rounds per point
 PEERS = ("hf", "tunix_untied", "tunix_tied")
 PEER_SCRIPT = pathlib.Path(__file__).resolve().parent / "sampler_peers.py"
 
@@ -104,6 +113,16 @@ def read_run(mib: int = 256) -> tuple[int, Callable[[], object]]:
   return data.nbytes, lambda: total(data)
 
 
+def ready_peers(argvs: dict[str, list[str]], **kwargs) -> list[Peer]:
+  """Starts the peer `name` on `argvs[name]` (`Peer(name, argv, **kwargs)`) and waits for its ready line, one peer
+  after the other: each warms up (and HF picks its torch threads) while the others only wait on their stdin."""
+  peers = []
+  for name, argv in argvs.items():
+    peers.append(Peer(name, argv, **kwargs))
+    peers[-1].wait_ready()
+  return peers
+
+
 def timed(fn: Callable[[], object]) -> float:
   start = time.perf_counter()
   jax.block_until_ready(fn())
@@ -111,10 +130,11 @@ def timed(fn: Callable[[], object]) -> float:
 
 
 def run_point(name: str, schemes: list[str], dtypes: list[str], rounds: int, peer_python: str) -> dict:
-  """Builds the jaxpt variants and peers of one operating point, times `rounds` alternating rounds, summarises."""
+  """Readies the peers of one operating point one at a time, then builds its jaxpt variants, times `rounds`
+  alternating rounds, summarises."""
   batch, prompt, new = POINTS[name]
-  peers = [Peer(p, [peer_python, str(PEER_SCRIPT), p, str(batch), str(prompt), str(new)]) for p in PEERS
-           if peer_python]
+  peers = ready_peers({p: [peer_python, str(PEER_SCRIPT), p, str(batch), str(prompt), str(new)] for p in PEERS
+                       if peer_python})
   runs, facts = {}, {}
   for scheme in schemes:
     cfg = ModelConfig(norm_scheme=scheme, **MODEL)
@@ -131,8 +151,6 @@ def run_point(name: str, schemes: list[str], dtypes: list[str], rounds: int, pee
   read_bytes, runs[("read", "")] = read_run()
   for fn in runs.values():  # warm-up (first executions), untimed
     jax.block_until_ready(fn())
-  for peer in peers:
-    peer.wait_ready()
   times = {key: [] for key in list(runs) + [(p.name, "call") for p in peers]}
   for r in range(rounds):
     for key, fn in runs.items():
@@ -186,22 +204,22 @@ def write_rows(path: str, cfg: ModelConfig, args, tokens, mask, lengths) -> None
 
 
 def run_realistic(args, rounds: int, peer_python: str) -> dict:
-  """The realistic point (see the module doc): the peers start on the rows' .npz, jaxpt's engine and static
-  sampler compile and run once (untimed), then `rounds` alternating rounds; -> its report."""
+  """The realistic point (see the module doc): the peers start on the rows' .npz one at a time, then jaxpt's
+  engine and static sampler compile and run once (untimed), then `rounds` alternating rounds; -> its report."""
   cfg = ModelConfig(norm_scheme="pre", **realistic.MODELS[args.model])
   tokens, mask, lengths = realistic.realistic_rows(args, cfg.vocab_size)
   with tempfile.TemporaryDirectory() as tmp:
     rows = os.path.join(tmp, "rows.npz")
     write_rows(rows, cfg, args, tokens, mask, lengths)
-    peers = [Peer(p, [peer_python, str(PEER_SCRIPT), p, "--rows", rows], stderr=None) for p in PEERS if peer_python]
+    # each has read the rows and made its checked warm-up call before the next starts and jaxpt compiles
+    peers = ready_peers({p: [peer_python, str(PEER_SCRIPT), p, "--rows", rows] for p in PEERS if peer_python},
+                        stderr=None)
     params = init_params(cfg, jax.random.PRNGKey(0))
     engine, compiled = realistic.jaxpt_systems(cfg, args, params, tokens, mask, lengths)
     calls = iter(range(1, 10 ** 6))
     runs = {name: (lambda fn=fn: fn(params, tokens, mask, jax.random.PRNGKey(next(calls)), lengths))
             for name, fn in compiled.items()}
     (engine_out, stats), static_out = runs["engine"](), runs["static"]()  # the warm-up
-    for peer in peers:
-      peer.wait_ready()  # each has read the rows and made its checked warm-up call
   load_before = os.getloadavg()
   times = alternating_seconds(runs, rounds, warmup=0, peers={p.name: p.seconds for p in peers})
   load_after = os.getloadavg()
@@ -214,6 +232,9 @@ def run_realistic(args, rounds: int, peer_python: str) -> dict:
                            peak_vs_static=round(figures["engine"]["peak_mib"] / figures["static"]["peak_mib"], 3))
   report = {
       "point": realistic.point_facts(args, lengths, engine, rounds),
+      "note": f"prefill: jaxpt's engine and static sampler (group_size={args.group}) prefill each of the "
+              f"{args.prompts} distinct prompts once; HF and tunix, without shared-prompt prefill, prefill all "
+              f"{len(lengths)} rows: the speed-ups include that saving by design",
       "model": dict(realistic.MODELS[args.model], name=args.model, norm_scheme=cfg.norm_scheme),
       "sampling": f"temperature 1, full vocabulary, up to {args.max_new} tokens; answers end at pre-drawn lengths: "
                   f"jaxpt's token budgets, HF's and tunix's EOS (id {realistic.EOS}) forced through their logits",
@@ -237,7 +258,8 @@ def run_realistic(args, rounds: int, peer_python: str) -> dict:
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--points", default="small,kv")
-  parser.add_argument("--rounds", default="5,2", help="timed rounds per point, in --points order")
+  parser.add_argument("--rounds", default="", help="timed rounds per point, in --points order (default: small 5, "
+                      "kv 2, realistic 3)")
   parser.add_argument("--schemes", default="pre,siamese_post_pre", help="jaxpt schemes at the small point")
   parser.add_argument("--kv-schemes", default="pre", help="jaxpt schemes at the kv point")
   parser.add_argument("--dtypes", default="float32,bfloat16", help="rollout dtypes of every jaxpt scheme")
@@ -249,14 +271,20 @@ def main(argv=None) -> None:
   for point in points:
     if point not in (*POINTS, "realistic"):
       parser.error(f"--points: unknown point {point!r} (small, kv, realistic)")
-  rounds = [int(r) for r in args.rounds.split(",")]
+  rounds = args.rounds.split(",") if args.rounds else [str(ROUNDS[p]) for p in points]
+  if len(rounds) != len(points) or not all(r.isdigit() and int(r) > 0 for r in rounds):
+    parser.error(f"--rounds: {args.rounds!r} is not one positive count per --points entry ({', '.join(points)})")
+  fixed = [p for p in points if p in POINTS]
+  if args.model != "issue" and fixed:
+    parser.error(f"--model: {args.model!r} applies only to the realistic point, not to {', '.join(fixed)} (the "
+                 "issue's model)")
   report = {"benchmark": "sampler",
             "config": dict(MODEL, sampling="small, kv: temperature 1, no top-k/top-p, no EOS", cache_segments=4,
                            host_allocator_reuse=allocator_reuse),
             "device": str(jax.devices()[0]), "jax": jax.__version__, "cpu_count": os.cpu_count(),
             "machine": platform.machine(),
             "command": "python -m benchmarks.sampler " + shlex.join(sys.argv[1:] if argv is None else argv)}
-  for point, n in zip(points, rounds):
+  for point, n in zip(points, map(int, rounds)):
     if point == "realistic":
       report[point] = run_realistic(args, n, args.peer_python)
     else:

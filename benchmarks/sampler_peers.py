@@ -15,30 +15,32 @@ EOS included), `eos`, `max_new` and `model` (d_model, layers, heads, KV heads, v
 at once (up to `max_new` tokens, temperature 1) and each row's answer is forced to end at its length by
 `force_lengths` through the peer's own logits (EOS's logit -inf before the length, every other -inf at it), so the
 peer stops it by its own EOS handling; the call then checks every row's answer length against `lengths`.
-- `hf`: a `LogitsProcessor` (`forced_lengths_processor`) passed to `generate(eos_token_id=eos,
-  pad_token_id=eos)` with the left-padded rows and their attention mask: generate keeps stepping a finished row
-  (with pad tokens) until every row has finished, then stops; the call checks it stopped at the longest length.
-- `tunix_*`: tunix 0.1.7's Sampler has no logits hook. Its EOS handling (read in tunix/generate/sampler.py):
-  `_sample` marks a row done when it draws one of `eos_tokens`; the decode `while_loop` runs while any row is not
-  done (and the buffer has room), stepping the whole batch, done rows included; it left-pads each prompt to
-  max_prompt_length with the tokenizer's pad id and takes RoPE positions from the non-pad tokens; the output cuts
-  each row before its first EOS. So the lengths are forced the way a model's EOS would end them: the Llama3 runs
-  inside `forced_lengths_model`, an nnx module that applies `force_lengths` to its last-position logits (row r's
-  answer tokens so far = its last position - (prompt length - 1)), and the call passes `eos_tokens=[eos]`. This is
-  exactly the work tunix does on rows that end by EOS at those lengths (prefill + max(lengths) - 1 decode steps of
-  the whole batch), plus one `where` over [R, vocab] logits a step, as HF's processor adds.
 
 - `hf`: transformers' Qwen2ForCausalLM (tied embeddings, its default attention), `generate(do_sample=True,
-  top_k=0, min_new_tokens=N, max_new_tokens=N)` under `torch.inference_mode()` with the default dynamic cache
-  (transformers documents the static cache as a speed-up with torch.compile on GPU, not on CPU). torch runs
-  with 1 or 2 intra-op threads, whichever was faster in a warm-up call each: on this shared 2-core machine two
-  OpenMP threads were up to 10x slower than one while other jobs held the cores (the benchmark also sets
-  OMP_WAIT_POLICY=PASSIVE, which made two threads usable again there).
+  top_k=0)` under `torch.inference_mode()` with the default dynamic cache (transformers documents the static cache
+  as a speed-up with torch.compile on GPU, not on CPU): `min_new_tokens=max_new_tokens=N` at a fixed point; with
+  `--rows` a `LogitsProcessor` (`forced_lengths_processor`) and `eos_token_id=pad_token_id=eos` on the left-padded
+  rows and their attention mask: generate keeps stepping a finished row (with pad tokens) until every row has
+  finished, then stops; the call checks it stopped at the longest length. torch runs with 1 or 2 intra-op
+  threads, whichever was faster in a warm-up call each (`sampler.py` readies the peers one at a time, before jaxpt
+  compiles, so nothing else of the benchmark runs then): on this shared 2-core machine two OpenMP threads were up
+  to 10x slower than one while other jobs held the cores (the benchmark also sets OMP_WAIT_POLICY=PASSIVE, which
+  made two threads usable again there).
 - `tunix_untied` / `tunix_tied`: tunix's Llama3 with `weight_tying` False (tunix's default: an untied
-  [512, 8192] head) or True, and its `Sampler` (jitted prefill + while_loop decode; temperature 1 with
+  [d_model, 8192] head) or True, and its `Sampler` (jitted prefill + while_loop decode; temperature 1 with
   top_p 1.0, its only sampling mode that is not greedy). tunix initialises the SwiGLU kernels to zeros: they get
   random values like every other weight. A minimal tokenizer maps space-separated ids to ids and back; its pad
-  and EOS ids are -1 (never a token).
+  and EOS ids are -1 (never a token). With `--rows`: tunix 0.1.7's Sampler has no logits hook. Its EOS handling
+  (read in tunix/generate/sampler.py): `_sample` marks a row done when it draws one of `eos_tokens`; the decode
+  `while_loop` runs while any row is not done (and the buffer has room), stepping the whole batch, done rows
+  included; it left-pads each prompt to max_prompt_length with the tokenizer's pad id and takes RoPE positions
+  from the non-pad tokens (`build_positions_from_mask`: a row's first real token at 0, its answer token t at
+  prompt length + t); the output cuts each row before its first EOS. So the lengths are forced the way a model's
+  EOS would end them: the Llama3 runs inside `forced_lengths_model`, an nnx module that applies `force_lengths`
+  to its last-position logits (row r's answer tokens so far = its last position - (prompt length - 1)), and the
+  call passes `eos_tokens=[eos]`. This is exactly the work tunix does on rows that end by EOS at those lengths
+  (prefill + max(lengths) - 1 decode steps of the whole batch), plus one `where` over [R, vocab] logits a step,
+  as HF's processor adds.
 
 Protocol: after building and an untimed warm-up call (compiles), the process prints `ready <params> [setting]`;
 then each input line `run <seed>` makes one call and prints `seconds <wall time of that call>`; `quit` (or EOF)
@@ -136,18 +138,49 @@ def fastest_torch_threads(call) -> str:
   return f"torch_threads={torch.get_num_threads()} ({', '.join(f'{n}: {s:.2f} s' for n, s in seconds.items())})"
 
 
+def hf_sampler(model, tokens, mask, **generate_kwargs):
+  """-> sample(seed): `model.generate` (transformers) of tokens / mask (torch int [R, P]) at temperature 1 over
+  the full vocabulary (do_sample, top_k 0) under `torch.inference_mode()`, torch seeded with `seed`, with
+  `generate_kwargs`; returns its tokens [R, P + new]."""
+  import torch
+
+  def sample(seed: int):
+    torch.manual_seed(seed)
+    with torch.inference_mode():
+      return model.generate(tokens, attention_mask=mask, do_sample=True, top_k=0, temperature=1.0, **generate_kwargs)
+
+  return sample
+
+
+def tunix_sampler(tied: bool, prompt: int, new: int, dims=(D_MODEL, LAYERS, HEADS, KV_HEADS), wrap=lambda m: m):
+  """-> (params, sample(texts, seed, **kwargs)): tunix 0.1.7's Sampler of `wrap(model)`, model = `llama3(tied,
+  *dims)` (dims: d_model, layers, heads, KV heads), with a cache of prompt + new slots; `sample` calls it at
+  temperature 1, top_p 1.0, up to `new` tokens after prompts left-padded to `prompt`."""
+  from tunix.generate.sampler import CacheConfig, Sampler
+
+  d_model, layers, heads, kv_heads = dims
+  model, params = llama3(tied, *dims)
+  sampler = Sampler(wrap(model), IdTokenizer(), CacheConfig(cache_size=prompt + new, num_layers=layers,
+                                                             num_kv_heads=kv_heads, head_dim=d_model // heads))
+
+  def sample(texts: list[str], seed: int, **kwargs):
+    return sampler(texts, max_generation_steps=new, max_prompt_length=prompt, temperature=1.0, top_p=1.0, seed=seed,
+                   **kwargs)
+
+  return params, sample
+
+
 def hf_peer(batch: int, prompt: int, new: int):
   """-> (params, call(seed)) for transformers' generate."""
   import torch
 
   model = qwen2().eval()
   prompts = torch.randint(0, VOCAB, (batch, prompt))
+  sample = hf_sampler(model, prompts, torch.ones_like(prompts), max_new_tokens=new, min_new_tokens=new,
+                      pad_token_id=0)
 
   def call(seed: int) -> None:
-    torch.manual_seed(seed)
-    with torch.inference_mode():
-      out = model.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=True, top_k=0,
-                           temperature=1.0, max_new_tokens=new, min_new_tokens=new, pad_token_id=0)
+    out = sample(seed)
     assert out.shape == (batch, prompt + new), out.shape
 
   return sum(p.numel() for p in model.parameters()), call
@@ -155,16 +188,11 @@ def hf_peer(batch: int, prompt: int, new: int):
 
 def tunix_peer(batch: int, prompt: int, new: int, tied: bool):
   """-> (params, call(seed)) for tunix 0.1.7's Sampler."""
-  from tunix.generate.sampler import CacheConfig, Sampler
-
-  model, params = llama3(tied)
-
-  sampler = Sampler(model, IdTokenizer(), CacheConfig(cache_size=prompt + new, num_layers=LAYERS,
-                                                       num_kv_heads=KV_HEADS, head_dim=D_MODEL // HEADS))
+  params, sample = tunix_sampler(tied, prompt, new)
   texts = [" ".join(map(str, row)) for row in np.random.default_rng(1).integers(0, VOCAB, (batch, prompt))]
 
   def call(seed: int) -> None:
-    out = sampler(texts, max_generation_steps=new, max_prompt_length=prompt, temperature=1.0, top_p=1.0, seed=seed)
+    out = sample(texts, seed)
     assert all(len(row) == new for row in out.tokens), [len(row) for row in out.tokens]
 
   return params, call
@@ -175,20 +203,16 @@ def hf_rows_peer(rows: dict):
   import torch
   from transformers import LogitsProcessorList
 
-  d_model, layers, heads, kv_heads, _ = map(int, rows["model"])
-  model = qwen2(d_model, layers, heads, kv_heads).eval()
+  model = qwen2(*model_dims(rows)).eval()
   tokens, mask = torch.from_numpy(rows["tokens"].astype(np.int64)), torch.from_numpy(rows["mask"].astype(np.int64))
   prompt, lengths, eos = tokens.shape[1], rows["lengths"], int(rows["eos"])
   processors = LogitsProcessorList([forced_lengths_processor(torch.from_numpy(lengths.astype(np.int64)), prompt,
                                                              eos)])
+  sample = hf_sampler(model, tokens, mask, max_new_tokens=int(rows["max_new"]), eos_token_id=eos, pad_token_id=eos,
+                      logits_processor=processors)
 
   def call(seed: int) -> None:
-    torch.manual_seed(seed)
-    with torch.inference_mode():
-      out = model.generate(tokens, attention_mask=mask, do_sample=True, top_k=0, temperature=1.0,
-                           max_new_tokens=int(rows["max_new"]), eos_token_id=eos, pad_token_id=eos,
-                           logits_processor=processors)
-    answers = out[:, prompt:].numpy() == eos
+    answers = sample(seed)[:, prompt:].numpy() == eos
     assert answers.shape[1] == lengths.max() and answers.any(axis=1).all(), answers.shape
     check_lengths("hf", np.argmax(answers, axis=1) + 1, lengths)
 
@@ -197,23 +221,21 @@ def hf_rows_peer(rows: dict):
 
 def tunix_rows_peer(rows: dict, tied: bool):
   """-> (params, call(seed)) for tunix 0.1.7's Sampler on the rows of ROWS.npz (see the module doc)."""
-  from tunix.generate.sampler import CacheConfig, Sampler
-
-  d_model, layers, heads, kv_heads, _ = map(int, rows["model"])
-  model, params = llama3(tied, d_model, layers, heads, kv_heads)
   tokens, mask, lengths, eos = rows["tokens"], rows["mask"], rows["lengths"], int(rows["eos"])
-  prompt, max_new = tokens.shape[1], int(rows["max_new"])
-  sampler = Sampler(forced_lengths_model(model, mask.sum(axis=1), lengths, eos), IdTokenizer(),
-                    CacheConfig(cache_size=prompt + max_new, num_layers=layers, num_kv_heads=kv_heads,
-                                head_dim=d_model // heads))
+  params, sample = tunix_sampler(tied, tokens.shape[1], int(rows["max_new"]), model_dims(rows),
+                                 wrap=lambda model: forced_lengths_model(model, mask.sum(axis=1), lengths, eos))
   texts = [" ".join(map(str, row[keep == 1])) for row, keep in zip(tokens, mask)]
 
   def call(seed: int) -> None:
-    out = sampler(texts, max_generation_steps=max_new, max_prompt_length=prompt, temperature=1.0, top_p=1.0,
-                  seed=seed, eos_tokens=[eos])
+    out = sample(texts, seed, eos_tokens=[eos])
     check_lengths("tunix", [len(row) + 1 for row in out.tokens], lengths)  # tunix cuts each row before its EOS
 
   return params, call
+
+
+def model_dims(rows: dict) -> tuple[int, int, int, int]:
+  """ROWS.npz's model: (d_model, layers, heads, KV heads)."""
+  return tuple(map(int, rows["model"][:4]))
 
 
 def read_rows(path: str) -> dict:

@@ -1,8 +1,10 @@
 """benchmarks/sampler.py's realistic point without timing anything: every system's answers end exactly at the
 pre-drawn lengths (the peers' forced-EOS rule against a plain statement of it, HF's logits processor where torch is
-installed), the peers read the very rows and lengths the benchmark drew, a static batch's useful slot-steps; and
-(slow) the whole point at a tiny size with the three peers where /tmp/peers-venv exists. The engine's and the
-static sampler's token budgets are checked against their run without budgets in tests/test_rl_engine.py."""
+installed, tunix's wrapper on tunix's positions with a stand-in model, tunix not being installed here), the peers
+read the very rows and lengths the benchmark drew, a static batch's useful slot-steps; the benchmark readies its
+peers one at a time before jaxpt compiles, and refuses --rounds / --model it would not apply; and (slow) the whole
+point at a tiny size with the three peers where /tmp/peers-venv exists. The engine's and the static sampler's
+token budgets are checked against their run without budgets in tests/test_rl_engine.py."""
 
 import json
 import os
@@ -97,6 +99,103 @@ def test_an_unknown_point_is_refused_before_anything_runs(capsys):
   assert "--points: unknown point 'big' (small, kv, realistic)" in capsys.readouterr().err
 
 
+def test_the_tunix_wrapper_counts_answer_tokens_from_tunix_positions(peers):
+  """forced_lengths_model in a decode loop fed as tunix 0.1.7's Sampler feeds its model (tunix/generate/sampler.py,
+  read there): positions = build_positions_from_mask over the left-padded prompt and the answer buffer
+  (cumsum(mask) - (cumsum >= 1)), a prefill of the P prompt columns, then decode step d = P - 1 + t feeding column
+  d at positions[:, d], the model split and merged under jit. A fixed logits table stands in for Llama3 (tunix is
+  not installed here; the slow test runs the real one)."""
+  import jax
+  import jax.numpy as jnp
+  nnx = pytest.importorskip("flax.nnx")
+  vocab, eos = 16, realistic.EOS
+  tokens, mask, lengths = realistic.realistic_rows(ARGS, vocab)
+  (rows, prompt), steps = tokens.shape, ARGS.max_new
+  table = np.random.default_rng(1).standard_normal((vocab, vocab)).astype(np.float32)
+  table[:, eos] = 30.0  # EOS would win every draw unless barred
+
+  class FixedLogits(nnx.Module):
+    """tunix's model call (tokens, positions, cache, attention_mask) -> (logits [R, T, vocab] = table[tokens],
+    cache)."""
+
+    def __init__(self):
+      self.table, self.num_embed = nnx.Param(jnp.asarray(table)), vocab
+
+    def __call__(self, input_tokens, positions, cache, attention_mask):
+      return self.table[...][input_tokens], cache
+
+  model = peers.forced_lengths_model(FixedLogits(), mask.sum(axis=1), lengths, eos)
+  assert model.num_embed == vocab and len(jax.tree.leaves(nnx.state(model))) == 1  # only the model's table
+  graphdef, state = nnx.split(model)
+  call = jax.jit(lambda state, toks, pos: nnx.merge(graphdef, state)(toks, pos, None, None)[0])
+  buffer = np.concatenate([tokens, np.full((rows, steps), -1)], axis=1)
+  counts = np.cumsum(np.concatenate([mask, np.ones((rows, steps), np.int32)], axis=1), axis=1)
+  positions = counts - (counts >= 1)
+  assert np.all(positions[:, prompt - 1] == mask.sum(axis=1) - 1)  # a left-padded row's last prompt token
+  gumbel = np.random.default_rng(2).gumbel(size=(steps, rows, vocab))
+  for t in range(steps):
+    cols = slice(0, prompt) if t == 0 else slice(prompt - 1 + t, prompt + t)
+    logits = np.asarray(call(state, jnp.asarray(buffer[:, cols]), jnp.asarray(positions[:, cols])))
+    np.testing.assert_array_equal(logits[:, :-1], table[buffer[:, cols][:, :-1]])  # the prompt's logits untouched
+    want = forced_statement(table[buffer[:, cols][:, -1]], np.full(rows, t), lengths, eos)
+    np.testing.assert_array_equal(logits[:, -1], want)
+    buffer[:, prompt + t] = np.argmax(logits[:, -1] + gumbel[t], axis=1)  # a draw at temperature 1
+  np.testing.assert_array_equal(np.argmax(buffer[:, prompt:] == eos, axis=1) + 1, lengths)
+
+
+class RecordedPeer:
+  """`Peer`'s interface recording when each peer starts and is ready (a real peer needs the peer venv; the slow
+  test runs them)."""
+  log: list = []
+
+  def __init__(self, name, argv, **kwargs):
+    self.name = name
+    self.log.append(f"start {name}")
+
+  def wait_ready(self):
+    self.log.append(f"ready {self.name}")
+
+
+@pytest.mark.parametrize("point", ["small", "realistic"])
+def test_the_peers_are_ready_one_at_a_time_before_jaxpt_compiles(point, monkeypatch):
+  log = []
+  monkeypatch.setattr(RecordedPeer, "log", log)
+  monkeypatch.setattr(sampler, "Peer", RecordedPeer)
+
+  def jaxpt_starts(*args):
+    log.append("jaxpt")
+    raise StopIteration  # nothing of jaxpt's is built in this test
+
+  monkeypatch.setattr(sampler, "init_params", jaxpt_starts)
+  with pytest.raises(StopIteration):
+    if point == "realistic":
+      sampler.run_realistic(types.SimpleNamespace(**vars(ARGS), model="tiny"), 1, "peer-python")
+    else:
+      sampler.run_point(point, ["pre"], ["float32"], 1, "peer-python")
+  assert log == [f"{event} {peer}" for peer in sampler.PEERS for event in ("start", "ready")] + ["jaxpt"]
+
+
+def test_every_point_gets_its_rounds_and_a_mismatch_is_refused(monkeypatch, capsys, tmp_path):
+  ran = []
+  monkeypatch.setattr(sampler, "run_point", lambda point, schemes, dtypes, n, python: ran.append((point, n)) or {})
+  monkeypatch.setattr(sampler, "run_realistic", lambda args, n, python: ran.append(("realistic", n)) or {})
+  sampler.main(["--points", "small,kv,realistic", "--out", str(tmp_path / "out.json")])
+  assert ran == [("small", 5), ("kv", 2), ("realistic", 3)]
+  for rounds in ("5,2", "5,2,0", "5,2,x"):
+    with pytest.raises(SystemExit):
+      sampler.main(["--points", "small,kv,realistic", "--rounds", rounds])
+    assert (f"--rounds: {rounds!r} is not one positive count per --points entry (small, kv, realistic)"
+            in capsys.readouterr().err)
+  assert len(ran) == 3
+
+
+def test_a_model_the_fixed_points_would_ignore_is_refused(capsys):
+  with pytest.raises(SystemExit):
+    sampler.main(["--points", "small,realistic", "--model", "tiny"])
+  err = capsys.readouterr().err
+  assert "--model: 'tiny' applies only to the realistic point, not to small (the issue's model)" in err
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists(PEER_PYTHON), reason=f"no peer venv at {PEER_PYTHON}")
 def test_the_realistic_point_runs_end_to_end_with_the_three_peers(tmp_path):
@@ -116,3 +215,4 @@ def test_the_realistic_point_runs_end_to_end_with_the_three_peers(tmp_path):
     assert 0 < system["useful_fraction"] <= 1 and system["peak_mib"] > 0
   assert point["jaxpt"]["pre_float32"]["speedup_vs_static"] > 0 and point["jaxpt"]["pre_float32"]["peak_vs_static"] > 0
   assert set(point["peers"]) == {"hf", "tunix_untied", "tunix_tied"}
+  assert "prefill all 4 rows" in point["note"] and "each of the 2 distinct prompts once" in point["note"]
