@@ -129,3 +129,19 @@ class Peer:
       self.proc.stdin.write("quit\n")
       self.proc.stdin.flush()
       self.proc.wait(timeout=60)
+
+
+def ready_peers(argvs: dict[str, list[str]], **kwargs) -> list[Peer]:
+  """Starts the peer `name` on `argvs[name]` (`Peer(name, argv, **kwargs)`) and waits for its ready line, one peer
+  after the other and before the caller builds anything of jaxpt's: each warms up (and HF picks its torch threads)
+  while the others only wait on their stdin. A peer that fails to get ready closes the ones already started."""
+  peers = []
+  try:
+    for name, argv in argvs.items():
+      peers.append(Peer(name, argv, **kwargs))
+      peers[-1].wait_ready()
+  except BaseException:
+    for peer in peers:
+      peer.close()
+    raise
+  return peers

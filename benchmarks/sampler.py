@@ -72,7 +72,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import realistic
-from benchmarks.common import Peer, alternating_seconds, median_ratio
+from benchmarks.common import alternating_seconds, median_ratio, ready_peers
 from benchmarks.train_step import MODEL
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import init_params, param_count
@@ -111,16 +111,6 @@ def read_run(mib: int = 256) -> tuple[int, Callable[[], object]]:
   data = jnp.ones((mib * 2 ** 18,), jnp.float32)
   total = jax.jit(jnp.sum)
   return data.nbytes, lambda: total(data)
-
-
-def ready_peers(argvs: dict[str, list[str]], **kwargs) -> list[Peer]:
-  """Starts the peer `name` on `argvs[name]` (`Peer(name, argv, **kwargs)`) and waits for its ready line, one peer
-  after the other: each warms up (and HF picks its torch threads) while the others only wait on their stdin."""
-  peers = []
-  for name, argv in argvs.items():
-    peers.append(Peer(name, argv, **kwargs))
-    peers[-1].wait_ready()
-  return peers
 
 
 def timed(fn: Callable[[], object]) -> float:

@@ -58,7 +58,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import references
-from benchmarks.common import Peer, alternating_seconds, compiled_step, matmul_gflops, median_ratio, ratios_vs_pre
+from benchmarks.common import (Peer, alternating_seconds, compiled_step, matmul_gflops, median_ratio, ratios_vs_pre,
+                               ready_peers)
 from jaxpt.models.config import ModelConfig
 from jaxpt.nn.lora import LoRAConfig
 from jaxpt.models.transformer import TransformerLM, init_params, param_count
@@ -145,10 +146,11 @@ def peer_dtype(name: str, dtype: str) -> str:
 
 def start_peers(args: argparse.Namespace) -> list[Peer]:
   """The reference train steps given a python (`references.add_arguments`), each a persistent `train_peers.py`
-  process, started now: they build and warm up while jaxpt compiles."""
-  return [Peer(name, [getattr(args, f"{name}_python"), str(PEER_SCRIPT), name, str(MODEL["d_model"]),
-                      str(MODEL["num_layers"]), peer_dtype(name, args.dtype)], stderr=None)
-          for name in references.VENVS if getattr(args, f"{name}_python")]
+  process, ready one after the other before jaxpt compiles (`ready_peers`: each warms up, and HF picks its torch
+  threads, on a machine this benchmark leaves otherwise idle)."""
+  return ready_peers({name: [getattr(args, f"{name}_python"), str(PEER_SCRIPT), name, str(MODEL["d_model"]),
+                             str(MODEL["num_layers"]), peer_dtype(name, args.dtype)]
+                      for name in references.VENVS if getattr(args, f"{name}_python")}, stderr=None)
 
 
 def bench_schemes(compiled: dict[str, tuple[dict, Callable[[], jax.Array]]], repeats: int, peers: Sequence[Peer] = ()
@@ -199,8 +201,6 @@ def main(argv=None) -> None:
       for rank in (0, args.lora) if args.lora else (0,):
         compiled[scheme + (f"+lora{rank}" if rank else "")] = compile_scheme(
             scheme, lora_rank=rank, remat=args.remat, scan_layers=args.scan, dtype=args.dtype, param_dtype="float32")
-    for peer in peers:
-      peer.wait_ready()
     matmul = {f"{m}x{k}x{n}": round(matmul_gflops(m, k, n, dtype=jnp.dtype(args.dtype)), 1)  # peers idle now
               for m, k, n in [(2048, 2048, 2048), (BATCH * SEQ, 512, 2048), (BATCH * SEQ, 512, 8192)]}
     load_before = os.getloadavg()

@@ -15,7 +15,7 @@ import types
 import numpy as np
 import pytest
 
-from benchmarks import realistic, sampler
+from benchmarks import common, realistic, sampler
 from jaxpt.models.config import ModelConfig
 
 BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
@@ -160,7 +160,7 @@ class RecordedPeer:
 def test_the_peers_are_ready_one_at_a_time_before_jaxpt_compiles(point, monkeypatch):
   log = []
   monkeypatch.setattr(RecordedPeer, "log", log)
-  monkeypatch.setattr(sampler, "Peer", RecordedPeer)
+  monkeypatch.setattr(common, "Peer", RecordedPeer)
 
   def jaxpt_starts(*args):
     log.append("jaxpt")

@@ -1,7 +1,7 @@
-"""benchmarks/train_step.py's references, without timing anything: the peers start before jaxpt compiles, every
-round runs each scheme and then each peer once, a ratio to a reference is the median of per-round ratios, and
-`train_peers.py` speaks `sampler_peers.serve`'s protocol through `benchmarks.common.Peer`; the peer scripts refuse
-what they do not run before importing their library."""
+"""benchmarks/train_step.py's references, without timing anything: the peers are ready one at a time before jaxpt
+compiles (and one that fails closes the others), every round runs each scheme and then each peer once, a ratio to a
+reference is the median of per-round ratios, and `train_peers.py` speaks `sampler_peers.serve`'s protocol through
+`benchmarks.common.Peer`; the peer scripts refuse what they do not run before importing their library."""
 
 import json
 import os
@@ -73,16 +73,16 @@ def test_main_starts_the_peers_before_compiling_and_reports_them(monkeypatch, ca
 
     return facts, run
 
-  monkeypatch.setattr(train_step, "Peer", FakePeer)
+  monkeypatch.setattr(common, "Peer", FakePeer)
   monkeypatch.setattr(train_step, "compile_scheme", compile_scheme)
   monkeypatch.setattr(train_step, "matmul_gflops", lambda *args, **kwargs: 100.0)
   train_step.main(["--schemes", "pre,post", "--repeats", "2", "--dtype", "bfloat16", "--hf-python", "py-hf",
                    "--tunix-python", "py-tunix"])
   script = str(train_step.PEER_SCRIPT)
-  assert log[:6] == [("start", "hf", (script, "hf", "512", "8", "bfloat16")),
-                     ("start", "tunix", (script, "tunix", "512", "8", "float32")),
-                     ("compile", "pre", "bfloat16", "float32"), ("compile", "post", "bfloat16", "float32"),
-                     ("ready", "hf"), ("ready", "tunix")]
+  # each peer warms up (HF picks its torch threads) alone, before jaxpt compiles anything
+  assert log[:6] == [("start", "hf", (script, "hf", "512", "8", "bfloat16")), ("ready", "hf"),
+                     ("start", "tunix", (script, "tunix", "512", "8", "float32")), ("ready", "tunix"),
+                     ("compile", "pre", "bfloat16", "float32"), ("compile", "post", "bfloat16", "float32")]
   timed = [entry for entry in log[6:] if entry[0] in ("step", "run")]
   round_ = [("step", "pre"), ("step", "post")]
   assert timed[:10] == round_ + [*round_, ("run", "hf", 1), ("run", "tunix", 1), *round_, ("run", "hf", 2),
@@ -95,6 +95,22 @@ def test_main_starts_the_peers_before_compiling_and_reports_them(monkeypatch, ca
     assert report[f"{name}_reference"]["setting"] == f"{name} setting"
     assert report[f"pre_tokens_per_sec_vs_{name}"] > 0
   assert {"schemes", "ratios_vs_pre", "matmul_gflops_per_sec"} <= set(report)
+
+
+def test_a_peer_that_never_gets_ready_closes_the_ones_started_before_it(monkeypatch):
+  started = []
+
+  class Recorded(common.Peer):
+    def __init__(self, name, argv, **kwargs):
+      super().__init__(name, argv, **kwargs)
+      started.append(self)
+
+  monkeypatch.setattr(common, "Peer", Recorded)
+  serving = f"import sys; sys.path.insert(0, {BENCHMARKS!r}); from sampler_peers import serve; serve(print, '1 ok')"
+  with pytest.raises(RuntimeError, match=r"peer broken ended \(exit 3\)"):
+    common.ready_peers({"good": [sys.executable, "-c", serving],
+                        "broken": [sys.executable, "-c", "raise SystemExit(3)"]})
+  assert [p.name for p in started] == ["good", "broken"] and started[0].proc.returncode == 0  # told to quit
 
 
 def test_a_serving_peer_answers_each_run_with_its_seconds(tmp_path):
