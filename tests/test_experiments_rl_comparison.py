@@ -194,3 +194,12 @@ def test_smoke_pipeline_runs_both_stages(tmp_path):
   assert "training" not in again.stdout  # --report-only: every run read from its done.json
   with open(tmp_path / "again" / "results.json") as f:
     assert json.load(f)["comparisons"] == payload["comparisons"]
+
+
+def test_a_diagnostic_a_method_never_logs_is_left_out_of_its_row(exp):
+  runs, sfts = fake_runs(exp, [0, 1, 2], np.random.default_rng(5))
+  for r in runs:  # the baseline logs no CLIPO similarity (its runs record nan); the others log one
+    r["diagnostics"] = {"accuracy": 0.5, "clipo_pos_sim": math.nan if r["method"] == exp.baseline else 0.9}
+  rows = {r["method"]: r for r in rl_comparison.summary_rows(exp, runs, sfts, list(exp.methods))}
+  assert set(rows[exp.baseline]["diagnostics"]) == {"accuracy"}
+  assert all(set(rows[m]["diagnostics"]) == {"accuracy", "clipo_pos_sim"} for m in exp.methods if m != exp.baseline)

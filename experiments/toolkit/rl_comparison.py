@@ -231,7 +231,9 @@ def summary_rows(exp: Experiment, final: list[dict], sfts: list[dict], methods) 
   for m in methods:
     runs = sorted((r for r in final if r["method"] == m), key=lambda r: r["seed"])
     if runs:
-      diag = {k: stats.summary([r["diagnostics"].get(k, math.nan) for r in runs]) for k in runs[0]["diagnostics"]}
+      values = {k: [r["diagnostics"].get(k, math.nan) for r in runs] for k in runs[0]["diagnostics"]}
+      diag = {k: stats.summary(v) for k, v in values.items()  # a metric the method never logs (GRPO's CLIPO
+              if not all(x is None or math.isnan(x) for x in v)}  # similarities) is left out, not summarised as nan
       rows.append(dict(method=m, lr=runs[0]["lr"], seeds=[r["seed"] for r in runs], diagnostics=diag,
                        **{f"{k}_{s}": stats.summary([metric(r, k, s) for r in runs]) for k in KINDS for s in SETS}))
   return rows
