@@ -550,11 +550,6 @@ def timing(schemes, depths, steps: int, workdir: str, common: dict, counts: dict
 # --------------------------------------------------------------------------------------------------------- main
 
 
-def require_finished(stage: str, finished: list[dict], expected: int, hint: str) -> None:
-  if len(finished) < expected:
-    raise SystemExit(f"{stage}: {len(finished)} of {expected} runs finished{hint}")
-
-
 def main(argv=None) -> None:
   parser = flags.parser(__doc__, methods=SCHEMES, seeds=(), workdir="/tmp/depth_sweep")
   parser.add_argument("--stage", choices=("pilot", "main", "timing"), default="main")
@@ -619,13 +614,14 @@ def main(argv=None) -> None:
       runner.refuse_other_digests(fixed["runs"], same, args.pilot)
   tuning = train(tune_runs(schemes, depths, lrs, warmups, tune_seeds, common),
                  report_only=args.report_only or main_stage, strict=strict)
-  require_finished("tuning", tuning, len(schemes) * len(depths) * len(lrs) * len(warmups) * len(tune_seeds),
-                   f" in {workdir}; run --stage pilot (again: it resumes)")
+  runner.require_grid_finished(
+      "tuning", tuning, len(schemes) * len(depths) * len(lrs) * len(warmups) * len(tune_seeds),
+      f" in {workdir}; run --stage pilot (again: it resumes)")
   best, tuning_table = select(tuning, schemes, depths, lrs, warmups)
   print("tuned (lr, warm-up):", {k: (v["lr"], v["warmup_steps"]) for k, v in best.items()}, flush=True)
   if args.stage == "pilot" or args.smoke:
     pilot = train(seed_runs("pilot", best, pilot_seeds, common))
-    require_finished("pilot", pilot, len(best) * len(pilot_seeds), "; run the stage again (it resumes)")
+    runner.require_grid_finished("pilot", pilot, len(best) * len(pilot_seeds), "; run the stage again (it resumes)")
     estimate = power(pilot, depths, len(plan))
     path = os.path.join(out, "pilot.json") if args.smoke else args.pilot
     results.write_json(path, dict(power=estimate, schemes=schemes, depths=depths, lrs=lrs, warmups=warmups,

@@ -188,11 +188,11 @@ def train_one(run: dict, directory: str) -> dict:
   runner.require_finished(result, directory)
   batches = test_batches(setup.data)
   test = make_lm_evaluator(TransformerLM(setup.config.model), batches)(result.state)
-  evals = [r for r in results.read_metrics(directory) if "eval_loss" in r]
+  rows = results.read_metrics(directory)
+  evals = [r for r in rows if "eval_loss" in r]
   summary.update(validation_loss=evals[-1]["eval_loss"], test_loss=float(test["eval_loss"]),
                  test_tokens=int(sum(b["weights"].sum() for b in batches)),
-                 probe_final=probe(setup.config.model, result.state.params, probe_batch),
-                 **grad_norm_summary(results.read_metrics(directory)))
+                 probe_final=probe(setup.config.model, result.state.params, probe_batch), **grad_norm_summary(rows))
   return summary
 
 

@@ -280,12 +280,6 @@ def markdown(payload: dict) -> str:
 # --------------------------------------------------------------------------------------------------------- main
 
 
-def require_finished(stage: str, finished: list[dict], expected: int, hint: str) -> None:
-  """Stops the program unless all `expected` runs of `stage` have finished (the message ends with `hint`)."""
-  if len(finished) < expected:
-    raise SystemExit(f"{stage}: {len(finished)} of {expected} runs finished{hint}")
-
-
 def main(exp: Experiment, argv=None) -> None:
   parser = flags.parser(exp.doc, methods=tuple(exp.methods), seeds=(), workdir=exp.workdir)
   parser.add_argument("--stage", choices=("pilot", "main"), default="main")
@@ -331,16 +325,16 @@ def main(exp: Experiment, argv=None) -> None:
   tune_sft = grid(sft_runs([TUNE_SEED], common), train_sft, report_only=read_only, strict=strict)
   tuning = grid(grpo_runs("tune", methods, {m: lrs for m in methods}, [TUNE_SEED], common, workdir), train_grpo,
                 report_only=read_only, strict=strict)
-  require_finished("tuning", tune_sft + tuning, 1 + len(methods) * len(lrs),
-                   f" in {workdir}; run --stage pilot (again: it resumes)")
+  runner.require_grid_finished("tuning", tune_sft + tuning, 1 + len(methods) * len(lrs),
+                               f" in {workdir}; run --stage pilot (again: it resumes)")
   best, tuning_table = select(exp, tuning, methods, lrs)
   print("tuned lr:", best, flush=True)
   if args.stage == "pilot" or args.smoke:
     sfts = grid(sft_runs(pilot_seeds, common), train_sft)
     pilot = grid(grpo_runs("pilot", methods, {m: [best[m]] for m in methods}, pilot_seeds, common, workdir),
                  train_grpo)
-    require_finished("pilot", sfts + pilot, len(pilot_seeds) * (1 + len(methods)),
-                     "; run the stage again (it resumes) before N can be fixed")
+    runner.require_grid_finished("pilot", sfts + pilot, len(pilot_seeds) * (1 + len(methods)),
+                                 "; run the stage again (it resumes) before N can be fixed")
     estimate = power(exp, pilot, methods)
     path = os.path.join(out, "pilot.json") if args.smoke else args.pilot
     results.write_json(path, dict(power=estimate, methods=methods, settings={m: exp.methods[m] for m in methods},

@@ -41,6 +41,12 @@ def require_finished(result, directory: str) -> None:
     raise RuntimeError(f"{directory}: preempted at step {int(result.state.step)}")
 
 
+def require_grid_finished(stage: str, finished: list[dict], expected: int, hint: str) -> None:
+  """Stops the program unless all `expected` runs of `stage` have finished (the message ends with `hint`)."""
+  if len(finished) < expected:
+    raise SystemExit(f"{stage}: {len(finished)} of {expected} runs finished{hint}")
+
+
 def load_done(workdir: str, run: dict) -> dict | None:
   """The run's done.json, or None if it has not finished."""
   path = os.path.join(run_dir(workdir, run), DONE_FILE)
