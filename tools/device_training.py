@@ -19,8 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.common import alternating_seconds, compiled_step, matmul_gflops, median_ratio
-from benchmarks.sampler import Peer, sampler_run, timed
+from benchmarks.common import Peer, alternating_seconds, compiled_step, matmul_gflops, median_ratio
+from benchmarks.sampler import sampler_run, timed
 from benchmarks.train_step import OPTIM
 import jaxpt
 from jaxpt.models.config import ModelConfig
