@@ -6,6 +6,7 @@ import importlib
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -106,7 +107,9 @@ def test_every_method_config_is_valid(exp):
 def test_both_stages_with_recorded_runs(tmp_path, monkeypatch):
   """The pilot and main stages end to end, each run's training replaced by a record with random evals (the grid,
   resume, N from the pilot file, tuning, final seeds and report are the real code): N comes from pilot.json, the
-  main stage trains seeds 0 .. N-1 at the tuned lrs, and a second invocation trains nothing (runs resume)."""
+  main stage trains seeds 0 .. N-1 at the tuned lrs, and a second invocation trains nothing (runs resume); a fresh
+  workdir goes on from the kept seeds and the pilot's run files (a later session's machine), training only a seed
+  that was not kept whole."""
   exp = importlib.import_module(MODULES[0]).EXPERIMENT
   rng = np.random.default_rng(3)
   trained = []
@@ -118,7 +121,8 @@ def test_both_stages_with_recorded_runs(tmp_path, monkeypatch):
 
   monkeypatch.setattr(rl_comparison.runner, "run_grid", recording_grid(rl_comparison.runner, summarise, trained))
   pilot = str(tmp_path / "pilot.json")
-  common = ["--workdir", str(tmp_path / "w"), "--lrs", "1e-5,1e-4", "--pilot", pilot]
+  kept = tmp_path / "kept"
+  common = ["--workdir", str(tmp_path / "w"), "--lrs", "1e-5,1e-4", "--pilot", pilot, "--keep-runs", str(kept)]
   with pytest.raises(SystemExit, match="no pilot file"):
     rl_comparison.main(exp, common + ["--out", str(tmp_path / "none")])
   assert trained == []  # the main stage trains nothing before its pilot file is read
@@ -142,6 +146,19 @@ def test_both_stages_with_recorded_runs(tmp_path, monkeypatch):
   assert f"paired sd of pass1_validation ({payload['power']['sd_used']:.4f})" in report
   rl_comparison.main(exp, common + ["--out", str(tmp_path / "again")])
   assert len(trained) == 14 + 3 * n  # nothing trained twice
+  assert sorted(os.listdir(kept / "runs" / "final")) == ["clipo", "grpo"]
+  assert len(os.listdir(kept / "runs" / "sft")) == n
+  fresh = common[:1] + [str(tmp_path / "fresh")] + common[2:]  # a later session's machine: the kept files only
+  rl_comparison.main(exp, fresh + ["--out", str(tmp_path / "fresh_out")])
+  assert len(trained) == 14 + 3 * n  # the pilot's and the kept runs imported: nothing trained
+  with open(tmp_path / "fresh_out" / "results.json") as f:
+    assert json.load(f)["comparisons"] == payload["comparisons"]
+  for method in ("clipo", "grpo"):  # a session cut off during the last seed: that seed was not kept
+    shutil.rmtree(kept / "runs" / "final" / method / f"lr{best[method]:g}" / f"seed{n - 1}")
+  shutil.rmtree(kept / "runs" / "sft" / f"seed{n - 1}")
+  rl_comparison.main(exp, common[:1] + [str(tmp_path / "fresh2")] + common[2:] + ["--out", str(tmp_path / "f2")])
+  assert trained[-3:] == [f"sft/seed{n - 1}", f"final/grpo/lr{best['grpo']:g}/seed{n - 1}",
+                          f"final/clipo/lr{best['clipo']:g}/seed{n - 1}"] and len(trained) == 14 + 3 * n + 3
   assert payload["design"]["stages"] == rl_comparison.STAGES and rl_comparison.STAGES.startswith("(`--stage`)")
   assert "  main:" in rl_comparison.STAGES and rl_comparison.STAGES.endswith("Holm-adjusted over the report.")
   for name in ("sft/seed100", "tune/clipo/lr0.0001/seed100"):  # the tuning runs the main stage only reads
@@ -160,17 +177,21 @@ def test_both_stages_with_recorded_runs(tmp_path, monkeypatch):
       rl_comparison.main(exp, common + ["--out", str(tmp_path / "stale_pilot")])
   with open(pilot, "w") as f:
     json.dump(fixed, f)
-  assert len(trained) == 14 + 3 * n
+  assert len(trained) == 14 + 3 * n + 3
   with pytest.raises(SystemExit, match="tuned over --lrs"):  # another grid: refused before anything trains
-    rl_comparison.main(exp, common[:-3] + ["1e-5,3e-4", "--pilot", pilot, "--out", str(tmp_path / "grid")])
+    rl_comparison.main(exp, common[:3] + ["1e-5,3e-4"] + common[4:] + ["--out", str(tmp_path / "grid")])
+  elsewhere = tmp_path / "elsewhere"  # a pilot file with no pilot_runs/ beside it
+  elsewhere.mkdir()
+  shutil.copy(pilot, elsewhere / "pilot.json")
   with pytest.raises(SystemExit, match="runs finished"):  # another workdir: its tuning runs are not trained
-    rl_comparison.main(exp, ["--workdir", str(tmp_path / "w2")] + common[2:] + ["--out", str(tmp_path / "w2out")])
+    rl_comparison.main(exp, ["--workdir", str(tmp_path / "w2"), "--lrs", "1e-5,1e-4", "--pilot",
+                             str(elsewhere / "pilot.json"), "--out", str(tmp_path / "w2out")])
   fixed["best_lr"] = {"grpo": 1.0, "clipo": 1.0}
   with open(pilot, "w") as f:
     json.dump(fixed, f)
   with pytest.raises(SystemExit, match="tuned lrs"):
     rl_comparison.main(exp, common + ["--out", str(tmp_path / "changed")])
-  assert len(trained) == 14 + 3 * n
+  assert len(trained) == 14 + 3 * n + 3
 
 
 @pytest.mark.slow

@@ -16,7 +16,10 @@ again, so a stage can be continued over several sessions):
          again for the report and must give the same lrs; they and the pilot file's runs must carry the current
          code's config_digest, `runner.refuse_other_digests`, or the stage stops before training). Final: seeds
          0 .. N-1; seed k's SFT is trained with seed k and every method's seed-k run starts from it, so (method -
-         baseline) and (method - SFT) are paired by seed and carry the SFT's own seed variance. Reported per
+         baseline) and (method - SFT) are paired by seed and carry the SFT's own seed variance. Trained seed by
+         seed (`seed_by_seed`); each finished seed's run files are kept in the experiment's `main_runs/`
+         (committed), and a fresh workdir starts from those and the pilot's `pilot_runs/`, so the stage spans
+         sessions whose machines keep nothing. Reported per
          held-out set (validation, test): greedy accuracy and sampled pass@1; the paired differences with the 95% t
          interval, paired t, sign-flip p, Holm-adjusted over the report.
 Every run's GRPO config is the set-up's `grpo()` + the method's settings (`methods`) + --set; the SFT's `sft()` +
@@ -150,6 +153,32 @@ def train_grpo(run: dict, directory: str) -> dict:
     values = [r[key] for r in rows if key in r and (not key.endswith("_sim") or r.get("clipo_num_anchors", 1) > 0)]
     diagnostics[key] = float(sum(values) / len(values)) if values else math.nan
   return dict(evals=_evals(row), diagnostics=diagnostics)
+
+
+def train_run(run: dict, directory: str) -> dict:
+  """A grid's worker: an SFT (phase 'sft') or a GRPO run."""
+  return (train_sft if run["phase"] == "sft" else train_grpo)(run, directory)
+
+
+def seed_by_seed(seeds, sft_of: Callable, runs_of: Callable, grid: Callable, workdir: str,
+                 keep: str | None) -> tuple[list[dict], list[dict]]:
+  """The finished SFT and GRPO records of `seeds`, trained in waves: wave k is seed k's SFT (first: the longest
+  run) beside seed k-1's GRPO runs (`runs_of`, once that SFT has finished), so both workers stay busy and a seed's
+  runs finish together. After each wave a seed whose SFT and runs have all finished is copied to `keep`
+  (`results.copy_run_files`; None: not kept), whole seeds only, so a later session's fresh workdir imports them
+  (`runner.import_finished`) and never needs the SFT checkpoints it has not got."""
+  sfts, final = [], []
+  for k in range(len(seeds) + 1):
+    previous_sft = [r for r in sfts if k and r["sft_seed"] == seeds[k - 1]]
+    finished = grid((sft_of(seeds[k]) if k < len(seeds) else []) + (runs_of(seeds[k - 1]) if previous_sft else []),
+                    train_run)
+    sfts += [r for r in finished if r["phase"] == "sft"]
+    final += [r for r in finished if r["phase"] != "sft"]
+    if keep and previous_sft:
+      expected = previous_sft + runs_of(seeds[k - 1])
+      if {r["name"] for r in expected} <= {r["name"] for r in final + previous_sft}:
+        results.copy_run_files(workdir, expected, keep)
+  return sfts, final
 
 
 def sft_runs(seeds, common: dict) -> list[dict]:
@@ -290,6 +319,9 @@ def main(exp: Experiment, argv=None) -> None:
                       help="the pilot's file: written by --stage pilot, read by --stage main (N and the tuned lrs)")
   parser.add_argument("--pilot-seeds", default=",".join(map(str, PILOT_SEEDS)),
                       help="the pilot's seeds (disjoint from the tuning seed and the final seeds 0 .. N-1)")
+  parser.add_argument("--keep-runs", default=os.path.join(exp.here, "main_runs"),
+                      help="the main stage's finished seeds (SFT and every run), copied here as each completes "
+                           "(committed: a fresh --workdir imports them and the pilot's runs, and goes on)")
   parser.add_argument("--smoke", action="store_true", help="a tiny run of both stages (pipeline check, no numbers)")
   args = parser.parse_args(argv)
   methods = flags.split_list(args.methods, allowed=tuple(exp.methods), flag="--methods")
@@ -315,6 +347,10 @@ def main(exp: Experiment, argv=None) -> None:
   main_stage = args.stage == "main" and not args.smoke
   if main_stage:  # the pilot's file first: the main stage trains nothing before it is read and matches
     fixed = results.read_pilot(args.pilot, "tunes the lrs and fixes N")
+    for kept in (os.path.join(os.path.dirname(os.path.abspath(args.pilot)), "pilot_runs"), args.keep_runs):
+      imported = runner.import_finished(os.path.join(kept, "runs"), workdir)
+      if imported:
+        print(f"{imported} finished runs imported into {workdir} from {kept}", flush=True)
     if fixed["lrs"] != lrs or not set(methods) <= set(fixed["best_lr"]):
       raise SystemExit(f"{args.pilot}: tuned over --lrs {fixed['lrs']} for the methods {list(fixed['best_lr'])}, "
                        f"not {lrs} for {methods}")
@@ -359,9 +395,11 @@ def main(exp: Experiment, argv=None) -> None:
            f"power for {exp.target} on {PRIMARY}, paired t, alpha 0.05, from the pilot's largest paired sd, each "
            "method at its tuned lr)")
   seeds = list(range(n))
-  sfts = grid(sft_runs(seeds, common), train_sft)
-  final = grid(grpo_runs("final", [m for m in methods if m in best], {m: [best[m]] for m in best}, seeds, common,
-                         workdir), train_grpo)
+  sfts, final = seed_by_seed(
+      seeds, lambda s: sft_runs([s], common),
+      lambda s: grpo_runs("final", [m for m in methods if m in best], {m: [best[m]] for m in best}, [s], common,
+                          workdir),
+      grid, workdir, keep=args.keep_runs if main_stage and not args.report_only else None)
   comps = stats.holm_adjust(comparisons(exp, final, sfts, methods))
   payload = dict(
       design=dict(stages=STAGES, tuning_seed=TUNE_SEED,

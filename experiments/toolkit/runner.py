@@ -23,6 +23,7 @@ import contextlib
 import json
 import multiprocessing
 import os
+import shutil
 import time
 from typing import Callable
 
@@ -45,6 +46,27 @@ def require_grid_finished(stage: str, finished: list[dict], expected: int, hint:
   """Stops the program unless all `expected` runs of `stage` have finished (the message ends with `hint`)."""
   if len(finished) < expected:
     raise SystemExit(f"{stage}: {len(finished)} of {expected} runs finished{hint}")
+
+
+def import_finished(source: str, workdir: str) -> int:
+  """Copies every finished run kept under `source` (a `results.copy_run_files` tree: <name>/{metrics.jsonl,
+  done.json}) into `workdir` where that run has not finished, so a stage goes on in a fresh workdir (a later
+  session's machine) from run files kept elsewhere (committed); returns how many. Only the record and the metrics
+  travel, never checkpoints: a kept run must need nothing more (a kept SFT has every run that starts from it kept
+  too, or is only read)."""
+  copied = 0
+  for folder, _, files in sorted(os.walk(source)):
+    if DONE_FILE not in files:
+      continue
+    target = os.path.join(workdir, os.path.relpath(folder, source))
+    if os.path.exists(os.path.join(target, DONE_FILE)):
+      continue
+    os.makedirs(target, exist_ok=True)
+    for name in sorted(files, key=lambda n: n == DONE_FILE):  # done.json last: a copy cut short is unfinished
+      if name in ("metrics.jsonl", DONE_FILE):
+        shutil.copyfile(os.path.join(folder, name), os.path.join(target, name))
+    copied += 1
+  return copied
 
 
 def load_done(workdir: str, run: dict) -> dict | None:
