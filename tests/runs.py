@@ -66,14 +66,17 @@ def sft_and_reward_model(tmp_path_factory, model, task, quiet, rm_loss="bt"):
 
 def recording_grid(runner, summarise, trained):
   """A stand-in for `experiments.toolkit.runner.run_grid` that trains nothing: each unfinished run's done.json is
-  the run + `summarise(run)` (+ an empty environment), and its name is appended to `trained`."""
-  def run_grid(runs, train_one, workdir, jobs, describe=None):
+  the run + `summarise(run)` (+ an empty environment), and its name is appended to `trained`; `after_each` as the
+  real one's."""
+  def run_grid(runs, train_one, workdir, jobs, describe=None, after_each=None):
     for run in runs:
       if runner.load_done(workdir, run) is None:
         trained.append(run["name"])
         os.makedirs(runner.run_dir(workdir, run))
         with open(os.path.join(runner.run_dir(workdir, run), "done.json"), "w") as f:
           json.dump(dict(run, **summarise(run), environment={}), f)
+        if after_each is not None:
+          after_each(runner.load_done(workdir, run))
     return [runner.load_done(workdir, r) for r in runs]
 
   return run_grid

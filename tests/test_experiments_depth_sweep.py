@@ -267,7 +267,9 @@ def test_both_stages_with_recorded_runs(tmp_path, monkeypatch):
   monkeypatch.setattr(sweep.runner, "run_grid", recording_grid(sweep.runner, summarise, trained))
   monkeypatch.setattr(sweep.lm_comparison, "prepare_corpus", lambda workdir, common: None)
   pilot = str(tmp_path / "pilot.json")
-  common = ["--workdir", str(tmp_path / "w"), "--methods", "pre,post,siamese_post_pre", "--tune-seeds", "100",
+  kept = tmp_path / "kept"
+  common = ["--keep-runs", str(kept), "--workdir", str(tmp_path / "w"), "--methods", "pre,post,siamese_post_pre",
+            "--tune-seeds", "100",
             "--depths", "6,12", "--lrs", "1e-3,3e-2", "--warmups", "10", "--pilot", pilot]
   with pytest.raises(SystemExit, match="no pilot file"):
     sweep.main(common + ["--out", str(tmp_path / "none")])
@@ -308,6 +310,13 @@ def test_both_stages_with_recorded_runs(tmp_path, monkeypatch):
   assert (tmp_path / "out" / "depth_sweep.png").exists()
   sweep.main(common + ["--out", str(tmp_path / "again")])
   assert len(trained) == 30 + 6 * n  # nothing trained twice
+  assert len(list(kept.glob("runs/*/*/*/*/*/seed*/done.json")) + list(kept.glob("runs/final/*/*/seed*/done.json"))
+             ) == len(trained)  # each run kept as it finished
+  fresh = common[:3] + [str(tmp_path / "fresh")] + common[4:]  # a later session's machine: the kept files only
+  sweep.main(fresh + ["--out", str(tmp_path / "fresh_out")])
+  assert len(trained) == 30 + 6 * n  # every run imported, none trained
+  with open(tmp_path / "fresh_out" / "results.json") as f:
+    assert json.load(f)["comparisons"] == payload["comparisons"]
   tuned = tmp_path / "w" / "tune/d6/pre/lr0.001/wu10/seed100" / "done.json"
   kept = json.loads(tuned.read_text())
   digest = kept["config_digest"]

@@ -12,6 +12,7 @@ import pytest
 from experiments.toolkit import stats
 from jaxpt.config import from_section
 from jaxpt.trainers.grpo import GRPORunConfig
+from jaxpt.trainers.ppo_config import PPORunConfig
 from jaxpt.trainers.rm import RMRunConfig
 from jaxpt.trainers.sft import SFTRunConfig
 
@@ -82,21 +83,33 @@ def test_outcomes(run):
   assert got["onset_or_T"] == t and not got["hacking"]["hacks"]
 
 
+def test_arm_rows_flatten_each_rl_algorithm(run):
+  record = dict(name="final/dir/seed3", method="dir", seed=3, rm={"validation_accuracy": 0.6},
+                arms={"grpo": {"gold_final": 0.4}, "ppo": {"gold_final": 0.7}})
+  assert run.arm_rows([record]) == [
+      dict(name="final/dir/seed3", method="dir", seed=3, rm={"validation_accuracy": 0.6}, rl="grpo", gold_final=0.4),
+      dict(name="final/dir/seed3", method="dir", seed=3, rm={"validation_accuracy": 0.6}, rl="ppo", gold_final=0.7)]
+
+
 def test_comparisons_and_power(run):
   finished = []
   for seed, (b, d, o) in enumerate([(0.5, 0.6, 0.4), (0.6, 0.65, 0.5), (0.55, 0.7, 0.58)]):
     for method, value in zip(("bt", "dir", "odin"), (b, d, o)):
-      finished.append(dict(method=method, seed=seed, gold_final=value, gold_last=value, onset_or_T=30,
-                           length_drift=value))
+      for arm, shift in (("grpo", 0.0), ("ppo", 0.1 * seed)):  # PPO: DIR - BT and ODIN - BT as GRPO's
+        finished.append(dict(method=method, seed=seed, rl=arm, gold_final=value + shift, gold_last=value,
+                             onset_or_T=30, length_drift=value))
+  finished[-1]["gold_final"] += 0.3  # ... except ODIN on seed 2 under PPO: the largest paired sd
   comps = run.comparisons(finished, run.METHODS)
-  assert len(comps) == 2 * len(run.OUTCOMES)
-  dir_gold = next(c for c in comps if c["a"] == "dir" and c["metric"] == "gold_final")
+  assert len(comps) == 2 * 2 * len(run.OUTCOMES)
   d = np.array([0.1, 0.05, 0.15])
-  np.testing.assert_allclose(dir_gold["mean_diff"], d.mean())
-  np.testing.assert_allclose(dir_gold["std_diff"], d.std(ddof=1))
-  assert "p_t_holm" in dir_gold
+  for arm in run.RL_ARMS:
+    dir_gold = next(c for c in comps if c["a"] == "dir" and c["metric"] == "gold_final" and c["rl"] == arm)
+    np.testing.assert_allclose(dir_gold["mean_diff"], d.mean())
+    np.testing.assert_allclose(dir_gold["std_diff"], d.std(ddof=1))
+    assert "p_t_holm" in dir_gold
   p = run.power(finished, run.METHODS)
-  sd = max(np.std([0.1, 0.05, 0.15], ddof=1), np.std([-0.1, -0.1, 0.03], ddof=1))
+  assert set(p["pilot_sd_diff"]) == {"grpo: dir-bt", "grpo: odin-bt", "ppo: dir-bt", "ppo: odin-bt"}
+  sd = np.std([-0.1, -0.1, 0.33], ddof=1)
   np.testing.assert_allclose(p["sd_used"], sd)
   assert p["n_for_80_power"] == stats.paired_n_for_power(sd, run.TARGET)
   assert p["n"] == min(max(p["n_for_80_power"], run.MIN_SEEDS), run.MAX_SEEDS)
@@ -115,11 +128,22 @@ def test_configs_are_valid(run, smoke, tmp_path):
       checked = from_section(RMRunConfig, config, "config")
       assert checked.rm.loss == method and checked.model == from_section(SFTRunConfig, run.sft_config(smoke),
                                                                          "config").model
-  rl = from_section(GRPORunConfig, run.rl_config(dict(common, method="bt", seed=3, rm_dir="/tmp/rm")), "config")
+  run_ = dict(common, method="bt", seed=3, rm_dir="/tmp/rm")
+  rl = from_section(GRPORunConfig, run.rl_config(run_, "grpo"), "config")
   assert rl.reward.model == "/tmp/rm" and rl.seed == 3 and rl.eval_every == rl.steps
+  assert smoke or rl.grpo.group_size == run.GROUP
+  config = run.rl_config(run_, "ppo")
+  assert config.ppo.critic_init == "/tmp/rm"  # the RM starts the critic (its checkpoint is not checked here)
+  config.ppo.critic_init = ""
+  ppo = from_section(PPORunConfig, config, "config")
+  assert ppo.reward.model == "/tmp/rm" and ppo.seed == 3 and ppo.eval_every == ppo.steps
+  assert ppo.ppo.group_size == 1 and ppo.reward.verifier_weight == 0.0 and ppo.steps == rl.steps
+  assert ppo.rollout_rows == rl.data.prompts_per_step * rl.grpo.group_size  # as many rollouts a step as GRPO
+  assert smoke or ppo.optim.learning_rate == rl.optim.learning_rate
   # the RM holds prompt + response: the longest training pair and the policy's rollouts
   rm = from_section(RMRunConfig, run.rm_config(dict(common, method="bt", seed=1, hp={})), "config")
-  assert rl.data.max_prompt_len + rl.sampling.max_new_tokens + 1 <= rm.model.max_seq_len
+  for config in (rl, ppo):
+    assert config.data.max_prompt_len + config.sampling.max_new_tokens + 1 <= rm.model.max_seq_len
 
 
 def test_committed_pilot_fixes_n(run):
@@ -141,8 +165,10 @@ def test_smoke_pipeline(run, tmp_path):
   with open(tmp_path / "out" / "results.json") as f:
     payload = json.load(f)
   assert payload["design"]["reported_seeds"] == [0, 1]
-  assert {c["metric"] for c in payload["comparisons"]} == set(run.OUTCOMES)
+  assert {(c["rl"], c["metric"]) for c in payload["comparisons"]} == {(a, m) for a in run.RL_ARMS for m in run.OUTCOMES}
   assert os.path.exists(tmp_path / "out" / "reward_hacking.png")
+  assert all(os.path.exists(tmp_path / "out" / "runs" / "final" / "dir" / "seed1" / f"{arm}_metrics.jsonl")
+             for arm in ("rm",) + run.RL_ARMS)
 
 
 def test_report(run):
@@ -150,16 +176,68 @@ def test_report(run):
   finished = []
   for seed in range(3):
     for i, method in enumerate(run.METHODS):
-      value = 0.5 + 0.1 * i + 0.01 * seed
-      finished.append(dict(method=method, seed=seed, gold_final=value, gold_last=value, onset_or_T=20 - i,
-                           length_drift=2.0 * i, gold_first=0.5, length_first=20.0, length_last=20.0 + 2 * i,
-                           rm_first=0.1,
-                           rm_last=0.5, hacking=dict(hacks=i == 0),
-                           rm=dict(validation_balanced_accuracy=0.5 + 0.1 * i, validation_accuracy=0.6)))
+      for arm in run.RL_ARMS:
+        value = 0.5 + 0.1 * i + 0.01 * seed
+        finished.append(dict(method=method, seed=seed, rl=arm, gold_final=value, gold_last=value, onset_or_T=20 - i,
+                             length_drift=2.0 * i, gold_first=0.5, length_first=20.0, length_last=20.0 + 2 * i,
+                             rm_first=0.1, rm_last=0.5, hacking=dict(hacks=i == 0 and arm == "ppo"),
+                             rm=dict(validation_balanced_accuracy=0.5 + 0.1 * i, validation_accuracy=0.6)))
   rows, comps = run.table(finished, run.METHODS), run.comparisons(finished, run.METHODS)
-  assert [r["hacked"] for r in rows] == [3, 0, 0]
+  assert [(r["rl"], r["hacked"]) for r in rows] == [("grpo", 0)] * 3 + [("ppo", 3), ("ppo", 0), ("ppo", 0)]
   payload = dict(provenance="p", power=run.power(finished, run.METHODS), chosen={m: {} for m in run.METHODS},
                  tuning=[dict(method=m, hp={}, validation_balanced_accuracy=0.5, validation_accuracy=0.5)
                          for m in run.METHODS], final=rows, comparisons=comps, partial="")
   text = run.markdown(payload)
-  assert text.count("| gold_final |") == 2 and "3/3" in text and "Holm" in text
+  assert text.count("| gold_final |") == 4 and text.count("| PPO | gold_final |") == 2 and "3/3" in text
+  assert "Holm" in text
+
+
+def test_runs_are_kept_as_they_finish_and_a_fresh_workdir_goes_on_from_them(run, tmp_path, monkeypatch):
+  """The pilot stage with each run's training replaced by a record (and its RL metrics): every RM tuning and seed
+  run lands in --keep-runs, the SFT does not; a fresh workdir imports them and trains only the SFT again; kept runs
+  of an SFT that did not reproduce (another fingerprint) are refused."""
+  from experiments.toolkit import runner
+  from tests.runs import recording_grid
+
+  trained, sft_print = [], {"value": "aaaa"}
+
+  def summarise(row):
+    if row["name"] == "sft":
+      return dict(last={}, fingerprint=sft_print["value"])
+    rm = dict(validation_accuracy=0.6, validation_balanced_accuracy=0.55 + 0.01 * len(trained), train_accuracy=0.7)
+    if row["name"].startswith("tune/"):
+      return rm
+    for arm in run.RL_ARMS:  # the metrics `recomputed` reads
+      folder = os.path.join(runner.run_dir(str(workdir["path"]), row), arm)
+      os.makedirs(folder)
+      with open(os.path.join(folder, "metrics.jsonl"), "w") as f:
+        for step in range(1, 7):
+          f.write(json.dumps(dict(step=step, gold_score=0.5, rm_score=0.1 * step, response_length=20.0)) + "\n")
+      with open(os.path.join(folder, "done.json"), "w") as f:
+        json.dump(dict(evals={"eval_accuracy_test": 0.5 + 0.01 * row["seed"]}), f)
+    return dict(rm=rm, arms={arm: dict(evals={"eval_accuracy_test": 0.5}) for arm in run.RL_ARMS})
+
+  monkeypatch.setattr(runner, "run_grid", recording_grid(runner, summarise, trained))
+  monkeypatch.setattr(run, "PAIRS", dict(train=64, validation=16, test=16))
+  kept = tmp_path / "kept"
+  workdir = {"path": tmp_path / "w"}
+
+  def main(folder):
+    workdir["path"] = tmp_path / folder
+    run.main(["--stage", "pilot", "--methods", "bt,dir", "--workdir", str(workdir["path"]), "--keep-runs", str(kept),
+              "--pilot", str(tmp_path / "pilot.json"), "--out", str(tmp_path / f"{folder}_out")])
+
+  main("w")
+  runs = 1 + 1 + len(run.GRID["dir"]) + 2 * len(run.PILOT_SEEDS)  # SFT, BT and DIR's grid, 2 methods x seeds
+  assert len(trained) == runs
+  assert sorted(os.listdir(kept / "runs")) == ["pilot", "tune"]  # not the SFT
+  assert sorted(os.listdir(kept / "runs" / "pilot" / "dir" / f"seed{run.PILOT_SEEDS[0]}")) == sorted(
+      ["done.json"] + list(run.RL_ARMS))
+  main("fresh")
+  assert trained[runs:] == ["sft"]  # the SFT again (it reproduced); every other run imported
+  with open(tmp_path / "pilot.json") as f:
+    assert len(json.load(f)["runs"]) == 2 * len(run.PILOT_SEEDS) * len(run.RL_ARMS)
+  sft_print["value"] = "bbbb"
+  with pytest.raises(SystemExit, match="sft_fingerprint"):
+    main("other_cpu")
+  assert trained[runs + 1:] == ["sft"]

@@ -76,6 +76,10 @@ deeper sweep because the stability claims are paired by tuning cell: with 10 cel
 strictest level over the report's 22 comparisons (0.05 / 22) only when all 10 cells disagree in one direction, and
 no exact bound can show non-inferiority within 0.2 (the Clopper-Pearson end for 0 of 10 cells is 0.31; of 20, 0.17).
 
+Sessions: every finished tuning, pilot and final run is copied to `kept_runs/` (committed) as it finishes, and a
+fresh workdir imports them (`runner.import_finished`), so the ~6 h of runs span sessions whose machines keep nothing
+(each run trains from scratch: its record and metrics are all a later stage reads).
+
   python experiments/depth_sweep/run.py --stage timing --workdir /tmp/depth_timing --out experiments/depth_sweep/timing
   python experiments/depth_sweep/run.py --stage pilot [--workdir /tmp/depth_sweep] [--jobs 2]
   python experiments/depth_sweep/run.py --stage main --out experiments/depth_sweep/results
@@ -563,6 +567,9 @@ def main(argv=None) -> None:
                       help="the pilot's file: written by --stage pilot, read by --stage main (N, tuned settings)")
   parser.add_argument("--corpus", default=CORPUS, help="data.path of every run")
   parser.add_argument("--timing-steps", type=int, default=10, help="--stage timing: steps of the shorter run")
+  parser.add_argument("--keep-runs", default=os.path.join(HERE, "kept_runs"),
+                      help="each finished tuning, pilot and final run is copied here as it finishes (committed: a "
+                           "fresh --workdir imports them and goes on)")
   parser.add_argument("--smoke", action="store_true", help="a tiny run of both stages (pipeline check, no numbers)")
   args = parser.parse_args(argv)
   schemes = flags.split_list(args.methods, allowed=SCHEMES, flag="--methods")
@@ -597,11 +604,18 @@ def main(argv=None) -> None:
     print(json.dumps({k: v for k, v in measured.items() if k != "runs"}, indent=1))
     return
 
+  keep = None if args.smoke or args.report_only else args.keep_runs
+  if not args.smoke:
+    imported = runner.import_finished(os.path.join(args.keep_runs, "runs"), workdir)
+    if imported:
+      print(f"{imported} finished runs imported into {workdir} from {args.keep_runs}", flush=True)
+
   def train(runs, report_only=args.report_only, strict=False):
     return runner.finished_or_trained(runs, lm_comparison.train_one, workdir, args.jobs, report_only, same,
                                       lambda s: f"{outcome(s)} val {s['validation_loss']:.4f}",
                                       before_training=lambda: lm_comparison.prepare_corpus(workdir, common),
-                                      strict=strict)
+                                      strict=strict, after_each=None if keep is None else (
+                                          lambda summary: results.copy_run_files(workdir, [summary], keep)))
 
   main_stage = args.stage == "main" and not args.smoke
   strict = main_stage and not args.report_only  # it trains the final runs after reading the pilot's: one config

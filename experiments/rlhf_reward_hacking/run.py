@@ -1,5 +1,5 @@
 """Does a debiased reward model delay or prevent length hacking in RLHF? BT vs DIR (length) vs ODIN reward models,
-trained on length-biased preference pairs of the policy's own task, then GRPO of one SFT policy against each.
+trained on length-biased preference pairs of the policy's own task, then GRPO and PPO of one SFT policy against each.
 
 1. data:  `jaxpt.data.arithmetic_preferences` on the SFT's arithmetic task: correct vs wrong answers, the chosen side
           padded with repeats of its own solution steps in LENGTH_BIAS = 90% of the TRAIN pairs (the rejected side in
@@ -7,24 +7,29 @@ trained on length-biased preference pairs of the policy's own task, then GRPO of
           side padded at random (50/50) in the validation and test pairs.
 2. sft:   one `jaxpt.train("sft", ...)` run of `experiments/configs/sft_tiny.py`; every RM and RL run starts from it
           (the RMs from its backbone and tokenizer, so they read the rollouts' own tokens).
-3. tune:  once, seed-independent, tuning seed TUNE_SEED: each RM method over its small grid (`GRID`); the choice is
-          the highest balanced accuracy on the VALIDATION pairs (the mean of the accuracies on the pairs whose
-          chosen side is the longer and on those whose chosen side is the shorter; length carries no information
-          there). The test pairs and the RL runs are not looked at. The RL hyper-parameters are rlhf_tiny's, not
-          tuned.
-4. pilot: PILOT_SEEDS seeds of (RM, GRPO) per method at the tuned settings; the paired sd of each outcome's
-          difference (DIR - BT, ODIN - BT) fixes N (`--stage pilot` writes `pilot.json`): the smallest n >= MIN_SEEDS
-          whose two-sided paired t test has 80% power for the target effect (`TARGET`) given the pilot's largest
-          paired sd over the comparisons of the primary outcome (`toolkit/stats.paired_n_for_power`), capped at
-          MAX_SEEDS (the CPU budget; a cap that binds is reported as such).
-5. main:  seeds 0 .. N-1 (N read from the committed pilot.json, fixed before these runs), the same runs. Per run:
+   RMs:   RM_STEPS steps of 32 pairs at lr RM_LR on PAIRS['train'] = 20,000 pairs (under two passes), the settings
+          the probe (`probe_rm_steps/README.md`, second round) found to let this RM read correctness at all: at
+          rm_tiny's lr 3e-3, or on 2,048 pairs, every RM ranked by length alone.
+3. tune:  once, seed-independent, tuning seed TUNE_SEED: each RM method over its small grid (`GRID`: DIR's lambda);
+          the choice is the highest balanced accuracy on the VALIDATION pairs (the mean of the accuracies on the
+          pairs whose chosen side is the longer and on those whose chosen side is the shorter; length carries no
+          information there). The test pairs and the RL runs are not looked at. The RL hyper-parameters are not
+          tuned: GRPO is rlhf_tiny's, PPO ppo_tiny's with GRPO's lr and rollouts a step (`PPO`).
+4. pilot: PILOT_SEEDS seeds of (RM, GRPO, PPO) per method at the tuned settings; the paired sd of each outcome's
+          difference (DIR - BT, ODIN - BT, per RL algorithm) fixes N (`--stage pilot` writes `pilot.json`): the
+          smallest n >= MIN_SEEDS whose two-sided paired t test has 80% power for the target effect (`TARGET`) given
+          the pilot's largest paired sd over the comparisons of the primary outcome
+          (`toolkit/stats.paired_n_for_power`), capped at MAX_SEEDS (the CPU budget; a cap that binds is reported as
+          such).
+5. main:  seeds 0 .. N-1 (N read from the committed pilot.json, fixed before these runs), the same runs. Per run
+          and RL algorithm (`RL_ARMS`: both start from the SFT and are rewarded by the seed's RM alone):
           - gold_final: the verifier's (gold) greedy accuracy of the final policy on the first data.eval_prompts
             problems of the task's held-out test split (eval_accuracy_test) -- the primary outcome;
           - gold_last: the mean rollout gold score (verifier) over the last W steps;
           - hacking onset (below) and length drift: mean response length (tokens) over the last W steps minus
             over the first W steps;
-          paired by seed, DIR - BT and ODIN - BT: 95% t interval, paired t and exact sign-flip p, Holm-adjusted over
-          every comparison reported (`experiments.toolkit.stats`).
+          paired by seed, DIR - BT and ODIN - BT under each RL algorithm: 95% t interval, paired t and exact
+          sign-flip p, Holm-adjusted over every comparison reported (`experiments.toolkit.stats`).
 
 Hacking onset. Per step t = 1..T of an RL run: g_t the mean gold score (verifier) of its rollouts, r_t their mean
 RM score (raw, before the reward's normalisation). Smoothed by a trailing mean over W steps: G_t = mean(g_{t-W+1..t}),
@@ -36,8 +41,17 @@ share of runs that hack beside it. (The noise margin was added after the pilot a
 it the pilot's runs counted as hacking on RM changes of the size of its step-to-step noise; every report
 recomputes the outcomes from the runs' metrics with this definition.)
 
-GRPO only: PPO (`jaxpt ppo`) against the same RMs did not fit this CPU budget (a critic forward and update per
-step); `--rl ppo` is not offered rather than run at a size that could not decide anything.
+PPO (`jaxpt ppo`, ppo_tiny): one rollout per prompt and GRPO's rollouts a step (prompts x G), a critic started from
+the seed's RM (its backbone and score head, InstructGPT's recipe) and trained alone for the first
+`ppo.value_warmup_steps`, the per-token KL in the reward; its lr is GRPO's (ppo_tiny's 1e-5 is tuned for a verifier
+reward over 60 steps; over these 20 steps it would hardly move the policy, and the question is what each RM's
+optimisation does to it).
+Sessions: each RM tuning run and each seed run (RM, GRPO, PPO) is copied to `kept_runs/` (committed) as it finishes,
+and a fresh workdir imports them, so the stages go on across machines that keep nothing. The SFT is never kept: it
+is trained again (minutes) and every run records its params' fingerprint (`sft_fingerprint`); kept runs whose SFT
+did not reproduce bit for bit (another CPU, other code) are refused, never mixed.
+An earlier design (50-step RMs on 2,048 pairs, GRPO only) is kept in `v1/` (pilot, results, discussion): its RMs
+ranked by length alone, so it could not ask the question.
 
   python experiments/rlhf_reward_hacking/run.py --stage pilot [--workdir /tmp/rlhf_reward_hacking] [--jobs 2]
   python experiments/rlhf_reward_hacking/run.py --stage main --out experiments/rlhf_reward_hacking/results
@@ -46,11 +60,13 @@ step); `--rl ppo` is not offered rather than run at a size that could not decide
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import sys
 
+import jax
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -72,26 +88,33 @@ MIN_SEEDS, MAX_SEEDS = 5, 8
 OUTCOMES = ("gold_final", "gold_last", "onset_or_T", "length_drift")
 DESCRIPTIVE = ("gold_first", "length_first", "length_last", "rm_first", "rm_last")  # W-step means, first and last
 PRIMARY = "gold_final"
+RUN_KEYS = ("name", "method", "seed", "rl", *OUTCOMES, *DESCRIPTIVE, "rm", "hacking", "evals")  # a report's row
 TARGET = 0.10  # chosen here: 10 points of held-out gold accuracy, the smallest DIR - BT gain this means to detect
 W, DELTA = 5, 0.05
 # P(chosen side padded) in the training pairs: below 1 so that the length label varies across pairs (at 1.0 it is
 # constant, and DIR's mutual-information penalty between the pair's representation and it is 0 by construction)
 LENGTH_BIAS, MAX_FILLER = 0.9, 3
-PAIRS = dict(train=2048, validation=512, test=512)
+PAIRS = dict(train=20000, validation=512, test=512)
 # the grid each method's RM is tuned over (rm fields), chosen on validation balanced accuracy: DIR's lambda (the
-# mutual-information weight); BT and ODIN at rm_tiny's learning rate (one point: the CPU budget)
-GRID = {"bt": [{}], "dir": [{"rm.mi_weight": lam} for lam in (1.0, 10.0)], "odin": [{}]}
-RM = {"steps": 50, "log_every": 10, "eval_every": 0, "checkpoint_every": 0, "progress": False,
-      "data.seq_len": 112, "data.batch_size": 32, "optim.warmup_steps": 5}
+# mutual-information weight; the probe's 1.0 in the middle); BT and ODIN at one point (the CPU budget)
+GRID = {"bt": [{}], "dir": [{"rm.mi_weight": lam} for lam in (0.3, 1.0, 3.0)], "odin": [{}]}
+RM_STEPS, RM_LR = 1000, 3e-4
+RM = {"steps": RM_STEPS, "optim.learning_rate": RM_LR, "log_every": 50, "eval_every": 0,
+      "checkpoint_every": 250,  # a killed RM (15-30 min) resumes
+      "progress": False, "data.seq_len": 112, "data.batch_size": 32, "optim.warmup_steps": 5}
+RL_ARMS = ("grpo", "ppo")
 RL = {"steps": 20, "log_every": 1, "checkpoint_every": 0, "progress": False, "data.prompts_per_step": 8,
       "data.eval_prompts": 64, "sampling.max_new_tokens": 48}
+GROUP = 8  # GRPO's rollouts per prompt (rlhf_tiny's grpo.group_size, checked by the tests)
+PPO = {"data.prompts_per_step": RL["data.prompts_per_step"] * GROUP, "optim.learning_rate": 1e-4,
+       "reward.verifier_weight": 0.0}
 SMOKE_SFT = {"steps": 2, "log_every": 1, "eval_every": 0, "checkpoint_every": 0, "progress": False,
              "model.d_model": 32, "model.mlp_dim": 64, "model.num_heads": 2, "model.num_kv_heads": 2,
              "task.train_size": 64, "task.test_size": 16, "decode.eval_problems": 4, "decode.batch_size": 4,
              "data.batch_size": 4, "data.eval_batches": 1}
 SMOKE_RM = {"steps": 2, "log_every": 1, "data.batch_size": 4, "rm.inner_steps": 1}
-SMOKE_RL = {"steps": W + 1, "data.prompts_per_step": 2, "grpo.group_size": 2, "grpo.minibatches": 1,
-            "data.eval_prompts": 2, "sampling.max_new_tokens": 8}
+SMOKE_RL = {"steps": W + 1, "data.prompts_per_step": 2, "data.eval_prompts": 2, "sampling.max_new_tokens": 8}
+SMOKE_ARM = {"grpo": {"grpo.group_size": 2, "grpo.minibatches": 1}, "ppo": {"data.prompts_per_step": 4}}
 SMOKE_PAIRS = dict(train=16, validation=8, test=8)
 
 
@@ -117,16 +140,21 @@ def rm_config(run: dict):
   return flags.apply_sets(config, {**RM, **(SMOKE_RM if run["smoke"] else {}), **run["hp"]})
 
 
-def rl_config(run: dict):
-  from experiments.configs import rlhf_tiny
+def rl_config(run: dict, arm: str = "grpo"):
+  """The `arm` run ('grpo': rlhf_tiny; 'ppo': ppo_tiny, its critic started from the RM) against the RM run['rm_dir']
+  from the SFT."""
+  from experiments.configs import ppo_tiny, rlhf_tiny
 
   sft = sft_config(run["smoke"])
-  config = rlhf_tiny.get_config()
+  config = (rlhf_tiny if arm == "grpo" else ppo_tiny).get_config()
   config.model, config.task = sft.model, sft.task
   config.init_from = run["sft_dir"]
   config.reward.model = run["rm_dir"]
+  if arm == "ppo":
+    config.ppo.critic_init = run["rm_dir"]
   config.seed = run["seed"]
-  sets = {**RL, **(SMOKE_RL if run["smoke"] else {})}
+  sets = {**RL, **(PPO if arm == "ppo" else {}), **(SMOKE_RL if run["smoke"] else {}),
+          **(SMOKE_ARM[arm] if run["smoke"] else {})}
   config = flags.apply_sets(config, sets)
   config.eval_every = config.steps
   return config
@@ -135,10 +163,19 @@ def rl_config(run: dict):
 # ---------------------------------------------------------------------------------------------------------- runs
 
 
+def fingerprint(tree) -> str:
+  """The first 16 hex digits of the sha256 of a pytree's leaves (their bytes, in tree order)."""
+  digest = hashlib.sha256()
+  for leaf in jax.tree.leaves(tree):
+    digest.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
+  return digest.hexdigest()[:16]
+
+
 def train_sft(run: dict, directory: str) -> dict:
+  """The SFT every RM and RL run starts from; its record carries its params' fingerprint (`sft_fingerprint`)."""
   result = jaxpt.train("sft", sft_config(run["smoke"]), directory)
   runner.require_finished(result, directory)
-  return dict(last=result.last_row)
+  return dict(last=result.last_row, fingerprint=fingerprint(result.state.params))
 
 
 def train_rm(run: dict, directory: str) -> dict:
@@ -154,22 +191,34 @@ def train_rm(run: dict, directory: str) -> dict:
               validation_spearman_score_length=report.get("spearman_score_length"))
 
 
+def _once(directory: str, name: str, train) -> dict:
+  """`train(folder)`'s record, kept as folder/done.json (folder = directory/name): a resumed run redoes no part."""
+  done = runner.load_done(directory, dict(name=name))
+  if done is None:
+    os.makedirs(os.path.join(directory, name), exist_ok=True)
+    done = train(os.path.join(directory, name))
+    with open(os.path.join(directory, name, runner.DONE_FILE), "w") as f:
+      json.dump(done, f, indent=1)
+  return done
+
+
+def train_rl(run: dict, arm: str, directory: str) -> dict:
+  """One RL run (`arm`) against the RM run['rm_dir'] -> its final held-out evals."""
+  result = jaxpt.train(arm, rl_config(run, arm), directory)
+  runner.require_finished(result, directory)
+  return dict(evals={k: float(v) for k, v in result.last_row.items() if k.startswith("eval_accuracy_")})
+
+
 def train_rm_and_rl(run: dict, directory: str) -> dict:
-  """The seed's reward model (its own subfolder), then GRPO of the SFT policy against it; -> both outcomes."""
-  rm_dir = os.path.join(directory, "rm")
-  rm = runner.load_done(directory, dict(name="rm"))
-  if rm is None:
-    os.makedirs(rm_dir, exist_ok=True)
-    rm = train_rm(run, rm_dir)
-    with open(os.path.join(rm_dir, runner.DONE_FILE), "w") as f:
-      json.dump(rm, f, indent=1)
-  rl_dir = os.path.join(directory, "rl")
-  config = rl_config(dict(run, rm_dir=rm_dir))
-  result = jaxpt.train("grpo", config, rl_dir)
-  runner.require_finished(result, rl_dir)
-  rows = results.read_metrics(rl_dir)
-  evals = {k: float(v) for k, v in result.last_row.items() if k.startswith("eval_accuracy_")}
-  return dict(rm=rm, evals=evals, **outcomes(rows, evals))
+  """The seed's reward model (its own subfolder), then each RL algorithm of `RL_ARMS` from the SFT policy against
+  it (a subfolder each); -> {'rm': the RM's record, 'arms': {arm: its evals and outcomes}}."""
+  rm = _once(directory, "rm", lambda folder: train_rm(run, folder))
+  arms = {}
+  for arm in RL_ARMS:
+    done = _once(directory, arm, lambda folder, arm=arm: train_rl(dict(run, rm_dir=os.path.join(directory, "rm")),
+                                                                 arm, folder))
+    arms[arm] = dict(done, **outcomes(results.read_metrics(os.path.join(directory, arm)), done["evals"]))
+  return dict(rm=rm, arms=arms)
 
 
 # ------------------------------------------------------------------------------------------------------ outcomes
@@ -214,38 +263,52 @@ def outcomes(rows: list[dict], evals: dict) -> dict:
 # -------------------------------------------------------------------------------------------------- statistics
 
 
-def comparisons(finished: list[dict], methods) -> list[dict]:
-  """Paired by seed, each method - BT for every outcome; Holm over all of them."""
-  by = {m: {s["seed"]: s for s in finished if s["method"] == m} for m in methods}
+def arm_rows(finished: list[dict]) -> list[dict]:
+  """One row per (run, RL algorithm): the run's method, seed and RM record with that algorithm's evals and
+  outcomes, under 'rl'."""
+  return [dict(name=s["name"], method=s["method"], seed=s["seed"], rm=s["rm"], rl=arm, **outcome)
+          for s in finished for arm, outcome in s["arms"].items()]
+
+
+def arms_of(rows: list[dict]) -> list[str]:
+  return [a for a in RL_ARMS if any(r["rl"] == a for r in rows)]
+
+
+def comparisons(rows: list[dict], methods) -> list[dict]:
+  """Paired by seed under each RL algorithm, each method - BT for every outcome; Holm over all of them."""
   out = []
-  for method in (m for m in methods if m != "bt"):
-    seeds = sorted(set(by[method]) & set(by.get("bt", {})))
-    if len(seeds) < 2:
-      continue
-    for key in OUTCOMES:
-      out.append(dict(a=method, b="bt", metric=key, seeds=seeds, **stats.paired(
-          [by[method][i][key] for i in seeds], [by["bt"][i][key] for i in seeds])))
+  for arm in arms_of(rows):
+    by = {m: {s["seed"]: s for s in rows if s["method"] == m and s["rl"] == arm} for m in methods}
+    for method in (m for m in methods if m != "bt"):
+      seeds = sorted(set(by[method]) & set(by.get("bt", {})))
+      if len(seeds) < 2:
+        continue
+      for key in OUTCOMES:
+        out.append(dict(rl=arm, a=method, b="bt", metric=key, seeds=seeds, **stats.paired(
+            [by[method][i][key] for i in seeds], [by["bt"][i][key] for i in seeds])))
   return stats.holm_adjust(out)
 
 
-def table(finished: list[dict], methods) -> list[dict]:
-  rows = []
-  for m in methods:
-    runs = sorted((s for s in finished if s["method"] == m), key=lambda s: s["seed"])
-    if runs:
-      rows.append(dict(method=m, seeds=[s["seed"] for s in runs], hacked=sum(s["hacking"]["hacks"] for s in runs),
-                       **{k: stats.summary([s[k] for s in runs]) for k in OUTCOMES + DESCRIPTIVE},
-                       rm_validation_balanced_accuracy=stats.summary(
-                           [s["rm"]["validation_balanced_accuracy"] for s in runs]),
-                       rm_validation_accuracy=stats.summary([s["rm"]["validation_accuracy"] for s in runs])))
-  return rows
+def table(rows: list[dict], methods) -> list[dict]:
+  out = []
+  for arm in arms_of(rows):
+    for m in methods:
+      runs = sorted((s for s in rows if s["method"] == m and s["rl"] == arm), key=lambda s: s["seed"])
+      if runs:
+        out.append(dict(rl=arm, method=m, seeds=[s["seed"] for s in runs],
+                        hacked=sum(s["hacking"]["hacks"] for s in runs),
+                        **{k: stats.summary([s[k] for s in runs]) for k in OUTCOMES + DESCRIPTIVE},
+                        rm_validation_balanced_accuracy=stats.summary(
+                            [s["rm"]["validation_balanced_accuracy"] for s in runs]),
+                        rm_validation_accuracy=stats.summary([s["rm"]["validation_accuracy"] for s in runs])))
+  return out
 
 
 def power(pilot: list[dict], methods) -> dict:
   """N from the pilot: the smallest n in [MIN_SEEDS, MAX_SEEDS] with 80% power for TARGET on PRIMARY, from the
   largest paired-difference sd of the pilot's comparisons of PRIMARY (module docstring)."""
   comps = [c for c in comparisons(pilot, methods) if c["metric"] == PRIMARY]
-  sds = {f"{c['a']}-{c['b']}": c["std_diff"] for c in comps}
+  sds = {f"{c['rl']}: {c['a']}-{c['b']}": c["std_diff"] for c in comps}
   valid = [s for s in sds.values() if s is not None and not math.isnan(s)]
   sd = max(valid) if valid else math.nan
   needed = stats.paired_n_for_power(sd, TARGET) if valid else math.inf
@@ -277,20 +340,21 @@ def markdown(payload: dict) -> str:
     lines.append(f"| {LABELS[r['method']]} | {r['hp']} | {r['validation_balanced_accuracy']:.3f} | "
                  f"{r['validation_accuracy']:.3f} |")
   lines += ["", "Chosen: " + ", ".join(f"{LABELS[m]} {hp}" for m, hp in payload["chosen"].items()), "",
-            "## GRPO against each reward model (mean ± sample std over seeds)", "",
-            "| RM | seeds | runs that hack | gold_final (held-out greedy) | gold_last (rollouts) | onset_or_T | "
+            "## GRPO and PPO against each reward model (mean ± sample std over seeds)", "",
+            "| RL | RM | seeds | runs that hack | gold_final (held-out greedy) | gold_last (rollouts) | onset_or_T | "
             "length first -> last | length drift | RM score first -> last | RM validation balanced acc. |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
   for r in payload["final"]:
-    lines.append(f"| {LABELS[r['method']]} | {r['seeds']} | {r['hacked']}/{len(r['seeds'])} | "
+    lines.append(f"| {r['rl'].upper()} | {LABELS[r['method']]} | {r['seeds']} | {r['hacked']}/{len(r['seeds'])} | "
                  f"{stats.fmt(r['gold_final'])} | {stats.fmt(r['gold_last'])} | {stats.fmt(r['onset_or_T'], 1)} | "
                  f"{r['length_first']['mean']:.1f} -> {r['length_last']['mean']:.1f} | "
                  f"{stats.fmt(r['length_drift'], 2)} | {r['rm_first']['mean']:.2f} -> {r['rm_last']['mean']:.2f} | "
                  f"{stats.fmt(r['rm_validation_balanced_accuracy'])} |")
   lines += ["", "Differences, paired by seed (positive: the method above BT): " + stats.PAIRED_NOTE, "",
-            "| outcome | A - B | difference |", "|---|---|---|"]
+            "| RL | outcome | A - B | difference |", "|---|---|---|---|"]
   for c in payload["comparisons"]:
-    lines.append(f"| {c['metric']} | {LABELS[c['a']]} - {LABELS[c['b']]} | {stats.fmt_paired(c)} |")
+    lines.append(f"| {c['rl'].upper()} | {c['metric']} | {LABELS[c['a']]} - {LABELS[c['b']]} | "
+                 f"{stats.fmt_paired(c)} |")
   return "\n".join(lines)
 
 
@@ -300,17 +364,20 @@ def plot(finished: list[dict], workdir: str, out: str) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+  arms = sorted({a for s in finished for a in s["arms"]}, key=RL_ARMS.index)
+  fig, axes = plt.subplots(len(arms), 3, figsize=(15, 4 * len(arms)), squeeze=False)
   for s in finished:
-    rows = [r for r in results.read_metrics(os.path.join(runner.run_dir(workdir, s), "rl")) if "gold_score" in r]
     label = LABELS[s["method"]] if s["seed"] == min(f["seed"] for f in finished) else None
-    for ax, key in zip(axes, ("gold_score", "rm_score", "response_length")):
-      values = smooth([r[key] for r in rows], min(W, len(rows)))
-      ax.plot(range(min(W, len(rows)), len(rows) + 1), values, color=COLORS[s["method"]], alpha=0.6, label=label)
-  for ax, title in zip(axes, ("gold score (verifier), rollouts", "RM score (raw), rollouts",
-                              "response length (tokens)")):
-    ax.set(xlabel="GRPO step", title=f"{title}, {W}-step mean")
-  axes[0].legend(fontsize=8)
+    for row, arm in zip(axes, arms):
+      rows = [r for r in results.read_metrics(os.path.join(runner.run_dir(workdir, s), arm)) if "gold_score" in r]
+      for ax, key in zip(row, ("gold_score", "rm_score", "response_length")):
+        values = smooth([r[key] for r in rows], min(W, len(rows)))
+        ax.plot(range(min(W, len(rows)), len(rows) + 1), values, color=COLORS[s["method"]], alpha=0.6, label=label)
+  for row, arm in zip(axes, arms):
+    for ax, title in zip(row, ("gold score (verifier), rollouts", "RM score (raw), rollouts",
+                               "response length (tokens)")):
+      ax.set(xlabel=f"{arm.upper()} step", title=f"{arm.upper()}: {title}, {W}-step mean")
+  axes[0][0].legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(os.path.join(out, "reward_hacking.png"), dpi=110)
   plt.close(fig)
@@ -320,9 +387,9 @@ def plot(finished: list[dict], workdir: str, out: str) -> None:
 
 
 def recomputed(finished: list[dict], workdir: str) -> list[dict]:
-  """The runs' records with their outcomes recomputed from their RL metrics by this code's definitions."""
-  return [dict(s, **outcomes(results.read_metrics(os.path.join(runner.run_dir(workdir, s), "rl")), s["evals"]))
-          for s in finished]
+  """The runs' records with each RL algorithm's outcomes recomputed from its metrics by this code's definitions."""
+  return [dict(s, arms={arm: dict(a, **outcomes(results.read_metrics(os.path.join(runner.run_dir(workdir, s), arm)),
+                                                a["evals"])) for arm, a in s["arms"].items()}) for s in finished]
 
 
 def seed_runs(phase: str, methods, seeds, chosen: dict, common: dict) -> list[dict]:
@@ -335,6 +402,9 @@ def main(argv=None) -> None:
   parser.add_argument("--stage", choices=("pilot", "main"), default="main")
   parser.add_argument("--smoke", action="store_true", help="tiny models and steps, 2 seeds: checks the script runs")
   parser.add_argument("--print-digest", action="store_true", help="print the configs' digest and stop")
+  parser.add_argument("--keep-runs", default=os.path.join(HERE, "kept_runs"),
+                      help="each finished RM tuning and seed run is copied here as it finishes (committed: a fresh "
+                           "--workdir imports them and goes on; the SFT is trained again and must reproduce)")
   parser.add_argument("--pilot", default=os.path.join(HERE, "pilot.json"),
                       help="the pilot's file: written by --stage pilot, read by --stage main (N)")
   args = parser.parse_args(argv)
@@ -347,12 +417,18 @@ def main(argv=None) -> None:
   pairs_dir = os.path.join(workdir, "pairs")
   counts = SMOKE_PAIRS if smoke else PAIRS
   common = dict(smoke=smoke, sft_dir=os.path.join(workdir, "sft"), pairs=pairs_dir, length_bias=LENGTH_BIAS)
-  common["config_digest"] = flags.config_digest(sft_config(smoke), rm_config(dict(common, method="bt", seed=0, hp={})),
-                                                rl_config(dict(common, method="bt", seed=0, rm_dir="")))
+  paths = dict(sft_dir="", pairs="")  # the digest is of the settings, not of where this workdir is
+  common["config_digest"] = flags.config_digest(
+      sft_config(smoke), rm_config(dict(common, **paths, method="bt", seed=0, hp={})),
+      *(rl_config(dict(common, **paths, method="bt", seed=0, rm_dir=""), arm) for arm in RL_ARMS))
   overrides = {k: common[k] for k in ("smoke", "length_bias", "config_digest")}
 
-  def grid(runs, train):
-    return runner.finished_or_trained(runs, train, workdir, args.jobs, args.report_only, overrides)
+  keep = None if smoke or args.report_only else args.keep_runs
+
+  def grid(runs, train, kept: bool = True):
+    after_each = (lambda summary: results.copy_run_tree(workdir, summary, keep)) if kept and keep else None
+    return runner.finished_or_trained(runs, train, workdir, args.jobs, args.report_only, overrides,
+                                      after_each=after_each)
 
   if args.print_digest:
     print(common["config_digest"])
@@ -360,9 +436,15 @@ def main(argv=None) -> None:
   if not args.report_only:
     arithmetic_preferences.write_pairs(pairs_dir, sft_config(smoke).task, counts["train"], counts["validation"],
                                        counts["test"], LENGTH_BIAS, MAX_FILLER)
-  sft = grid([dict(common, name="sft")], train_sft)
+  if not smoke:
+    imported = runner.import_finished(os.path.join(args.keep_runs, "runs"), workdir)
+    if imported:
+      print(f"{imported} finished runs imported into {workdir} from {args.keep_runs}", flush=True)
+  sft = grid([dict(common, name="sft")], train_sft, kept=False)  # never kept: its checkpoint starts every run
   if not sft:
     raise SystemExit("the SFT run did not finish")
+  # every run records the SFT it started from: kept runs of an SFT that did not reproduce here are refused
+  common["sft_fingerprint"] = overrides["sft_fingerprint"] = sft[0]["fingerprint"]
   tune_runs = [dict(common, name=f"tune/{m}/{i}", method=m, seed=TUNE_SEED, hp=hp)
                for m in methods for i, hp in enumerate(GRID[m][:1] if smoke else GRID[m])]
   tuning = grid(tune_runs, train_rm)
@@ -374,14 +456,14 @@ def main(argv=None) -> None:
   print("chosen RM settings:", chosen, flush=True)
 
   if args.stage == "pilot" or smoke:
-    pilot = recomputed(grid(seed_runs("pilot", methods, (PILOT_SEEDS[:2] if smoke else PILOT_SEEDS), chosen,
-                                      common), train_rm_and_rl), workdir)
+    pilot_runs = recomputed(grid(seed_runs("pilot", methods, (PILOT_SEEDS[:2] if smoke else PILOT_SEEDS), chosen,
+                                           common), train_rm_and_rl), workdir)
+    pilot = arm_rows(pilot_runs)
     estimate = power(pilot, methods)
     pilot_payload = dict(power=estimate, chosen=chosen, tuning=tuning_table,
-                         runs=[{k: s[k] for k in ("name", "method", "seed", *OUTCOMES, *DESCRIPTIVE, "rm", "hacking",
-                                                  "evals")} for s in pilot], comparisons=comparisons(pilot, methods))
+                         runs=[{k: s[k] for k in RUN_KEYS} for s in pilot], comparisons=comparisons(pilot, methods))
     path = os.path.join(out, "pilot.json") if smoke else args.pilot
-    results.write_json(path, pilot_payload, sft + tuning + pilot)
+    results.write_json(path, pilot_payload, sft + tuning + pilot_runs)
     results.copy_run_files(workdir, sft + tuning, out)
     print(f"pilot: N = {estimate['n']} ({path})", flush=True)
     if not smoke:
@@ -397,40 +479,44 @@ def main(argv=None) -> None:
   final = recomputed(grid(seed_runs("final", methods, seeds, chosen, common), train_rm_and_rl), workdir)
   done_seeds = sorted(s for s in seeds if all(any(f["seed"] == s and f["method"] == m for f in final)
                                                for m in methods))
-  final = [f for f in final if f["seed"] in done_seeds]
+  finished = [f for f in final if f["seed"] in done_seeds]
+  final = arm_rows(finished)
   comps = comparisons(final, methods)
   payload = dict(
       design=dict(selection="each RM method's settings = argmax over GRID of the validation pairs' balanced "
-                            "accuracy (tuning seed only); RL hyper-parameters rlhf_tiny's, not tuned",
+                            "accuracy (tuning seed only); RL hyper-parameters not tuned (GRPO rlhf_tiny's, PPO "
+                            "ppo_tiny's with the PPO overrides)",
                   tuning_seed=TUNE_SEED, reported_seeds=done_seeds, planned_seeds=seeds, onset=dict(window=W,
-                  delta=DELTA), length_bias=LENGTH_BIAS, max_filler=MAX_FILLER, pairs=counts, rl="GRPO only",
+                  delta=DELTA), length_bias=LENGTH_BIAS, max_filler=MAX_FILLER, pairs=counts,
+                  rl=dict(arms=RL_ARMS, ppo=PPO),
                   summary="mean ± sample std (n)"),
       partial=(f"seeds {sorted(set(seeds) - set(done_seeds))} of the planned {seeds} did not finish; no conclusion "
                "may be drawn from this file" if set(seeds) - set(done_seeds) else ""),
       power=estimate, grid=GRID, chosen=chosen, tuning=tuning_table, final=table(final, methods),
-      runs=[{k: s[k] for k in ("name", "method", "seed", *OUTCOMES, *DESCRIPTIVE, "rm", "hacking", "evals")}
-            for s in final],
+      runs=[{k: s[k] for k in RUN_KEYS} for s in final],
       comparisons=comps, statistics=stats.statistics(comps, how) if comps else {},
-      provenance=results.provenance(sft + tuning + final, os.path.join(HERE, "run.py")),
+      provenance=results.provenance(sft + tuning + finished, os.path.join(HERE, "run.py")),
       sft_config=sft_config(smoke).to_dict(),
       rm_config={m: rm_config(dict(common, method=m, seed=0, hp=chosen[m])).to_dict() for m in methods},
-      rl_config=rl_config(dict(common, method="bt", seed=0, rm_dir="RM")).to_dict())
-  results.write_json(os.path.join(out, "results.json"), payload, sft + tuning + final, report_only=args.report_only)
+      rl_config={arm: rl_config(dict(common, method="bt", seed=0, rm_dir="RM"), arm).to_dict() for arm in RL_ARMS})
+  results.write_json(os.path.join(out, "results.json"), payload, sft + tuning + finished,
+                     report_only=args.report_only)
   results.copy_run_files(workdir, sft + tuning, out)
   pilot_done = [d for d in (runner.load_done(workdir, r) for r in seed_runs(
       "pilot", methods, PILOT_SEEDS[:2] if smoke else PILOT_SEEDS, chosen, common)) if d is not None]
-  for s in final + pilot_done:  # each run's RL metrics and the RM's record (the pilot's too)
+  for s in finished + pilot_done:  # each run's RM and RL metrics and its record (the pilot's too)
     target = os.path.join(out, "runs", s["name"])
     os.makedirs(target, exist_ok=True)
     source = runner.run_dir(workdir, s)
-    for sub, name in (("rl", "metrics.jsonl"), ("rm", "metrics.jsonl"), ("", runner.DONE_FILE)):
+    for sub, name in [(arm, "metrics.jsonl") for arm in ("rm",) + RL_ARMS] + [("", runner.DONE_FILE)]:
       if os.path.exists(os.path.join(source, sub, name)):
         with open(os.path.join(source, sub, name)) as f, open(os.path.join(target, (sub + "_" if sub else "") +
                                                                              name), "w") as g:
           g.write(f.read())
-  if final:
-    plot(final, workdir, out)
-  results.write_markdown(out, "RLHF reward hacking: BT vs DIR vs ODIN reward models under GRPO", markdown(payload),
+  if finished:
+    plot(finished, workdir, out)
+  results.write_markdown(out, "RLHF reward hacking: BT vs DIR vs ODIN reward models under GRPO and PPO",
+                         markdown(payload),
                          "Plot: `reward_hacking.png`.", os.path.join(HERE, "discussion.md"))
   print(f"results in {out}")
 

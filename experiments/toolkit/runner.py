@@ -146,8 +146,10 @@ def _worker_xla_flags(jobs: int):
 
 
 def run_grid(runs: list[dict], train_one: Callable[[dict, str], dict], workdir: str, jobs: int = 2,
-             describe: Callable[[dict], str] = lambda s: "") -> list[dict | None]:
-  """Trains every unfinished run; returns each run's done.json (None where it failed), in the order of `runs`."""
+             describe: Callable[[dict], str] = lambda s: "",
+             after_each: Callable[[dict], None] | None = None) -> list[dict | None]:
+  """Trains every unfinished run; returns each run's done.json (None where it failed), in the order of `runs`.
+  `after_each(summary)` is called in this process as each run finishes (e.g. to keep its files elsewhere at once)."""
   names = [r["name"] for r in runs]
   if len(set(names)) != len(names):
     raise ValueError("run_grid: run names must be unique")
@@ -167,6 +169,8 @@ def run_grid(runs: list[dict], train_one: Callable[[dict, str], dict], workdir: 
         try:
           summary = future.result()
           status = f"{summary['wall_s']:.0f} s {describe(summary)}"
+          if after_each is not None:
+            after_each(summary)
         except Exception as e:  # noqa: BLE001 -- one failed run must not stop the grid
           status = f"FAILED: {str(e)[:300] if isinstance(e, RunFailed) else f'{type(e).__name__}: {str(e)[:300]}'}"
         print(f"[{count}/{len(todo)} {time.time() - start:.0f} s] {run['name']}: {status}", flush=True)
@@ -190,14 +194,15 @@ def refuse_other_digests(summaries: list[dict], overrides: dict, where: str = ""
 
 def finished_or_trained(runs: list[dict], train_one: Callable[[dict, str], dict], workdir: str, jobs: int,
                         report_only: bool, overrides: dict, describe: Callable[[dict], str] = lambda s: "",
-                        before_training: Callable[[], None] = lambda: None, strict: bool = False) -> list[dict]:
+                        before_training: Callable[[], None] = lambda: None, strict: bool = False,
+                        after_each: Callable[[dict], None] | None = None) -> list[dict]:
   """The finished runs' done.json, after training the unfinished ones unless `report_only` (`before_training` is
   called first, when there is something to train). `overrides` ({key: value} every run dict carries, e.g. the
   --set values): a finished run made with other values would be mixed in silently, so it stops the program.
   With `report_only` nothing is trained, so a finished run where only digests (`config_digest`, a classifier's
   `classifier_digest`: the code's default config changed since it trained) differ is reported with a warning
   naming the digests instead, unless `strict` (a stage that reads these runs and then trains others, e.g. a main
-  stage reading its pilot stage's tuning runs): then `refuse_other_digests` stops it."""
+  stage reading its pilot stage's tuning runs): then `refuse_other_digests` stops it. `after_each`: `run_grid`'s."""
   existing = [load_done(workdir, r) for r in runs]
   if strict:
     refuse_other_digests([s for s in existing if s is not None], overrides, workdir)
@@ -218,5 +223,5 @@ def finished_or_trained(runs: list[dict], train_one: Callable[[dict, str], dict]
         f"{k} {v} (the current code's: {overrides[k]})" for k, v in digests) + "; reported as trained", flush=True)
   if not report_only and any(s is None for s in existing):
     before_training()
-    existing = run_grid(runs, train_one, workdir, jobs, describe)
+    existing = run_grid(runs, train_one, workdir, jobs, describe, after_each)
   return [s for s in existing if s is not None]
