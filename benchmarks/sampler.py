@@ -119,12 +119,18 @@ def timed(fn: Callable[[], object]) -> float:
   return time.perf_counter() - start
 
 
-def run_point(name: str, schemes: list[str], dtypes: list[str], rounds: int, peer_python: str) -> dict:
+def hf_flags(peer: str, threads: int) -> list[str]:
+  """The HF peer's `--torch-threads` (0: none, it picks 1 or 2 threads by a trial call each)."""
+  return ["--torch-threads", str(threads)] if peer == "hf" and threads else []
+
+
+def run_point(name: str, schemes: list[str], dtypes: list[str], rounds: int, peer_python: str,
+              hf_threads: int = 0) -> dict:
   """Readies the peers of one operating point one at a time, then builds its jaxpt variants, times `rounds`
   alternating rounds, summarises."""
   batch, prompt, new = POINTS[name]
-  peers = ready_peers({p: [peer_python, str(PEER_SCRIPT), p, str(batch), str(prompt), str(new)] for p in PEERS
-                       if peer_python})
+  peers = ready_peers({p: [peer_python, str(PEER_SCRIPT), p, str(batch), str(prompt), str(new),
+                           *hf_flags(p, hf_threads)] for p in PEERS if peer_python})
   runs, facts = {}, {}
   for scheme in schemes:
     cfg = ModelConfig(norm_scheme=scheme, **MODEL)
@@ -193,7 +199,7 @@ def write_rows(path: str, cfg: ModelConfig, args, tokens, mask, lengths) -> None
            model=np.array([cfg.d_model, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size]))
 
 
-def run_realistic(args, rounds: int, peer_python: str) -> dict:
+def run_realistic(args, rounds: int, peer_python: str, hf_threads: int = 0) -> dict:
   """The realistic point (see the module doc): the peers start on the rows' .npz one at a time, then jaxpt's
   engine and static sampler compile and run once (untimed), then `rounds` alternating rounds; -> its report."""
   cfg = ModelConfig(norm_scheme="pre", **realistic.MODELS[args.model])
@@ -202,8 +208,8 @@ def run_realistic(args, rounds: int, peer_python: str) -> dict:
     rows = os.path.join(tmp, "rows.npz")
     write_rows(rows, cfg, args, tokens, mask, lengths)
     # each has read the rows and made its checked warm-up call before the next starts and jaxpt compiles
-    peers = ready_peers({p: [peer_python, str(PEER_SCRIPT), p, "--rows", rows] for p in PEERS if peer_python},
-                        stderr=None)
+    peers = ready_peers({p: [peer_python, str(PEER_SCRIPT), p, "--rows", rows, *hf_flags(p, hf_threads)]
+                         for p in PEERS if peer_python}, stderr=None)
     params = init_params(cfg, jax.random.PRNGKey(0))
     engine, compiled = realistic.jaxpt_systems(cfg, args, params, tokens, mask, lengths)
     calls = iter(range(1, 10 ** 6))
@@ -255,6 +261,9 @@ def main(argv=None) -> None:
   parser.add_argument("--dtypes", default="float32,bfloat16", help="rollout dtypes of every jaxpt scheme")
   parser.add_argument("--peer-python", default="", help="python of a venv with torch + transformers + tunix")
   parser.add_argument("--out", default="", help="write the JSON here (default: stdout)")
+  parser.add_argument("--hf-threads", type=int, default=0, choices=(0, 1, 2),
+                      help="torch threads of the HF peer; 0: the faster of 1 and 2 in a trial call each (two "
+                           "untimed whole calls: at the realistic point ~15 min each on this CPU)")
   realistic.add_flags(parser)
   args = parser.parse_args(argv)
   points = args.points.split(",")
@@ -276,10 +285,10 @@ def main(argv=None) -> None:
             "command": "python -m benchmarks.sampler " + shlex.join(sys.argv[1:] if argv is None else argv)}
   for point, n in zip(points, map(int, rounds)):
     if point == "realistic":
-      report[point] = run_realistic(args, n, args.peer_python)
+      report[point] = run_realistic(args, n, args.peer_python, args.hf_threads)
     else:
       schemes = (args.schemes if point == "small" else args.kv_schemes).split(",")
-      report[point] = run_point(point, schemes, args.dtypes.split(","), n, args.peer_python)
+      report[point] = run_point(point, schemes, args.dtypes.split(","), n, args.peer_python, args.hf_threads)
     print(f"{point}: done", file=sys.stderr, flush=True)
   text = json.dumps(report, indent=2) + "\n"
   if args.out:

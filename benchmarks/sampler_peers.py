@@ -22,7 +22,8 @@ peer stops it by its own EOS handling; the call then checks every row's answer l
   `--rows` a `LogitsProcessor` (`forced_lengths_processor`) and `eos_token_id=pad_token_id=eos` on the left-padded
   rows and their attention mask: generate keeps stepping a finished row (with pad tokens) until every row has
   finished, then stops; the call checks it stopped at the longest length. torch runs with 1 or 2 intra-op
-  threads, whichever was faster in a warm-up call each (`sampler.py` readies the peers one at a time, before jaxpt
+  threads, whichever was faster in a warm-up call each, or with `--torch-threads N` (`sampler.py --hf-threads`) N
+  without that trial, which costs two whole calls (`sampler.py` readies the peers one at a time, before jaxpt
   compiles, so nothing else of the benchmark runs then): on this shared 2-core machine two OpenMP threads were up
   to 10x slower than one while other jobs held the cores (the benchmark also sets OMP_WAIT_POLICY=PASSIVE, which
   made two threads usable again there).
@@ -123,11 +124,14 @@ def check_lengths(peer: str, got, lengths) -> None:
     raise AssertionError(f"{peer}: answer lengths {np.asarray(got).tolist()} are not the forced {lengths.tolist()}")
 
 
-def fastest_torch_threads(call) -> str:
-  """Sets torch's intra-op threads to 1 or 2, whichever ran one `call(0)` faster (each timed once); -> the
-  setting's words for the ready line."""
+def fastest_torch_threads(call, fixed: int = 0) -> str:
+  """Sets torch's intra-op threads to 1 or 2, whichever ran one `call(0)` faster (each timed once), or to `fixed`
+  (> 0: no trial calls); -> the setting's words for the ready line."""
   import torch
 
+  if fixed:
+    torch.set_num_threads(fixed)
+    return f"torch_threads={fixed} (fixed: --torch-threads)"
   seconds = {}
   for threads in (1, 2):
     torch.set_num_threads(threads)
@@ -261,18 +265,23 @@ def serve(call, ready: str) -> None:
 
 
 def main() -> None:
-  peer = sys.argv[1]
+  argv, threads = sys.argv[1:], 0
+  if "--torch-threads" in argv:  # hf: torch's intra-op threads, instead of the trial
+    at = argv.index("--torch-threads")
+    threads = int(argv[at + 1])
+    del argv[at:at + 2]
+  peer = argv[0]
   if peer not in ("hf", "tunix_untied", "tunix_tied"):
     raise SystemExit(f"unknown peer {peer!r}")
-  if sys.argv[2] == "--rows":
-    rows = read_rows(sys.argv[3])
+  if argv[1] == "--rows":
+    rows = read_rows(argv[2])
     params, call = hf_rows_peer(rows) if peer == "hf" else tunix_rows_peer(rows, tied=peer == "tunix_tied")
   else:
-    batch, prompt, new = map(int, sys.argv[2:5])
+    batch, prompt, new = map(int, argv[1:4])
     params, call = (hf_peer(batch, prompt, new) if peer == "hf"
                     else tunix_peer(batch, prompt, new, tied=peer == "tunix_tied"))
   call(0)
-  serve(call, f"{params} {fastest_torch_threads(call)}" if peer == "hf" else str(params))
+  serve(call, f"{params} {fastest_torch_threads(call, threads)}" if peer == "hf" else str(params))
 
 
 if __name__ == "__main__":

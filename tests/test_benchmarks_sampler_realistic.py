@@ -147,10 +147,12 @@ class RecordedPeer:
   """`Peer`'s interface recording when each peer starts and is ready (a real peer needs the peer venv; the slow
   test runs them)."""
   log: list = []
+  argvs: dict = {}
 
   def __init__(self, name, argv, **kwargs):
     self.name = name
     self.log.append(f"start {name}")
+    self.argvs[name] = argv
 
   def wait_ready(self):
     self.log.append(f"ready {self.name}")
@@ -158,8 +160,9 @@ class RecordedPeer:
 
 @pytest.mark.parametrize("point", ["small", "realistic"])
 def test_the_peers_are_ready_one_at_a_time_before_jaxpt_compiles(point, monkeypatch):
-  log = []
+  log, argvs = [], {}
   monkeypatch.setattr(RecordedPeer, "log", log)
+  monkeypatch.setattr(RecordedPeer, "argvs", argvs)
   monkeypatch.setattr(common, "Peer", RecordedPeer)
 
   def jaxpt_starts(*args):
@@ -169,16 +172,20 @@ def test_the_peers_are_ready_one_at_a_time_before_jaxpt_compiles(point, monkeypa
   monkeypatch.setattr(sampler, "init_params", jaxpt_starts)
   with pytest.raises(StopIteration):
     if point == "realistic":
-      sampler.run_realistic(types.SimpleNamespace(**vars(ARGS), model="tiny"), 1, "peer-python")
+      sampler.run_realistic(types.SimpleNamespace(**vars(ARGS), model="tiny"), 1, "peer-python", hf_threads=2)
     else:
-      sampler.run_point(point, ["pre"], ["float32"], 1, "peer-python")
+      sampler.run_point(point, ["pre"], ["float32"], 1, "peer-python", hf_threads=2)
   assert log == [f"{event} {peer}" for peer in sampler.PEERS for event in ("start", "ready")] + ["jaxpt"]
+  # --hf-threads reaches the HF peer alone, as its trailing --torch-threads (no trial calls)
+  assert {p: argv[-2:] == ["--torch-threads", "2"] for p, argv in argvs.items()} == {
+      p: p == "hf" for p in sampler.PEERS}
 
 
 def test_every_point_gets_its_rounds_and_a_mismatch_is_refused(monkeypatch, capsys, tmp_path):
   ran = []
-  monkeypatch.setattr(sampler, "run_point", lambda point, schemes, dtypes, n, python: ran.append((point, n)) or {})
-  monkeypatch.setattr(sampler, "run_realistic", lambda args, n, python: ran.append(("realistic", n)) or {})
+  monkeypatch.setattr(sampler, "run_point",
+                      lambda point, schemes, dtypes, n, python, threads: ran.append((point, n)) or {})
+  monkeypatch.setattr(sampler, "run_realistic", lambda args, n, python, threads: ran.append(("realistic", n)) or {})
   sampler.main(["--points", "small,kv,realistic", "--out", str(tmp_path / "out.json")])
   assert ran == [("small", 5), ("kv", 2), ("realistic", 3)]
   for rounds in ("5,2", "5,2,0", "5,2,x"):
