@@ -230,7 +230,12 @@ class Checkpointer:
 
   def _remove_unfinished(self, steps: list[int]) -> None:
     """Removes the temporary folders a failed save of `steps` left (orbax's `<step>.orbax-checkpoint-tmp*`, made
-    for this run; process 0), so a full disk leaves no partial checkpoint behind."""
+    for this run; process 0), so a full disk leaves no partial checkpoint behind. Orbax's writer threads may still
+    be at work in such a folder when the failure reaches us (a loaded machine left one behind): they finish first."""
+    try:
+      self._manager.wait_until_finished()
+    except Exception:  # noqa: BLE001 -- the failure being cleaned up after; the caller raises it
+      pass
     if jax.process_index() == 0:
       for step in steps:
         for folder in glob.glob(os.path.join(self.directory, f"{step}.orbax-checkpoint-tmp*")):
