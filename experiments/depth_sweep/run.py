@@ -77,7 +77,7 @@ strictest level over the report's 22 comparisons (0.05 / 22) only when all 10 ce
 no exact bound can show non-inferiority within 0.2 (the Clopper-Pearson end for 0 of 10 cells is 0.31; of 20, 0.17).
 
 Sessions: every finished tuning, pilot and final run is copied to `kept_runs/` (committed) as it finishes, and a
-fresh workdir imports them (`runner.import_finished`), so the ~6 h of runs span sessions whose machines keep nothing
+fresh workdir imports them (`runner.copy_finished`), so the ~6 h of runs span sessions whose machines keep nothing
 (each run trains from scratch: its record and metrics are all a later stage reads).
 
   python experiments/depth_sweep/run.py --stage timing --workdir /tmp/depth_timing --out experiments/depth_sweep/timing
@@ -606,7 +606,7 @@ def main(argv=None) -> None:
 
   keep = None if args.smoke or args.report_only else args.keep_runs
   if not args.smoke:
-    imported = runner.import_finished(os.path.join(args.keep_runs, "runs"), workdir)
+    imported = runner.copy_finished(os.path.join(args.keep_runs, "runs"), workdir)
     if imported:
       print(f"{imported} finished runs imported into {workdir} from {args.keep_runs}", flush=True)
 

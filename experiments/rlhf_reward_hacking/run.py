@@ -426,7 +426,8 @@ def main(argv=None) -> None:
   keep = None if smoke or args.report_only else args.keep_runs
 
   def grid(runs, train, kept: bool = True):
-    after_each = (lambda summary: results.copy_run_tree(workdir, summary, keep)) if kept and keep else None
+    after_each = (lambda summary: runner.copy_finished(runner.run_dir(workdir, summary), os.path.join(
+        keep, "runs", summary["name"]))) if kept and keep else None
     return runner.finished_or_trained(runs, train, workdir, args.jobs, args.report_only, overrides,
                                       after_each=after_each)
 
@@ -437,7 +438,7 @@ def main(argv=None) -> None:
     arithmetic_preferences.write_pairs(pairs_dir, sft_config(smoke).task, counts["train"], counts["validation"],
                                        counts["test"], LENGTH_BIAS, MAX_FILLER)
   if not smoke:
-    imported = runner.import_finished(os.path.join(args.keep_runs, "runs"), workdir)
+    imported = runner.copy_finished(os.path.join(args.keep_runs, "runs"), workdir)
     if imported:
       print(f"{imported} finished runs imported into {workdir} from {args.keep_runs}", flush=True)
   sft = grid([dict(common, name="sft")], train_sft, kept=False)  # never kept: its checkpoint starts every run

@@ -41,20 +41,6 @@ def copy_run_files(workdir: str, runs: list[dict], out: str) -> None:
         shutil.copyfile(os.path.join(source, name), os.path.join(target, name))
 
 
-def copy_run_tree(workdir: str, run: dict, out: str) -> None:
-  """`out/runs/<name>/...`: the metrics.jsonl and done.json of the finished run and of every finished part of it
-  (a subfolder with its own done.json, e.g. a reward model and the RL runs against it), the same layout, so that
-  `runner.import_finished(out/runs, workdir)` brings the whole run back."""
-  source = run_dir(workdir, run)
-  for folder, _, files in os.walk(source):
-    if DONE_FILE in files:
-      target = os.path.join(out, "runs", run["name"], os.path.relpath(folder, source))
-      os.makedirs(target, exist_ok=True)
-      for name in ("metrics.jsonl", DONE_FILE):  # done.json last: a copy cut short is unfinished
-        if name in files:
-          shutil.copyfile(os.path.join(folder, name), os.path.join(target, name))
-
-
 def read_pilot(path: str, what: str) -> dict:
   """The pilot stage's file at `path` (JSON); stops the program naming it where there is none, so a main stage
   trains nothing before it has read its pilot (`what`: what the pilot fixes, for the message)."""

@@ -166,7 +166,7 @@ def seed_by_seed(seeds, sft_of: Callable, runs_of: Callable, grid: Callable, wor
   run) beside seed k-1's GRPO runs (`runs_of`, once that SFT has finished), so both workers stay busy and a seed's
   runs finish together. After each wave a seed whose SFT and runs have all finished is copied to `keep`
   (`results.copy_run_files`; None: not kept), whole seeds only, so a later session's fresh workdir imports them
-  (`runner.import_finished`) and never needs the SFT checkpoints it has not got."""
+  (`runner.copy_finished`) and never needs the SFT checkpoints it has not got."""
   sfts, final = [], []
   for k in range(len(seeds) + 1):
     previous_sft = [r for r in sfts if k and r["sft_seed"] == seeds[k - 1]]
@@ -348,7 +348,7 @@ def main(exp: Experiment, argv=None) -> None:
   if main_stage:  # the pilot's file first: the main stage trains nothing before it is read and matches
     fixed = results.read_pilot(args.pilot, "tunes the lrs and fixes N")
     for kept in (os.path.join(os.path.dirname(os.path.abspath(args.pilot)), "pilot_runs"), args.keep_runs):
-      imported = runner.import_finished(os.path.join(kept, "runs"), workdir)
+      imported = runner.copy_finished(os.path.join(kept, "runs"), workdir)
       if imported:
         print(f"{imported} finished runs imported into {workdir} from {kept}", flush=True)
     if fixed["lrs"] != lrs or not set(methods) <= set(fixed["best_lr"]):

@@ -48,23 +48,25 @@ def require_grid_finished(stage: str, finished: list[dict], expected: int, hint:
     raise SystemExit(f"{stage}: {len(finished)} of {expected} runs finished{hint}")
 
 
-def import_finished(source: str, workdir: str) -> int:
-  """Copies every finished run kept under `source` (a `results.copy_run_files` tree: <name>/{metrics.jsonl,
-  done.json}) into `workdir` where that run has not finished, so a stage goes on in a fresh workdir (a later
-  session's machine) from run files kept elsewhere (committed); returns how many. Only the record and the metrics
-  travel, never checkpoints: a kept run must need nothing more (a kept SFT has every run that starts from it kept
-  too, or is only read)."""
+def copy_finished(source: str, target: str) -> int:
+  """Copies every finished run under `source` (each folder with a done.json, at any depth: a run, or a part of one
+  such as a reward model and the RL runs against it) to the same place under `target` where that folder has not
+  finished: its done.json and metrics.jsonl, never checkpoints; returns how many. Keeping a run
+  (`copy_finished(run_dir(workdir, run), KEEP/runs/<name>)`, as it finishes) and bringing kept runs into a fresh
+  workdir (`copy_finished(KEEP/runs, workdir)`, a later session's machine) are this one copy, so a stage goes on
+  across sessions; a kept run must need nothing more than its record (a kept SFT has every run that starts from it
+  kept too, or is only read). A finished folder is never overwritten: its files do not change once done."""
   copied = 0
   for folder, _, files in sorted(os.walk(source)):
     if DONE_FILE not in files:
       continue
-    target = os.path.join(workdir, os.path.relpath(folder, source))
-    if os.path.exists(os.path.join(target, DONE_FILE)):
+    copy = os.path.join(target, os.path.relpath(folder, source))
+    if os.path.exists(os.path.join(copy, DONE_FILE)):
       continue
-    os.makedirs(target, exist_ok=True)
+    os.makedirs(copy, exist_ok=True)
     for name in sorted(files, key=lambda n: n == DONE_FILE):  # done.json last: a copy cut short is unfinished
       if name in ("metrics.jsonl", DONE_FILE):
-        shutil.copyfile(os.path.join(folder, name), os.path.join(target, name))
+        shutil.copyfile(os.path.join(folder, name), os.path.join(copy, name))
     copied += 1
   return copied
 
