@@ -606,9 +606,7 @@ def main(argv=None) -> None:
 
   keep = None if args.smoke or args.report_only else args.keep_runs
   if not args.smoke:
-    imported = runner.copy_finished(os.path.join(args.keep_runs, "runs"), workdir)
-    if imported:
-      print(f"{imported} finished runs imported into {workdir} from {args.keep_runs}", flush=True)
+    runner.import_kept(args.keep_runs, workdir)
 
   def train(runs, report_only=args.report_only, strict=False):
     return runner.finished_or_trained(runs, lm_comparison.train_one, workdir, args.jobs, report_only, same,

@@ -438,9 +438,7 @@ def main(argv=None) -> None:
     arithmetic_preferences.write_pairs(pairs_dir, sft_config(smoke).task, counts["train"], counts["validation"],
                                        counts["test"], LENGTH_BIAS, MAX_FILLER)
   if not smoke:
-    imported = runner.copy_finished(os.path.join(args.keep_runs, "runs"), workdir)
-    if imported:
-      print(f"{imported} finished runs imported into {workdir} from {args.keep_runs}", flush=True)
+    runner.import_kept(args.keep_runs, workdir)
   sft = grid([dict(common, name="sft")], train_sft, kept=False)  # never kept: its checkpoint starts every run
   if not sft:
     raise SystemExit("the SFT run did not finish")

@@ -348,9 +348,7 @@ def main(exp: Experiment, argv=None) -> None:
   if main_stage:  # the pilot's file first: the main stage trains nothing before it is read and matches
     fixed = results.read_pilot(args.pilot, "tunes the lrs and fixes N")
     for kept in (os.path.join(os.path.dirname(os.path.abspath(args.pilot)), "pilot_runs"), args.keep_runs):
-      imported = runner.copy_finished(os.path.join(kept, "runs"), workdir)
-      if imported:
-        print(f"{imported} finished runs imported into {workdir} from {kept}", flush=True)
+      runner.import_kept(kept, workdir)
     if fixed["lrs"] != lrs or not set(methods) <= set(fixed["best_lr"]):
       raise SystemExit(f"{args.pilot}: tuned over --lrs {fixed['lrs']} for the methods {list(fixed['best_lr'])}, "
                        f"not {lrs} for {methods}")

@@ -71,6 +71,14 @@ def copy_finished(source: str, target: str) -> int:
   return copied
 
 
+def import_kept(keep: str, workdir: str) -> int:
+  """`copy_finished(keep/runs, workdir)`, saying how many runs it brought in (a later session's fresh workdir)."""
+  imported = copy_finished(os.path.join(keep, "runs"), workdir)
+  if imported:
+    print(f"{imported} finished runs imported into {workdir} from {keep}", flush=True)
+  return imported
+
+
 def load_done(workdir: str, run: dict) -> dict | None:
   """The run's done.json, or None if it has not finished."""
   path = os.path.join(run_dir(workdir, run), DONE_FILE)
