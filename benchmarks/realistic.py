@@ -45,9 +45,10 @@ def add_flags(parser) -> None:
   parser.add_argument("--model", choices=sorted(MODELS), default="issue")
 
 
-def realistic_rows(args, vocab_size: int):
-  """(tokens, mask [B, P] left-padded, budgets int32 [B]) of the point (see the module doc)."""
-  rng = np.random.default_rng(0)
+def realistic_rows(args, vocab_size: int, seed: int = 0):
+  """(tokens, mask [B, P] left-padded, budgets int32 [B]) of the point (see the module doc); another `seed`: other
+  prompts and answer lengths from the same distributions."""
+  rng = np.random.default_rng(seed)
   lengths = rng.integers(args.min_prompt, args.max_prompt + 1, args.prompts)
   mask = (np.arange(args.max_prompt)[None, :] >= args.max_prompt - lengths[:, None]).astype(np.int32)
   prompts = np.where(mask == 1, rng.integers(1, vocab_size, mask.shape), 0).astype(np.int32)

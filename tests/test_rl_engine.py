@@ -307,3 +307,30 @@ def test_attention_view_reads_the_slots_of_the_tables_layout():
       want = {(view[b, 0], 0)}
     assert got == want and np.flatnonzero(reads[b]).max() < need[b] * ps
   assert attention_widths(48) == (8, 16, 24, 32, 40, 48) and attention_widths(3) == (1, 2, 3)
+
+
+def test_rounds_stream_each_round_as_its_own_call_and_start_the_next_in_its_tail():
+  """`Engine.rounds` (DAPO's refill rounds): three rounds of other prompts, each round's rows drawn as a call of its
+  own with that round's key draws them, while a long-tailed round 0 (one row of 9 tokens, the rest of 1-3) lets round
+  1's rows start in the slots its tail leaves free, so the rounds take fewer decode steps than three calls; and
+  stopping after a round is allowed (its rest is dropped)."""
+  cfg, params = model_for("pre")
+  G, engine = 3, EngineConfig(num_slots=4, page_size=2)
+  rounds = [repeat_prompts(*left_padded_prompts(cfg, LENGTHS[:4], seed=seed), G)[:2] for seed in (0, 1, 2)]
+  keys = [KEY, jax.random.fold_in(KEY, 1), jax.random.fold_in(KEY, 2)]
+  budgets = [np.array([1, 2, 3, 1, 2, 3, 9, 1, 2, 3, 1, 2]), BUDGETS, BUDGETS[::-1]]
+  sampling = dataclasses.replace(SAMPLED, eos_id=5)
+  one = Engine(cfg, sampling, PROMPT_LEN, engine, G)
+  calls = [one.run(params, tokens, mask, key, b) for (tokens, mask), key, b in zip(rounds, keys, budgets)]
+  streamed = list(one.rounds(params, [t for t, _ in rounds], [m for _, m in rounds], keys, budgets))
+  assert len(streamed) == 3
+  for (got, _), (want, _) in zip(streamed, calls):
+    assert_same_rollouts(got, want)
+  steps = np.cumsum([int(stats.steps) for _, stats in calls])
+  assert int(streamed[0][1].steps) == steps[0]  # round 0 is not held up by round 1's rows
+  assert int(streamed[1][1].steps) < steps[1] and int(streamed[2][1].steps) < steps[2]
+  assert int(streamed[2][1].useful) == sum(int(stats.useful) for _, stats in calls)
+  first, _ = next(one.rounds(params, [t for t, _ in rounds], [m for _, m in rounds], keys, budgets))
+  assert_same_rollouts(first, calls[0][0])
+  with pytest.raises(ValueError, match=r"^prompt_tokens: every round must have the same rows \(12\), not 6"):
+    one.rounds(params, [rounds[0][0], rounds[1][0][:6]], [rounds[0][1], rounds[1][1][:6]], keys[:2])

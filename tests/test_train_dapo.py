@@ -70,9 +70,9 @@ def with_dapo(trainer, **fields):
   return replace_hooks(trainer, config=config)
 
 
-def first_step_with_both_dropped_kinds(trainer):
+def first_step_with_both_dropped_kinds(collector):
   for step in range(50):
-    kinds = [kind(a) for a in trainer.hooks.collector.prompts.batch(step)["answers"]]
+    kinds = [kind(a) for a in collector.prompts.batch(step)["answers"]]
     if "right" in kinds and "wrong" in kinds and "mixed" in kinds:
       return step
   raise AssertionError("no step mixes the kinds")
@@ -81,7 +81,7 @@ def first_step_with_both_dropped_kinds(trainer):
 def test_dynamic_sampling_drops_uninformative_groups_and_refills_from_the_refill_stream(trainer):
   log = []
   t = script(with_dapo(trainer), log)
-  step = first_step_with_both_dropped_kinds(t)
+  step = first_step_with_both_dropped_kinds(t.hooks.collector)
   rng = jax.random.PRNGKey(3)
   ro, metrics = t.hooks.collector.step_rollouts(t.training.init_state().params, t.hooks.collector.prompts.batch(step),
                                                 step, rng)
@@ -106,9 +106,36 @@ def test_dynamic_sampling_drops_uninformative_groups_and_refills_from_the_refill
   np.testing.assert_array_equal(again["tokens"], ro["tokens"])
 
 
+def scripted_verifier(response: str, answer: str) -> float:
+  """Groups of known kinds from the real verifier's seat: right / wrong by the answer, mixed by the response."""
+  return {"wrong": 0.0, "right": 1.0, "mixed": float(len(response) % 2)}[kind(answer)]
+
+
+def test_refill_rounds_through_the_engine_stream_draw_what_the_static_sampler_draws(tmp_path_factory):
+  """With engine.enabled a step's generation rounds stream through one engine (`Engine.rounds`, round r + 1's
+  rollouts starting in round r's tail): the trained rows, their scores and the DAPO metrics equal the static
+  sampler's drawing per-rollout keys (sampling.row_keys), refills included."""
+  collectors = {}
+  for name, extra in (("static", {}), ("engine", {"engine.enabled": True, "engine.num_slots": 6,
+                                                  "engine.page_size": 8})):
+    built = jaxpt.build("grpo", dapo_config(**{"sampling.row_keys": True, **extra}), str(tmp_path_factory.mktemp(name)))
+    built.hooks.collector.reward_fn = scripted_verifier
+    collectors[name] = built.hooks.collector, built.training.init_state().params
+  collector, params = collectors["engine"]
+  assert collector.engine is not None and collector.sampler_memory["peak_mib"] > 0
+  step = first_step_with_both_dropped_kinds(collector)
+  got, got_metrics = collector.step_rollouts(params, collector.prompts.batch(step), step, jax.random.PRNGKey(3))
+  static, params = collectors["static"]
+  want, want_metrics = static.step_rollouts(params, static.prompts.batch(step), step, jax.random.PRNGKey(3))
+  assert got_metrics == want_metrics and want_metrics["dapo_rounds"] >= 2
+  for key in ("prompt_tokens", "tokens", "mask", "scores", "rewards", "group_ids", "lengths"):
+    np.testing.assert_array_equal(np.asarray(got[key]), np.asarray(want[key]), err_msg=key)
+  np.testing.assert_allclose(np.asarray(got["old_logp"]), np.asarray(want["old_logp"]), rtol=1e-5, atol=1e-5)
+
+
 def test_at_the_cap_fill_trains_on_dropped_groups_and_error_stops(trainer):
   t = script(with_dapo(trainer, max_rounds=1, at_cap="fill"))
-  step = first_step_with_both_dropped_kinds(t)
+  step = first_step_with_both_dropped_kinds(t.hooks.collector)
   params = t.training.init_state().params
   state, metrics = t.train_step(t.training.init_state(), t.hooks.collector.prompts.batch(step))
   mixed = sum(kind(a) == "mixed" for a in t.hooks.collector.prompts.batch(step)["answers"])

@@ -159,7 +159,7 @@ def start_peers(sizes: Sizes, cfg_fields: dict, batch: int, prompt: int, new: in
   return peers
 
 
-def ready_peers(peers: list[Peer], timeout: float, errors: dict, log_dir: str) -> list[Peer]:
+def peers_ready_within(peers: list[Peer], timeout: float, errors: dict, log_dir: str) -> list[Peer]:
   """The peers that printed `ready` within `timeout` seconds; the rest are killed, their reason and the tail of
   their stderr (`log_dir/<name>.log`) in `errors`."""
   ready = []
@@ -203,7 +203,7 @@ def sampler(sizes: Sizes, budget: Budget) -> dict:
             "prefill": sampler_run(cfg, params, batch, prompt, 1, "bfloat16")}
     for fn in runs.values():
       jax.block_until_ready(fn())
-    peers = ready_peers(peers, min(240.0, budget.left()), report["peer_errors"], logs)
+    peers = peers_ready_within(peers, min(240.0, budget.left()), report["peer_errors"], logs)
     times = collections.defaultdict(list)
     for r in range(sizes.rounds):
       for key, fn in runs.items():
@@ -242,7 +242,7 @@ def grpo_step(sizes: Sizes, budget: Budget) -> dict:
     trainers = {dtype: grpo_bench.timed_trainer(base, clock, dtype) for dtype in ("bfloat16", "float32")}
     for trainer in trainers.values():  # compiles
       trainer.train_step(grpo_bench.fresh(state), batch)
-    peers = ready_peers(peers, min(240.0, budget.left()), report["peer_errors"], workdir)
+    peers = peers_ready_within(peers, min(240.0, budget.left()), report["peer_errors"], workdir)
     results = collections.defaultdict(list)
     for r in range(sizes.rounds):
       for dtype, trainer in trainers.items():

@@ -13,9 +13,12 @@ With the run config's `engine.enabled` (`jaxpt.rl.engine.EngineConfig`) the trai
 rounds too, come from the rollout engine (continuous batching over a paged KV cache; on a mesh one engine per
 data-parallel group) instead of the static sampler: the same `SampleOutput`, hidden states (CLIPO) and bf16
 rollouts included, each rollout drawn with its own keys (`rollout_keys`), so `sampling.row_keys` makes the static
-sampler draw the same rollouts. A refill round is its own engine call: which prompts it draws depends on the
-previous rounds' verified rewards, on the host. The eval (greedy accuracy, sampled pass@1) stays on the static
-sampler.
+sampler draw the same rollouts. With dynamic sampling a step's generation rounds stream through one engine
+(`round_drawer`, `Engine.rounds`): all max_rounds rounds' prompts are read at the step's start (their positions
+are fixed), and while round r's last rows finish, round r + 1's rows take the slots they leave free; whether round
+r + 1 is needed is decided on the host from round r's verified rewards, as before, and a round not needed is
+dropped with the work its early start did in otherwise idle slots. The eval (greedy accuracy, sampled pass@1)
+stays on the static sampler.
 
 `contrastive_rewards` is CLIPO's head step and reward r_con [N] on those rollouts (`jaxpt.rl.clipo`); `evaluate`
 the greedy accuracy and sampled pass@1 on held-out prompts. The update that trains on the rollouts is the trainer's
@@ -115,6 +118,7 @@ class RolloutCollector:
   process_slice: tuple[int, int] = (0, 1)  # this process reads prompt block `index` of `count` of each batch
   reward_fn: RewardFn = math_reward  # the verifier: (response text, answer) -> score (replace for another task)
   sampler_memory: dict = dataclasses.field(default_factory=dict)  # compiled per-device memory of `sample` (MiB)
+  engine: Engine | None = None  # with config.engine.enabled: DAPO's refill rounds stream through it (`rounds`)
 
   @classmethod
   def create(cls, config: Any, model: Any, layout: parallel.MeshLayout, abstract_params: Any, tokenizer: Any,
@@ -151,8 +155,13 @@ class RolloutCollector:
                           "of the mesh, each running its own rollout engine (config.engine.enabled)",
                           config.data.prompts_per_step)
       say("compiling the rollout engine ...")
-      sample, compiled = engine, engine.compile(params, prompts_abstract, prompts_abstract, rng_abstract)
+      if config.dapo.dynamic_sampling:  # every generation round of a step through one engine stream
+        sample, compiled = engine, engine.compile_rounds(params, prompts_abstract, rng_abstract,
+                                                         config.dapo.max_rounds)
+      else:
+        sample, compiled = engine, engine.compile(params, prompts_abstract, prompts_abstract, rng_abstract)
     else:
+      engine = None
       say("compiling the rollout sampler ...")
       sample = compiled = sampler(False, config.group_size).lower(params, prompts_abstract, prompts_abstract,
                                                                   rng_abstract).compile()
@@ -169,7 +178,7 @@ class RolloutCollector:
                sample_greedy=sampler(True), sample_eval=sampler(False), logprobs=logprobs, take_rows=take_rows,
                clipo_step=layout.jit(clipo_step, layout.replicated),
                eval_sets=first_problems(prompts, config.data.eval_prompts), process_slice=(index, count),
-               sampler_memory=parallel.compiled_memory(compiled))
+               sampler_memory=parallel.compiled_memory(compiled), engine=engine)
 
   @property
   def rollout_rows(self) -> int:
@@ -208,10 +217,19 @@ class RolloutCollector:
     [N, T] (the sampler's log-probs), hidden [N, T, d] (None without CLIPO). Host arrays, whole on every process:
     scores, rewards (+ the overlong punishment), labels, truncated, lengths, group_ids [N].
     """
-    g, n = self.config.group_size, self.rollout_rows
-    tokens, mask, _ = repeat_prompts(batch["prompt_tokens"], batch["prompt_mask"], g)
-    prompts = parallel.global_batch({"prompt_tokens": tokens, "prompt_mask": mask}, self.layout.batch, n)
-    out = self.sample(params, prompts["prompt_tokens"], prompts["prompt_mask"], rng)
+    prompts = self.round_prompts(batch)
+    return self.scored_rollouts(batch, prompts, self.sample(params, prompts["prompt_tokens"],
+                                                            prompts["prompt_mask"], rng))
+
+  def round_prompts(self, batch: dict) -> dict:
+    """The global prompt_tokens, prompt_mask [N, P] of the batch whose process block is `batch`, G rows each."""
+    tokens, mask, _ = repeat_prompts(batch["prompt_tokens"], batch["prompt_mask"], self.config.group_size)
+    return parallel.global_batch({"prompt_tokens": tokens, "prompt_mask": mask}, self.layout.batch,
+                                 self.rollout_rows)
+
+  def scored_rollouts(self, batch: dict, prompts: dict, out: Any) -> dict:
+    """`rollouts`' dict of the sampler output `out` of `prompts` (`round_prompts(batch)`)."""
+    g = self.config.group_size
     host = self.verify(out, batch["answers"], g)
     settings = self.config.dapo
     rewards = host["scores"] + dapo.overlong_penalty(host["lengths"], self.config.sampling.max_new_tokens,
@@ -236,15 +254,10 @@ class RolloutCollector:
     runs, where the loop's `accuracy` is the trained batch's, which dynamic sampling biases)."""
     settings = self.config.dapo
     scored = lambda ro: {**ro, **score(ro)} if score is not None else ro
-    first = scored(self.rollouts(params, batch, rng))
+    draw = self.round_drawer(params, batch, step, rng, scored)
+    first = draw(0)
     ro, metrics = first, {}
     if settings.dynamic_sampling:
-      def draw(r: int) -> dict:
-        if r == 0:
-          return first
-        extra = self.prompts.refill_batch(step * (settings.max_rounds - 1) + r - 1, *self.process_slice)
-        return scored(self.rollouts(params, extra, jax.random.fold_in(rng, r)))
-
       key = "scores" if settings.filter_metric == "score" else TRAIN_REWARDS if TRAIN_REWARDS in first else "rewards"
       ro, metrics = dapo.dynamic_sampling(draw, self.config.data.prompts_per_step, self.config.group_size,
                                           settings.max_rounds, settings.at_cap, key, take=self.take_rows,
@@ -257,6 +270,33 @@ class RolloutCollector:
     if settings.overlong_buffer:
       metrics["overlong_penalty_mean"] = float(np.mean(ro["rewards"] - ro["scores"]))
     return ro, metrics
+
+  def round_drawer(self, params: Any, batch: dict, step: int, rng: jax.Array, scored: Callable[[dict], dict]
+                   ) -> Callable[[int], dict]:
+    """draw(r) -> generation round r's scored rollouts (r = 0, 1, ... in order, each drawn once): round 0 samples
+    `batch` with `rng`, round r >= 1 `prompts.refill_batch(step (max_rounds - 1) + r - 1)` with fold_in(rng, r).
+    With dynamic sampling and the engine every round streams through one engine (`Engine.rounds`: round r + 1's
+    rollouts start in the slots round r's tail leaves free; the same rollouts as a call per round)."""
+    settings = self.config.dapo
+    batch_of = lambda r: batch if r == 0 else self.prompts.refill_batch(
+        step * (settings.max_rounds - 1) + r - 1, *self.process_slice)
+    key_of = lambda r: rng if r == 0 else jax.random.fold_in(rng, r)
+    if settings.dynamic_sampling and self.engine is not None:
+      batches = [batch_of(r) for r in range(settings.max_rounds)]
+      prompts = [self.round_prompts(b) for b in batches]
+      stream = self.engine.rounds(params, [p["prompt_tokens"] for p in prompts],
+                                  [p["prompt_mask"] for p in prompts], [key_of(r) for r in range(settings.max_rounds)])
+      sample = lambda r: self.scored_rollouts(batches[r], prompts[r], next(stream)[0])
+    else:
+      sample = lambda r: self.rollouts(params, batch_of(r), key_of(r))
+    drawn = []
+
+    def draw(r: int) -> dict:
+      while len(drawn) <= r:
+        drawn.append(scored(sample(len(drawn))))
+      return drawn[r]
+
+    return draw
 
   def contrastive_rewards(self, head: Any, ro: dict, rng: jax.Array) -> tuple[Any, np.ndarray, dict]:
     """CLIPO on rollouts `ro`: one step of the contrastive head on their hidden states -> (the new head state,

@@ -65,8 +65,15 @@ fast as one at a time there, 1.6x at the fixed point, 13% of its call), so prefi
 - Fixed point (batch 8, prompt 32, 128 new tokens, no EOS spread, d512 `issue` model, 5 rounds, load ~20,
   `benchmarks/results_engine_fixed_issue_cpu.json`): engine 1.33x the static sampler, 1.36x the whole-table engine.
 
+Generation rounds (`Engine.rounds`, DAPO's refill rounds): R rounds of B rows in one engine, rows admitted in
+order, round-major; the call for round r runs until every row of rounds <= r has finished and admits rows of
+rounds <= r + 1, so once round r's rows are all admitted its tail's free slots decode round r + 1 (no round-r row
+waits for them: they are admitted only into free slots, their worst-case pages reserved like any row's). The
+state (pools, slots, outputs) stays on the device between the calls (donated to the next); a round's rows draw
+with its own key, so each round's rollouts are those of a call of its own. A round not asked for is dropped.
+
 Where it runs: the RL trainers' training rollouts with the run config's `engine.enabled` (`EngineConfig.enabled`,
-`jaxpt.rl.collect.RolloutCollector`, DAPO's refill rounds each an engine call of their own), and
+`jaxpt.rl.collect.RolloutCollector`; with DAPO's dynamic sampling a step's rounds through `rounds`), and
 `jaxpt.load(...).generate(..., engine=...)`. On a mesh (`layout`, `Engine.sharded`) each data-parallel group runs
 its own engine under `jax.shard_map`: its B / dp rows (whole groups of G), its own slots and page pool, the params
 gathered whole onto each device (a group's devices along `tensor` run the same engine: no collective inside the
@@ -78,14 +85,14 @@ Not yet (issue 29): a TPU dispatch to JAX's Pallas `ragged_paged_attention` (in 
 each sequence's tokens contiguous from slot 0 of its pages, while a group's prompt ends in a partly filled shared page
 and its responses start on fresh pages: it needs the last prompt page copied into each row's first response page and
 the pool laid out its way); batched prefills (not faster where measured, above); the eval's greedy and pass@1 decodes
-(they stay on the static sampler); DAPO refills as pending rollouts of the running stream (a refill round's prompts
-depend on the previous rounds' verified rewards, on the host); tensor-parallel params inside a group (they are
+(they stay on the static sampler); tensor-parallel params inside a group (they are
 gathered whole); the realistic point at d512 against tunix and HF `generate`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Callable, Iterator
 
 import flax.struct
 import jax
@@ -171,7 +178,7 @@ class State:
   first_token: jax.Array  # int32 [B]
   first_done: jax.Array  # bool [B]
   next_row: jax.Array
-  finished: jax.Array
+  row_done: jax.Array  # bool [B]: the row has finished (its EOS or budget)
   outputs: SampleOutput
   stats: EngineStats
 
@@ -248,6 +255,7 @@ class Engine:
     self.group_size, self.layout = group_size, layout
     self.decode_config = decode_config_of(model_config, sampling)
     self.jitted = jax.jit(self.generate) if layout is None else self.sharded(layout)
+    self._rounds_programs = {}
 
   @property
   def groups(self) -> int:
@@ -279,21 +287,80 @@ class Engine:
   def run(self, params, prompt_tokens, prompt_mask, rng, budgets=None) -> tuple[SampleOutput, EngineStats]:
     rows, columns = jnp.shape(prompt_tokens)
     self.check_rows(rows, columns)
-    steps = self.sampling.max_new_tokens
-    if budgets is None:
-      budgets = np.full((rows,), steps, np.int32)
-    elif np.shape(budgets) != (rows,) or not 1 <= np.min(budgets) <= np.max(budgets) <= steps:
-      raise ValueError(f"budgets: must be {rows} token budgets in 1 .. max_new_tokens={steps}")
-    budgets = np.asarray(budgets, np.int32)
+    budgets = self.checked_budgets(budgets, rows)
     if self.layout is not None:
       budgets = jax.device_put(budgets, self.layout.batch)
     outputs, stats = self.jitted(params, prompt_tokens, prompt_mask, rng, budgets)
+    self.raise_if_stuck(stats)
+    return outputs, stats
+
+  def checked_budgets(self, budgets, rows: int) -> np.ndarray:
+    """budgets int [rows] in 1 .. max_new_tokens (None: all max_new_tokens), else ValueError."""
+    steps = self.sampling.max_new_tokens
+    if budgets is None:
+      return np.full((rows,), steps, np.int32)
+    if np.shape(budgets) != (rows,) or not 1 <= np.min(budgets) <= np.max(budgets) <= steps:
+      raise ValueError(f"budgets: must be {rows} token budgets in 1 .. max_new_tokens={steps}")
+    return np.asarray(budgets, np.int32)
+
+  def raise_if_stuck(self, stats: EngineStats) -> None:
     if bool(stats.stuck):
       raise RuntimeError(
           f"engine.num_pages={self.num_pages}: the page pool ran out with every active slot waiting for a page "
           f"that only those slots could free; give it more pages or use fewer than num_slots="
           f"{self.engine.num_slots}")
-    return outputs, stats
+
+  def rounds(self, params, prompt_tokens, prompt_mask, rngs, budgets=None
+             ) -> Iterator[tuple[SampleOutput, EngineStats]]:
+    """Generation rounds through one engine (DAPO's refill rounds, `jaxpt.rl.collect`): prompt_tokens, prompt_mask
+    R arrays [B, P] (round r's rows, laid out as for a call), rngs R keys, budgets None or R arrays [B].
+
+    Yields round r's (SampleOutput [B, T], the engine's stats so far) once all its rows have finished, each row
+    as `run(params, prompt_tokens[r], prompt_mask[r], rngs[r], budgets[r])` draws it (its keys are the same).
+    While round r's last rows finish, round r + 1's rows take the slots they leave free (continuous batching
+    across rounds), so the next round is part done when it is asked for; stop iterating to drop the rest (the
+    work spent on it came from slots that would have idled, and its prefills)."""
+    R, B = len(prompt_tokens), jnp.shape(prompt_tokens[0])[0]
+    for tokens in prompt_tokens:
+      self.check_rows(*jnp.shape(tokens))
+      if jnp.shape(tokens)[0] != B:
+        raise ValueError(f"prompt_tokens: every round must have the same rows ({B}), not {jnp.shape(tokens)[0]}")
+    budgets = np.stack([self.checked_budgets(None if budgets is None else budgets[r], B) for r in range(R)])
+    program = self.rounds_program(R, B)
+    tokens, mask = program.stack(*prompt_tokens), program.stack(*prompt_mask)
+    rngs, budgets = jnp.stack(rngs), jax.device_put(budgets, program.rows_sharding)
+
+    def stream():
+      state = program.start()
+      for r in range(R):
+        state = program.advance(params, tokens, mask, rngs, budgets, state, np.int32(r))
+        stats = program.stats(state.stats)
+        self.raise_if_stuck(stats)
+        yield program.round_output(state.outputs, r), stats
+
+    return stream()
+
+  def compile_rounds(self, params, prompt_tokens, rng, rounds: int):
+    """AOT-compiles `rounds` for R = `rounds` rounds of prompts like `prompt_tokens` (`jax.ShapeDtypeStruct`s, as
+    `compile` takes them) -> the compiled advance (its `memory_analysis()`)."""
+    rows, columns = prompt_tokens.shape
+    self.check_rows(rows, columns)
+    program = self.rounds_program(rounds, rows)
+    stacked = jax.ShapeDtypeStruct((rounds, rows, columns), jnp.int32, sharding=program.rows_sharding)
+    budgets = jax.ShapeDtypeStruct((rounds, rows), jnp.int32, sharding=program.rows_sharding)
+    rngs = jax.ShapeDtypeStruct((rounds,) + rng.shape, rng.dtype, sharding=getattr(rng, "sharding", None))
+    state = jax.eval_shape(program.start)
+    until = jax.ShapeDtypeStruct((), jnp.int32)
+    compiled = program.advance.lower(params, stacked, stacked, rngs, budgets, state, until).compile()
+    self._rounds_programs[(rounds, rows)] = dataclasses.replace(program, advance=compiled)
+    return compiled
+
+  def rounds_program(self, rounds: int, rows: int) -> "RoundsProgram":
+    """The compiled pieces of `rounds` for R rounds of B rows (built once per (R, B))."""
+    key = (rounds, rows)
+    if key not in self._rounds_programs:
+      self._rounds_programs[key] = RoundsProgram.build(self, rounds, rows)
+    return self._rounds_programs[key]
 
   def sharded(self, layout: MeshLayout):
     """`generate` under `jax.shard_map`, manual over every mesh axis: each group (a block of the batch's mesh axes)
@@ -328,10 +395,43 @@ class Engine:
   def generate(self, params, prompt_tokens, prompt_mask, rng, budgets, first_row=0) -> tuple[SampleOutput,
                                                                                               EngineStats]:
     """One engine on rows [B, ...] (the global rows first_row .. first_row + B - 1: their keys)."""
+    state = self.advance(params, prompt_tokens, prompt_mask, rng[None], budgets,
+                         self.start(prompt_tokens.shape[0]), 0, first_row)
+    return state.outputs, state.stats
+
+  def start(self, rows: int) -> State:
+    """An empty engine for `rows` rollouts: every page free, no slot active, nothing admitted."""
+    sampling, T, S = self.sampling, self.sampling.max_new_tokens, self.engine.num_slots
+    cfg = self.decode_config
+    zeros = lambda *shape, dtype=jnp.int32: jnp.zeros(shape, dtype)
+    return State(
+        cache=PagedKVCache.create(cfg.num_layers, self.num_pages, self.engine.page_size, cfg.num_kv_heads,
+                                  cfg.resolved_head_dim, jnp.dtype(cfg.dtype)),
+        free=FreeList.full(self.num_pages),
+        slots=Slots(active=zeros(S, dtype=bool), rollout=zeros(S), group=zeros(S), length=zeros(S), t=zeros(S),
+                    token=zeros(S), table=zeros(S, self.prompt_pages + self.response_pages)),
+        group_pages=zeros(rows // self.group_size, self.prompt_pages), group_rows=zeros(rows // self.group_size),
+        first_token=zeros(rows), first_done=zeros(rows, dtype=bool), next_row=jnp.int32(0),
+        row_done=zeros(rows, dtype=bool),
+        outputs=SampleOutput(
+            tokens=jnp.full((rows, T), sampling.pad_id, jnp.int32), logprobs=zeros(rows, T, dtype=jnp.float32),
+            mask=zeros(rows, T, dtype=jnp.float32), lengths=zeros(rows),
+            hidden=zeros(rows, T, self.model_config.d_model, dtype=jnp.float32) if sampling.return_hidden else None),
+        stats=EngineStats(steps=jnp.int32(0), useful=jnp.int32(0), waits=jnp.int32(0), peak_pages=jnp.int32(0),
+                          stuck=jnp.bool_(False)))
+
+  def advance(self, params, prompt_tokens, prompt_mask, rngs, budgets, state: State, until, first_row=0) -> State:
+    """Runs the engine `state` on R rounds of n rows each (prompt_tokens, prompt_mask [R n, P] and budgets [R n],
+    round-major; rngs [R] keys) until every row of rounds 0 .. `until` (int, traced) has finished, admitting rows
+    (in order) of rounds up to until + 1. Row i is row i % n of round r = i // n, its keys those of the global
+    row first_row + i % n under rngs[r] (`rollout_keys`). One round (R = 1, until 0) is a whole call."""
     cfg, sampling, G = self.decode_config, self.sampling, self.group_size
-    S, ps, KP, KR, T = (self.engine.num_slots, self.engine.page_size, self.prompt_pages, self.response_pages,
-                        sampling.max_new_tokens)
+    S, ps, KP, KR = self.engine.num_slots, self.engine.page_size, self.prompt_pages, self.response_pages
     rows, prompts = prompt_tokens.shape[0], prompt_tokens.shape[0] // G
+    per_round = rows // rngs.shape[0]
+    admit_end = jnp.minimum((until + 2) * per_round, rows)  # the rows pending admission: rounds <= until + 1
+    target = jnp.arange(rows) < (until + 1) * per_round  # the rows that must finish: rounds <= until
+    keys = lambda row, t: rollout_keys(rngs[row // per_round], first_row + row % per_round, t)
     model = TransformerLM(cfg)
     variables = {"params": decode_params(params, self.model_config, cfg)}
     prompt_tokens, prompt_mask = prompt_tokens.astype(jnp.int32), prompt_mask[::G]
@@ -355,8 +455,7 @@ class Engine:
 
       kv_cache = state.cache.write_pages(ids, [to_pages(k) for k in cache.key], [to_pages(v) for v in cache.value])
       group_rows = group * G + jnp.arange(G)
-      first, logprobs = choose_tokens(jnp.repeat(logits[:, -1], G, axis=0),
-                                      rollout_keys(rng, first_row + group_rows, 0), sampling)
+      first, logprobs = choose_tokens(jnp.repeat(logits[:, -1], G, axis=0), keys(group_rows, 0), sampling)
       done = lax.dynamic_slice_in_dim(budgets, group * G, G) <= 1
       if sampling.eos_id is not None:
         done = done | (first == sampling.eos_id)
@@ -376,7 +475,7 @@ class Engine:
           group_rows=state.group_rows.at[group].set(live),
           first_token=lax.dynamic_update_slice_in_dim(state.first_token, first, group * G, axis=0),
           first_done=lax.dynamic_update_slice_in_dim(state.first_done, done, group * G, axis=0),
-          finished=state.finished + G - live)
+          row_done=lax.dynamic_update_slice_in_dim(state.row_done, done, group * G, axis=0))
 
     def blocked(state: State):
       """Whether the next pending rollout cannot be admitted for want of pages (see `reserve_pages`)."""
@@ -389,7 +488,7 @@ class Engine:
       return state.free.count - prompt < owed + KR
 
     def can_admit(state: State):
-      return (state.next_row < rows) & ~jnp.all(state.slots.active) & ~blocked(state)
+      return (state.next_row < admit_end) & ~jnp.all(state.slots.active) & ~blocked(state)
 
     def admit(state: State):
       row = state.next_row
@@ -409,7 +508,7 @@ class Engine:
     def step(state: State):
       state = lax.while_loop(can_admit, admit, state)
       s, free = state.slots, state.free
-      idle = jnp.where(state.next_row < rows, jnp.sum(~s.active), 0)  # free slots while rollouts wait for pages
+      idle = jnp.where(state.next_row < admit_end, jnp.sum(~s.active), 0)  # free slots while rollouts wait for pages
       column = KP + s.t // ps  # the table entry of the slot response token t goes to
       page = jnp.take_along_axis(s.table, column[:, None], axis=1)[:, 0]
       needs = s.active & (s.t % ps == 0) & (page == 0)
@@ -432,7 +531,7 @@ class Engine:
       logits, hidden = logits[unsort], hidden[unsort]
       cache = cache.replace(page_table=None, write_page=None, write_offset=None, mask=None, buckets=None, widths=())
       t = s.t + 1
-      tokens, logprobs = choose_tokens(logits[:, 0], rollout_keys(rng, first_row + s.rollout, t), sampling)
+      tokens, logprobs = choose_tokens(logits[:, 0], keys(s.rollout, t), sampling)
       done = stepping & (t >= budgets[s.rollout] - 1)
       if sampling.eos_id is not None:
         done = done | (stepping & (tokens == sampling.eos_id))
@@ -453,28 +552,82 @@ class Engine:
       slots = s.replace(active=s.active & ~done, t=jnp.where(stepping, t, s.t),
                         token=jnp.where(stepping, tokens, s.token),
                         table=jnp.where(done[:, None], jnp.zeros_like(table), table))
+      row_done = state.row_done.at[jnp.where(done, s.rollout, rows)].set(True, mode="drop")
       stats = state.stats
       stats = stats.replace(
           steps=stats.steps + 1, useful=stats.useful + jnp.sum(stepping), waits=stats.waits + idle + jnp.sum(
               s.active & ~stepping), peak_pages=jnp.maximum(stats.peak_pages, used),
-          stuck=~jnp.any(stepping) & (state.finished < rows))
+          stuck=~jnp.any(stepping) & unfinished(state))
       return state.replace(cache=cache, free=free, slots=slots, group_rows=group_rows, outputs=out, stats=stats,
-                           finished=state.finished + jnp.sum(done))
+                           row_done=row_done)
 
-    zeros = lambda *shape, dtype=jnp.int32: jnp.zeros(shape, dtype)
-    state = State(
-        cache=PagedKVCache.create(cfg.num_layers, self.num_pages, ps, cfg.num_kv_heads, cfg.resolved_head_dim,
-                                  jnp.dtype(cfg.dtype)),
-        free=FreeList.full(self.num_pages),
-        slots=Slots(active=zeros(S, dtype=bool), rollout=zeros(S), group=zeros(S), length=zeros(S), t=zeros(S),
-                    token=zeros(S), table=zeros(S, KP + KR)),
-        group_pages=zeros(prompts, KP), group_rows=zeros(prompts), first_token=zeros(rows),
-        first_done=zeros(rows, dtype=bool), next_row=jnp.int32(0), finished=jnp.int32(0),
-        outputs=SampleOutput(
-            tokens=jnp.full((rows, T), sampling.pad_id, jnp.int32), logprobs=zeros(rows, T, dtype=jnp.float32),
-            mask=zeros(rows, T, dtype=jnp.float32), lengths=zeros(rows),
-            hidden=zeros(rows, T, self.model_config.d_model, dtype=jnp.float32) if sampling.return_hidden else None),
-        stats=EngineStats(steps=jnp.int32(0), useful=jnp.int32(0), waits=jnp.int32(0), peak_pages=jnp.int32(0),
-                          stuck=jnp.bool_(False)))
-    state = lax.while_loop(lambda s: (s.finished < rows) & ~s.stats.stuck, step, state)
-    return state.outputs, state.stats
+    def unfinished(state: State):
+      return jnp.any(target & ~state.row_done)
+
+    return lax.while_loop(lambda s: unfinished(s) & ~s.stats.stuck, step, state)
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundsProgram:
+  """`Engine.rounds`'s jitted pieces for R rounds of B rows: stack(*R arrays [B, ...]) -> [R, B, ...]; start() -> an
+  empty engine state for R B rows; advance(params, tokens, mask [R, B, P], rngs [R], budgets [R, B], state, r) ->
+  the state once rounds <= r have finished (`Engine.advance`, the state donated); round_output(outputs, r) -> round
+  r's SampleOutput [B, T]; stats(state.stats) -> the run's `EngineStats` on the host (the state's own buffers go
+to the next advance). On a mesh each data-parallel group runs
+  its engine on its B / dp rows of each round, its state a block of the leading [dp] axis (as `Engine.sharded`)."""
+
+  stack: Callable
+  start: Callable
+  advance: Callable
+  round_output: Callable
+  stats: Callable
+  rows_sharding: Any  # of [R, B] arrays
+
+  @classmethod
+  def build(cls, engine: Engine, rounds: int, rows: int) -> "RoundsProgram":
+    flat = lambda x: x.reshape((-1,) + x.shape[2:])  # [R, n, ...] -> [R n, ...], round-major
+    if engine.layout is None:
+      def advance(params, tokens, mask, rngs, budgets, state, until):
+        return engine.advance(params, flat(tokens), flat(mask), rngs, flat(budgets), state, until)
+
+      return cls(stack=jax.jit(lambda *xs: jnp.stack(xs)), start=jax.jit(lambda: engine.start(rounds * rows)),
+                 advance=jax.jit(advance, donate_argnames="state"),
+                 round_output=jax.jit(lambda outputs, r: jax.tree.map(
+                     lambda x: lax.dynamic_slice_in_dim(x, r * rows, rows), outputs)),
+                 stats=jax.device_get, rows_sharding=None)
+    layout, axes, dp = engine.layout, batch_axes(engine.layout), engine.groups
+    n = rows // dp
+    blocks = PartitionSpec(axes)  # a state leaf [dp, ...]: each group's own
+    rows_spec = PartitionSpec(None, axes)  # a rounds array [R, B, ...]: each group's rows of every round
+    shapes = jax.eval_shape(lambda: engine.start(rounds * n))
+    state_specs = jax.tree.map(lambda _: blocks, shapes)
+    sharding = lambda spec: jax.sharding.NamedSharding(layout.mesh, spec)
+    state_shardings = jax.tree.map(lambda _: sharding(blocks), shapes)
+
+    def local(params, tokens, mask, rngs, budgets, state, until):
+      first_row = lax.axis_index(axes) * tokens.shape[1]
+      state = engine.advance(params, flat(tokens), flat(mask), rngs, flat(budgets),
+                             jax.tree.map(lambda x: x[0], state), until, first_row)
+      return jax.tree.map(lambda x: x[None], state)
+
+    mapped = jax.shard_map(local, mesh=layout.mesh, in_specs=(PartitionSpec(), rows_spec, rows_spec, PartitionSpec(),
+                                                              rows_spec, state_specs, PartitionSpec()),
+                           out_specs=state_specs, check_vma=False)
+    rounds_rows = sharding(rows_spec)
+    advance = jax.jit(mapped, in_shardings=(layout.params, rounds_rows, rounds_rows, layout.replicated, rounds_rows,
+                                            state_shardings, layout.replicated),
+                      out_shardings=state_shardings, donate_argnames="state")
+    start = jax.jit(lambda: jax.tree.map(lambda x: jnp.broadcast_to(x, (dp,) + x.shape), engine.start(rounds * n)),
+                    out_shardings=state_shardings)
+
+    def round_output(outputs, r):  # [dp, R n, ...] -> round r's [dp n, ...], rows in the batch's order
+      return jax.tree.map(lambda x: flat(lax.dynamic_slice_in_dim(x, r * n, n, axis=1)), outputs)
+
+    def stats(s: EngineStats) -> EngineStats:  # the groups' [dp] figures, as `Engine.sharded` reduces them
+      return EngineStats(steps=jnp.max(s.steps), useful=jnp.sum(s.useful), waits=jnp.sum(s.waits),
+                         peak_pages=jnp.max(s.peak_pages), stuck=jnp.any(s.stuck))
+
+    return cls(stack=jax.jit(lambda *xs: jnp.stack(xs), out_shardings=rounds_rows), start=start, advance=advance,
+               round_output=jax.jit(round_output, out_shardings=layout.batch),
+               stats=lambda s: jax.device_get(jax.jit(stats)(s)),
+               rows_sharding=rounds_rows)

@@ -142,9 +142,11 @@ def categorical(key, logits):
 
 def rollout_keys(rng, rows, t):
   """The key of token t of each rollout in `rows` int [B] (`make_sampler(row_keys=True)`, `jaxpt.rl.engine`):
-  fold_in(fold_in(rng, row), t) -> keys [B]; t: int scalar or int [B]."""
-  return jax.vmap(lambda row, step: jax.random.fold_in(jax.random.fold_in(rng, row), step))(
-      rows, jnp.broadcast_to(t, jnp.shape(rows)))
+  fold_in(fold_in(rng, row), t) -> keys [B]; rng: one key, or keys [B] (row b's from rng[b]); t: int scalar or
+  int [B]."""
+  rng = jnp.broadcast_to(rng, jnp.shape(rows) + jnp.shape(rng)[-1:])
+  return jax.vmap(lambda key, row, step: jax.random.fold_in(jax.random.fold_in(key, row), step))(
+      rng, rows, jnp.broadcast_to(t, jnp.shape(rows)))
 
 
 def choose_tokens(logits, key, sampling: SamplingConfig):

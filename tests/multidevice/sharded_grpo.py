@@ -151,29 +151,60 @@ def test_the_engine_on_8_devices_equals_one_engine_and_the_static_sampler():
   """Each data x fsdp group (4 of them; its 2 devices along tensor run the same engine, the params gathered whole)
   runs its own engine (2 slots) on its prompt's G rows, rows cut short at different budgets: the same rollouts as
   one engine on one device and as the static sampler with per-rollout keys, the tokens split over the groups."""
+  trainer, state, settings, batch_rows = engine_case()
+  (tokens, mask), = batch_rows(trainer.hooks.collector.prompts.batch(0))
+  layout, config, sampling = trainer.training.layout, trainer.config, settings[1]
+  prompts = parallel.global_batch({"tokens": tokens, "mask": mask}, layout.batch, B * G)
+  got, stats = Engine(*settings, layout).run(state.params, prompts["tokens"], prompts["mask"], ENGINE_KEY,
+                                             BUDGETS)
+  params = jax.tree.map(np.asarray, state.params)
+  one, _ = Engine(*settings).run(params, tokens, mask, ENGINE_KEY, BUDGETS)
+  static = make_sampler(config.model, sampling, config.data.max_prompt_len, group_size=G, row_keys=True)(
+      params, tokens, mask, ENGINE_KEY, BUDGETS)
+  np.testing.assert_array_equal(np.asarray(got.lengths), np.minimum(BUDGETS, np.asarray(static.lengths)))
+  for want in (one, static):
+    assert_same_rollouts(got, want)
+  assert int(stats.useful) == int(np.sum(static.lengths)) - B * G and not bool(stats.stuck)
+
+
+def test_the_engines_rounds_on_8_devices_equal_a_call_per_round_on_one_device():
+  """`Engine.rounds` (DAPO's refill rounds) on the mesh: each group streams its rows of both rounds through its
+  engine, its state a block of the groups' axis; each round's rollouts are one device's call for that round."""
+  trainer, state, settings, batch_rows = engine_case()
+  collector, layout = trainer.hooks.collector, trainer.training.layout
+  rounds = batch_rows(collector.prompts.batch(0), collector.prompts.refill_batch(0))
+  prompts = [parallel.global_batch({"tokens": t, "mask": m}, layout.batch, B * G) for t, m in rounds]
+  keys, budgets = [ENGINE_KEY, jax.random.fold_in(ENGINE_KEY, 1)], [BUDGETS, BUDGETS[::-1]]
+  streamed = Engine(*settings, layout).rounds(state.params, [p["tokens"] for p in prompts],
+                                              [p["mask"] for p in prompts], keys, budgets)
+  params, one = jax.tree.map(np.asarray, state.params), Engine(*settings)
+  for (got, _), (tokens, mask), key, b in zip(streamed, rounds, keys, budgets):
+    assert_same_rollouts(got, one.run(params, tokens, mask, key, b)[0])
+
+
+BUDGETS, ENGINE_KEY = np.array([8, 2, 5, 8, 1, 8, 3, 7, 8, 8, 4, 6, 2, 8, 8, 5]), jax.random.PRNGKey(4)
+
+
+def engine_case():
+  """(trainer, state, Engine settings, batch_rows) for the engine tests: the rm fsdp_tp run; sampled with EOS and
+  hidden states, 2 slots a group, pages of 4; batch_rows(*batches) -> each batch's (tokens, mask) [B G, P]."""
   _, _, trainer, state = run("rm", "fsdp_tp")
-  config, layout, tokenizer = trainer.config, trainer.training.layout, trainer.tokenizer
+  config, tokenizer = trainer.config, trainer.tokenizer
   sampling = dataclasses.replace(config.sampling, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
                                  return_hidden=True, temperature=0.9, top_k=50)
-  batch = trainer.hooks.collector.prompts.batch(0)
-  tokens, mask, _ = repeat_prompts(batch["prompt_tokens"], batch["prompt_mask"], G)
-  prompts = parallel.global_batch({"tokens": tokens, "mask": mask}, layout.batch, B * G)
-  budgets, rng, settings = np.array([8, 2, 5, 8, 1, 8, 3, 7, 8, 8, 4, 6, 2, 8, 8, 5]), jax.random.PRNGKey(4), (
-      config.model, sampling, config.data.max_prompt_len, EngineConfig(num_slots=2, page_size=4), G)
-  got, stats = Engine(*settings, layout).run(state.params, prompts["tokens"], prompts["mask"], rng, budgets)
-  params = jax.tree.map(np.asarray, state.params)
-  one, _ = Engine(*settings).run(params, tokens, mask, rng, budgets)
-  static = make_sampler(config.model, sampling, config.data.max_prompt_len, group_size=G, row_keys=True)(
-      params, tokens, mask, rng, budgets)
+  settings = (config.model, sampling, config.data.max_prompt_len, EngineConfig(num_slots=2, page_size=4), G)
+  batch_rows = lambda *batches: [repeat_prompts(b["prompt_tokens"], b["prompt_mask"], G)[:2] for b in batches]
+  return trainer, state, settings, batch_rows
+
+
+def assert_same_rollouts(got, want):
+  """Equal tokens, masks and lengths, log-probs and hidden states to 1e-5; `got`'s tokens split over the 4 groups."""
   assert {s.data.shape for s in got.tokens.addressable_shards} == {(B * G // 4, T)}
-  np.testing.assert_array_equal(np.asarray(got.lengths), np.minimum(budgets, np.asarray(static.lengths)))
-  for want in (one, static):
-    for key in ("tokens", "mask", "lengths"):
-      np.testing.assert_array_equal(np.asarray(getattr(got, key)), np.asarray(getattr(want, key)), err_msg=key)
-    for key in ("logprobs", "hidden"):
-      np.testing.assert_allclose(np.asarray(getattr(got, key)), np.asarray(getattr(want, key)), rtol=1e-5,
-                                 atol=1e-5, err_msg=key)
-  assert int(stats.useful) == int(np.sum(static.lengths)) - B * G and not bool(stats.stuck)
+  for key in ("tokens", "mask", "lengths"):
+    np.testing.assert_array_equal(np.asarray(getattr(got, key)), np.asarray(getattr(want, key)), err_msg=key)
+  for key in ("logprobs", "hidden"):
+    np.testing.assert_allclose(np.asarray(getattr(got, key)), np.asarray(getattr(want, key)), rtol=1e-5,
+                               atol=1e-5, err_msg=key)
 
 
 @pytest.mark.slow  # two GRPO runs on the mesh; the engine on the mesh is checked above, GRPO through it on one device
