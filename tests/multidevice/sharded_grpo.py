@@ -1,8 +1,9 @@
 """GRPO (and GRPO + CLIPO, DAPO, a reward model) on 8 simulated CPU devices equals the single-device run (run by
 tests/test_parallel_sharded.py in its own process; directly: python -m pytest tests/multidevice/sharded_grpo.py).
 The rollout engine (`jaxpt.rl.engine`, one engine per data-parallel group) on the mesh equals one engine on one
-device and the static sampler with per-rollout keys; a GRPO step through it on the mesh equals one through the
-static sampler (per-rollout keys) on the same mesh.
+device and the static sampler with per-rollout keys, and its generation rounds (`Engine.rounds`, compiled as the
+collector compiles them) each round's call on one device; a GRPO step through it on the mesh equals one through the
+static sampler (per-rollout keys) on the same mesh, and DAPO through it (its rounds streamed) the one-device run.
 
 The single-device reference is the same trainer on a mesh of the first device; the run is `tests.micro_grpo`'s.
 """
@@ -35,6 +36,7 @@ KEYS = ("reward_mean", "accuracy", "loss", "pg_loss", "ppo_kl", "grad_norm", "ev
 VARIANT_KEYS = {"grpo": (), "clipo": ("clipo_loss", "clipo_reward_mean"),
                 "dapo": ("dapo_rounds", "dapo_groups_informative", "truncated_frac", "overlong_penalty_mean"),
                 "rm": ("rm_score", "gold_score"), "engine": (), "row_keys": ()}
+VARIANT_KEYS["dapo_engine"] = VARIANT_KEYS["dapo"]
 VARIANT_KEYS["clipo_dapo"] = VARIANT_KEYS["clipo"] + VARIANT_KEYS["dapo"]
 # CLIPO's in-loss term reads the loss mask that overlong filtering empties, so the two are not combined (config.py)
 CLIPO_DAPO = {**DAPO, "dapo.overlong_filtering": False}
@@ -42,7 +44,8 @@ CLIPO_DAPO = {**DAPO, "dapo.overlong_filtering": False}
 ROW_KEYS = {"sampling.row_keys": True, "steps": 1}
 ENGINE = {**ROW_KEYS, "engine.enabled": True, "engine.num_slots": 2, "engine.page_size": 4}  # slots refilled
 CASES = [(v, p) for v in ("grpo", "clipo") for p in MESHES] + [("dapo", "fsdp"), ("dapo", "fsdp_tp"),
-                                                                ("clipo_dapo", "fsdp"), ("rm", "fsdp_tp")]
+                                                                ("dapo_engine", "fsdp_tp"), ("clipo_dapo", "fsdp"),
+                                                                ("rm", "fsdp_tp")]
 
 
 @functools.cache
@@ -63,12 +66,14 @@ def reward_model_run() -> str:
 
 def variant_config(variant, **overrides):
   """micro_config of the variant: grpo, clipo (CLIPO on), dapo (dynamic sampling, overlong filtering and penalty),
-  clipo_dapo (both, without overlong filtering) or rm (the verifier plus a reward model, running normalisation and
-  clipping)."""
+  clipo_dapo (both, without overlong filtering), dapo_engine (dapo through the rollout engine, its rounds streamed)
+  or rm (the verifier plus a reward model, running normalisation and clipping)."""
   if variant == "rm":
     overrides = {"reward.model": reward_model_run(), "reward.model_weight": 0.5, "reward.normalize": "running",
                  "reward.clip": 2.0, "reward.eos_missing_penalty": 0.25, **overrides}
-  extra = {"dapo": DAPO, "clipo_dapo": CLIPO_DAPO, "engine": ENGINE, "row_keys": ROW_KEYS}.get(variant, {})
+  extra = {"dapo": DAPO, "clipo_dapo": CLIPO_DAPO, "engine": ENGINE, "row_keys": ROW_KEYS,
+           "dapo_engine": {**DAPO, "engine.enabled": True, "engine.num_slots": 2, "engine.page_size": 4}
+           }.get(variant, {})
   return micro_config(variant in ("clipo", "clipo_dapo"), **extra, **overrides)
 
 
@@ -120,6 +125,7 @@ def test_two_steps_on_8_devices_equal_one_device(variant, preset):
   split = {"dp": (2, 32, 2, 16), "fsdp": (2, 4, 2, 16), "fsdp_tp": (2, 16, 1, 16)}[preset]
   assert {s.data.shape for s in kernel.addressable_shards} == {split}
   assert trainer.hooks.collector.sampler_memory["peak_mib"] > 0
+  assert (trainer.hooks.collector.engine is not None) == (variant == "dapo_engine")
 
 
 def test_rollouts_are_split_over_the_data_parallel_devices():
@@ -175,8 +181,11 @@ def test_the_engines_rounds_on_8_devices_equal_a_call_per_round_on_one_device():
   rounds = batch_rows(collector.prompts.batch(0), collector.prompts.refill_batch(0))
   prompts = [parallel.global_batch({"tokens": t, "mask": m}, layout.batch, B * G) for t, m in rounds]
   keys, budgets = [ENGINE_KEY, jax.random.fold_in(ENGINE_KEY, 1)], [BUDGETS, BUDGETS[::-1]]
-  streamed = Engine(*settings, layout).rounds(state.params, [p["tokens"] for p in prompts],
-                                              [p["mask"] for p in prompts], keys, budgets)
+  engine = Engine(*settings, layout)
+  abstract = lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+  engine.compile_rounds(jax.tree.map(lambda x: abstract(x, x.sharding), state.params),  # as the collector does
+                        abstract(prompts[0]["tokens"], layout.batch), abstract(ENGINE_KEY, layout.replicated), 2)
+  streamed = engine.rounds(state.params, [p["tokens"] for p in prompts], [p["mask"] for p in prompts], keys, budgets)
   params, one = jax.tree.map(np.asarray, state.params), Engine(*settings)
   for (got, _), (tokens, mask), key, b in zip(streamed, rounds, keys, budgets):
     assert_same_rollouts(got, one.run(params, tokens, mask, key, b)[0])
