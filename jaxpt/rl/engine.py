@@ -189,6 +189,13 @@ def batch_axes(layout: MeshLayout) -> tuple[str, ...]:
   return () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
 
 
+def combined_stats(stats: EngineStats, total: Callable, most: Callable) -> EngineStats:
+  """Data-parallel engines' stats as one: `total` (a sum over the groups) of useful and waits, `most` (a maximum) of
+  steps, peak_pages and stuck."""
+  return EngineStats(steps=most(stats.steps), useful=total(stats.useful), waits=total(stats.waits),
+                     peak_pages=most(stats.peak_pages), stuck=most(stats.stuck.astype(jnp.int32)) > 0)
+
+
 def page_counts(engine: EngineConfig, prompt_len: int, max_new_tokens: int) -> tuple[int, int, int]:
   """-> (KP prompt pages, KR response pages of a table, pool pages) per the module doc."""
   prompt_pages = -(-prompt_len // engine.page_size)
@@ -378,9 +385,7 @@ class Engine:
     def local(params, prompt_tokens, prompt_mask, rng, budgets):
       first_row = lax.axis_index(axes) * prompt_tokens.shape[0]
       outputs, stats = self.generate(params, prompt_tokens, prompt_mask, rng, budgets, first_row)
-      total, most = (lambda x: lax.psum(x, axes)), (lambda x: lax.pmax(x, axes))
-      return outputs, EngineStats(steps=most(stats.steps), useful=total(stats.useful), waits=total(stats.waits),
-                                  peak_pages=most(stats.peak_pages), stuck=most(stats.stuck.astype(jnp.int32)) > 0)
+      return outputs, combined_stats(stats, lambda x: lax.psum(x, axes), lambda x: lax.pmax(x, axes))
 
     outputs = SampleOutput(tokens=rows_spec, logprobs=rows_spec, mask=rows_spec, lengths=rows_spec,
                            hidden=rows_spec if self.sampling.return_hidden else None)
@@ -572,9 +577,9 @@ class RoundsProgram:
   """`Engine.rounds`'s jitted pieces for R rounds of B rows: stack(*R arrays [B, ...]) -> [R, B, ...]; start() -> an
   empty engine state for R B rows; advance(params, tokens, mask [R, B, P], rngs [R], budgets [R, B], state, r) ->
   the state once rounds <= r have finished (`Engine.advance`, the state donated); round_output(outputs, r) -> round
-  r's SampleOutput [B, T]; stats(state.stats) -> the run's `EngineStats` on the host (the state's own buffers go
-to the next advance). On a mesh each data-parallel group runs
-  its engine on its B / dp rows of each round, its state a block of the leading [dp] axis (as `Engine.sharded`)."""
+  r's SampleOutput [B, T]; stats(state.stats) -> the run's `EngineStats` on the host (the state's own buffers go to
+  the next advance). On a mesh each data-parallel group runs its engine on its B / dp rows of each round, its state
+  a block of the leading [dp] axis (as `Engine.sharded`)."""
 
   stack: Callable
   start: Callable
@@ -623,11 +628,8 @@ to the next advance). On a mesh each data-parallel group runs
     def round_output(outputs, r):  # [dp, R n, ...] -> round r's [dp n, ...], rows in the batch's order
       return jax.tree.map(lambda x: flat(lax.dynamic_slice_in_dim(x, r * n, n, axis=1)), outputs)
 
-    def stats(s: EngineStats) -> EngineStats:  # the groups' [dp] figures, as `Engine.sharded` reduces them
-      return EngineStats(steps=jnp.max(s.steps), useful=jnp.sum(s.useful), waits=jnp.sum(s.waits),
-                         peak_pages=jnp.max(s.peak_pages), stuck=jnp.any(s.stuck))
+    stats = jax.jit(lambda s: combined_stats(s, jnp.sum, jnp.max))  # the groups' [dp] figures as one
 
     return cls(stack=jax.jit(lambda *xs: jnp.stack(xs), out_shardings=rounds_rows), start=start, advance=advance,
                round_output=jax.jit(round_output, out_shardings=layout.batch),
-               stats=lambda s: jax.device_get(jax.jit(stats)(s)),
-               rows_sharding=rounds_rows)
+               stats=lambda s: jax.device_get(stats(s)), rows_sharding=rounds_rows)
