@@ -231,6 +231,7 @@ def test_gradient_accumulation_carries_the_estimator_across_micro_batches():
   np.testing.assert_allclose(metrics["loss"], (n0 * m0["loss"] + n1 * m1["loss"]) / (n0 + n1), rtol=1e-6)
 
 
+@pytest.mark.slow  # the train loop alone; test_train_rm_with_dir_resumes_bitwise runs the same through train_rm
 def test_estimator_state_is_checkpointed_and_a_resumed_run_is_bitwise_identical(tmp_path):
   settings = settings_for("dir")
   model, params = model_params(settings)
@@ -345,7 +346,7 @@ def test_config_errors_name_the_field(overrides, message):
 
 def test_train_rm_with_dir_resumes_bitwise(tmp_path):
   """build_rm -> train_rm (shared builder and step, estimator in aux, 2 micro-batches): stop at 3 and resume
-  equals the uninterrupted run, params and estimator state."""
+  equals the uninterrupted run, params and estimator state (which trained: it is checkpointed, not rebuilt)."""
   config = tiny_config(**{
       "steps": 6, "log_every": 3, "eval_every": 0, "checkpoint_every": 0, "progress": False, "model.d_model": 32,
       "model.num_layers": 1, "model.num_heads": 2, "model.num_kv_heads": 2, "model.mlp_dim": 64,
@@ -358,6 +359,8 @@ def test_train_rm_with_dir_resumes_bitwise(tmp_path):
   assert int(resumed.step) == 6
   for got, want in zip(jax.tree.leaves((resumed.params, resumed.aux)), jax.tree.leaves((whole.params, whole.aux))):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  start = setup.init_state().aux
+  assert not np.array_equal(np.asarray(whole.aux["q_params"]["w1"]), np.asarray(start["q_params"]["w1"]))
 
 
 def test_tiny_config_is_valid():
