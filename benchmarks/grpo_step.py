@@ -3,6 +3,8 @@ object.
 
     python -m benchmarks.grpo_step [--peer-python /tmp/peers-venv/bin/python] [--rounds 3] [--scheme pre]
                                    [--rm-reward]
+    python -m benchmarks.grpo_step --point realistic [--model small] [--minibatches 8] [--rounds 2]
+                                   [realistic point flags: --prompts 32 --group 8 ... as benchmarks/engine.py]
 
 The d512 model of the other benchmarks (8 layers, 8 heads with 4 KV heads, SwiGLU 2048, vocab 8192, tied;
 random init) in `jaxpt grpo`'s own trainer (`jaxpt.build("grpo", ...)` on `experiments/configs/grpo_tiny.py` with
@@ -24,6 +26,15 @@ With --rm-reward the report gains `rm_scoring` (`rm_scoring_vs_reference`): the 
 scoring one step's rollouts (64 rows) with a reward model of the policy's size (`RewardModelSource`, the rollouts'
 own tokens, compiled on the run's mesh as `reward.model` is) against the reference policy's teacher-forced forward
 (`collector.logprobs`) on the same rows, in alternation (goal: rm / reference <= 1.3).
+
+`--point realistic` (issue 29): the step at the realistic point of `benchmarks/realistic.py` (B = --prompts prompts
+of --min-prompt .. --max-prompt tokens x G = --group rollouts, answers of pre-drawn long-tailed lengths up to
+--max-new tokens, each row ended at its length: a token budget both samplers honour; the model `--model`) with its
+rollouts from the static sampler and from the rollout engine (--slots slots, pages of --page-size), the two steps
+alternated; fp32; --minibatches updates a step. Per system the step split as above and its shares, and
+`step_speedup_vs_static` (median over rounds of static step / engine step): the rollout's share of the step
+before (static) and after (engine). The verifier scores the random policy's text (all 0 here): the update's work
+does not depend on the rewards.
 """
 
 from __future__ import annotations
@@ -43,16 +54,20 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Callable
 
 import jax
+import numpy as np
 import jax.numpy as jnp
 
+from benchmarks import realistic
 from benchmarks.common import Peer, alternating_seconds, median_ratio
 from benchmarks.train_step import MODEL
 from experiments.configs import grpo_tiny
 from jaxpt.models.reward import RewardModel
 from jaxpt.parallel import get_rules, param_shardings
 from jaxpt.rl.reward_sources import RewardModelSource
+from jaxpt.rl.engine import Engine, EngineConfig
 from jaxpt.rl.sampler import make_sampler
 from jaxpt.engine.run import BuiltRun
 from jaxpt.trainers.grpo import replace_hooks
@@ -61,14 +76,15 @@ PROMPTS, GROUP, PROMPT_LEN, NEW_TOKENS, MINIBATCHES = 8, 8, 64, 128, 2
 TUNIX_SCRIPT = pathlib.Path(__file__).resolve().parent / "tunix_grpo_update.py"
 
 
-def grpo_config(scheme: str):
+def grpo_config(scheme: str, model: dict = MODEL, prompts: int = PROMPTS, group: int = GROUP,
+                prompt_len: int = PROMPT_LEN, new_tokens: int = NEW_TOKENS, minibatches: int = MINIBATCHES):
   config = grpo_tiny.get_config()
   config.update_from_flattened_dict({
-      **{f"model.{k}": v for k, v in dict(MODEL, norm_scheme=scheme).items()},
+      **{f"model.{k}": v for k, v in dict(model, norm_scheme=scheme).items()},
       "init_from": "", "steps": 1, "log_every": 1, "eval_every": 0, "checkpoint_every": 0, "progress": False,
-      "task.train_size": 512, "data.prompts_per_step": PROMPTS, "data.max_prompt_len": PROMPT_LEN,
-      "data.eval_prompts": 0, "sampling.max_new_tokens": NEW_TOKENS, "grpo.group_size": GROUP,
-      "grpo.minibatches": MINIBATCHES, "grpo.epochs": 1, "grpo.kl_coef": 0.001})
+      "task.train_size": 512, "data.prompts_per_step": prompts, "data.max_prompt_len": prompt_len,
+      "data.eval_prompts": 0, "sampling.max_new_tokens": new_tokens, "grpo.group_size": group,
+      "grpo.minibatches": minibatches, "grpo.epochs": 1, "grpo.kl_coef": 0.001})
   return config
 
 
@@ -84,12 +100,15 @@ def clocked(clock: collections.Counter, name: str, fn):
   return call
 
 
-def timed_trainer(trainer: BuiltRun, clock: collections.Counter, rollout_dtype: str) -> BuiltRun:
-  """`trainer` sampling in `rollout_dtype`, whose sampler calls and policy updates add their seconds to `clock`."""
+def timed_trainer(trainer: BuiltRun, clock: collections.Counter, rollout_dtype: str,
+                  sampler_of: Callable | None = None) -> BuiltRun:
+  """`trainer` sampling in `rollout_dtype`, whose sampler calls and policy updates add their seconds to `clock`;
+  sampler_of(sampling) -> its sampler (default: the static sampler, `make_sampler`)."""
   sampling = dataclasses.replace(trainer.config.sampling, rollout_dtype=rollout_dtype,
                                  eos_id=trainer.tokenizer.eos_id, pad_id=trainer.tokenizer.pad_id)
-  sampler = make_sampler(trainer.config.model, sampling, trainer.config.data.max_prompt_len,
-                         group_size=trainer.config.grpo.group_size)
+  sampler = (sampler_of or (lambda sampling: make_sampler(
+      trainer.config.model, sampling, trainer.config.data.max_prompt_len,
+      group_size=trainer.config.grpo.group_size)))(sampling)
   timed = replace_hooks(trainer, sample=clocked(clock, "rollout", sampler),
                         config=dataclasses.replace(trainer.config, sampling=sampling))
   object.__setattr__(timed.hooks, "_policy_updates", clocked(clock, "update", timed.hooks._policy_updates))
@@ -146,13 +165,69 @@ def rm_scoring_vs_reference(trainer: BuiltRun, state, batch, rounds: int) -> dic
           "rm_over_reference": round(median_ratio(times["rm"], times["reference"]), 3), "goal": "<= 1.3"}
 
 
+def realistic_step(args) -> dict:
+  """The GRPO step at issue 29's realistic point (`--point realistic`, see the module doc): the static sampler and
+  the rollout engine, each forcing the point's answer lengths, timed in alternation -> the report."""
+  model = realistic.MODELS[args.model]
+  config = grpo_config(args.scheme, model, args.prompts, args.group, args.max_prompt, args.max_new,
+                       args.minibatches)
+  tokens, mask, budgets = realistic.realistic_rows(args, model["vocab_size"])
+  batch = {"prompt_tokens": tokens[::args.group], "prompt_mask": mask[::args.group],
+           "answers": ["0"] * args.prompts, "questions": [""] * args.prompts}
+  engine = EngineConfig(num_slots=args.slots, page_size=args.page_size)
+  forced = lambda sample: (lambda params, tokens, mask, rng: sample(params, tokens, mask, rng, budgets))
+  with tempfile.TemporaryDirectory() as workdir:
+    base = jaxpt.build("grpo", config, workdir)
+    model_config = base.config.model
+    systems = {  # sampling -> a sampler of the trainer's signature that ends row b after budgets[b] tokens
+        "static": lambda s: forced(make_sampler(model_config, s, args.max_prompt, group_size=args.group,
+                                                row_keys=True)),
+        "engine": lambda s: forced(Engine(model_config, s, args.max_prompt, engine, args.group))}
+    state, clock = base.init_state(), collections.Counter()
+    trainers = {name: timed_trainer(base, clock, "float32", of) for name, of in systems.items()}
+    for trainer in trainers.values():  # warm-up: compiles both samplers
+      trainer.train_step(fresh(state), batch)
+    results = {name: [] for name in trainers}
+    for _ in range(args.rounds):
+      for name, trainer in trainers.items():
+        results[name].append(timed_step(trainer, clock, state, batch))
+  report = {"benchmark": "grpo_step", "point": "realistic",
+            "config": dict(model, model=args.model, norm_scheme=args.scheme, prompts=args.prompts, group=args.group,
+                           prompt_len=[args.min_prompt, args.max_prompt], new_tokens_max=args.max_new,
+                           new_tokens_median=float(np.median(budgets)), rollout_tokens=int(budgets.sum()),
+                           minibatches=args.minibatches, slots=args.slots, page_size=args.page_size,
+                           rounds=args.rounds),
+            **{name: step_summary(rs) for name, rs in results.items()}}
+  report["engine"]["step_speedup_vs_static"] = round(statistics.median(
+      s["step"] / e["step"] for s, e in zip(results["static"], results["engine"])), 3)
+  return report
+
+
+def step_summary(rounds: list[dict]) -> dict:
+  """Medians over rounds of `timed_step`'s seconds, and each part's share of the step."""
+  med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+  entry = {f"{k}_s": round(v, 2) for k, v in med.items() if k != "response_length"}
+  entry["share"] = {k: round(med[k] / med["step"], 3) for k in ("rollout", "scoring", "update")}
+  entry["response_length"] = med["response_length"]
+  return entry
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--rounds", type=int, default=3)
   parser.add_argument("--scheme", default="pre")
   parser.add_argument("--peer-python", default="", help="python of a venv with google-tunix 0.1.7")
   parser.add_argument("--rm-reward", action="store_true", help="also time RM scoring vs the reference forward")
+  parser.add_argument("--point", choices=("fixed", "realistic"), default="fixed")
+  parser.add_argument("--minibatches", type=int, default=8, help="the realistic point's updates per step")
+  realistic.add_flags(parser)
   args = parser.parse_args(argv)
+  if args.point == "realistic":
+    report = dict(realistic_step(args), device=str(jax.devices()[0]), jax=jax.__version__,
+                  cpu_count=os.cpu_count(), command=" ".join(["python -m benchmarks.grpo_step"] + sys.argv[1:]))
+    json.dump(report, sys.stdout, indent=2)
+    print()
+    return
   rows = PROMPTS * GROUP // MINIBATCHES
   tunix = (Peer("tunix_update", [args.peer_python, str(TUNIX_SCRIPT), str(rows), str(PROMPT_LEN), str(NEW_TOKENS)])
            if args.peer_python else None)
@@ -182,10 +257,7 @@ def main(argv=None) -> None:
             "device": str(jax.devices()[0]), "jax": jax.__version__, "cpu_count": os.cpu_count(),
             "command": " ".join(["python -m benchmarks.grpo_step"] + sys.argv[1:])}
   for dtype, rs in results.items():
-    med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
-    entry = {f"{k}_s": round(v, 2) for k, v in med.items() if k != "response_length"}
-    entry["share"] = {k: round(med[k] / med["step"], 3) for k in ("rollout", "scoring", "update")}
-    entry["response_length"] = med["response_length"]
+    entry = step_summary(rs)
     if tunix_seconds:
       entry["update_vs_tunix"] = round(statistics.median(MINIBATCHES * t / r["update"]
                                                          for t, r in zip(tunix_seconds, rs)), 2)

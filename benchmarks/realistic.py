@@ -92,10 +92,11 @@ def point_facts(args, budgets, engine: Engine, rounds: int) -> dict:
 
 
 def call_figures(seconds: list[float], rollout_tokens: int, compiled=None) -> dict:
-  """A system's median call seconds, rollout tokens/s (sum of the forced lengths / call seconds) and, for a
-  compiled call, its compiled peak MiB."""
+  """A system's median call seconds, rollout tokens/s (sum of the forced lengths / call seconds), every timed
+  round's seconds and, for a compiled call, its compiled peak MiB."""
   call = statistics.median(seconds)
-  figures = {"call_s": round(call, 2), "tokens_per_sec": round(rollout_tokens / call, 1)}
+  figures = {"call_s": round(call, 2), "tokens_per_sec": round(rollout_tokens / call, 1),
+             "seconds": [round(s, 2) for s in seconds]}
   if compiled is not None:
     figures["peak_mib"] = compiled_memory(compiled).get("peak_mib")
   return figures

@@ -62,6 +62,10 @@ fast as one at a time there, 1.6x at the fixed point, 13% of its call), so prefi
   answers median 100 max 512, 2 alternated rounds, load 15-17): 64 rollouts (8 prompts x G = 8) 29.0 / 24.1 s
   against 67.7 / 60.9 s a call (2.3-2.5x); the realistic point's 256 rollouts 41.9 / 40.1 s against 57.3 / 63.2 s
   (1.37-1.58x; not reproduced by the quiet run above).
+- Realistic point at d512 against tunix and HF `generate` (`benchmarks/results_sampler_realistic_cpu.json`, quiet,
+  2 rounds, code of 4ba8c1d): median of the rounds' ratios 4.30x tunix tied, 7.42x HF, 1.34x the static sampler,
+  but the engine's median call (255.8 s) is longer than the static sampler's (212.5 s): its two calls differed
+  several-fold, as in the runs above; the cause is not found (the rounds' seconds are recorded from now on).
 - Fixed point (batch 8, prompt 32, 128 new tokens, no EOS spread, d512 `issue` model, 5 rounds, load ~20,
   `benchmarks/results_engine_fixed_issue_cpu.json`): engine 1.33x the static sampler, 1.36x the whole-table engine.
 
@@ -71,6 +75,9 @@ rounds <= r + 1, so once round r's rows are all admitted its tail's free slots d
 waits for them: they are admitted only into free slots, their worst-case pages reserved like any row's). The
 state (pools, slots, outputs) stays on the device between the calls (donated to the next); a round's rows draw
 with its own key, so each round's rollouts are those of a call of its own. A round not asked for is dropped.
+Measured (`benchmarks/results_engine_rounds_realistic_small_cpu.json`, d256, two realistic rounds, quiet): both
+rounds 1.15x faster than a call each (1478 decode steps against 1842), but round 0 alone 1.17x slower when round 1
+is then dropped (the early start's prefills and the tail's busier attention reads are not free on a CPU).
 
 Where it runs: the RL trainers' training rollouts with the run config's `engine.enabled` (`EngineConfig.enabled`,
 `jaxpt.rl.collect.RolloutCollector`; with DAPO's dynamic sampling a step's rounds through `rounds`), and
@@ -86,7 +93,7 @@ each sequence's tokens contiguous from slot 0 of its pages, while a group's prom
 and its responses start on fresh pages: it needs the last prompt page copied into each row's first response page and
 the pool laid out its way); batched prefills (not faster where measured, above); the eval's greedy and pass@1 decodes
 (they stay on the static sampler); tensor-parallel params inside a group (they are
-gathered whole); the realistic point at d512 against tunix and HF `generate`.
+gathered whole); why the engine's calls vary between rounds (below).
 """
 
 from __future__ import annotations
