@@ -44,12 +44,12 @@ Speed, measured on a 2-core CPU shared with other jobs (load averages in each JS
 at the whole table of 48, so the attention's gather of whole tables was most of a step; the prefill is not where
 time goes (`prefill` in the JSONs: 0.5% of an engine call at the realistic point; 8 prompts a call were 0.6x as
 fast as one at a time there, 1.6x at the fixed point, 13% of its call), so prefills stay one prompt a call.
-- Realistic point, quiet (`python -m benchmarks.engine --model small --rounds 2 --whole-tables` at 3e3c05d, load
-  1.7-2.1 with the benchmark itself, `benchmarks/results_engine_realistic_small_cpu.json`): median of the rounds'
-  ratios, engine 1.33x the static sampler, the whole-table engine 1.38x, chunked / whole tables 0.91x; median call
-  76.2 s (engine) against 36.2 s (whole tables) and 49.4 s (static): the chunked engine's calls varied about 2x
-  between rounds. So on this CPU the chunked attention is not shown faster than gathering whole tables (the
-  default keeps it; `Engine.attention_chunks = width_buckets = 1` is the whole-table path); to resolve.
+- Realistic point, quiet (`python -m benchmarks.engine --model small --rounds 3 --whole-tables` at 5f00bac,
+  `benchmarks/results_engine_realistic_small_cpu.json`): medians of the rounds' ratios, engine 1.85x the static
+  sampler and 1.23x the whole-table engine (`Engine.attention_chunks = width_buckets = 1`); calls 27.1 / 28.0 s
+  against 36.0-36.4 / 34.4 s and 51-55 s, except the engine's first timed call, 157.9 s (after its untimed warm-up
+  call): the chunked engine's early calls are slow, which is what made it look slower in a 2-round run at 3e3c05d
+  (76.2 s median there); so the chunked attention stays the default; why an early call is slow is not found.
   Useful slot-steps 61.5% against 28.5%; compiled peak 245 MiB (whole tables 282) against 632 MiB; prefill 0.7% of
   an engine call.
 - Realistic point, loaded (`benchmarks/engine.py --model small --rounds 1 --whole-tables`, code of this commit's engine,
