@@ -106,9 +106,8 @@ def timed_trainer(trainer: BuiltRun, clock: collections.Counter, rollout_dtype: 
   sampler_of(sampling) -> its sampler (default: the static sampler, `make_sampler`)."""
   sampling = dataclasses.replace(trainer.config.sampling, rollout_dtype=rollout_dtype,
                                  eos_id=trainer.tokenizer.eos_id, pad_id=trainer.tokenizer.pad_id)
-  sampler = (sampler_of or (lambda sampling: make_sampler(
-      trainer.config.model, sampling, trainer.config.data.max_prompt_len,
-      group_size=trainer.config.grpo.group_size)))(sampling)
+  sampler = sampler_of(sampling) if sampler_of else make_sampler(
+      trainer.config.model, sampling, trainer.config.data.max_prompt_len, group_size=trainer.config.grpo.group_size)
   timed = replace_hooks(trainer, sample=clocked(clock, "rollout", sampler),
                         config=dataclasses.replace(trainer.config, sampling=sampling))
   object.__setattr__(timed.hooks, "_policy_updates", clocked(clock, "update", timed.hooks._policy_updates))
