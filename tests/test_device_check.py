@@ -44,7 +44,11 @@ def test_sections_report_their_figures(dry_run):
   # off cuDNN (here: CPU) `auto` attention is jaxpt's own: the one program, compiled once
   assert {v: e.get("same_program_as") for v, e in variants.items() if "same_program_as" in e} == {
       "pre_jaxpt_attention": "pre"}
-  assert _read(out, "sampler")["jaxpt"]["new_tokens_per_sec"] > 0
+  sampler = _read(out, "sampler")
+  assert sampler["jaxpt"]["new_tokens_per_sec"] > 0
+  engine = sampler["engine"]  # the engine at the realistic point's tiny twin, beside the static sampler
+  assert engine["speedup"] > 0 and engine["engine"]["call_s"] > 0 and engine["point"]["rounds"] == 1
+  assert list(engine["stages_s"]) == ["compile", "first engine call", "first static call", "round 1"]
   grpo = _read(out, "grpo_step")
   assert grpo["bfloat16"]["step_s"] > 0 and grpo["float32"]["rollout_s"] > 0
   tuning = _read(out, "kernel_tuning")["results"][0]
@@ -54,10 +58,13 @@ def test_sections_report_their_figures(dry_run):
 def test_traces_come_back_as_one_file(dry_run):
   _, out = dry_run
   with tarfile.open(out / "traces.tar") as tar:
-    assert sorted(tar.getnames()) == ["kernel_trace.json.gz", "train_trace.json.gz"]
+    assert sorted(tar.getnames()) == ["kernel_trace.json.gz", "train_pre_trace.json.gz",
+                                      "train_siamese_post_pre_trace.json.gz"]
   assert len(list(out.iterdir())) <= 8  # what the device tool returns
-  ops = _read(out, "train_step")["models"]["tiny"]["trace_device_ops_top30"]
-  assert ops and all(op["calls"] > 0 for op in ops.values())
+  traces = _read(out, "train_step")["models"]["tiny"]["traces"]
+  assert set(traces) == {"pre", "siamese_post_pre"}
+  assert all(t["device_ops_top30"] and all(op["calls"] > 0 for op in t["device_ops_top30"].values())
+             for t in traces.values())
 
 
 def test_a_spent_budget_skips_every_measurement(tmp_path):
@@ -65,7 +72,9 @@ def test_a_spent_budget_skips_every_measurement(tmp_path):
                             "--sections", "kernel_numerics,two_stream_norm,train_step,sampler"]) == 0
   assert len(_read(tmp_path, "kernel_numerics")["skipped"]) == 2 * len(device_check.DRY.norm_dims)
   assert _read(tmp_path, "train_step")["skipped"] == [f"tiny {v}" for v in device_training.TRAIN_VARIANTS]
-  assert _read(tmp_path, "sampler")["skipped"] == ["all"]
+  sampler = _read(tmp_path, "sampler")
+  assert sampler["skipped"] == ["the fixed-length sampler vs HF generate"]
+  assert sampler["engine"]["skipped"] == ["all"]
 
 
 def test_an_unknown_section_is_refused_naming_it(capsys):

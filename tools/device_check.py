@@ -7,8 +7,8 @@ figures). A section that fails records its traceback and the next one runs; once
 no new measurement starts and each section lists what it skipped. `--dry-run` runs the same code at tiny sizes
 on CPU (interpret-mode kernels, no peers): the test suite runs it, so the check cannot rot.
 
-Sections, in order (`tools/device_kernels.py`, `tools/device_training.py`; what they time is a median over
-repeated synchronised calls, warm-up excluded):
+Sections, in order (`tools/device_kernels.py`, `tools/device_training.py`, `tools/device_engine.py`; what they
+time is a median over repeated synchronised calls, warm-up excluded):
 - `kernel_numerics`: the fused two-stream-norm kernels compiled for the device (not interpret mode) vs the XLA
   reference, both against the reference evaluated in float32: outputs and every input gradient, relative max error.
 - `two_stream_norm`: `benchmarks/two_stream_norm.py` at d = 1024..8192, bf16 and fp32, forward and
@@ -19,13 +19,14 @@ repeated synchronised calls, warm-up excluded):
 - `train_step`: jaxpt's train step (AdamW, fp32 master weights and optimizer state, bf16 compute) at ~350M and
   ~1B parameters: tokens/s and MFU (model FLOPs 6 N + 6 L d T per token over the device's dense bf16 peak),
   Pre-Norm (the default `attention_impl=auto`: cuDNN's fused attention; and jaxpt's own attention) vs SiameseNorm
-  with the kernel off (`reference`) and on (`pallas`), timed in alternation; a trace of one ~350M Pre-Norm step
-  (`train_trace.json.gz`) and its 30 longest device ops.
+  with the kernel off (`reference`) and on (`pallas`), timed in alternation; a trace of one ~350M Pre-Norm step and
+  one SiameseNorm step (`train_<variant>_trace.json.gz`) and the 30 longest device ops of each.
 - `grpo_step`: one `jaxpt grpo` trainer step (`benchmarks/grpo_step.py`: 8 prompts x 8 rollouts, d512) split into
   rollout / scoring / update, beside HF `generate` of the same rollouts.
-- `sampler`: jaxpt's KV-cache sampler (bf16 rollouts) on the ~350M Pre-Norm model vs HF transformers `generate`
-  on torch CUDA (eager, and the static cache that `generate` compiles), timed in alternation
-  (`benchmarks/torch_cuda_peer.py`, persistent processes).
+- `sampler`: first the rollout engine vs the static sampler at issue 29's realistic point (`tools/device_engine.py`:
+  long-tailed answer lengths, d512, bf16; each stage's seconds printed as it ends); then jaxpt's KV-cache sampler
+  (bf16 rollouts) on the ~350M Pre-Norm model vs HF transformers `generate` on torch CUDA (eager, and the static
+  cache that `generate` compiles), timed in alternation (`benchmarks/torch_cuda_peer.py`, persistent processes).
 The traces end up in one `traces.tar` (the device returns at most 8 files). Compiles take minutes on a GPU (XLA
 autotunes each new GEMM shape: 111 s for a train step on the H200): `--compile-cache` keeps them for a second
 call on the same machine.
@@ -77,6 +78,7 @@ class Sizes:
   rounds: int
   grpo_overrides: dict
   peers: bool
+  engine_point: dict  # the sampler section's engine point: `tools.device_engine.point_args` overrides
   trace_dir: str = ""  # where `two_stream_norm` writes its kernel trace ('' = none)
 
 
@@ -86,7 +88,8 @@ FULL = Sizes(
                                attention_query_chunk=512),
                   "1b": dict(vocab_size=32768, d_model=2048, num_layers=18, num_heads=16, mlp_dim=5632,
                              attention_query_chunk=512)},
-    train_batch=(4, 2048), train_repeats=5, sampler=(32, 256, 256), rounds=3, grpo_overrides={}, peers=True)
+    train_batch=(4, 2048), train_repeats=5, sampler=(32, 256, 256), rounds=3, grpo_overrides={}, peers=True,
+    engine_point={})
 DRY = Sizes(
     norm_rows=64, norm_dims=(128, 200), norm_repeats=1, norm_chain=2, tuning_dims=(128,),
     train_models={"tiny": dict(vocab_size=256, d_model=64, num_layers=2, num_heads=4, mlp_dim=128)},
@@ -94,7 +97,8 @@ DRY = Sizes(
     grpo_overrides={"model.d_model": 64, "model.num_layers": 2, "model.num_heads": 4, "model.num_kv_heads": 2,
                     "model.mlp_dim": 128, "data.prompts_per_step": 2,
                     "sampling.max_new_tokens": 4, "grpo.group_size": 2, "grpo.minibatches": 1},
-    peers=False)
+    peers=False, engine_point=dict(model="tiny", prompts=2, group=2, min_prompt=4, max_prompt=8, median=3, max_new=8,
+                                   slots=4, page_size=4))
 
 
 class Budget:
@@ -156,7 +160,8 @@ def headline(name: str, report: dict) -> dict:
             for m, model in report["models"].items() for v, e in model.get("variants", {}).items()}
   if name == "sampler":
     return {"jaxpt_new_tokens_per_sec": report.get("jaxpt", {}).get("new_tokens_per_sec"),
-            **{p: e["speedup_jaxpt_over_peer"] for p, e in report.get("peers", {}).items()}}
+            **{p: e["speedup_jaxpt_over_peer"] for p, e in report.get("peers", {}).items()},
+            "engine_speedup_over_static": report.get("engine", {}).get("speedup")}
   if name == "grpo_step":
     return {k: v for k, v in report.items() if k.startswith("rollout_") or k in ("bfloat16", "float32")}
   return {}

@@ -30,6 +30,7 @@ from jaxpt.trainers.lm import make_lm_loss_fn
 from jaxpt.engine.optim import make_optimizer
 from jaxpt.engine.state import TrainState
 from jaxpt.engine.step import make_train_step
+from tools.device_engine import realistic_engine
 from tools.device_traces import perfetto_trace, trace_kernel_times
 
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ TRAIN_VARIANTS = {"pre": dict(norm_scheme="pre"),  # attention_impl="auto": cuDN
                   "pre_jaxpt_attention": dict(norm_scheme="pre", attention_impl="jaxpt"),
                   "siamese_post_pre": dict(norm_scheme="siamese_post_pre", kernel="reference"),
                   "siamese_post_pre_pallas": dict(norm_scheme="siamese_post_pre", kernel="pallas")}
+TRACED_VARIANTS = ("pre", "siamese_post_pre")  # traced at the first size: SiameseNorm's extra time, op by op
 
 
 def lm_config(fields: dict, **extra) -> ModelConfig:
@@ -122,10 +124,11 @@ def train_model(fields: dict, sizes: Sizes, budget: Budget, peak: float | None, 
   if not runs:
     return model
   times = alternating_seconds(runs, sizes.train_repeats)
-  if sizes.trace_dir and name == next(iter(sizes.train_models)) and "pre" in runs and not budget.spent():
-    trace = os.path.join(sizes.trace_dir, "train_trace.json.gz")
-    model["trace"] = perfetto_trace(runs["pre"], trace)  # one Pre-Norm step: where the time goes
-    model["trace_device_ops_top30"] = trace_kernel_times(trace, top=30)
+  for variant in TRACED_VARIANTS:  # one step of each, first size only: where the time goes, and SiameseNorm's extra
+    if sizes.trace_dir and name == next(iter(sizes.train_models)) and variant in runs and not budget.spent():
+      trace = os.path.join(sizes.trace_dir, f"train_{variant}_trace.json.gz")
+      model.setdefault("traces", {})[variant] = {"file": perfetto_trace(runs[variant], trace),
+                                                 "device_ops_top30": trace_kernel_times(trace, top=30)}
   del runs
   gc.collect()
   for variant, f in facts.items():
@@ -191,10 +194,14 @@ def _ready_error(peer: Peer) -> str:
 def sampler(sizes: Sizes, budget: Budget) -> dict:
   batch, prompt, new = sizes.sampler
   fields = next(iter(sizes.train_models.values()))
-  report = {"batch": batch, "prompt": prompt, "new_tokens": new, "model": fields, "rollout_dtype": "bfloat16",
-            "sampling": "temperature 1, no top-k/top-p, no EOS", "peer_errors": {}}
+  try:
+    engine = realistic_engine(sizes, budget)
+  except Exception:  # noqa: BLE001 -- recorded, and the fixed-length comparison runs
+    engine = {"error": traceback.format_exc().strip().splitlines()[-1][:2000]}
+  report = {"engine": engine, "batch": batch, "prompt": prompt, "new_tokens": new, "model": fields,
+            "rollout_dtype": "bfloat16", "sampling": "temperature 1, no top-k/top-p, no EOS", "peer_errors": {}}
   if budget.spent():
-    return dict(report, skipped=["all"])
+    return dict(report, skipped=["the fixed-length sampler vs HF generate"])
   with tempfile.TemporaryDirectory() as logs:
     peers = start_peers(sizes, fields, batch, prompt, new, logs)
     cfg = lm_config(fields, norm_scheme="pre")

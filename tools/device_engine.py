@@ -1,0 +1,90 @@
+"""The engine part of `tools/device_check`'s `sampler` section: the rollout engine (continuous batching over a
+paged KV cache) against the static sampler at issue 29's realistic point (`benchmarks/realistic.py`: 256 rollouts,
+prompts 64-256, long-tailed answers up to 512 tokens, d512), bf16 rollouts, timed in alternation as
+`benchmarks/engine.py` times them.
+
+Each stage prints its seconds as it ends (`engine: <stage> <s> s`), so a call cut short by the device's time limit
+still says where the time went (the first GPU run of `benchmarks/engine.py` printed nothing within 150 s). Rounds
+stop once the budget is spent; `speedup` is the median over timed rounds of static seconds / engine seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import TYPE_CHECKING
+
+import jax
+import numpy as np
+
+from benchmarks.common import median_ratio
+from benchmarks.realistic import FLAGS, MODELS, call_figures, jaxpt_systems, point_facts, realistic_rows
+from jaxpt.models.config import ModelConfig
+from jaxpt.models.transformer import init_params
+from jaxpt.rl.sampler import SamplingConfig
+
+if TYPE_CHECKING:
+  from tools.device_check import Budget, Sizes
+
+
+def point_args(overrides: dict) -> argparse.Namespace:
+  """The realistic point's flags (`benchmarks/realistic.py` defaults, model `issue`) with `overrides` (flag names
+  with '_' for '-')."""
+  args = {name.replace("-", "_"): default for name, default in FLAGS}
+  return argparse.Namespace(**{**args, "spread": 0.9, "model": "issue", **overrides})
+
+
+class Stages:
+  """Seconds of each named stage, printed as it ends."""
+
+  def __init__(self):
+    self.seconds, self._start = {}, time.perf_counter()
+
+  def done(self, name: str) -> None:
+    now = time.perf_counter()
+    self.seconds[name] = round(now - self._start, 2)
+    self._start = now
+    print(f"engine: {name} {self.seconds[name]} s", flush=True)
+
+
+def realistic_engine(sizes: Sizes, budget: Budget) -> dict:
+  """The engine and the static sampler at the point (`sizes.engine_point`), `sizes.rounds` rounds."""
+  args = point_args(sizes.engine_point)
+  report = {"model": dict(MODELS[args.model], name=args.model), "rollout_dtype": "bfloat16",
+            "sampling": "temperature 1, no top-k/top-p, per-rollout keys, forced answer lengths"}
+  if budget.spent():
+    return dict(report, skipped=["all"])
+  stages = Stages()
+  cfg = ModelConfig(**MODELS[args.model])
+  params = init_params(cfg, jax.random.PRNGKey(0))
+  tokens, mask, budgets = realistic_rows(args, cfg.vocab_size)
+  sampling = SamplingConfig(max_new_tokens=args.max_new, rollout_dtype="bfloat16")
+  engine_, compiled = jaxpt_systems(cfg, args, params, tokens, mask, budgets, sampling)
+  stages.done("compile")
+  calls = iter(range(10 ** 6))
+
+  def call(name):
+    out = compiled[name](params, tokens, mask, jax.random.PRNGKey(next(calls)), budgets)
+    return jax.block_until_ready(out)
+
+  _, stats = call("engine")
+  stages.done("first engine call")
+  call("static")
+  stages.done("first static call")
+  times = {"engine": [], "static": []}
+  for r in range(sizes.rounds):
+    if budget.spent():
+      report["skipped_rounds"] = sizes.rounds - r
+      break
+    for name in times:
+      start = time.perf_counter()
+      call(name)
+      times[name].append(time.perf_counter() - start)
+    stages.done(f"round {r + 1}")
+  report.update(point=point_facts(args, budgets, engine_, len(times["engine"])), stages_s=stages.seconds,
+                steps=int(stats.steps), useful_fraction=round(int(stats.useful) / (int(stats.steps) * args.slots), 3))
+  if times["engine"]:
+    rollout_tokens = int(np.sum(budgets))
+    report.update({name: call_figures(times[name], rollout_tokens, compiled[name]) for name in times})
+    report["speedup"] = round(median_ratio(times["static"], times["engine"]), 2)
+  return report
