@@ -221,10 +221,12 @@ def test_grpo_through_the_engine_equals_the_static_sampler_with_row_keys(engine_
     assert len(got) == 2 or key == "entropy", key
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=key)
   # Adam divides each gradient by its own RMS, so an element whose gradient is at rounding level moves by a
-  # rounding-sensitive part of the lr (2e-3): atol 5% of one update (a different rollout moves many by ~the lr)
+  # rounding-sensitive part of the lr (2e-3) a step: a handful of elements may differ by up to about 2 lr over the
+  # two steps; beyond 5% of one update only rounding's few (a different rollout moves a large share by ~the lr)
   lr = engine_runs["static"][0].optim.learning_rate
-  for got, want in zip(jax.tree.leaves(result.state.params), jax.tree.leaves(engine_runs["static"][3].state.params)):
-    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=0.05 * lr)
+  diffs = np.concatenate([np.abs(np.asarray(got) - np.asarray(want)).ravel() for got, want in zip(
+      jax.tree.leaves(result.state.params), jax.tree.leaves(engine_runs["static"][3].state.params))])
+  assert diffs.max() < 3 * lr and np.mean(diffs > 0.05 * lr) < 1e-4, (diffs.max(), np.sum(diffs > 0.05 * lr))
 
 
 @pytest.mark.slow  # a third engine run; the engine keeps no state across steps (the static path's resume test)
