@@ -111,26 +111,30 @@ def scripted_verifier(response: str, answer: str) -> float:
   return {"wrong": 0.0, "right": 1.0, "mixed": float(len(response) % 2)}[kind(answer)]
 
 
-def test_refill_rounds_through_the_engine_stream_draw_what_the_static_sampler_draws(tmp_path_factory):
+def test_refill_rounds_through_the_engine_draw_what_the_static_sampler_draws(tmp_path_factory):
   """With engine.enabled a step's generation rounds stream through one engine (`Engine.rounds`, round r + 1's
-  rollouts starting in round r's tail): the trained rows, their scores and the DAPO metrics equal the static
-  sampler's drawing per-rollout keys (sampling.row_keys), refills included."""
+  rollouts starting in round r's tail), or with engine.stream_rounds off one engine call per round: the trained
+  rows, their scores and the DAPO metrics equal the static sampler's drawing per-rollout keys (sampling.row_keys),
+  refills included."""
   collectors = {}
-  for name, extra in (("static", {}), ("engine", {"engine.enabled": True, "engine.num_slots": 6,
-                                                  "engine.page_size": 8})):
+  engine = {"engine.enabled": True, "engine.num_slots": 6, "engine.page_size": 8}
+  for name, extra in (("static", {}), ("engine", engine), ("per_round", {**engine, "engine.stream_rounds": False})):
     built = jaxpt.build("grpo", dapo_config(**{"sampling.row_keys": True, **extra}), str(tmp_path_factory.mktemp(name)))
     built.hooks.collector.reward_fn = scripted_verifier
     collectors[name] = built.hooks.collector, built.training.init_state().params
-  collector, params = collectors["engine"]
-  assert collector.engine is not None and collector.sampler_memory["peak_mib"] > 0
-  step = first_step_with_both_dropped_kinds(collector)
-  got, got_metrics = collector.step_rollouts(params, collector.prompts.batch(step), step, jax.random.PRNGKey(3))
+  assert collectors["engine"][0].engine is not None and collectors["per_round"][0].engine is None
   static, params = collectors["static"]
+  step = first_step_with_both_dropped_kinds(static)
   want, want_metrics = static.step_rollouts(params, static.prompts.batch(step), step, jax.random.PRNGKey(3))
-  assert got_metrics == want_metrics and want_metrics["dapo_rounds"] >= 2
-  for key in ("prompt_tokens", "tokens", "mask", "scores", "rewards", "group_ids", "lengths"):
-    np.testing.assert_array_equal(np.asarray(got[key]), np.asarray(want[key]), err_msg=key)
-  np.testing.assert_allclose(np.asarray(got["old_logp"]), np.asarray(want["old_logp"]), rtol=1e-5, atol=1e-5)
+  assert want_metrics["dapo_rounds"] >= 2
+  for name in ("engine", "per_round"):
+    collector, params = collectors[name]
+    assert collector.sampler_memory["peak_mib"] > 0
+    got, got_metrics = collector.step_rollouts(params, collector.prompts.batch(step), step, jax.random.PRNGKey(3))
+    assert got_metrics == want_metrics, name
+    for key in ("prompt_tokens", "tokens", "mask", "scores", "rewards", "group_ids", "lengths"):
+      np.testing.assert_array_equal(np.asarray(got[key]), np.asarray(want[key]), err_msg=f"{name} {key}")
+    np.testing.assert_allclose(np.asarray(got["old_logp"]), np.asarray(want["old_logp"]), rtol=1e-5, atol=1e-5)
 
 
 def test_at_the_cap_fill_trains_on_dropped_groups_and_error_stops(trainer):

@@ -13,12 +13,12 @@ With the run config's `engine.enabled` (`jaxpt.rl.engine.EngineConfig`) the trai
 rounds too, come from the rollout engine (continuous batching over a paged KV cache; on a mesh one engine per
 data-parallel group) instead of the static sampler: the same `SampleOutput`, hidden states (CLIPO) and bf16
 rollouts included, each rollout drawn with its own keys (`rollout_keys`), so `sampling.row_keys` makes the static
-sampler draw the same rollouts. With dynamic sampling a step's generation rounds stream through one engine
-(`round_drawer`, `Engine.rounds`): all max_rounds rounds' prompts are read at the step's start (their positions
-are fixed), and while round r's last rows finish, round r + 1's rows take the slots they leave free; whether round
-r + 1 is needed is decided on the host from round r's verified rewards, as before, and a round not needed is
-dropped with the work its early start did in otherwise idle slots. The eval (greedy accuracy, sampled pass@1)
-stays on the static sampler.
+sampler draw the same rollouts. With dynamic sampling (and `engine.stream_rounds`, the default) a step's
+generation rounds stream through one engine (`round_drawer`, `Engine.rounds`): all max_rounds rounds' prompts are
+read at the step's start (their positions are fixed), and while round r's last rows finish, round r + 1's rows take
+the slots they leave free; whether round r + 1 is needed is decided on the host from round r's verified rewards, as
+before, and a round not needed is dropped with the work its early start did in otherwise idle slots. The eval
+(greedy accuracy, sampled pass@1) stays on the static sampler.
 
 `contrastive_rewards` is CLIPO's head step and reward r_con [N] on those rollouts (`jaxpt.rl.clipo`); `evaluate`
 the greedy accuracy and sampled pass@1 on held-out prompts. The update that trains on the rollouts is the trainer's
@@ -118,7 +118,7 @@ class RolloutCollector:
   process_slice: tuple[int, int] = (0, 1)  # this process reads prompt block `index` of `count` of each batch
   reward_fn: RewardFn = math_reward  # the verifier: (response text, answer) -> score (replace for another task)
   sampler_memory: dict = dataclasses.field(default_factory=dict)  # compiled per-device memory of `sample` (MiB)
-  engine: Engine | None = None  # with config.engine.enabled: DAPO's refill rounds stream through it (`rounds`)
+  engine: Engine | None = None  # with engine.enabled and stream_rounds: DAPO's refill rounds stream through it
 
   @classmethod
   def create(cls, config: Any, model: Any, layout: parallel.MeshLayout, abstract_params: Any, tokenizer: Any,
@@ -155,11 +155,12 @@ class RolloutCollector:
                           "of the mesh, each running its own rollout engine (config.engine.enabled)",
                           config.data.prompts_per_step)
       say("compiling the rollout engine ...")
-      if config.dapo.dynamic_sampling:  # every generation round of a step through one engine stream
+      if config.dapo.dynamic_sampling and engine_of(config).stream_rounds:  # a step's rounds through one stream
         sample, compiled = engine, engine.compile_rounds(params, prompts_abstract, rng_abstract,
                                                          config.dapo.max_rounds)
       else:
         sample, compiled = engine, engine.compile(params, prompts_abstract, prompts_abstract, rng_abstract)
+        engine = None  # one call per round (`sample`): no stream
     else:
       engine = None
       say("compiling the rollout sampler ...")
@@ -275,8 +276,9 @@ class RolloutCollector:
                    ) -> Callable[[int], dict]:
     """draw(r) -> generation round r's scored rollouts (r = 0, 1, ... in order, each drawn once): round 0 samples
     `batch` with `rng`, round r >= 1 `prompts.refill_batch(step (max_rounds - 1) + r - 1)` with fold_in(rng, r).
-    With dynamic sampling and the engine every round streams through one engine (`Engine.rounds`: round r + 1's
-    rollouts start in the slots round r's tail leaves free; the same rollouts as a call per round)."""
+    With dynamic sampling and the engine streaming rounds (`engine.stream_rounds`) every round streams through one
+    engine (`Engine.rounds`: round r + 1's rollouts start in the slots round r's tail leaves free; the same rollouts
+    as a call per round)."""
     settings = self.config.dapo
     batch_of = lambda r: batch if r == 0 else self.prompts.refill_batch(
         step * (settings.max_rounds - 1) + r - 1, *self.process_slice)

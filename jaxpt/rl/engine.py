@@ -133,6 +133,13 @@ class EngineConfig(Section):
       (KR response pages each): pages are still taken as the responses grow, but no row ever waits for one
       mid-response and the loop cannot get stuck. False: admit whenever the prompt fits (more rows at once in a
       small pool, but rows may wait mid-response and, if all wait, the call fails).
+    stream_rounds: with DAPO's dynamic sampling, a step's generation rounds stream through one engine call
+      (`Engine.rounds`: round r + 1's rollouts start in the slots round r's tail leaves free, before round r's
+      rewards say whether it is needed); off: one engine call per round, started once it is needed. The stream
+      saves time when refills are frequent and costs it when they are rare (`benchmarks/engine_rounds.py`,
+      `benchmarks/results_engine_rounds_realistic_small_cpu.json`: two rounds 1.15x faster than a call each; a
+      step that needs no refill 1.17x slower), so it pays when more than about half the steps refill. Read by
+      `jaxpt.rl.collect.RolloutCollector`; `Engine` itself ignores it.
   """
 
   enabled: bool = False
@@ -140,6 +147,7 @@ class EngineConfig(Section):
   page_size: int = 16
   num_pages: int = 0
   reserve_pages: bool = True
+  stream_rounds: bool = True
 
   def check(self) -> None:
     at_least(self, "num_slots", 1)
