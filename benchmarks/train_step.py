@@ -4,6 +4,7 @@ and tunix train steps timed in alternation.
     python -m benchmarks.train_step [--schemes pre,siamese_post_pre] [--dtype float32|bfloat16]
                                     [--hf-python /tmp/hfref/bin/python] [--tunix-python /tmp/tunix/bin/python]
     python -m benchmarks.train_step --schemes pre --lora 8 --repeats 9
+    python -m benchmarks.train_step --memory-only --schemes pre,siamese_post_pre
     python -m benchmarks.train_step --schemes pre,hc:4,hc_dynamic:4,mhc:4,mhc_lite:4,pre+moe,mhc_lite:4+moe
 
 A scheme is `norm_scheme[:n][+moe]`: n residual streams for the multi-stream schemes (`hc_streams`), `+moe` the
@@ -181,6 +182,20 @@ def reference_report(peer: Peer, times: dict[str, list[float]], dtype: str) -> t
   return reference, vs_pre
 
 
+def print_memory(args: argparse.Namespace) -> None:
+  """`--memory-only`: each scheme's compiled memory (`jaxpt.parallel.compiled_memory`) and peak over Pre-Norm's."""
+  memory = {scheme: compile_scheme(scheme, remat=args.remat, scan_layers=args.scan, dtype=args.dtype,
+                                   param_dtype="float32")[0]["memory"] for scheme in args.schemes.split(",")}
+  report = {"benchmark": "train_step --memory-only",
+            "config": dict(MODEL, batch=BATCH, seq=SEQ, dtype=args.dtype, param_dtype="float32", remat=args.remat,
+                           scan_layers=args.scan),
+            "jax": jax.__version__, "device": str(jax.devices()[0]), "memory_mib": memory}
+  if "pre" in memory:
+    report["peak_memory_vs_pre"] = {s: round(m["peak_mib"] / memory["pre"]["peak_mib"], 3) for s, m in memory.items()}
+  json.dump(report, sys.stdout, indent=2)
+  print()
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--schemes", default="pre,post,hybrid,siamese_post_pre,siamese_hybrid_pre")
@@ -191,8 +206,12 @@ def main(argv=None) -> None:
                       help="compute dtype (params and AdamW state stay float32); hf runs under bf16 autocast")
   parser.add_argument("--lora", type=int, default=0, help="also each scheme with LoRA of this rank on every "
                       "projection, timed in alternation with its full fine-tune (`lora_vs_full`)")
+  parser.add_argument("--memory-only", action="store_true", help="compile each scheme and print its compiled "
+                      "memory and peak over Pre-Norm's; nothing timed, no references (deterministic: any load)")
   references.add_arguments(parser)
   args = parser.parse_args(argv)
+  if args.memory_only:
+    return print_memory(args)
 
   peers = start_peers(args)
   try:

@@ -175,3 +175,23 @@ def test_lora_is_timed_in_the_same_rounds_as_its_full_fine_tune(monkeypatch, cap
   assert report["lora_vs_full"]["pre"]["peak_memory"] == 0.5
   assert 0 < report["lora_vs_full"]["pre"]["step_time"] < 1
   assert len(report["loadavg_1_5_15min"]["before_timing"]) == 3
+
+
+def test_memory_only_compiles_each_scheme_and_times_nothing(monkeypatch, capsys):
+  """`--memory-only`: every scheme compiled with the flags' settings, no step run and no peer started; the peak
+  memory over Pre-Norm's."""
+  compiled = []
+
+  def compile_scheme(scheme, **overrides):
+    compiled.append((scheme, overrides["scan_layers"], overrides["dtype"]))
+    run = lambda: pytest.fail("a step ran")  # noqa: E731
+    return {"memory": {"peak_mib": {"pre": 4.0, "siamese_post_pre": 5.0}[scheme], "temp_mib": 1.0}}, run
+
+  monkeypatch.setattr(train_step, "compile_scheme", compile_scheme)
+  monkeypatch.setattr(train_step, "start_peers", lambda args: pytest.fail("a peer started"))
+  train_step.main(["--memory-only", "--scan", "--dtype", "bfloat16", "--schemes", "pre,siamese_post_pre",
+                   "--hf-python", "py-hf"])
+  assert compiled == [("pre", True, "bfloat16"), ("siamese_post_pre", True, "bfloat16")]
+  report = json.loads(capsys.readouterr().out)
+  assert report["peak_memory_vs_pre"] == {"pre": 1.0, "siamese_post_pre": 1.25}
+  assert report["config"]["scan_layers"] and report["memory_mib"]["pre"]["temp_mib"] == 1.0

@@ -5,9 +5,10 @@ LayerNorm: y = (x - mean(x)) / sqrt(var(x) + eps) * w + b
 Both normalise over the last axis: `[..., features] -> [..., features]`, and are `jax.checkpoint`ed: the backward
 recomputes the norm from its input, so a norm keeps only x (in its own dtype) for the backward rather than the
 float32 intermediates autodiff would store (three `[..., features]` float32 arrays). Norms are cheap to recompute
-and many: SiameseNorm has six a layer (Pre-Norm two), and these stored arrays were most of its extra memory over
-Pre-Norm (d512 / 8 layers, bf16 compute, batch 8 x 256, XLA:CPU temp memory: SiameseNorm 2339 -> 1942 MiB,
-Pre-Norm 1922 -> 1792).
+and many: SiameseNorm has six a layer (Pre-Norm two). The train step's compiled peak with scanned layers, bf16
+compute (d512 / 8 layers, batch 8 x 256, XLA:CPU): SiameseNorm 2640 -> 2252 MiB, 1.18x -> 1.07x Pre-Norm's,
+Pre-Norm 2232 -> 2104 MiB; with unrolled layers in float32 XLA already avoided most of it (only
+`siamese_hybrid_pre` moved, 1.24x -> 1.17x) (`benchmarks/results_norm_checkpoint_memory_cpu.json`).
 `NormParams` declares a norm's parameters (same names, shapes, init and logical axes) without applying it, for
 callers that hand them to a fused kernel (`jaxpt.models.fused`).
 """
