@@ -82,6 +82,7 @@ def _cli(workdir, **extra):
   return [sys.executable, "-m", "jaxpt.cli", "vit", "--config", CONFIG, *overrides, "--workdir", workdir]
 
 
+@pytest.mark.slow  # bitwise resume: the test above; SIGTERM and a fresh process: test_train_pretrain's and cli_signals'
 def test_cli_killed_and_rerun_finishes_like_uninterrupted(micro_setup, micro_run, tmp_path):
   """`jaxpt vit` stopped by SIGTERM after its first metrics row, then rerun in a fresh process: the final params
   equal the uninterrupted in-process run's bit for bit (data order and augmentation are functions of the step)."""
