@@ -59,7 +59,7 @@ def realistic_engine(sizes: Sizes, budget: Budget) -> dict:
   params = init_params(cfg, jax.random.PRNGKey(0))
   tokens, mask, budgets = realistic_rows(args, cfg.vocab_size)
   sampling = SamplingConfig(max_new_tokens=args.max_new, rollout_dtype="bfloat16")
-  engine_, compiled = jaxpt_systems(cfg, args, params, tokens, mask, budgets, sampling)
+  engine, compiled = jaxpt_systems(cfg, args, params, tokens, mask, budgets, sampling)
   stages.done("compile")
   calls = iter(range(10 ** 6))
 
@@ -81,7 +81,7 @@ def realistic_engine(sizes: Sizes, budget: Budget) -> dict:
       call(name)
       times[name].append(time.perf_counter() - start)
     stages.done(f"round {r + 1}")
-  report.update(point=point_facts(args, budgets, engine_, len(times["engine"])), stages_s=stages.seconds,
+  report.update(point=point_facts(args, budgets, engine, len(times["engine"])), stages_s=stages.seconds,
                 steps=int(stats.steps), useful_fraction=round(int(stats.useful) / (int(stats.steps) * args.slots), 3))
   if times["engine"]:
     rollout_tokens = int(np.sum(budgets))
