@@ -205,7 +205,7 @@ def realistic_step(args) -> dict:
 def step_summary(rounds: list[dict]) -> dict:
   """Medians over rounds of `timed_step`'s seconds, and each part's share of the step."""
   med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
-  entry = {f"{k}_s": round(v, 2) for k, v in med.items() if k != "response_length"}
+  entry = {f"{k}_s": round(v, 3) for k, v in med.items() if k != "response_length"}
   entry["share"] = {k: round(med[k] / med["step"], 3) for k in ("rollout", "scoring", "update")}
   entry["response_length"] = med["response_length"]
   return entry

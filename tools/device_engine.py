@@ -15,10 +15,9 @@ import time
 from typing import TYPE_CHECKING
 
 import jax
-import numpy as np
 
 from benchmarks.common import median_ratio
-from benchmarks.realistic import FLAGS, MODELS, call_figures, jaxpt_systems, point_facts, realistic_rows
+from benchmarks.realistic import FLAGS, MODELS, jaxpt_figures, jaxpt_systems, point_facts, realistic_rows
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import init_params
 from jaxpt.rl.sampler import SamplingConfig
@@ -81,10 +80,8 @@ def realistic_engine(sizes: Sizes, budget: Budget) -> dict:
       call(name)
       times[name].append(time.perf_counter() - start)
     stages.done(f"round {r + 1}")
-  report.update(point=point_facts(args, budgets, engine, len(times["engine"])), stages_s=stages.seconds,
-                steps=int(stats.steps), useful_fraction=round(int(stats.useful) / (int(stats.steps) * args.slots), 3))
+  report.update(point=point_facts(args, budgets, engine, len(times["engine"])), stages_s=stages.seconds)
   if times["engine"]:
-    rollout_tokens = int(np.sum(budgets))
-    report.update({name: call_figures(times[name], rollout_tokens, compiled[name]) for name in times})
+    report.update(jaxpt_figures(cfg, args, engine, compiled, times, stats, budgets))
     report["speedup"] = round(median_ratio(times["static"], times["engine"]), 2)
   return report

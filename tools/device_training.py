@@ -258,12 +258,9 @@ def grpo_step(sizes: Sizes, budget: Budget) -> dict:
         results[peer.name].append({"rollout": peer.seconds(r + 1)})
     for peer in peers:
       peer.close()
-  for key, rs in results.items():
-    med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
-    report[key] = {f"{k}_s": round(v, 3) for k, v in med.items() if k != "response_length"}
-    if "step" in med:
-      report[key]["share"] = {k: round(med[k] / med["step"], 3) for k in ("rollout", "scoring", "update")}
-      report[key]["response_length"] = med["response_length"]
+  for key, rs in results.items():  # jaxpt's trainers: the step split; the peers: their rollout seconds
+    report[key] = grpo_bench.step_summary(rs) if "step" in rs[0] else {
+        "rollout_s": round(statistics.median(r["rollout"] for r in rs), 3)}
   for peer in (k for k in results if k.startswith("hf_")):
     report[f"rollout_bfloat16_vs_{peer}"] = round(report[peer]["rollout_s"] / report["bfloat16"]["rollout_s"], 2)
   return report
