@@ -6,6 +6,8 @@ import itertools
 import json
 import math
 import os
+import socket
+import subprocess
 
 import jax
 import numpy as np
@@ -320,6 +322,31 @@ def test_a_late_or_orphaned_worker_never_replaces_a_finished_run(tmp_path, monke
   with pytest.raises(runner.GridGone, match="x2: the grid process"):
     runner._train_and_record(square_or_fail, dict(name="x2", x=2), str(tmp_path))
   assert not (tmp_path / "x2").exists()
+
+
+def test_a_run_stays_locked_until_its_record_is_written_and_a_locked_run_is_not_trained(tmp_path, monkeypatch):
+  from experiments.toolkit import runner
+
+  lock = tmp_path / "x1" / ".lock"
+  holders = []
+
+  def environment_while_recording():  # called after train_one returned, before done.json is written
+    holders.append(json.loads(lock.read_text())["pid"])
+    return {}
+
+  monkeypatch.setattr("experiments.toolkit.environment.environment", environment_while_recording)
+  runner._train_and_record(square_or_fail, dict(name="x1", x=1), str(tmp_path))
+  assert holders == [os.getpid()] and not lock.exists()
+  other = subprocess.Popen(["sleep", "60"])  # another grid's live worker trains x2
+  try:
+    (tmp_path / "x2").mkdir()
+    (tmp_path / "x2" / ".lock").write_text(json.dumps({"host": socket.gethostname(), "pid": other.pid}))
+    with pytest.raises(runner.RunFailed, match=f"in use by pid {other.pid}"):
+      runner._train_and_record(square_or_fail, dict(name="x2", x=2), str(tmp_path))
+    assert os.listdir(tmp_path / "x2") == [".lock"]  # not trained, nothing recorded
+  finally:
+    other.kill()
+    other.wait()
 
 
 # ------------------------------------------------------------------------------------------- lm_comparison

@@ -8,7 +8,9 @@ run's wall time and `environment()` (the git HEAD and versions that trained it),
 `<run_workdir>/done.json`, and a run whose done.json exists is not trained again, so an interrupted grid resumes
 where it stopped. A run that raises is reported and retried by the next invocation; the others go on. A finished
 run's done.json is never replaced: a worker whose grid was killed (an orphan left with queued runs) trains
-nothing more, and a run finished by another grid meanwhile keeps that grid's record.
+nothing more, and a run finished by another grid meanwhile keeps that grid's record. A run's workdir lock is held
+from that check until its done.json is written, so a second grid reports a run in training as failed (retried by
+the next invocation) instead of training it again.
 
 Speed, not semantics: a grid runs min(jobs, runs left) workers, each with single-threaded XLA when there are
 several (two single-threaded workers train ~1.3x faster than one two-threaded process on a 2-core machine; a lone
@@ -112,6 +114,7 @@ class RunFailed(Exception):
 
 def _train_and_record(train_one: Callable[[dict, str], dict], run: dict, workdir: str) -> dict:
   from experiments.toolkit.environment import environment
+  from jaxpt.engine.lock import workdir_lock
 
   if _GRID_PID is not None and os.getppid() != _GRID_PID:
     raise GridGone(f"{run['name']}: the grid process {_GRID_PID} is gone; not training its queued runs")
@@ -119,18 +122,27 @@ def _train_and_record(train_one: Callable[[dict, str], dict], run: dict, workdir
   finished = load_done(workdir, run)
   if finished is not None:  # finished by another grid meanwhile: never trained or recorded twice
     return finished
-  os.makedirs(directory, exist_ok=True)
-  start = time.perf_counter()
-  try:
-    summary = dict(run, **train_one(run, directory))
+  try:  # the run's workdir lock (the trainer's own, re-entrant) is held until done.json is written, so another
+    # grid never finds the run unlocked and unrecorded in between (it would train it again from its last checkpoint)
+    with workdir_lock(directory):
+      finished = load_done(workdir, run)
+      if finished is not None:
+        return finished
+      start = time.perf_counter()
+      summary = dict(run, **train_one(run, directory))
+      summary["wall_s"] = time.perf_counter() - start
+      summary["environment"] = environment()  # the code that trained it (a report may be written later, elsewhere)
+      return _record(summary, directory, workdir, run)
   except Exception as e:  # noqa: BLE001 -- re-raised as a picklable error, so the grid reports it (not a broken pool)
     raise RunFailed(f"{type(e).__name__}: {e}") from None
-  summary["wall_s"] = time.perf_counter() - start
-  summary["environment"] = environment()  # the code that trained it (a report may be written later, elsewhere)
+
+
+def _record(summary: dict, directory: str, workdir: str, run: dict) -> dict:
+  """Writes done.json whole or not at all; a done.json written meanwhile by another grid is kept (and returned)."""
   temporary = os.path.join(directory, DONE_FILE + f".{os.getpid()}.tmp")
   with open(temporary, "w") as f:
     json.dump(summary, f, indent=1)
-  try:  # done.json appears whole or not at all, and a done.json written meanwhile by another grid is kept
+  try:
     os.link(temporary, os.path.join(directory, DONE_FILE))
   except FileExistsError:
     return load_done(workdir, run)
