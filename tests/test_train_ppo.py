@@ -162,6 +162,7 @@ def test_bad_input_names_the_field(runs, tmp_path):
            ({"ppo.critic_init": str(tmp_path / "none")}, "config.ppo.critic_init"),
            ({"ppo.critic_init": "hf:/models/none"}, "config.ppo.critic_init"),  # no score head there
            ({"ppo.minibatches": 3}, "ppo.minibatches"),
+           ({"ppo.group_size": 2, "ppo.minibatches": 8}, "ppo.minibatches"),  # 8 rollouts, but 4 groups
            ({"ppo.gamma": 1.5}, "config.ppo.gamma"),
            ({"ppo.value_warmup_steps": STEPS}, "ppo.value_warmup_steps"),
            ({"init_from": rm}, "init_from")]  # a reward model still starts no policy

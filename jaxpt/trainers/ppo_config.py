@@ -37,7 +37,7 @@ class PPOConfig(Section):
     value_warmup_steps: the first loop steps update the critic only (the policy neither moves nor advances its
       optimizer); not CLIPO's `critic_warmup`.
     epochs: passes of updates over each step's rollouts.
-    minibatches: updates per pass (must divide the step's rollouts).
+    minibatches: updates per pass, each of whole groups (must divide config.data.prompts_per_step).
     eps_lo: the policy ratio is clipped below at 1 - eps_lo.
     eps_hi: ... and above at 1 + eps_hi.
     dual_clip_c: dual-clip bound c (> 1) for negative advantages; 0 = off (classic PPO).
@@ -126,9 +126,9 @@ class PPORunConfig(RunConfig):
     if self.dapo.dynamic_sampling:
       raise ConfigError("dapo.dynamic_sampling", "is GRPO's (it drops groups of equal rewards, which a critic's "
                         "advantages do not need)", True)
-    if self.rollout_rows % self.ppo.minibatches:
-      raise ConfigError("ppo.minibatches", f"must divide the step's rollouts (config.data.prompts_per_step x "
-                        f"config.ppo.group_size = {self.rollout_rows})", self.ppo.minibatches)
+    if self.data.prompts_per_step % self.ppo.minibatches:  # a minibatch holds whole groups (`split_groups`)
+      raise ConfigError("ppo.minibatches", f"must divide config.data.prompts_per_step={self.data.prompts_per_step} "
+                        "(each minibatch holds whole groups of config.ppo.group_size rollouts)", self.ppo.minibatches)
     self.check_batch_split(self.minibatch_rows, "the rollouts per minibatch (config.data.prompts_per_step x "
                            "config.ppo.group_size / config.ppo.minibatches)")
     if self.ppo.value_warmup_steps >= self.steps > 0:
