@@ -44,8 +44,9 @@ def np_cispo_tokens(lp, at, old, adv, m, eps_lo=1.0, eps_hi=0.28):
 
 
 def np_gppo_tokens(lp, at, old, adv, m, eps_lo=0.2, eps_hi=0.28, beta1=1.0, beta2=1.0, c=None):
-  """Klear-Reasoner: -A min(r, clip(r, b1 (1-eps_l) r / sg(r), b2 (1+eps_h) r / sg(r))) in the A > 0 form and its
-  mirror for A < 0; dual clip -A c where A < 0 and the loss exceeds it."""
+  """Klear-Reasoner as its official compute_gppo_loss_general_beta computes it (Kwai-Klear/KlearReasoner,
+  verl/trainer/ppo/core_algos.py): three cases by the detached ratio, -b1 (1-eps_l) r / sg(r) A where A < 0 and
+  r < 1-eps_l, -b2 (1+eps_h) r / sg(r) A where A > 0 and r > 1+eps_h, else -r A; then min with -A c where A < 0."""
   a = np.asarray(adv, np.float64)[:, None] * np.ones_like(np.asarray(lp, np.float64))
   r, r_at = np_ratio(lp, old), np_ratio(at, old)
   s = np.exp(np.asarray(lp, np.float64) - at)                       # r / sg(r)

@@ -246,8 +246,12 @@ def kd_term(logp: jax.Array, teacher_logp: jax.Array, mask: jax.Array, kind: str
   Distillation and Reinforcement Learning"): the reverse KL(pi_theta || pi_T) to a teacher, estimated on the
   student's OWN samples (the rollouts), as a loss: logp, teacher_logp, mask [B, S]; weight [B] or None.
     d_t  = logp_t - teacher_logp_t                                   (teacher_logp is data: no gradient)
-    k2_t = 0.5 d_t^2                  d k2_t / d logp_t = d_t         (the paper's choice: on-policy, its gradient
-                                                                       E[sum_t d_t grad logp_t] is the reverse KL's)
+    k2_t = 0.5 d_t^2                  d k2_t / d logp_t = d_t         (the paper's choice: on-policy, E[d_t grad
+                                                                       logp_t] is the gradient of position t's reverse
+                                                                       KL with its prefix held fixed, not of the whole
+                                                                       sequence's; after a step's first update
+                                                                       (epochs / minibatches > 1) the samples are off-
+                                                                       policy and no ratio corrects the term)
     k3_t = exp(-d_t) + d_t - 1        d k3_t / d logp_t = 1 - exp(-d_t)   (GRPO's estimator; biased as a loss)
     kd = agg(w_b k_bt)   (agg over `mask` as the policy loss's; w_b = weight[b], 1 when None: KDRL's
                           reward-guided masking drops the KD term of some rollouts, w = 0, which still count in agg)

@@ -98,6 +98,9 @@ def gppo_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mask:
   The paper's objective, delta = r_t = pi / pi_old, in its general form with beta1, beta2:
     J = E[ 1 / sum_j T_j * sum_j sum_t min( delta A, clip(delta, beta1 (1-eps_l) delta / sg(delta),
                                                              beta2 (1+eps_h) delta / sg(delta)) A ) ]
+  With beta != 1 this is computed as the official code does (compute_gppo_loss_general_beta): a token is clipped
+  where the ratio leaves [1 - eps_l, 1 + eps_h] and beta scales its clipped value; read literally, the equation
+  would move the bounds to beta (1 +- eps) instead.
   Implemented per token (loss = -J; rho = exp(clip(logp - old_logp, -20, 20)), s = exp(d - sg(d)) with d the raw
   logp - old_logp: value exactly 1, d s = d logp):
     l_t = -A beta2 (1 + eps_hi) s    if A > 0 and rho > 1 + eps_hi     (clipped above: d l/d logp = -A beta2 (1+eps_hi))
@@ -111,6 +114,7 @@ def gppo_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, mask:
   paper and its official code (Kwai-Klear/KlearReasoner compute_gppo_loss, recipe/dapo scripts): eps_l = 0.2,
   eps_h = 0.28, beta1 = beta2 = 1 ("Empirically we set beta1 = beta2 = 1"); the official code also applies
   dual-clip (clip_ratio_c = 10 in its scripts), which the paper's equation does not show: off by default here.
+  Through the GRPO trainer the `grpo` section's eps_lo, eps_hi and dual_clip_c reach it (defaults 0.2, 0.2, 3).
   Metrics: `clip_frac` = token-mean of the two clipped cases (tokens on the bounded gradient), `clip_frac_dual`,
   and the shared ones (module doc).
   """
