@@ -53,6 +53,7 @@ def test_warmup_moves_only_the_critic_and_its_loss_falls(ppo_run):
   state = built.init_state()
   policy0 = jax.tree.map(np.asarray, state.params["policy"])
   critic0 = jax.tree.map(np.asarray, state.params["critic"])
+  policy_opt0 = jax.tree.map(np.asarray, state.opt_state["policy"])
   batch = built.hooks.collector.prompts.batch(0)
   losses = []
   for _ in range(3):  # the same prompts three times: the critic fits their returns
@@ -62,6 +63,8 @@ def test_warmup_moves_only_the_critic_and_its_loss_falls(ppo_run):
   assert losses[-1] < losses[0], losses
   for got, want in zip(jax.tree.leaves(state.params["policy"]), jax.tree.leaves(policy0)):
     np.testing.assert_array_equal(np.asarray(got), want)  # frozen, bit for bit
+  for got, want in zip(jax.tree.leaves(state.opt_state["policy"]), jax.tree.leaves(policy_opt0)):
+    np.testing.assert_array_equal(np.asarray(got), want)  # its optimizer neither counts nor accumulates moments
   assert any(not np.array_equal(np.asarray(g), w)
              for g, w in zip(jax.tree.leaves(state.params["critic"]), jax.tree.leaves(critic0)))
   # the critic started from the reward model: backbone as it is, the score head as the value head
