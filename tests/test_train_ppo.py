@@ -420,3 +420,37 @@ def test_ppo_with_qlora_and_a_critic_from_the_policy(runs, tmp_path):
   rows = read_metrics(str(tmp_path))
   assert len(rows) == 2 and all(np.isfinite(r["value_loss"]) and np.isfinite(r["kl_ref"]) for r in rows)
   assert abs(rows[0]["kl_ref"]) < 1e-5  # B = 0: the policy starts at its reference, the base
+
+
+def test_a_steps_experience_is_the_plain_equations_of_its_rollouts(ppo_run, monkeypatch):
+  """One policy step after the warm-up, from the run's final state: the experience its updates read is, in float64
+  NumPy from the step's rollouts, the assembled scores at each row's last token minus kl_coef x k1 to the SFT
+  start's log-probs (the reference, read here from the SFT run itself), GAE(gamma, lambda) over the critic's
+  values, then whitening over the step's response tokens."""
+  from jaxpt.engine.saved_model import load_run
+  from tests.test_losses_value import np_gae, np_shaped_rewards, np_whiten
+
+  config, built, _, result = ppo_run
+  calls = []
+  experience = built.hooks.experience
+
+  def recorded(critic, scores, old_logp, ref_logp, mask, *prompt_and_tokens):
+    out, metrics = experience(critic, scores, old_logp, ref_logp, mask, *prompt_and_tokens)
+    calls.append(jax.device_get((scores, old_logp, mask, prompt_and_tokens, out)))
+    return out, metrics
+
+  monkeypatch.setattr(built.hooks, "experience", recorded)
+  assert int(result.state.step) >= config.ppo.value_warmup_steps
+  state = jax.tree.map(lambda x: x.copy(), result.state)  # the step may donate its input; the fixture's stays whole
+  built.hooks.train_step(built.training, state, built.hooks.collector.prompts.batch(int(state.step)))
+  (scores, old_logp, mask, (prompt_tokens, prompt_mask, tokens), out), = calls
+  mask = np.asarray(mask)
+  reference = load_run(config.init_from).params
+  ref_logp = np.asarray(built.hooks.collector.logprobs(reference, prompt_tokens, prompt_mask, tokens, mask))
+  assert np.abs((old_logp - ref_logp) * mask).max() > 1e-4  # the policy has moved: the KL term is not 0
+  rewards = np_shaped_rewards(np.asarray(scores, np.float64), old_logp, ref_logp, mask, config.ppo.kl_coef,
+                              config.ppo.kl_kind)
+  values = np.asarray(out["old_values"], np.float64)
+  advantages, returns = np_gae(rewards, values, mask, config.ppo.gamma, config.ppo.lam)
+  np.testing.assert_allclose(out["returns"], returns, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(out["advantages"], np_whiten(advantages, mask), rtol=1e-4, atol=1e-4)
