@@ -2,11 +2,13 @@
 script that runs once on a borrowed GPU cannot rot between borrowings."""
 
 import json
+import subprocess
 import tarfile
+import time
 
 import pytest
 
-from tools import device_check, device_training
+from tools import deadline, device_check, device_training
 
 
 def _read(folder, name):
@@ -81,3 +83,31 @@ def test_an_unknown_section_is_refused_naming_it(capsys):
   with pytest.raises(SystemExit):
     device_check.main(["--dry-run", "--sections", "train_step,warp_drive"])
   assert "--sections: unknown warp_drive" in capsys.readouterr().err
+
+
+def test_the_deadline_cuts_the_running_section_and_starts_no_other(tmp_path):
+  """--deadline-s 1: the train step's first compile is running then; once it returns the section is cut (its
+  JSON says so) and the sampler never starts; the summary is written and the exit status is non-zero."""
+  assert device_check.main(["--dry-run", "--deadline-s", "1", "--grace-s", "600", "--out", str(tmp_path),
+                            "--sections", "train_step,sampler"]) == 1
+  sections = _read(tmp_path, "summary")["sections"]
+  assert {n: s["status"] for n, s in sections.items()} == {"train_step": "cut", "sampler": "not started"}
+  assert _read(tmp_path, "train_step")["error"] == "cut at --deadline-s"
+  assert not (tmp_path / "sampler.json").exists()
+
+
+def test_a_main_thread_stuck_past_the_grace_is_stopped_hard():
+  """The hard stop is the timer thread's alone (the main thread, stuck in a call into XLA, never handles the
+  deadline): it writes what is known, kills the children and exits with status 2 (here recorded instead; the timer
+  is set to fire at 0.2 s while the deadline's own signal, at 60 s, never comes)."""
+  events = []
+  child = subprocess.Popen(["sleep", "60"])
+  try:
+    assert child.pid in deadline.child_pids()
+    with deadline.Deadline(60, -59.8, lambda: events.append("summary"), kill=lambda: events.append("kill"),
+                           exit=events.append):
+      time.sleep(1.0)
+    assert events == ["summary", "kill", deadline.HARD_STOP_STATUS]
+  finally:
+    child.kill()
+    child.wait()

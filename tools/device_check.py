@@ -1,11 +1,17 @@
 """The prepared accelerator check: kernels, train step, sampler and GRPO step on one GPU (or TPU) in one command.
 
-    python -m tools.device_check --out DIR [--budget-s 450] [--sections two_stream_norm,train_step] [--dry-run]
+    python -m tools.device_check --out DIR [--budget-s 340] [--deadline-s 400] [--grace-s 50]
+                                 [--sections two_stream_norm,train_step] [--dry-run]
 
 Writes one JSON per section into DIR and `summary.json` (device, versions, each section's status and headline
 figures). A section that fails records its traceback and the next one runs; once `--budget-s` seconds have gone,
-no new measurement starts and each section lists what it skipped. `--dry-run` runs the same code at tiny sizes
-on CPU (interpret-mode kernels, no peers): the test suite runs it, so the check cannot rot.
+no new measurement starts and each section lists what it skipped. A measurement that started before then can run
+long (a GRPO section's compiles took 286 s on an H200), so the command also keeps a deadline (`tools/deadline.py`):
+at `--deadline-s` the running section is cut once XLA returns control and the rest are `not started`; if a call
+into XLA has not returned `--grace-s` later, summary.json is written with what is known, the peers are killed and
+the process exits (status 2). By default it ends within 450 s plus start-up, inside one 8-minute call.
+`--dry-run` runs the same code at tiny sizes on CPU (interpret-mode kernels, no peers): the test suite runs it, so
+the check cannot rot.
 
 Sections, in order (`tools/device_kernels.py`, `tools/device_training.py`, `tools/device_engine.py`; what they
 time is a median over repeated synchronised calls, warm-up excluded):
@@ -55,6 +61,7 @@ import traceback
 import jax
 
 from benchmarks import two_stream_norm as tsn
+from tools.deadline import Deadline, DeadlineReached
 from tools.device_kernels import kernel_numerics, kernel_tuning, two_stream_norm
 from tools.device_traces import pack_traces
 from tools.device_training import PEAK_BF16_TFLOPS, device_peak, grpo_step, sampler, train_step
@@ -170,13 +177,19 @@ def headline(name: str, report: dict) -> dict:
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", default=os.environ.get("OUT", "device_check_out"))
-  parser.add_argument("--budget-s", type=float, default=450.0, help="no new measurement starts after this")
+  parser.add_argument("--budget-s", type=float, default=340.0, help="no new measurement starts after this")
+  parser.add_argument("--deadline-s", type=float, default=400.0, help="the running section is cut here (once a call "
+                      "into XLA returns) and no further one starts")
+  parser.add_argument("--grace-s", type=float, default=50.0, help="the whole command stops this long after "
+                      "--deadline-s, whatever runs (default: 450 s in all, under the 8 minutes of one call)")
   parser.add_argument("--sections", default=",".join(SECTIONS))
   parser.add_argument("--dry-run", action="store_true", help="tiny sizes on CPU, no peers (the test suite's run)")
   parser.add_argument("--compile-cache", default="", help="JAX's persistent compilation cache folder: a later call "
                       "on the same machine reuses the compiles (e.g. an ignored folder in the repository)")
   args = parser.parse_args(argv)
   os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # before JAX's first allocation: peers share the GPU
+  if args.deadline_s <= 0 or args.grace_s < 0:
+    parser.error("--deadline-s must be > 0 and --grace-s >= 0")
   unknown = set(args.sections.split(",")) - set(SECTIONS)
   if unknown:
     parser.error(f"--sections: unknown {', '.join(sorted(unknown))} (known: {', '.join(SECTIONS)})")
@@ -189,24 +202,53 @@ def main(argv=None) -> int:
   summary = {"command": " ".join(["python -m tools.device_check", *(argv if argv is not None else sys.argv[1:])]),
              "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "dry_run": args.dry_run,
              "environment": environment(), "sections": {}}
-  for name in args.sections.split(","):
-    start = time.perf_counter()
-    try:
-      report = SECTIONS[name](sizes, budget)
-      status = {"status": "ok", "headline": headline(name, report)}
-    except Exception:  # noqa: BLE001 -- one section's failure is recorded and the next one runs
-      report = {"error": traceback.format_exc()}
-      status = {"status": "error", "error": traceback.format_exc().strip().splitlines()[-1]}
-    status["seconds"] = round(time.perf_counter() - start, 1)
-    with open(os.path.join(args.out, f"{name}.json"), "w") as f:
-      json.dump(dict(report, seconds=status["seconds"]), f, indent=1)
-    summary["sections"][name] = status
-    print(f"{name}: {status['status']} in {status['seconds']} s", flush=True)
-  summary["traces"] = pack_traces(args.out)
-  with open(os.path.join(args.out, "summary.json"), "w") as f:
-    json.dump(summary, f, indent=1)
+  names, running = args.sections.split(","), []
+  hard_stop = lambda: write_summary(args.out, summary, cut=running[-1:], how=(
+      f"stopped hard at {args.deadline_s + args.grace_s:g} s: a call into XLA had not returned (--grace-s)"))
+  try:
+    with Deadline(args.deadline_s, args.grace_s, hard_stop):
+      for name in names:
+        running.append(name)
+        summary["sections"][name] = status = run_section(name, sizes, budget, args.out)
+        running.pop()
+        if status["status"] == "cut":
+          break
+  except DeadlineReached:  # outside a section's own handling (its bookkeeping): the running one counts as cut
+    for name in running:
+      summary["sections"].setdefault(name, {"status": "cut", "error": "cut at --deadline-s"})
+  for name in names[len(summary["sections"]):]:
+    summary["sections"][name] = {"status": "not started", "error": f"the --deadline-s {args.deadline_s:g} had passed"}
+  write_summary(args.out, summary)
   print(json.dumps(summary, indent=1))
   return 0 if all(s["status"] == "ok" for s in summary["sections"].values()) else 1
+
+
+def run_section(name: str, sizes: Sizes, budget: Budget, out: str) -> dict:
+  """Runs one section, writes its JSON, returns its summary status (ok, error, or cut at the deadline)."""
+  start = time.perf_counter()
+  try:
+    report = SECTIONS[name](sizes, budget)
+    status = {"status": "ok", "headline": headline(name, report)}
+  except DeadlineReached:
+    report = {"error": "cut at --deadline-s"}
+    status = {"status": "cut", "error": report["error"]}
+  except Exception:  # noqa: BLE001 -- one section's failure is recorded and the next one runs
+    report = {"error": traceback.format_exc()}
+    status = {"status": "error", "error": traceback.format_exc().strip().splitlines()[-1]}
+  status["seconds"] = round(time.perf_counter() - start, 1)
+  with open(os.path.join(out, f"{name}.json"), "w") as f:
+    json.dump(dict(report, seconds=status["seconds"]), f, indent=1)
+  print(f"{name}: {status['status']} in {status['seconds']} s", flush=True)
+  return status
+
+
+def write_summary(out: str, summary: dict, cut: list[str] = (), how: str = "") -> None:
+  """summary.json (with `cut`, the sections running when the command was stopped, marked so) and traces.tar."""
+  for name in cut:
+    summary["sections"][name] = {"status": "cut", "error": how}
+  summary["traces"] = pack_traces(out)
+  with open(os.path.join(out, "summary.json"), "w") as f:
+    json.dump(summary, f, indent=1)
 
 
 if __name__ == "__main__":
