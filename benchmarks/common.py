@@ -4,6 +4,7 @@ persistent reference process timed in alternation with jaxpt's calls."""
 from __future__ import annotations
 
 import os
+import platform
 import statistics
 import subprocess
 import time
@@ -11,6 +12,12 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+
+
+def machine_info() -> dict:
+  """What every benchmark JSON records of where it ran: the device, jax's version, the CPU count and machine."""
+  return {"device": str(jax.devices()[0]), "jax": jax.__version__, "cpu_count": os.cpu_count(),
+          "machine": platform.machine()}
 
 
 def median_seconds(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:

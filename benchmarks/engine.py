@@ -36,7 +36,6 @@ allocator_reuse = reuse_freed_host_memory()  # first, before JAX allocates (see 
 import argparse
 import json
 import os
-import platform
 import shlex
 import statistics
 import sys
@@ -44,7 +43,7 @@ import sys
 import jax
 import numpy as np
 
-from benchmarks.common import alternating_seconds, median_ratio
+from benchmarks.common import alternating_seconds, machine_info, median_ratio
 from benchmarks.realistic import MODELS, add_flags, answer_lengths, call_figures, jaxpt_figures, jaxpt_systems
 from benchmarks.realistic import point_facts, realistic_rows
 from jaxpt.models import hf_config
@@ -129,8 +128,7 @@ def main(argv=None) -> dict:
       "point": point_facts(args, budgets, engine, args.rounds),
       **agreement(engine_out, static_out),
       "same_lengths_as_budgets": bool(np.array_equal(engine_out.lengths, budgets)),
-      "device": str(jax.devices()[0]), "jax": jax.__version__, "cpu_count": os.cpu_count(),
-      "machine": platform.machine(),
+      **machine_info(),
       "load": {"note": "a CPU shared with other jobs: os.getloadavg() (1, 5, 15 min) before and after the timed "
                        "rounds", "before": [round(x, 2) for x in load_before],
                "after": [round(x, 2) for x in load_after]},

@@ -20,14 +20,13 @@ allocator_reuse = reuse_freed_host_memory()  # first, before JAX allocates (see 
 import argparse
 import json
 import os
-import platform
 import shlex
 import sys
 
 import jax
 import numpy as np
 
-from benchmarks.common import alternating_seconds, median_ratio
+from benchmarks.common import alternating_seconds, machine_info, median_ratio
 from benchmarks.realistic import MODELS, add_flags, realistic_rows
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import init_params
@@ -86,8 +85,7 @@ def main(argv=None) -> dict:
       "seconds": {name: [round(t, 2) for t in ts] for name, ts in times.items()},
       "speedup": round(median_ratio(times["calls"], times["stream"]), 3),
       "round0_overhead": round(median_ratio(times["stream_round0"], times["call_round0"]), 3),
-      "device": str(jax.devices()[0]), "jax": jax.__version__, "cpu_count": os.cpu_count(),
-      "machine": platform.machine(),
+      **machine_info(),
       "load": {"note": "os.getloadavg() (1, 5, 15 min) before and after the timed rounds",
                "before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in load_after]},
       "command": "python -m benchmarks.engine_rounds " + shlex.join(sys.argv[1:] if argv is None else argv)}

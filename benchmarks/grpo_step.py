@@ -48,7 +48,6 @@ import argparse
 import collections
 import dataclasses
 import json
-import os
 import pathlib
 import statistics
 import sys
@@ -61,7 +60,7 @@ import numpy as np
 import jax.numpy as jnp
 
 from benchmarks import realistic
-from benchmarks.common import Peer, alternating_seconds, median_ratio
+from benchmarks.common import Peer, alternating_seconds, machine_info, median_ratio
 from benchmarks.train_step import MODEL
 from experiments.configs import grpo_tiny
 from jaxpt.models.reward import RewardModel
@@ -222,8 +221,8 @@ def main(argv=None) -> None:
   realistic.add_flags(parser)
   args = parser.parse_args(argv)
   if args.point == "realistic":
-    report = dict(realistic_step(args), device=str(jax.devices()[0]), jax=jax.__version__,
-                  cpu_count=os.cpu_count(), command=" ".join(["python -m benchmarks.grpo_step"] + sys.argv[1:]))
+    report = dict(realistic_step(args), **machine_info(),
+                  command=" ".join(["python -m benchmarks.grpo_step"] + sys.argv[1:]))
     json.dump(report, sys.stdout, indent=2)
     print()
     return
@@ -253,8 +252,7 @@ def main(argv=None) -> None:
   config = dict(MODEL, norm_scheme=args.scheme, prompts=PROMPTS, group=GROUP, prompt_len=PROMPT_LEN,
                 new_tokens=NEW_TOKENS, minibatches=MINIBATCHES, kl_coef=0.001, rounds=args.rounds)
   report = {"benchmark": "grpo_step", "config": config,
-            "device": str(jax.devices()[0]), "jax": jax.__version__, "cpu_count": os.cpu_count(),
-            "command": " ".join(["python -m benchmarks.grpo_step"] + sys.argv[1:])}
+            **machine_info(), "command": " ".join(["python -m benchmarks.grpo_step"] + sys.argv[1:])}
   for dtype, rs in results.items():
     entry = step_summary(rs)
     if tunix_seconds:

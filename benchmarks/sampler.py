@@ -59,7 +59,6 @@ import argparse
 import json
 import os
 import pathlib
-import platform
 import shlex
 import statistics
 import sys
@@ -72,7 +71,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import realistic
-from benchmarks.common import alternating_seconds, median_ratio, ready_peers
+from benchmarks.common import alternating_seconds, machine_info, median_ratio, ready_peers
 from benchmarks.train_step import MODEL
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import init_params, param_count
@@ -280,8 +279,7 @@ def main(argv=None) -> None:
   report = {"benchmark": "sampler",
             "config": dict(MODEL, sampling="small, kv: temperature 1, no top-k/top-p, no EOS", cache_segments=4,
                            host_allocator_reuse=allocator_reuse),
-            "device": str(jax.devices()[0]), "jax": jax.__version__, "cpu_count": os.cpu_count(),
-            "machine": platform.machine(),
+            **machine_info(),
             "command": "python -m benchmarks.sampler " + shlex.join(sys.argv[1:] if argv is None else argv)}
   for point, n in zip(points, map(int, rounds)):
     if point == "realistic":

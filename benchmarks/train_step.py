@@ -48,7 +48,6 @@ import argparse
 import json
 import os
 import pathlib
-import platform
 import resource
 import statistics
 import sys
@@ -59,8 +58,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import references
-from benchmarks.common import (Peer, alternating_seconds, compiled_step, matmul_gflops, median_ratio, ratios_vs_pre,
-                               ready_peers)
+from benchmarks.common import (Peer, alternating_seconds, compiled_step, machine_info, matmul_gflops, median_ratio,
+                               ratios_vs_pre, ready_peers)
 from jaxpt.models.config import ModelConfig
 from jaxpt.nn.lora import LoRAConfig
 from jaxpt.models.transformer import TransformerLM, init_params, param_count
@@ -189,7 +188,7 @@ def print_memory(args: argparse.Namespace) -> None:
   report = {"benchmark": "train_step --memory-only",
             "config": dict(MODEL, batch=BATCH, seq=SEQ, dtype=args.dtype, param_dtype="float32", remat=args.remat,
                            scan_layers=args.scan),
-            "jax": jax.__version__, "device": str(jax.devices()[0]), "memory_mib": memory}
+            **machine_info(), "memory_mib": memory}
   if "pre" in memory:
     report["peak_memory_vs_pre"] = {s: round(m["peak_mib"] / memory["pre"]["peak_mib"], 3) for s, m in memory.items()}
   json.dump(report, sys.stdout, indent=2)
@@ -234,8 +233,7 @@ def main(argv=None) -> None:
   report = {"benchmark": "train_step", "config": dict(MODEL, batch=BATCH, seq=SEQ, dtype=args.dtype,
                                                       param_dtype="float32", remat=args.remat, scan_layers=args.scan,
                                                       rounds=args.repeats, host_allocator_reuse=allocator_reuse),
-            "device": str(jax.devices()[0]), "jax": jax.__version__, "cpu_count": os.cpu_count(),
-            "machine": platform.machine(), "matmul_gflops_per_sec": matmul, "schemes": schemes}
+            **machine_info(), "matmul_gflops_per_sec": matmul, "schemes": schemes}
   report["loadavg_1_5_15min"] = {"before_timing": load_before, "after_timing": load_after}
   if "pre" in schemes:
     report["ratios_vs_pre"] = ratios_vs_pre({s: r for s, r in schemes.items() if "+lora" not in s})
