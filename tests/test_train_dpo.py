@@ -225,6 +225,7 @@ def tiny_config(**overrides):
     ({"dpo.club_mode": "sum"}, "config.dpo.club_mode='sum': must be one of difference, concat"),
     ({"dpo.inner_steps": 0}, "config.dpo.inner_steps=0: must be >= 1"),
     ({"dpo.dir": True, "dpo.bias": "sycophancy"}, "config.dpo.bias='sycophancy': not among the data's bias labels"),
+    ({"dpo.dir": True, "dpo.bias_classes": 4}, "config.dpo.bias_classes=4: the bias label 'length' takes 2 values"),
     ({"data.seq_len": 100}, "config.data.seq_len=100: longer than config.model.max_seq_len=64"),
     ({"optim.grad_accum_steps": 5}, "config.optim.grad_accum_steps=5: must divide config.data.batch_size=32"),
     ({"init_from": "/nonexistent/run"}, "config.init_from='/nonexistent/run': no checkpoints/ folder"),

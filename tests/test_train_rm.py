@@ -326,6 +326,7 @@ def tiny_config(**overrides):
 @pytest.mark.parametrize("overrides, message", [
     ({"rm.loss": "hinge"}, "config.rm.loss='hinge': must be one of bt, dir, odin"),
     ({"rm.loss": "dir", "rm.bias": "sycophancy"}, "config.rm.bias='sycophancy': not among"),
+    ({"rm.loss": "dir", "rm.bias_classes": 3}, "config.rm.bias_classes=3: the bias label 'length' takes 2 values"),
     ({"rm.club_mode": "sum"}, "config.rm.club_mode='sum'"),
     ({"rm.odin_length_sign": "up"}, "config.rm.odin_length_sign='up': must be one of auto, longer, shorter"),
     ({"rm.inner_steps": 0}, "config.rm.inner_steps=0: must be >= 1"),

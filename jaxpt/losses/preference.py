@@ -79,7 +79,8 @@ def dir_loss(chosen_scores: jax.Array, rejected_scores: jax.Array, hidden_chosen
   X = h_c - h_r (`difference`) or [h_c; h_r] (`concat`). I_club is `club.club_penalty` (all N^2 pairs):
     I_club = (1/N) sum_i log q(a_i|X_i) - (1/N^2) sum_ij log q(a_j|X_i)
   The gradient reaches the scores and hidden states, never q_params (exactly zero). lambda: 0.1 (reference code
-  default; the published script uses 1.0). Other arguments as in `bradley_terry`.
+  default; the published script uses 1.0 on 8 GPUs, where each rank's MI gradient is averaged over the 8: 0.125
+  here, `DIRSettings.mi_weight`). Other arguments as in `bradley_terry`.
   Metrics: those of `bradley_terry` (`loss` is the total), `club`, `club_positive`, `club_negative`, `mi_loss`
   (lambda * I_club).
   """

@@ -101,7 +101,7 @@ class DPORunConfig(RunConfig):
   def check(self) -> None:
     super().check()
     if self.dpo.dir:
-      check_bias_label(self.dpo.bias, "dpo.bias", self.data)
+      check_bias_label("dpo", self.dpo.dir_settings, self.data)
     self.check_seq_len(self.data.seq_len, "data.seq_len")
     self.check_batch_split(self.data.batch_size, "config.data.batch_size")
 

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpt.config import ConfigError
+from jaxpt.data import bias as bias_lib
 from jaxpt.trainers import rm_eval
 from jaxpt.engine.builder import Training
 from jaxpt.engine.loop import LoopResult
@@ -42,10 +43,17 @@ def pair_tokens(batch: dict) -> tuple[jax.Array, jax.Array]:
   return tokens, last
 
 
-def check_bias_label(bias: str, field: str, data: Any) -> None:
-  """ConfigError naming `field` when the DIR bias label is not among the preference data's `biases`."""
-  if bias not in data.bias_names:
-    raise ConfigError(field, f"not among the data's bias labels config.data.biases={data.biases!r}", bias)
+def check_bias_label(section: str, settings: Any, data: Any) -> None:
+  """ConfigError naming `<section>.bias` when the DIR bias label is not among the preference data's `biases`, or
+  `<section>.bias_classes` when the estimator's classes are not that label's (a label past them would give the
+  estimator a NaN loss while CLUB silently skipped the pair). settings: the section's `DIRSettings` fields."""
+  if settings.bias not in data.bias_names:
+    raise ConfigError(f"{section}.bias", f"not among the data's bias labels config.data.biases={data.biases!r}",
+                      settings.bias)
+  classes = bias_lib.num_classes(settings.bias)
+  if settings.bias_classes != classes:
+    raise ConfigError(f"{section}.bias_classes", f"the bias label {settings.bias!r} takes {classes} values",
+                      settings.bias_classes)
 
 
 def eval_splits(data: Any) -> dict[str, tuple[list[dict], dict]]:

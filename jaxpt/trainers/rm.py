@@ -156,7 +156,7 @@ class RMRunConfig(RunConfig):
   def check(self) -> None:
     super().check()
     if self.rm.objective.uses_club:
-      check_bias_label(self.rm.bias, "rm.bias", self.data)
+      check_bias_label("rm", self.rm.dir_settings, self.data)
     self.check_seq_len(self.data.seq_len, "data.seq_len")
     self.check_batch_split(self.data.batch_size, "config.data.batch_size")
 
