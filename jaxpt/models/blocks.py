@@ -54,6 +54,12 @@ def depth_scale(layer_index):
   return jnp.sqrt(2.0 * (jnp.asarray(layer_index, jnp.float32) + 1.0))
 
 
+def depth_scaled(update, c):
+  """update / c_l in the update's dtype, rounded once (the official code divides by a Python float): 1/c_l stays
+  float32, since a bf16 1/c_l would scale every element of a layer's update by the same error (up to 0.25%)."""
+  return (update.astype(jnp.float32) / c).astype(update.dtype)
+
+
 class ResidualBlock(nn.Module):
   """Shared sub-layer factories; subclasses implement one residual scheme in `__call__`. `lora`: adapters on the
   attention and MLP projections it targets (`jaxpt.nn.lora`; not on MoE experts)."""
@@ -153,13 +159,13 @@ class SiamesePostPreBlock(ResidualBlock):
     if fused.use_fused(self.config):
       return self.fused_call(streams, layer_index, positions, segment_ids, cache)
     x, y = streams
-    inv_c = (1.0 / depth_scale(layer_index)).astype(x.dtype)
+    c = depth_scale(layer_index)
     xh = self.norm("post1")(x)
     a, kv = self.attention(self.norm("in1")(xh + self.norm("pre1")(y)), positions, segment_ids, cache)
-    x, y = xh + a * inv_c, y + a
+    x, y = xh + depth_scaled(a, c), y + a
     xh = self.norm("post2")(x)
     m = self.mlp(self.norm("in2")(xh + self.norm("pre2")(y)))
-    return self.constrain((xh + m * inv_c, y + m)), kv
+    return self.constrain((xh + depth_scaled(m, c), y + m)), kv
 
   def fused_call(self, streams, layer_index, positions, segment_ids, cache):
     x, y = streams
@@ -169,7 +175,7 @@ class SiamesePostPreBlock(ResidualBlock):
     a, kv = self.attention(h, positions, segment_ids, cache)
     xh, y, h = fused.post_pre_boundary(cfg, xh, y, a, c, p["post2"], p["pre2"], p["in2"])
     m = self.mlp(h)
-    return self.constrain((xh + m * (1.0 / c).astype(x.dtype), y + m)), kv
+    return self.constrain((xh + depth_scaled(m, c), y + m)), kv
 
 
 class SiameseHybridPreBlock(ResidualBlock):
@@ -179,14 +185,14 @@ class SiameseHybridPreBlock(ResidualBlock):
     if fused.use_fused(self.config):
       return self.fused_call(streams, layer_index, positions, segment_ids, cache)
     x, y = streams
-    inv_c = (1.0 / depth_scale(layer_index)).astype(x.dtype)
+    c = depth_scale(layer_index)
     c1 = self.c1(x.shape[-1])
     a, kv = self.attention(c1.astype(x.dtype) * x + self.norm("attn_y_norm")(y), positions, segment_ids, cache,
                            qkv_norm=True)
-    x, y = x + a * inv_c, y + a
+    x, y = x + depth_scaled(a, c), y + a
     xb = self.norm("ff_norm")(x)
     m = self.mlp(self.norm("ff_in_norm")(xb + self.norm("ff_y_norm")(y)))
-    return self.constrain((xb + m * inv_c, y + m)), kv
+    return self.constrain((xb + depth_scaled(m, c), y + m)), kv
 
   def c1(self, features: int):
     return self.param("c1", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)), (features,),
@@ -201,7 +207,7 @@ class SiameseHybridPreBlock(ResidualBlock):
                            qkv_norm=True)
     xb, y, h = fused.post_pre_boundary(cfg, x, y, a, c, p["ff_norm"], p["ff_y_norm"], p["ff_in_norm"])
     m = self.mlp(h)
-    return self.constrain((xb + m * (1.0 / c).astype(x.dtype), y + m)), kv
+    return self.constrain((xb + depth_scaled(m, c), y + m)), kv
 
 
 class HyperConnectionBlock(ResidualBlock):

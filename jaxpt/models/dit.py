@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxpt.config import ConfigError, Section, at_least, fail, in_range
-from jaxpt.models.blocks import ResidualBlock, depth_scale
+from jaxpt.models.blocks import ResidualBlock, depth_scale, depth_scaled
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import DecoderStack
 from jaxpt.models.vit import check_bidirectional
@@ -111,14 +111,14 @@ class DiTSiamesePostPreBlock(DiTBlock):
   @nn.compact
   def __call__(self, streams, layer_index, condition, segment_ids=None, cache=None):
     x, y = streams
-    inv_c = (1.0 / depth_scale(layer_index)).astype(x.dtype)
+    c = depth_scale(layer_index)
     shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = self.modulations(condition, x.shape[-1])
     xh = self.norm("post1")(x)
     a = self.gated_attention(xh + self.norm("pre1")(y), shift_a, scale_a, gate_a, segment_ids)
-    x, y = xh + a * inv_c, y + a
+    x, y = xh + depth_scaled(a, c), y + a
     xh = self.norm("post2")(x)
     m = self.gated_mlp(xh + self.norm("pre2")(y), shift_m, scale_m, gate_m)
-    return self.constrain((xh + m * inv_c, y + m)), None
+    return self.constrain((xh + depth_scaled(m, c), y + m)), None
 
 
 DIT_BLOCKS: Registry[type[nn.Module]] = Registry("DiT residual scheme")  # ModelConfig.norm_scheme -> DiT block

@@ -31,13 +31,17 @@ def norm(params, x, eps: float):
   return out.astype(x.dtype)
 
 
+def depth_scaled(z, c):
+  """z / c in z's dtype, rounded once (c float32: a bf16 1/c would scale every element by the same error)."""
+  return (z.astype(jnp.float32) / jnp.asarray(c, jnp.float32)).astype(z.dtype)
+
+
 def post_pre_boundary(xh_prev, y_prev, z, c, post, pre, in_norm, eps: float):
   """-> (xh, y, h), each `[..., d]` in the input dtype."""
   if z is None:
     p, y = xh_prev, y_prev
   else:
-    inv_c = (1.0 / jnp.asarray(c, jnp.float32)).astype(xh_prev.dtype)
-    p, y = xh_prev + z * inv_c, y_prev + z
+    p, y = xh_prev + depth_scaled(z, c), y_prev + z
   xh = norm(post, p, eps)
   return xh, y, norm(in_norm, xh + norm(pre, y, eps), eps)
 
@@ -49,6 +53,5 @@ def hybrid_entry(x, y, c1, norm_y, eps: float):
 
 def hybrid_entry_update(x_prev, y_prev, z, c, c1, norm_y, eps: float):
   """-> (x, y, h), each `[..., d]` in the input dtype."""
-  inv_c = (1.0 / jnp.asarray(c, jnp.float32)).astype(x_prev.dtype)
-  x, y = x_prev + z * inv_c, y_prev + z
+  x, y = x_prev + depth_scaled(z, c), y_prev + z
   return x, y, hybrid_entry(x, y, c1, norm_y, eps)
