@@ -51,15 +51,19 @@ def qwen2():
 
 
 def greedy_by_argmax(model, prompt_ids: list[int], steps: int) -> list[int]:
-  """Greedy continuation by recomputing the logits of the whole sequence each step (stops after EOS)."""
+  """Greedy continuation by recomputing the logits of the whole sequence each step (stops after EOS), the sequence
+  right-padded to one width (causal attention never lets a position see the padding after it): one compile."""
   forward = jax.jit(lambda params, ids: TransformerLM(model.config).apply({"params": params}, ids))
-  ids, out = list(prompt_ids), []
+  ids = np.zeros((1, len(prompt_ids) + steps), np.int32)
+  ids[0, :len(prompt_ids)] = prompt_ids
+  length, out = len(prompt_ids), []
   for _ in range(steps):
-    token = int(np.argmax(np.asarray(forward(model.params, jnp.asarray([ids])))[0, -1]))
+    token = int(np.argmax(np.asarray(forward(model.params, jnp.asarray(ids)))[0, length - 1]))
     out.append(token)
     if token == model.tokenizer.eos_id:
       break
-    ids.append(token)
+    ids[0, length] = token
+    length += 1
   return out
 
 

@@ -3,6 +3,8 @@ step split into rollout / scoring / update, on the same forced lengths."""
 
 import json
 
+import pytest
+
 from benchmarks import grpo_step
 
 TINY_POINT = ["--point", "realistic", "--model", "tiny", "--prompts", "2", "--group", "2", "--min-prompt", "8",
@@ -10,6 +12,8 @@ TINY_POINT = ["--point", "realistic", "--model", "tiny", "--prompts", "2", "--gr
               "--minibatches", "1", "--rounds", "1"]
 
 
+@pytest.mark.slow  # ~23 s (two trainers built and stepped); the benchmark's fixed point runs in the default suite
+# through tools/device_check's dry run (tests/test_device_check.py)
 def test_the_realistic_step_splits_both_systems_steps_on_the_same_lengths(capsys):
   grpo_step.main(TINY_POINT)
   report = json.loads(capsys.readouterr().out)

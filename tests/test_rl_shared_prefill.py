@@ -145,6 +145,8 @@ def test_group_size_must_divide_the_rows():
     make_sampler(cfg, SAMPLED, PROMPT_LEN, group_size=0)
 
 
+@pytest.mark.slow  # ~25 s: two GRPO runs; every default-suite GRPO run samples through the shared prefill, which the
+# sampler-level tests above check equal to a prefill per row (free, EOS, bf16, G = 1, the decode over the prefix)
 def test_grpo_run_with_shared_prefill_has_the_metrics_of_one_prefill_per_row(tmp_path):
   """The micro GRPO run (CLIPO on, DAPO's dynamic sampling refilling its groups) through the trainer's own sampler
   (shared prefill, group_size G) and through a group_size 1 sampler: the same metrics to rounding."""
