@@ -35,7 +35,7 @@ MESHES = {"dp": dict(data=8), "fsdp": dict(data=1, fsdp=8), "fsdp_tp": dict(data
 KEYS = ("reward_mean", "accuracy", "loss", "pg_loss", "ppo_kl", "grad_norm", "eval_accuracy_test", "bias_format_share")
 VARIANT_KEYS = {"grpo": (), "clipo": ("clipo_loss", "clipo_reward_mean"),
                 "dapo": ("dapo_rounds", "dapo_groups_informative", "truncated_frac", "overlong_penalty_mean"),
-                "rm": ("rm_score", "gold_score"), "engine": (), "row_keys": ()}
+                "clipo_rm": ("clipo_loss", "clipo_reward_mean", "rm_score", "gold_score"), "engine": (), "row_keys": ()}
 VARIANT_KEYS["dapo_engine"] = VARIANT_KEYS["dapo"]
 VARIANT_KEYS["clipo_dapo"] = VARIANT_KEYS["clipo"] + VARIANT_KEYS["dapo"]
 # CLIPO's in-loss term reads the loss mask that overlong filtering empties, so the two are not combined (config.py)
@@ -45,7 +45,7 @@ ROW_KEYS = {"sampling.row_keys": True, "steps": 1}
 ENGINE = {**ROW_KEYS, "engine.enabled": True, "engine.num_slots": 2, "engine.page_size": 4}  # slots refilled
 CASES = [(v, p) for v in ("grpo", "clipo") for p in MESHES] + [("dapo", "fsdp"), ("dapo", "fsdp_tp"),
                                                                 ("dapo_engine", "fsdp_tp"), ("clipo_dapo", "fsdp"),
-                                                                ("rm", "fsdp_tp")]
+                                                                ("clipo_rm", "fsdp_tp")]
 
 
 @functools.cache
@@ -67,14 +67,14 @@ def reward_model_run() -> str:
 def variant_config(variant, **overrides):
   """micro_config of the variant: grpo, clipo (CLIPO on), dapo (dynamic sampling, overlong filtering and penalty),
   clipo_dapo (both, without overlong filtering), dapo_engine (dapo through the rollout engine, its rounds streamed)
-  or rm (the verifier plus a reward model, running normalisation and clipping)."""
-  if variant == "rm":
+  or clipo_rm (CLIPO on, and the verifier plus a reward model, running normalisation and clipping)."""
+  if variant == "clipo_rm":
     overrides = {"reward.model": reward_model_run(), "reward.model_weight": 0.5, "reward.normalize": "running",
                  "reward.clip": 2.0, "reward.eos_missing_penalty": 0.25, **overrides}
   extra = {"dapo": DAPO, "clipo_dapo": CLIPO_DAPO, "engine": ENGINE, "row_keys": ROW_KEYS,
            "dapo_engine": {**DAPO, "engine.enabled": True, "engine.num_slots": 2, "engine.page_size": 4}
            }.get(variant, {})
-  return micro_config(variant in ("clipo", "clipo_dapo"), **extra, **overrides)
+  return micro_config(variant in ("clipo", "clipo_dapo", "clipo_rm"), **extra, **overrides)
 
 
 @functools.cache
@@ -94,11 +94,10 @@ def run(variant, preset):
   return read_metrics(workdir), jax.tree.map(np.asarray, result.state), trainer, result.state
 
 
-# the default suite's two cases cover each variant that adds to plain GRPO (CLIPO with DAPO in one run, DAPO's
-# host-side overlong filtering in the `slow` dapo cases; a reward model) and each mesh axis: the batch over 8 devices
-# with the params split 8 ways (fsdp; dp's batch split without it is `slow`), and data x fsdp x tensor; the rest are
-# `slow` (tests/test_parallel_sharded)
-DEFAULT_CASES = {("clipo_dapo", "fsdp"), ("rm", "fsdp_tp")}
+# the default suite's case: CLIPO with a reward model on data x fsdp x tensor (every mesh axis); DAPO on the mesh is
+# in the `slow` cases (its dynamic sampling and refills are host-side, tested on one device in test_train_dapo.py;
+# its engine rounds on 8 devices below), and so are the other meshes (tests/test_parallel_sharded)
+DEFAULT_CASES = {("clipo_rm", "fsdp_tp")}
 
 
 @pytest.mark.parametrize("variant,preset", [c if c in DEFAULT_CASES else pytest.param(*c, marks=pytest.mark.slow)
@@ -107,7 +106,7 @@ def test_two_steps_on_8_devices_equal_one_device(variant, preset):
   want_rows, want, _, _ = run(variant, "one device")
   rows, got, trainer, state = run(variant, preset)
   assert 0 < want_rows[0]["accuracy"] < 1  # mixed groups: non-zero advantages
-  if variant == "rm":  # the reward model's params sharded by the run's rules, like the policy's
+  if variant == "clipo_rm":  # the reward model's params sharded by the run's rules, like the policy's
     rm_params = trainer.hooks.reward_model.params
     assert not trainer.hooks.reward_model.shared
     assert jax.tree.leaves(rm_params)[0].sharding.mesh.devices.size == 8
@@ -117,7 +116,7 @@ def test_two_steps_on_8_devices_equal_one_device(variant, preset):
   # AdamW normalises each gradient entry, so one at rounding level (an embedding row seen once) can step by a
   # sizeable part of lr (1e-3) in either run: atol 1e-5; with the reward model's scores (summed over a sharded
   # d_model) whitened by the running statistics, the rewards themselves differ at rounding level: atol 1e-4
-  atol = 1e-4 if variant == "rm" else 1e-5
+  atol = 1e-4 if variant == "clipo_rm" else 1e-5
   for path, g, w in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_allclose(g, w, rtol=1e-4, atol=atol, err_msg=jax.tree_util.keystr(path[0]))
   # really sharded: the parameters as the rules say, the sampler's rollouts split over data x fsdp
@@ -129,7 +128,7 @@ def test_two_steps_on_8_devices_equal_one_device(variant, preset):
 
 
 def test_rollouts_are_split_over_the_data_parallel_devices():
-  _, _, trainer, state = run("rm", "fsdp_tp")
+  _, _, trainer, state = run("clipo_rm", "fsdp_tp")
   ro = trainer.hooks.collector.rollouts(state.params, trainer.hooks.collector.prompts.batch(0), jax.random.PRNGKey(0))
   assert {s.data.shape for s in ro["tokens"].addressable_shards} == {(B * G // 4, T)}  # data 2 x fsdp 2
   assert ro["scores"].shape == (B * G,) and isinstance(ro["scores"], np.ndarray)
@@ -137,7 +136,7 @@ def test_rollouts_are_split_over_the_data_parallel_devices():
 
 def test_bf16_rollouts_on_the_mesh_train_on_the_fp32_policys_old_logprobs():
   """The bf16 sampler compiled for the mesh; the trained rows' old_logp are the fp32 policy's (teacher forcing)."""
-  _, _, trainer, state = run("rm", "fsdp_tp")
+  _, _, trainer, state = run("clipo_rm", "fsdp_tp")
   bf16 = dataclasses.replace(trainer.config.sampling, rollout_dtype="bfloat16", eos_id=trainer.tokenizer.eos_id,
                              pad_id=trainer.tokenizer.pad_id)
   sample = make_sampler(trainer.config.model, bf16, trainer.config.data.max_prompt_len, trainer.training.layout)
@@ -197,7 +196,7 @@ BUDGETS, ENGINE_KEY = np.array([8, 2, 5, 8, 1, 8, 3, 7, 8, 8, 4, 6, 2, 8, 8, 5])
 def engine_case():
   """(trainer, state, Engine settings, batch_rows) for the engine tests: the rm fsdp_tp run; sampled with EOS and
   hidden states, 2 slots a group, pages of 4; batch_rows(*batches) -> each batch's (tokens, mask) [B G, P]."""
-  _, _, trainer, state = run("rm", "fsdp_tp")
+  _, _, trainer, state = run("clipo_rm", "fsdp_tp")
   config, tokenizer = trainer.config, trainer.tokenizer
   sampling = dataclasses.replace(config.sampling, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
                                  return_hidden=True, temperature=0.9, top_k=50)
