@@ -35,9 +35,10 @@ MESHES = {"dp": dict(data=8), "fsdp": dict(data=1, fsdp=8), "fsdp_tp": dict(data
 KEYS = ("reward_mean", "accuracy", "loss", "pg_loss", "ppo_kl", "grad_norm", "eval_accuracy_test", "bias_format_share")
 VARIANT_KEYS = {"grpo": (), "clipo": ("clipo_loss", "clipo_reward_mean"),
                 "dapo": ("dapo_rounds", "dapo_groups_informative", "truncated_frac", "overlong_penalty_mean"),
-                "clipo_rm": ("clipo_loss", "clipo_reward_mean", "rm_score", "gold_score"), "engine": (), "row_keys": ()}
+                "engine": (), "row_keys": ()}
 VARIANT_KEYS["dapo_engine"] = VARIANT_KEYS["dapo"]
 VARIANT_KEYS["clipo_dapo"] = VARIANT_KEYS["clipo"] + VARIANT_KEYS["dapo"]
+VARIANT_KEYS["clipo_rm"] = VARIANT_KEYS["clipo"] + ("rm_score", "gold_score")
 # CLIPO's in-loss term reads the loss mask that overlong filtering empties, so the two are not combined (config.py)
 CLIPO_DAPO = {**DAPO, "dapo.overlong_filtering": False}
 # the static sampler with the engine's per-rollout keys; one step
@@ -194,7 +195,7 @@ BUDGETS, ENGINE_KEY = np.array([8, 2, 5, 8, 1, 8, 3, 7, 8, 8, 4, 6, 2, 8, 8, 5])
 
 
 def engine_case():
-  """(trainer, state, Engine settings, batch_rows) for the engine tests: the rm fsdp_tp run; sampled with EOS and
+  """(trainer, state, Engine settings, batch_rows) for the engine tests: the clipo_rm fsdp_tp run; sampled with EOS and
   hidden states, 2 slots a group, pages of 4; batch_rows(*batches) -> each batch's (tokens, mask) [B G, P]."""
   _, _, trainer, state = run("clipo_rm", "fsdp_tp")
   config, tokenizer = trainer.config, trainer.tokenizer
