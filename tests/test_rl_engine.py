@@ -3,8 +3,9 @@ sampler (`make_sampler(..., row_keys=True)`, the same per-rollout keys) on the s
 and lengths, log-probs and hidden states to 1e-5, with EOS hit at different steps (and token budgets), fewer
 slots than rollouts (so slots are refilled), shared prompts (G > 1), scanned and unrolled layers; a short page
 pool waits (and, without reserved pages, fails with a clear error when every slot waits); its free list against
-a plain stack; the paged attention branch (`PagedLayerCache`) against float64 NumPy; bad input refused before
-compiling."""
+a plain stack; the paged attention branch (`PagedLayerCache`: the gather path, and JAX's Pallas kernel in its TPU
+interpret mode) against float64 NumPy, and the engine through the Pallas kernel against the gather path; bad input
+refused before compiling."""
 
 import dataclasses
 import functools
@@ -14,9 +15,9 @@ import numpy as np
 import pytest
 
 from jaxpt.config import ConfigError
-from jaxpt.nn.attention import PagedLayerCache, chunk_bounds, gather_pages, grouped_attention, paged_chunk_attention
+from jaxpt.nn.attention import PagedLayerCache, chunk_bounds, paged_chunk_attention, pallas_block_pages
 from jaxpt.nn.paged_cache import FreeList
-from jaxpt.rl.engine import Engine, EngineConfig, attention_view, attention_widths
+from jaxpt.rl.engine import Engine, EngineConfig, attention_widths, page_counts
 from jaxpt.rl.rollouts import repeat_prompts
 from jaxpt.rl.sampler import SamplingConfig, make_sampler
 from jaxpt.models.config import HYPER_CONNECTION_SCHEMES, NORM_SCHEMES
@@ -166,20 +167,20 @@ def test_a_short_page_pool_waits_for_pages_and_gives_the_same_rollouts(case):
   if group_size == 1:
     pytest.skip("one short-pool run (shared prompts) is enough")
   budgets = CASES["pre_scanned_sampled_shared"][-1] if cfg.norm_scheme == "pre" else None
-  short = EngineConfig(num_slots=4, page_size=2, num_pages=7)  # one rollout: 3 prompt + 4 response pages
+  short = EngineConfig(num_slots=4, page_size=2, num_pages=8)  # one rollout: 3 prompt + (n = 5) 5 own pages
   got, stats = Engine(cfg, sampling, PROMPT_LEN, short, group_size).run(params, tokens, mask, KEY, budgets)
   assert_same_rollouts(got, want)
-  assert int(stats.waits) > 0 and int(stats.peak_pages) <= 7
+  assert int(stats.waits) > 0 and int(stats.peak_pages) <= 8
 
 
 def test_without_reserved_pages_every_slot_waiting_is_an_error():
   cfg, params = model_for("pre", num_layers=1)
   tokens, mask = rows(cfg, 3)
-  sampling = dataclasses.replace(GREEDY, max_new_tokens=5)  # one rollout: 3 prompt pages + 2 response pages
-  engine = Engine(cfg, sampling, PROMPT_LEN, EngineConfig(num_slots=2, page_size=2, num_pages=5,
+  sampling = dataclasses.replace(GREEDY, max_new_tokens=5)  # one rollout: 3 prompt pages + (n = 5) 3 own pages
+  engine = Engine(cfg, sampling, PROMPT_LEN, EngineConfig(num_slots=3, page_size=2, num_pages=6,
                                                           reserve_pages=False), group_size=3)
-  with pytest.raises(RuntimeError, match=r"engine.num_pages=5: the page pool ran out"):
-    engine(params, tokens, mask, KEY)  # two rows of prompt 0 (3 pages) both need a 2nd response page: none left
+  with pytest.raises(RuntimeError, match=r"engine.num_pages=6: the page pool ran out"):
+    engine(params, tokens, mask, KEY)  # prompt 0's three rows (n = 6: 3 pages) all need a 2nd own page: none left
 
 
 def test_bad_input_is_refused_before_compiling():
@@ -222,91 +223,92 @@ def test_free_list_is_a_stack_of_unused_pages():
     np.testing.assert_array_equal(np.asarray(free.pages)[:len(stack)], stack)
 
 
-def test_paged_layer_cache_writes_the_new_token_then_attends_over_its_pages():
-  """`PagedLayerCache` (the Attention layer's paged branch: write, gather, attend) against plain float64 NumPy."""
-  rng = np.random.default_rng(1)
-  heads, kv_heads, dim, page, rows_, columns = 4, 2, 8, 3, 3, 4
-  k_pages, v_pages = (rng.normal(size=(9, kv_heads, page, dim)) for _ in range(2))
-  table = np.array([[1, 2, 0, 0], [3, 4, 5, 0], [1, 6, 7, 8]])  # row 2 shares page 1 with row 0
-  write_page, write_offset = np.array([2, 5, 0]), np.array([1, 2, 0])  # row 2 idle: writes into the sink
-  mask = rng.random((rows_, 1, columns * page)) < 0.6
-  mask[0, 0, 4] = mask[1, 0, 8] = mask[2, 0, 0] = True  # a row reads its new token's slot
-  q, k, v = rng.normal(size=(rows_, 1, heads, dim)), *rng.normal(size=(2, rows_, 1, kv_heads, dim))
-  cache = PagedLayerCache(*map(jax.numpy.asarray, (k_pages, v_pages, table, write_page, write_offset, mask)))
-  k_new, v_new = cache.write(jax.numpy.asarray(k, np.float32), jax.numpy.asarray(v, np.float32))
-  got = grouped_attention(jax.numpy.asarray(q, np.float32), gather_pages(k_new, cache.page_table),
-                          gather_pages(v_new, cache.page_table), cache.mask)
-  want_k, want_v = k_pages.copy(), v_pages.copy()
-  for b in range(rows_):
-    want_k[write_page[b], :, write_offset[b]], want_v[write_page[b], :, write_offset[b]] = k[b, 0], v[b, 0]
-  np.testing.assert_allclose(k_new, want_k, atol=1e-6)
-  for b in range(rows_):
-    keys = np.concatenate([want_k[p] for p in table[b]], axis=1)  # [kv_heads, columns * page, dim]
-    values = np.concatenate([want_v[p] for p in table[b]], axis=1)
-    for h in range(heads):
-      scores = keys[h // (heads // kv_heads)] @ q[b, 0, h] / np.sqrt(dim)
-      scores = np.where(mask[b, 0], scores, -np.inf)
-      weights = np.exp(scores - scores.max())
-      want = (weights / weights.sum()) @ values[h // (heads // kv_heads)]
-      np.testing.assert_allclose(got[b, 0, h], want, rtol=1e-5, atol=1e-5)
-
-
-def numpy_attention(q, keys, values, mask):
-  """float64 softmax(q k^T / sqrt(D) + mask) v of one token per row: q [B, 1, H, D]; keys, values [B, H_kv, S, D]
-  (row b's gathered slots); mask bool [B, 1, S] -> [B, 1, H, D]."""
-  heads, dim = q.shape[2], q.shape[3]
+def numpy_paged_attention(q, k_pages, v_pages, table, lengths):
+  """float64 softmax(q k^T / sqrt(D)) v of one token per row over its first lengths[b] slots in table order: q
+  [B, 1, H, D]; k_pages, v_pages [H_kv, pages, page_size, D]; table int [B, n] -> [B, 1, H, D]."""
+  heads, kv_heads, dim = q.shape[2], k_pages.shape[0], q.shape[3]
   out = np.zeros(q.shape)
   for b in range(q.shape[0]):
+    keys, values = (np.concatenate([pages[:, p] for p in table[b]], axis=1)[:, :lengths[b]]
+                    for pages in (k_pages, v_pages))  # [H_kv, lengths[b], D]
     for h in range(heads):
-      kv = h // (heads // keys.shape[1])
-      scores = np.where(mask[b, 0], keys[b, kv] @ q[b, 0, h] / np.sqrt(dim), -np.inf)
+      scores = keys[h // (heads // kv_heads)] @ q[b, 0, h] / np.sqrt(dim)
       weights = np.exp(scores - scores.max())
-      out[b, 0, h] = (weights / weights.sum()) @ values[b, kv]
+      out[b, 0, h] = (weights / weights.sum()) @ values[h // (heads // kv_heads)]
   return out
+
+
+@pytest.mark.parametrize("kernel", ["gather", "pallas"])
+def test_paged_layer_cache_writes_the_new_token_then_attends_over_its_pages(kernel):
+  """`PagedLayerCache` (the Attention layer's paged branch: write, then attend over each row's first lengths[b]
+  slots) against plain float64 NumPy, by the gather path and by JAX's Pallas TPU kernel (in interpret mode here:
+  its matmuls at the TPU's default precision, bf16 products, hence its tolerance; inputs rounded to bf16 values)."""
+  rng = np.random.default_rng(1)
+  heads, kv_heads, dim, page, rows_ = 4, 2, 8, 3, 3
+  bf16_values = lambda *shape: np.asarray(jax.numpy.asarray(rng.normal(size=shape), jax.numpy.bfloat16), np.float64)
+  k_pages, v_pages = bf16_values(kv_heads, 9, page, dim), bf16_values(kv_heads, 9, page, dim)
+  table = np.array([[1, 2, 0, 0], [3, 4, 5, 0], [1, 6, 7, 8]])  # row 2 shares page 1 with row 0
+  write_page, write_offset = np.array([2, 5, 0]), np.array([1, 2, 0])  # row 2 idle: writes into the sink
+  lengths = np.array([5, 9, 1])  # rows 0 and 1 read up to their new token's slot; row 2 reads page 1's slot 0
+  q = bf16_values(rows_, 1, heads, dim)
+  k, v = bf16_values(rows_, 1, kv_heads, dim), bf16_values(rows_, 1, kv_heads, dim)
+  f32 = lambda x: jax.numpy.asarray(x, np.float32)
+  cache = PagedLayerCache(f32(k_pages), f32(v_pages), *map(jax.numpy.asarray, (table, write_page, write_offset,
+                                                                               lengths)), kernel=kernel)
+  k_new, v_new = cache.write(f32(k), f32(v))
+  got = jax.jit(cache.attend)(f32(q), k_new, v_new)
+  want_k, want_v = k_pages.copy(), v_pages.copy()
+  for b in range(rows_):
+    want_k[:, write_page[b], write_offset[b]], want_v[:, write_page[b], write_offset[b]] = k[b, 0], v[b, 0]
+  np.testing.assert_allclose(k_new, want_k, atol=1e-6)
+  tolerance = 1e-5 if kernel == "gather" else 2e-2
+  np.testing.assert_allclose(got, numpy_paged_attention(q, want_k, want_v, table, lengths), rtol=tolerance,
+                             atol=tolerance)
+  assert pallas_block_pages(4, 3) == 4 and pallas_block_pages(6, 128) == 3 and pallas_block_pages(7, 16) == 7
 
 
 def test_chunks_of_rows_gathering_part_of_their_tables_attend_as_over_whole_tables():
   """`paged_chunk_attention` (chunk j of rows gathers widths[buckets[j]] table entries) against float64 NumPy over
-  each row's whole table."""
+  each row's whole table; the table widths increase up to the whole table."""
   rng = np.random.default_rng(2)
   heads, kv_heads, dim, page, batch, columns = 4, 2, 8, 3, 5, 4
-  k_pages, v_pages = (rng.normal(size=(9, kv_heads, page, dim)) for _ in range(2))
+  k_pages, v_pages = (rng.normal(size=(kv_heads, 9, page, dim)) for _ in range(2))
   table = rng.integers(0, 9, (batch, columns))
   widths, buckets = (1, 2, 4), np.array([0, 1])  # rows 0-1 gather 1 page, rows 2-4 two
   assert chunk_bounds(batch, 2) == [0, 2, 5]
-  mask = rng.random((batch, 1, columns * page)) < 0.7
-  mask[:, :, 0] = True
-  mask[:2, :, page:] = mask[2:, :, 2 * page:] = False  # nothing past a chunk's width
+  lengths = np.array([1, 3, 4, 6, 2])  # within each chunk's width
   q = rng.normal(size=(batch, 1, heads, dim))
-  got = paged_chunk_attention(*(jax.numpy.asarray(x, np.float32) for x in (q, k_pages, v_pages)), table, mask,
+  got = paged_chunk_attention(*(jax.numpy.asarray(x, np.float32) for x in (q, k_pages, v_pages)), table, lengths,
                               jax.numpy.asarray(buckets), widths)
-  gathered = lambda pages: np.stack([np.concatenate([pages[p] for p in row], axis=1) for row in table])
-  np.testing.assert_allclose(got, numpy_attention(q, gathered(k_pages), gathered(v_pages), mask), rtol=1e-5,
-                             atol=1e-5)
-
-
-def test_attention_view_reads_the_slots_of_the_tables_layout():
-  """`attention_view`: the (page, offset) pairs a slot reads through its compacted view are those its table layout
-  holds (prompt token i at entry i // ps, response token r at entry KP + r // ps), all within its first `need`
-  entries; the table widths are increasing up to the whole table."""
-  ps, KP, KR = 3, 3, 4
-  length, t = np.array([7, 1, 9, 3, 5]), np.array([0, 8, 4, 2, 6])
-  stepping = np.array([True, True, True, False, True])
-  table = np.zeros((5, KP + KR), np.int32)
-  ids = iter(range(1, 100))
-  for b in range(5):
-    table[b, :-(-length[b] // ps)] = [next(ids) for _ in range(-(-length[b] // ps))]
-    table[b, KP:KP + t[b] // ps + 1] = [next(ids) for _ in range(t[b] // ps + 1)]
-  view, reads, need = map(np.asarray, attention_view(*map(jax.numpy.asarray, (table, length, t, stepping)), KP, ps))
-  for b in range(5):
-    got = {(view[b, j // ps], j % ps) for j in np.flatnonzero(reads[b])}
-    if stepping[b]:
-      want = {(table[b, i // ps], i % ps) for i in range(length[b])}
-      want |= {(table[b, KP + r // ps], r % ps) for r in range(t[b] + 1)}
-    else:
-      want = {(view[b, 0], 0)}
-    assert got == want and np.flatnonzero(reads[b]).max() < need[b] * ps
+  np.testing.assert_allclose(got, numpy_paged_attention(q, k_pages, v_pages, table, lengths), rtol=1e-5, atol=1e-5)
   assert attention_widths(48) == (8, 16, 24, 32, 40, 48) and attention_widths(3) == (1, 2, 3)
+
+
+def test_page_counts_are_the_worst_rollouts():
+  """`page_counts`: a prompt's most pages, and one rollout's (its prompt's ceil(n / ps), plus its own: the copy of
+  the prompt's partly filled page and its response's first T - 1 tokens), stated by counting slots."""
+  for prompt_len, new_tokens, size in [(6, 9, 2), (6, 5, 2), (40, 24, 8), (7, 1, 4), (16, 17, 16), (5, 3, 1)]:
+    def pages(n):  # the pages a rollout holds at its end: token j at slot j % size of entry j // size
+      shared = n // size
+      own = -(-(n + new_tokens - 1) // size) - shared
+      return -(-n // size) + own
+    prompt_pages, rollout, pool = page_counts(EngineConfig(num_slots=3, page_size=size), prompt_len, new_tokens)
+    assert prompt_pages == -(-prompt_len // size)
+    assert rollout == max(pages(n) for n in range(1, prompt_len + 1)) and pool == 3 * rollout
+
+
+def test_the_engine_through_the_pallas_kernel_decodes_as_through_the_gather_path():
+  """The engine with `attention="pallas"` (JAX's Pallas TPU kernel, interpret mode here) against the gather path on
+  shared prompts of every length mod the page size: the same greedy tokens, log-probs to the kernel's bf16-product
+  rounding."""
+  cfg, params = model_for("pre", num_layers=1)
+  tokens, mask = rows(cfg, 2, 4)
+  sampling = dataclasses.replace(GREEDY, max_new_tokens=5)
+  run = lambda kernel: Engine(cfg, sampling, PROMPT_LEN, EngineConfig(num_slots=3, page_size=4, attention=kernel),
+                              2)(params, tokens, mask, KEY)
+  got, want = run("pallas"), run("gather")
+  np.testing.assert_array_equal(got.tokens, want.tokens)
+  np.testing.assert_allclose(got.logprobs, want.logprobs, rtol=2e-2, atol=2e-2)
 
 
 def test_rounds_stream_each_round_as_its_own_call_and_start_the_next_in_its_tail():

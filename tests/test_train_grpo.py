@@ -170,10 +170,10 @@ def test_config_errors_name_the_field(field, value, message):
 
 
 def test_an_engine_page_pool_short_of_one_rollout_is_refused_before_compiling():
-  config = grpo_config()  # 40 prompt + 24 new tokens: 5 + 3 pages of 8 slots
-  config.update_from_flattened_dict({"engine.enabled": True, "engine.page_size": 8, "engine.num_pages": 7})
-  with pytest.raises(ConfigError, match=re.escape("config.engine.num_pages=7: holds less than one rollout: a "
-                                                  "config.data.max_prompt_len=40 prompt and 24 new tokens need 8")):
+  config = grpo_config()  # 40 prompt + 24 new tokens, pages of 8 slots: a 39-token prompt's 5 + its row's own 4
+  config.update_from_flattened_dict({"engine.enabled": True, "engine.page_size": 8, "engine.num_pages": 8})
+  with pytest.raises(ConfigError, match=re.escape("config.engine.num_pages=8: holds less than one rollout: a "
+                                                  "config.data.max_prompt_len=40 prompt and 24 new tokens need 9")):
     from_section(GRPORunConfig, config, "config")
 
 

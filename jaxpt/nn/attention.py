@@ -23,13 +23,16 @@ query reads prefix slot j iff it holds the query's segment; the softmax runs ove
 slots together (`grouped_attention`'s `prefix`).
 
 Paged decoding (`PagedLayerCache`, the rollout engine's cache, `jaxpt.rl.engine`): a layer's K/V live in a pool of
-fixed-size pages shared by all rows; each row names its pages in a page table and carries a precomputed mask over
-the slots of its pages in table order. The call writes the one new token's K/V into page write_page[b] at offset
-write_offset[b] (a scatter, in place), then attends over the row's pages gathered in table order (the pure-JAX
-gather path; on TPU a ragged paged attention kernel would read the pages in place). Gathering costs what it copies,
-so a cache may also split its rows into chunks that each gather only a prefix of their tables (`widths`, `buckets`:
-`paged_chunk_attention`); the rollout engine sorts its slots by the pages they need, so that a chunk of short rows
-does not gather a long row's width.
+fixed-size pages shared by all rows, laid out head-major [kv_heads, num_pages, page_size, head_dim] (the layout of
+JAX's Pallas paged attention kernel); each row names its pages in a page table and holds its tokens contiguously:
+token j of row b at slot j % page_size of page page_table[b, j // page_size] (rows may share a prompt's full pages;
+its last, partly filled page is copied into each row's own). The call writes the one new token's K/V into page
+write_page[b] at offset write_offset[b] (a scatter, in place), then attends over the row's first lengths[b] slots:
+on TPU by JAX's Pallas kernel, which reads the pages in place (`pallas_paged_attention`); elsewhere by gathering the
+pages in table order (the pure-JAX gather path). Gathering costs what it copies, so a cache may also split its rows
+into chunks that each gather only a prefix of their tables (`widths`, `buckets`: `paged_chunk_attention`); the
+rollout engine sorts its slots by the pages they need, so that a chunk of short rows does not gather a long row's
+width.
 """
 
 from __future__ import annotations
@@ -124,23 +127,21 @@ def grouped_attention(q, k, v, mask, query_chunk: int = 0, prefix=None):
 
 
 def gather_pages(pages, page_table):
-  """pages [num_pages, H_kv, page_size, D], page_table int [B, n] -> [B, H_kv, n * page_size, D]: row b's pages in
+  """pages [H_kv, num_pages, page_size, D], page_table int [B, n] -> [B, H_kv, n * page_size, D]: row b's pages in
   the order of its table (a page id may appear in several rows: a prompt's pages shared by its rollouts)."""
-  rows = jnp.take(pages, page_table, axis=0)  # [B, n, H_kv, page_size, D]
-  batch, count, heads, size, dim = rows.shape
-  return rows.swapaxes(1, 2).reshape(batch, heads, count * size, dim)
+  rows = jnp.take(pages, page_table, axis=1)  # [H_kv, B, n, page_size, D]
+  heads, batch, count, size, dim = rows.shape
+  return rows.swapaxes(0, 1).reshape(batch, heads, count * size, dim)
 
 
 def paged_attention(q, k_pages, v_pages, page_table, lengths):
-  """Attention of new tokens over a paged KV cache, the pure-JAX gather path (issue 29's paged cache; on TPU a
-  ragged paged attention kernel would read the pages in place instead of gathering them).
+  """Attention of new tokens over a paged KV cache, the pure-JAX gather path.
 
   q: [B, n, H, D] the queries of each row's last n tokens, whose K/V are already in its pages; k_pages, v_pages:
-  [num_pages, H_kv, page_size, D]; page_table int [B, pages_per_row] (a row's unused entries may name any page);
+  [H_kv, num_pages, page_size, D]; page_table int [B, pages_per_row] (a row's unused entries may name any page);
   lengths int [B]: the tokens row b holds (its new ones included), at slots 0 .. lengths[b] - 1 of its pages in
   table order (so rows may share a prompt's full pages; its last, partly filled page is copied into each row's
-  own). Query i of row b sits at slot lengths[b] - n + i and reads the slots up to it -> [B, n, H, D]. (The rollout
-  engine decodes through `PagedLayerCache`, whose rows carry their own masks.)"""
+  own). Query i of row b sits at slot lengths[b] - n + i and reads the slots up to it -> [B, n, H, D]."""
   k, v = gather_pages(k_pages, page_table), gather_pages(v_pages, page_table)
   num_new = q.shape[1]
   query_slots = jnp.reshape(lengths, (-1, 1)) - num_new + jnp.arange(num_new)  # [B, n]
@@ -153,26 +154,51 @@ def chunk_bounds(batch: int, chunks: int) -> list[int]:
   return [batch * j // chunks for j in range(chunks + 1)]
 
 
-def paged_chunk_attention(q, k_pages, v_pages, page_table, mask, buckets, widths: tuple):
-  """`grouped_attention` of one new token per row over its gathered pages, chunk by chunk of rows.
+def paged_chunk_attention(q, k_pages, v_pages, page_table, lengths, buckets, widths: tuple):
+  """`paged_attention` of one new token per row, chunk by chunk of rows.
 
-  q: [B, 1, H, D]; k_pages, v_pages: [num_pages, H_kv, page_size, D]; page_table int [B, n]; mask bool [B, 1,
-  n * page_size]; buckets int [C]: rows `chunk_bounds(B, C)[j] ..` gather only their tables' first widths[buckets[j]]
-  entries (a `lax.switch` over the static `widths`, each <= n), so the mask of a chunk's rows must exclude every
-  slot past that width -> [B, 1, H, D], the same attention as over whole tables (the slots left out have weight 0)."""
-  size = k_pages.shape[2]
-
+  q: [B, 1, H, D]; k_pages, v_pages: [H_kv, num_pages, page_size, D]; page_table int [B, n]; lengths int [B];
+  buckets int [C]: rows `chunk_bounds(B, C)[j] ..` gather only their tables' first widths[buckets[j]] entries (a
+  `lax.switch` over the static `widths`, each <= n), which must hold their lengths -> [B, 1, H, D], the same
+  attention as over whole tables (the slots left out have weight 0)."""
   def attend(width):
-    def branch(q, table, mask):
-      table = table[:, :width]
-      return grouped_attention(q, gather_pages(k_pages, table), gather_pages(v_pages, table),
-                               mask[:, :, :width * size])
+    def branch(q, table, lengths):
+      return paged_attention(q, k_pages, v_pages, table[:, :width], lengths)
     return branch
 
   bounds = chunk_bounds(q.shape[0], buckets.shape[0])
-  outs = [lax.switch(buckets[j], [attend(width) for width in widths], q[lo:hi], page_table[lo:hi], mask[lo:hi])
+  outs = [lax.switch(buckets[j], [attend(width) for width in widths], q[lo:hi], page_table[lo:hi], lengths[lo:hi])
           for j, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:]))]
   return jnp.concatenate(outs, axis=0)
+
+
+PALLAS_BLOCK_SLOTS = 512  # the most KV slots one block of the Pallas kernel reads (pages_per_compute_block * size)
+
+
+def pallas_block_pages(table_width: int, page_size: int) -> int:
+  """The Pallas kernel's pages_per_compute_block: the largest divisor of the table width (the kernel needs one)
+  whose pages hold at most PALLAS_BLOCK_SLOTS slots (at least 1)."""
+  most = max(1, PALLAS_BLOCK_SLOTS // page_size)
+  return max(d for d in range(1, min(table_width, most) + 1) if table_width % d == 0)
+
+
+def pallas_paged_attention(q, k_pages, v_pages, page_table, lengths):
+  """`paged_attention` of one new token per row by JAX's Pallas TPU kernel
+  (`jax.experimental.pallas.ops.tpu.paged_attention`), which reads each row's first lengths[b] slots in place
+  (blocks of `pallas_block_pages` pages, an online softmax) instead of gathering them; q: [B, 1, H, D], the rest as
+  `paged_attention` -> [B, 1, H, D]. Off TPU it runs in Pallas's TPU interpret mode (how the tests check it: slow,
+  and its matmuls at the TPU's default precision, bf16 products, as on the chip)."""
+  from jax.experimental.pallas import tpu as pltpu  # imported on first use: most runs never need Pallas
+  from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention as kernel
+
+  scaled = q[:, 0] * jnp.asarray(q.shape[-1] ** -0.5, q.dtype)  # the kernel does not scale its queries
+  table = page_table.astype(jnp.int32)
+  call = lambda: kernel(scaled, k_pages, v_pages, lengths.astype(jnp.int32), table,
+                        pages_per_compute_block=pallas_block_pages(table.shape[1], k_pages.shape[2]))
+  if jax.default_backend() == "tpu":
+    return call()[:, None]
+  with pltpu.force_tpu_interpret_mode():
+    return call()[:, None]
 
 
 def library_attention(q, k, v, segment_ids=None, causal: bool = True):
@@ -294,14 +320,15 @@ class LayerCache:
 class PagedLayerCache:
   """What one attention layer reads when decoding one token per row over a paged KV cache (see the module doc).
 
-  key_pages, value_pages: [num_pages, kv_heads, page_size, head_dim], the layer's page pool (keys after RoPE).
-  page_table:   int32 [batch, n], row b's pages in table order (entries it does not use may name any page).
+  key_pages, value_pages: [kv_heads, num_pages, page_size, head_dim], the layer's page pool (keys after RoPE).
+  page_table:   int32 [batch, n], row b's pages in table order (entries past its tokens may name any page).
   write_page, write_offset: int32 [batch], where the new token's K/V go (page id, slot within the page).
-  mask:         bool [batch, 1, n * page_size], the slots of row b's gathered pages its new token reads (its own
-                slot included, since it is written first).
+  lengths:      int32 [batch], the slots row b's new token reads: 0 .. lengths[b] - 1 of its pages in table order
+                (its own slot included, since it is written first).
   buckets, widths: None (every row gathers its whole table), or int32 [chunks] and a static tuple of table widths:
                 the rows in chunk j (`chunk_bounds`) gather only their first widths[buckets[j]] table entries
-                (`paged_chunk_attention`).
+                (`paged_chunk_attention`). The gather path only.
+  kernel:       "gather" (the pure-JAX gather path) or "pallas" (`pallas_paged_attention`).
   """
 
   key_pages: jax.Array
@@ -309,15 +336,25 @@ class PagedLayerCache:
   page_table: jax.Array
   write_page: jax.Array
   write_offset: jax.Array
-  mask: jax.Array
+  lengths: jax.Array
   buckets: jax.Array | None = None
   widths: tuple = flax.struct.field(pytree_node=False, default=())
+  kernel: str = flax.struct.field(pytree_node=False, default="gather")
 
   def write(self, k, v):
-    """k, v: [batch, 1, kv_heads, head_dim] (sequence-major) -> the pools with row b's at (write_page[b], :,
+    """k, v: [batch, 1, kv_heads, head_dim] (sequence-major) -> the pools with row b's at (:, write_page[b],
     write_offset[b], :)."""
-    put = lambda pages, new: pages.at[self.write_page, :, self.write_offset].set(new[:, 0].astype(pages.dtype))
+    put = lambda pages, new: pages.at[:, self.write_page, self.write_offset].set(
+        new[:, 0].swapaxes(0, 1).astype(pages.dtype))
     return put(self.key_pages, k), put(self.value_pages, v)
+
+  def attend(self, q, k_pages, v_pages):
+    """q: [batch, 1, heads, head_dim] over the pools (as `write` left them) -> [batch, 1, heads, head_dim]."""
+    if self.kernel == "pallas":
+      return pallas_paged_attention(q, k_pages, v_pages, self.page_table, self.lengths)
+    if self.buckets is None:
+      return paged_attention(q, k_pages, v_pages, self.page_table, self.lengths)
+    return paged_chunk_attention(q, k_pages, v_pages, self.page_table, self.lengths, self.buckets, self.widths)
 
 
 class Attention(nn.Module):
@@ -382,10 +419,7 @@ class Attention(nn.Module):
       if x.shape[1] != 1 or not self.causal:
         raise ValueError("Attention: a paged cache decodes one causal token per row")
       k, v = cache.write(k, v)
-      if cache.buckets is None:
-        out = grouped_attention(q, gather_pages(k, cache.page_table), gather_pages(v, cache.page_table), cache.mask)
-      else:
-        out = paged_chunk_attention(q, k, v, cache.page_table, cache.mask, cache.buckets, cache.widths)
+      out = cache.attend(q, k, v)
     else:
       if not self.causal:
         raise ValueError("Attention: a KV cache decodes causally; causal=False has no cache")

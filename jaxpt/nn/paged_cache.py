@@ -1,6 +1,6 @@
 """A paged KV cache: one pool of fixed-size pages per layer, page tables per row, and a free list of page ids.
 
-    key_pages[l], value_pages[l]   [num_pages + 1, kv_heads, page_size, head_dim]   (page 0: the sink, see below)
+    key_pages[l], value_pages[l]   [kv_heads, num_pages + 1, page_size, head_dim]   (page 0: the sink, see below)
     free                           int32 [num_pages], a stack: free[0 .. free_count - 1] are the unused page ids
 
 Page 0 is never handed out: it is the sink that rows without a page to write (an empty or waiting decode slot, a
@@ -21,24 +21,27 @@ from jaxpt.nn.attention import PagedLayerCache
 @flax.struct.dataclass
 class PagedKVCache:
   """The page pools of every layer and what this decode step writes and reads (`PagedLayerCache` per layer):
-  page_table int32 [batch, n], write_page / write_offset int32 [batch], mask bool [batch, 1, n * page_size]; buckets
-  int32 [chunks] and the static widths: how many table entries each chunk of rows gathers (None: all)."""
+  page_table int32 [batch, n], write_page / write_offset / lengths int32 [batch]; buckets int32 [chunks] and the
+  static widths: how many table entries each chunk of rows gathers (None: all); the static kernel ("gather" |
+  "pallas")."""
 
   key_pages: tuple
   value_pages: tuple
   page_table: jax.Array | None = None
   write_page: jax.Array | None = None
   write_offset: jax.Array | None = None
-  mask: jax.Array | None = None
+  lengths: jax.Array | None = None
   buckets: jax.Array | None = None
   widths: tuple = flax.struct.field(pytree_node=False, default=())
+  kernel: str = flax.struct.field(pytree_node=False, default="gather")
 
   @classmethod
-  def create(cls, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int, head_dim: int, dtype):
+  def create(cls, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int, head_dim: int, dtype,
+             kernel: str = "gather"):
     """Zeroed pools of `num_pages` usable pages (+ the sink, page 0) per layer."""
-    zeros = lambda: jnp.zeros((num_pages + 1, num_kv_heads, page_size, head_dim), dtype)
+    zeros = lambda: jnp.zeros((num_kv_heads, num_pages + 1, page_size, head_dim), dtype)
     return cls(key_pages=tuple(zeros() for _ in range(num_layers)),
-               value_pages=tuple(zeros() for _ in range(num_layers)))
+               value_pages=tuple(zeros() for _ in range(num_layers)), kernel=kernel)
 
   @property
   def page_size(self) -> int:
@@ -46,14 +49,20 @@ class PagedKVCache:
 
   def layer(self, layer: int) -> PagedLayerCache:
     return PagedLayerCache(self.key_pages[layer], self.value_pages[layer], self.page_table, self.write_page,
-                           self.write_offset, self.mask, self.buckets, self.widths)
+                           self.write_offset, self.lengths, self.buckets, self.widths, self.kernel)
 
   def write_pages(self, page_ids, keys, values) -> "PagedKVCache":
     """page_ids int [n] (0: dropped into the sink); keys, values: one [n, kv_heads, page_size, head_dim] per layer
     -> the pools with those pages overwritten (a prompt's K/V after its prefill)."""
-    put = lambda pages, new: pages.at[page_ids].set(new.astype(pages.dtype))
+    put = lambda pages, new: pages.at[:, page_ids].set(new.swapaxes(0, 1).astype(pages.dtype))
     return self.replace(key_pages=tuple(map(put, self.key_pages, keys)),
                         value_pages=tuple(map(put, self.value_pages, values)))
+
+  def copy_page(self, source, target) -> "PagedKVCache":
+    """source, target: int page ids -> every layer's pools with page `target` a copy of page `source` (target 0:
+    into the sink, i.e. no copy)."""
+    copy = lambda pages: pages.at[:, target].set(pages[:, source])
+    return self.replace(key_pages=tuple(map(copy, self.key_pages)), value_pages=tuple(map(copy, self.value_pages)))
 
 
 @flax.struct.dataclass

@@ -86,10 +86,10 @@ def check_config(config: Any) -> None:
     raise ConfigError("lora.rollouts", "the rollout engine (config.engine.enabled) decodes merged params only: set "
                       "config.lora.rollouts=merged (a quantized base's float copy) or turn the engine off",
                       lora.rollouts)
-  prompt_pages, response_pages, pool = page_counts(engine, prompt_len, new_tokens)
-  if engine.enabled and pool < prompt_pages + response_pages:
+  _, rollout_pages, pool = page_counts(engine, prompt_len, new_tokens)
+  if engine.enabled and pool < rollout_pages:
     raise ConfigError("engine.num_pages", f"holds less than one rollout: a config.data.max_prompt_len={prompt_len} "
-                      f"prompt and {new_tokens} new tokens need {prompt_pages + response_pages} pages of "
+                      f"prompt and {new_tokens} new tokens need {rollout_pages} pages of "
                       f"config.engine.page_size={engine.page_size} slots", engine.num_pages)
 
 

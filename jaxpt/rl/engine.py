@@ -6,32 +6,35 @@ order, so a trainer reads it unchanged. Token t of rollout b is drawn with key f
 (`rollout_keys`): which slot a rollout lands in, and which rollouts share a step with it, cannot change its tokens;
 the static sampler with `row_keys=True` draws the same tokens.
 
-Memory (`jaxpt.nn.paged_cache`): one pool of `num_pages` pages of `page_size` slots per layer. A prompt of n real
-tokens is prefilled once for its G rollouts, when its first rollout is admitted, into ceil(n / page_size) pages
-that every row of the group names in its page table (freed when the group's last row finishes); a row's response
-token t goes to slot t of its own pages, taken from the free list one page at a time as the response reaches it and
-given back when the row stops. A row's table: KP = ceil(P / page_size) prompt entries, then KR = ceil((T - 1) /
-page_size) response entries (T = max_new_tokens); the new token of a row with n prompt tokens at response index t
-has position n + t and reads the gathered slots j < n and KP * page_size <= j <= KP * page_size + t.
+Memory (`jaxpt.nn.paged_cache`): one pool of `num_pages` pages of `page_size` (ps) slots per layer. A prompt of n
+real tokens is prefilled once for its G rollouts, when its first rollout is admitted, into ceil(n / ps) pages (freed
+when the group's last row finishes). Each row holds its tokens contiguously, token j (prompt j < n, response token
+t at j = n + t) at slot j % ps of its table's entry j // ps: the prompt's n // ps full pages are shared (every row
+of the group names them), and each row's own pages follow, taken from the free list one page at a time as its tokens
+reach them and given back when the row stops; the first of them, when n % ps > 0, starts with a copy of the
+prompt's partly filled last page (made when the row is admitted). So a row's new token at position n + t reads its
+first n + t + 1 slots in table order, the layout JAX's Pallas paged attention kernel reads in place. A table has
+ceil((P + T - 1) / ps) entries (T = max_new_tokens); a row owns at most KR = ceil((ps - 1 + T - 1) / ps) pages.
 
 Each iteration of the decode loop:
 1. admit: while a slot is free and rollouts are pending (in row order), take the next one unless the pool is short
    (its prompt's pages, if it is its group's first, and with `reserve_pages` the worst case of every admitted row:
    then it waits for rows to finish); a group's first rollout prefills the prompt and draws the group's G first
    tokens from its last logits (a rollout whose first token is EOS, or whose budget is 1 token, is done without a slot);
-2. page: each active slot whose response reaches a new page takes one from the free list, in slot order, while it
+2. page: each active slot whose next token starts a new page takes one from the free list, in slot order, while it
    lasts; a slot left without one waits this step (only without `reserve_pages`);
 3. decode one token for every slot that has its page (the others compute into the sink page, discarded), draw and
    record token t + 1 of each stepping rollout; a row that drew EOS or its last token frees its slot and pages.
-The decode step's attention reads each slot's pages through a compacted view of its table (`attention_view`: the
-prompt's ceil(n / page_size) pages, then its response pages, so a slot needs its first ceil(n / ps) + t // ps + 1
-entries); the slots run through the model sorted by that need, in ATTENTION_CHUNKS chunks that each gather only
-the smallest of WIDTH_BUCKETS table widths holding their longest row (`jaxpt.nn.attention.paged_chunk_attention`,
-a `lax.switch` per chunk and layer); logits and hidden states are put back in slot order.
+The decode step's attention (`EngineConfig.attention`): on TPU JAX's Pallas kernel reads each slot's first n + t + 1
+slots in place (`jaxpt.nn.attention.pallas_paged_attention`); elsewhere the pure-JAX gather path, for which a slot
+needs its first (n + t) // ps + 1 table entries: the slots run through the model sorted by that need, in
+ATTENTION_CHUNKS chunks that each gather only the smallest of WIDTH_BUCKETS table widths holding their longest row
+(`jaxpt.nn.attention.paged_chunk_attention`, a `lax.switch` per chunk and layer); logits and hidden states are put
+back in slot order.
 Slot-steps lost to the pool are counted in `EngineStats.waits`. Without `reserve_pages`, if no slot can step with
 rollouts left (every active slot waits for a page only they could free), the loop stops and the call raises
-(`EngineStats.stuck`); with it (the default) that cannot happen, and a pool smaller than one rollout's KP + KR is
-refused before compiling.
+(`EngineStats.stuck`); with it (the default) that cannot happen, and a pool smaller than one rollout's most pages
+(`page_counts`) is refused before compiling.
 
 Why one `lax.while_loop` with the refills inside it rather than a host loop over compiled chunks of K steps: the
 loop never leaves the device (no host round trip, no dispatch per chunk, no wasted steps between a row's end and
@@ -87,11 +90,10 @@ gathered whole onto each device (a group's devices along `tensor` run the same e
 loop, whose trip count differs between groups); row b's keys are those of its global row, so the rollouts equal
 one engine's on one device.
 
-Not yet (issue 29): a TPU dispatch to JAX's Pallas `ragged_paged_attention` (in jax 0.10.2's
-`jax.experimental.pallas.ops.tpu`: it wants K and V interleaved in one pool [pages, page_size, 2 kv_heads, D] and
-each sequence's tokens contiguous from slot 0 of its pages, while a group's prompt ends in a partly filled shared page
-and its responses start on fresh pages: it needs the last prompt page copied into each row's first response page and
-the pool laid out its way); batched prefills (not faster where measured, above); the eval's greedy and pass@1 decodes
+The TPU kernel is JAX's decode-only `paged_attention` (pools [kv_heads, pages, page_size, D], this engine's layout),
+checked on CPU in Pallas's TPU interpret mode (tests/test_rl_engine.py) but not yet run on a TPU; JAX's
+`ragged_paged_attention` (K and V interleaved in one pool) does not run in interpret mode in jax 0.10.2, so it is not
+used. Not yet (issue 29): batched prefills (not faster where measured, above); the eval's greedy and pass@1 decodes
 (they stay on the static sampler); tensor-parallel params inside a group (they are
 gathered whole); why the engine's calls vary between rounds (below).
 """
@@ -108,7 +110,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec
 
-from jaxpt.config import Section, at_least, fail
+from jaxpt.config import Section, at_least, fail, one_of
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM, init_cache
 from jaxpt.nn.attention import chunk_bounds
@@ -116,6 +118,9 @@ from jaxpt.nn.paged_cache import FreeList, PagedKVCache
 from jaxpt.parallel import MeshLayout
 from jaxpt.rl.sampler import (SampleOutput, SamplingConfig, choose_tokens, decode_config_of, decode_params,
                               prompt_layout, rollout_keys)
+
+
+ATTENTION_KERNELS = ("auto", "gather", "pallas")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,11 +133,14 @@ class EngineConfig(Section):
     num_slots: rollouts decoded together (the decode batch); on a mesh, by each data-parallel group.
     page_size: KV slots per page.
     num_pages: pages in each layer's pool, on a mesh each data-parallel group's (0: every slot can hold a whole
-      rollout, num_slots * (KP + KR)); at least one whole rollout's KP + KR (see the module doc).
+      rollout at its most pages, `page_counts`); at least one rollout's (see the module doc).
     reserve_pages: admit a rollout only while the free pages cover the rest of every admitted rollout's worst case
-      (KR response pages each): pages are still taken as the responses grow, but no row ever waits for one
+      (`own_pages` each): pages are still taken as the responses grow, but no row ever waits for one
       mid-response and the loop cannot get stuck. False: admit whenever the prompt fits (more rows at once in a
       small pool, but rows may wait mid-response and, if all wait, the call fails).
+    attention: how a decode step attends over the pages: "pallas" (JAX's Pallas TPU kernel, reading the pages in
+      place; off TPU in its interpret mode, for tests only: slow), "gather" (the pure-JAX gather path, chunked by
+      need), "auto" (pallas on TPU, else gather).
     stream_rounds: with DAPO's dynamic sampling, a step's generation rounds stream through one engine call
       (`Engine.rounds`: round r + 1's rollouts start in the slots round r's tail leaves free, before round r's
       rewards say whether it is needed); off: one engine call per round, started once it is needed. The stream
@@ -147,12 +155,20 @@ class EngineConfig(Section):
   page_size: int = 16
   num_pages: int = 0
   reserve_pages: bool = True
+  attention: str = "auto"
   stream_rounds: bool = True
 
   def check(self) -> None:
     at_least(self, "num_slots", 1)
     at_least(self, "page_size", 1)
     at_least(self, "num_pages", 0)
+    one_of(self, "attention", ATTENTION_KERNELS)
+
+  def kernel(self) -> str:
+    """The attention kernel `attention` names on this backend: "gather" or "pallas"."""
+    if self.attention == "auto":
+      return "pallas" if jax.default_backend() == "tpu" else "gather"
+    return self.attention
 
 
 @flax.struct.dataclass
@@ -172,7 +188,7 @@ class EngineStats:
 @flax.struct.dataclass
 class Slots:
   """Per slot [S]: active, rollout (its row), group, prompt length n, t (response index of `token`, the next token
-  fed), token; table int32 [S, KP + KR]."""
+  fed, at position n + t), token; table int32 [S, table width] (its pages in token order, see the module doc)."""
 
   active: jax.Array
   rollout: jax.Array
@@ -211,11 +227,20 @@ def combined_stats(stats: EngineStats, total: Callable, most: Callable) -> Engin
                      peak_pages=most(stats.peak_pages), stuck=most(stats.stuck.astype(jnp.int32)) > 0)
 
 
+def own_pages(prompt_length, max_new_tokens: int, page_size: int):
+  """The most pages a row with `prompt_length` prompt tokens owns: its prompt's partly filled last page (copied),
+  then its response's K/V (the last token's is never written): ceil((n % ps + T - 1) / ps) (ints or arrays)."""
+  return -(-(prompt_length % page_size + max_new_tokens - 1) // page_size)
+
+
 def page_counts(engine: EngineConfig, prompt_len: int, max_new_tokens: int) -> tuple[int, int, int]:
-  """-> (KP prompt pages, KR response pages of a table, pool pages) per the module doc."""
-  prompt_pages = -(-prompt_len // engine.page_size)
-  response_pages = -(-(max_new_tokens - 1) // engine.page_size)
-  return prompt_pages, response_pages, engine.num_pages or engine.num_slots * (prompt_pages + response_pages)
+  """-> (KP: a prompt's most pages, one rollout's most pages (its prompt's and its own), pool pages) per the
+  module doc; the default pool holds every slot's rollout at that most."""
+  ps = engine.page_size
+  prompt_pages = -(-prompt_len // ps)
+  rollout = max(-(-n // ps) + own_pages(n, max_new_tokens, ps) for n in range(max(1, prompt_len - ps + 1),
+                                                                                prompt_len + 1))
+  return prompt_pages, rollout, engine.num_pages or engine.num_slots * rollout
 
 
 ATTENTION_CHUNKS = 4  # a decode step's slots, sorted by the pages they read, attend in this many chunks
@@ -226,25 +251,6 @@ def attention_widths(pages: int, buckets: int = WIDTH_BUCKETS) -> tuple[int, ...
   """The table widths a chunk of slots may gather: `buckets` steps up to a whole table of `pages` entries."""
   buckets = min(pages, buckets)
   return tuple(sorted({-(-pages * (i + 1) // buckets) for i in range(buckets)}))
-
-
-def attention_view(table, length, t, stepping, prompt_pages: int, page_size: int):
-  """What a decode step's attention reads of each slot's pages: its table int [S, KP + KR] (KP = prompt_pages)
-  compacted to the prompt's ceil(n / ps) pages then the response's, and the slots read in that order.
-
-  -> (view int32 [S, KP + KR], reads bool [S, (KP + KR) * ps], need int32 [S]): with r = ceil(n / ps) * ps, a
-  stepping slot (n = length, response index t) reads view slots j < n (its prompt) and r <= j <= r + t (its
-  response), within its first need = ceil(n / ps) + t // ps + 1 entries; any other slot reads slot 0 (need 1)."""
-  entries = table.shape[1]
-  own = -(-length // page_size)  # the prompt pages the slot's prompt fills
-  column = jnp.arange(entries)[None, :]
-  source = jnp.where(column < own[:, None], column, prompt_pages + column - own[:, None])
-  view = jnp.where(source < entries, jnp.take_along_axis(table, jnp.minimum(source, entries - 1), axis=1), 0)
-  slot = jnp.arange(entries * page_size)[None, :]
-  start = (own * page_size)[:, None]
-  reads = (slot < length[:, None]) | ((slot >= start) & (slot <= start + t[:, None]))
-  reads = jnp.where(stepping[:, None], reads, slot == 0)  # idle slots read the sink, discarded
-  return view, reads, jnp.where(stepping, own + t // page_size + 1, 1).astype(jnp.int32)
 
 
 class Engine:
@@ -267,9 +273,8 @@ class Engine:
       raise ValueError(f"prompt_len={prompt_len}: must be positive")
     if group_size < 1:
       raise ValueError(f"group_size={group_size}: must be positive")
-    self.prompt_pages, self.response_pages, self.num_pages = page_counts(engine, prompt_len,
-                                                                        sampling.max_new_tokens)
-    need = self.prompt_pages + self.response_pages
+    self.prompt_pages, need, self.num_pages = page_counts(engine, prompt_len, sampling.max_new_tokens)
+    self.table_width = -(-(prompt_len + sampling.max_new_tokens - 1) // engine.page_size)
     if self.num_pages < need:
       raise fail(engine, "num_pages", f"holds less than one rollout: a {prompt_len}-token prompt and "
                  f"{sampling.max_new_tokens} new tokens need {need} pages of {engine.page_size} slots")
@@ -426,10 +431,10 @@ class Engine:
     zeros = lambda *shape, dtype=jnp.int32: jnp.zeros(shape, dtype)
     return State(
         cache=PagedKVCache.create(cfg.num_layers, self.num_pages, self.engine.page_size, cfg.num_kv_heads,
-                                  cfg.resolved_head_dim, jnp.dtype(cfg.dtype)),
+                                  cfg.resolved_head_dim, jnp.dtype(cfg.dtype), self.engine.kernel()),
         free=FreeList.full(self.num_pages),
         slots=Slots(active=zeros(S, dtype=bool), rollout=zeros(S), group=zeros(S), length=zeros(S), t=zeros(S),
-                    token=zeros(S), table=zeros(S, self.prompt_pages + self.response_pages)),
+                    token=zeros(S), table=zeros(S, self.table_width)),
         group_pages=zeros(rows // self.group_size, self.prompt_pages), group_rows=zeros(rows // self.group_size),
         first_token=zeros(rows), first_done=zeros(rows, dtype=bool), next_row=jnp.int32(0),
         row_done=zeros(rows, dtype=bool),
@@ -446,7 +451,7 @@ class Engine:
     (in order) of rounds up to until + 1. Row i is row i % n of round r = i // n, its keys those of the global
     row first_row + i % n under rngs[r] (`rollout_keys`). One round (R = 1, until 0) is a whole call."""
     cfg, sampling, G = self.decode_config, self.sampling, self.group_size
-    S, ps, KP, KR = self.engine.num_slots, self.engine.page_size, self.prompt_pages, self.response_pages
+    S, ps, KP, W = self.engine.num_slots, self.engine.page_size, self.prompt_pages, self.table_width
     rows, prompts = prompt_tokens.shape[0], prompt_tokens.shape[0] // G
     per_round = rows // rngs.shape[0]
     admit_end = jnp.minimum((until + 2) * per_round, rows)  # the rows pending admission: rounds <= until + 1
@@ -456,7 +461,8 @@ class Engine:
     variables = {"params": decode_params(params, self.model_config, cfg)}
     prompt_tokens, prompt_mask = prompt_tokens.astype(jnp.int32), prompt_mask[::G]
     prompt_lengths = jnp.sum(prompt_mask > 0, axis=1).astype(jnp.int32)
-    widths, chunks = attention_widths(KP + KR, self.width_buckets), min(S, self.attention_chunks)
+    widths, chunks = attention_widths(W, self.width_buckets), min(S, self.attention_chunks)
+    own_most = lambda n: own_pages(n, sampling.max_new_tokens, ps)
 
     def prefill(state: State, group):
       """Prefills prompt `group` into pages and draws its G rows' first tokens."""
@@ -500,12 +506,13 @@ class Engine:
     def blocked(state: State):
       """Whether the next pending rollout cannot be admitted for want of pages (see `reserve_pages`)."""
       row, s = state.next_row, state.slots
-      prompt = jnp.where(row % G == 0, -(-prompt_lengths[jnp.minimum(row // G, prompts - 1)] // ps), 0)
+      n = prompt_lengths[jnp.minimum(row // G, prompts - 1)]
+      prompt = jnp.where(row % G == 0, -(-n // ps), 0) + (n % ps > 0)  # (+ its copy of the partial page)
       if not self.engine.reserve_pages:
         return state.free.count < prompt
-      held = jnp.sum(s.table[:, KP:] > 0, axis=1)
-      owed = jnp.sum(jnp.where(s.active, KR - held, 0))  # the admitted rows' worst case still to come
-      return state.free.count - prompt < owed + KR
+      held = jnp.sum(s.table > 0, axis=1) - s.length // ps  # the pages a row owns
+      owed = jnp.sum(jnp.where(s.active, own_most(s.length) - held, 0))  # the admitted rows' worst case to come
+      return state.free.count - prompt < owed + own_most(n) - (n % ps > 0)
 
     def can_admit(state: State):
       return (state.next_row < admit_end) & ~jnp.all(state.slots.active) & ~blocked(state)
@@ -516,40 +523,47 @@ class Engine:
       state = lax.cond(row % G == 0, prefill, lambda s, g: s, state, group)
       slot = jnp.argmin(state.slots.active)  # the first free one
       take = ~state.first_done[row]
+      n = prompt_lengths[group]
+      full, copies = n // ps, take & (n % ps > 0)  # the shared full pages; the partly filled one is copied
+      own, free = state.free.pop(copies[None])
+      prompt = state.group_pages[group]
+      cache = state.cache.copy_page(prompt[jnp.minimum(full, KP - 1)], own[0])  # page 0 (no copy): the sink
+      row_table = jnp.where(jnp.arange(W) < full, jnp.pad(prompt, (0, W - KP)), 0).at[full].set(own[0], mode="drop")
       s = state.slots
       at = lambda x, value: x.at[slot].set(jnp.where(take, value, x[slot]))
-      table = s.table.at[slot].set(jnp.where(take, jnp.concatenate(
-          [state.group_pages[group], jnp.zeros((KR,), jnp.int32)]), s.table[slot]))
       slots = Slots(active=at(s.active, True), rollout=at(s.rollout, row), group=at(s.group, group),
-                    length=at(s.length, prompt_lengths[group]), t=at(s.t, 0), token=at(s.token, state.first_token[row]),
-                    table=table)
-      return state.replace(slots=slots, next_row=row + 1)
+                    length=at(s.length, n), t=at(s.t, 0), token=at(s.token, state.first_token[row]),
+                    table=at(s.table, row_table))
+      return state.replace(cache=cache, free=free, slots=slots, next_row=row + 1)
 
     def step(state: State):
       state = lax.while_loop(can_admit, admit, state)
       s, free = state.slots, state.free
       idle = jnp.where(state.next_row < admit_end, jnp.sum(~s.active), 0)  # free slots while rollouts wait for pages
-      column = KP + s.t // ps  # the table entry of the slot response token t goes to
+      position = s.length + s.t  # of the token fed: its K/V go to slot position % ps of table entry position // ps
+      column = position // ps
       page = jnp.take_along_axis(s.table, column[:, None], axis=1)[:, 0]
-      needs = s.active & (s.t % ps == 0) & (page == 0)
+      needs = s.active & (page == 0)
       granted = needs & (jnp.cumsum(needs.astype(jnp.int32)) <= free.count)
       new_pages, free = free.pop(granted)
       used = free.in_use()  # the step's peak: pages are given back only after it
       page = jnp.where(granted, new_pages, page)
       table = s.table.at[jnp.arange(S), column].set(jnp.where(granted, new_pages, s.table[jnp.arange(S), column]))
       stepping = s.active & ~(needs & ~granted)
-      view, reads, need = attention_view(table, s.length, s.t, stepping, KP, ps)
+      need = jnp.where(stepping, column + 1, 1)  # the table entries a slot reads (others: slot 0, discarded)
       order = jnp.argsort(need)  # slots by the pages they read: each chunk gathers its longest row's width
       chunk_need = need[order][np.asarray(chunk_bounds(S, chunks)[1:]) - 1]
       cache = state.cache.replace(
-          page_table=view[order], write_page=jnp.where(stepping, page, 0)[order],
-          write_offset=jnp.where(stepping, s.t % ps, 0)[order], mask=reads[order][:, None, :],
+          page_table=table[order], write_page=jnp.where(stepping, page, 0)[order],
+          write_offset=jnp.where(stepping, position % ps, 0)[order],
+          lengths=jnp.where(stepping, position + 1, 1)[order],
           buckets=jnp.searchsorted(jnp.asarray(widths), chunk_need).astype(jnp.int32), widths=widths)
-      logits, hidden, cache = model.apply(variables, s.token[order][:, None], (s.length + s.t)[order][:, None],
+      logits, hidden, cache = model.apply(variables, s.token[order][:, None], position[order][:, None],
                                           return_hidden=True, cache=cache)
       unsort = jnp.argsort(order)
       logits, hidden = logits[unsort], hidden[unsort]
-      cache = cache.replace(page_table=None, write_page=None, write_offset=None, mask=None, buckets=None, widths=())
+      cache = cache.replace(page_table=None, write_page=None, write_offset=None, lengths=None, buckets=None,
+                            widths=())
       t = s.t + 1
       tokens, logprobs = choose_tokens(logits[:, 0], keys(s.rollout, t), sampling)
       done = stepping & (t >= budgets[s.rollout] - 1)
@@ -566,7 +580,8 @@ class Engine:
       same_group_before = (s.group[:, None] == s.group[None, :]) & done[None, :] & (
           jnp.arange(S)[None, :] < jnp.arange(S)[:, None])
       frees_prompt = done & (group_rows[s.group] == 0) & ~jnp.any(same_group_before, axis=1)
-      free = free.push(table[:, KP:], done[:, None] & (table[:, KP:] > 0))
+      owned = (jnp.arange(W)[None, :] >= (s.length // ps)[:, None]) & (table > 0)  # past the shared full pages
+      free = free.push(table, done[:, None] & owned)
       prompt_pages = state.group_pages[s.group]
       free = free.push(prompt_pages, frees_prompt[:, None] & (prompt_pages > 0))
       slots = s.replace(active=s.active & ~done, t=jnp.where(stepping, t, s.t),
