@@ -3,9 +3,9 @@ sampler (`make_sampler(..., row_keys=True)`, the same per-rollout keys) on the s
 and lengths, log-probs and hidden states to 1e-5, with EOS hit at different steps (and token budgets), fewer
 slots than rollouts (so slots are refilled), shared prompts (G > 1), scanned and unrolled layers; a short page
 pool waits (and, without reserved pages, fails with a clear error when every slot waits); its free list against
-a plain stack; the paged attention branch (`PagedLayerCache`: the gather path, and JAX's Pallas kernel in its TPU
-interpret mode) against float64 NumPy, and the engine through the Pallas kernel against the gather path; bad input
-refused before compiling."""
+a plain stack; the paged attention branch (`PagedLayerCache`: the gather path, and JAX's Pallas TPU and GPU kernels
+in their interpret modes) against float64 NumPy, and the engine through each Pallas kernel; bad input refused
+before compiling."""
 
 import dataclasses
 import functools
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from jaxpt.config import ConfigError
-from jaxpt.nn.attention import PagedLayerCache, chunk_bounds, paged_chunk_attention, pallas_block_pages
+from jaxpt.nn.attention import PagedLayerCache, chunk_bounds, largest_divisor, paged_chunk_attention
 from jaxpt.nn.paged_cache import FreeList
 from jaxpt.rl.engine import Engine, EngineConfig, attention_widths, page_counts
 from jaxpt.rl.rollouts import repeat_prompts
@@ -238,11 +238,12 @@ def numpy_paged_attention(q, k_pages, v_pages, table, lengths):
   return out
 
 
-@pytest.mark.parametrize("kernel", ["gather", "pallas"])
+@pytest.mark.parametrize("kernel", ["gather", "pallas_tpu", "pallas_gpu"])
 def test_paged_layer_cache_writes_the_new_token_then_attends_over_its_pages(kernel):
   """`PagedLayerCache` (the Attention layer's paged branch: write, then attend over each row's first lengths[b]
-  slots) against plain float64 NumPy, by the gather path and by JAX's Pallas TPU kernel (in interpret mode here:
-  its matmuls at the TPU's default precision, bf16 products, hence its tolerance; inputs rounded to bf16 values)."""
+  slots) against plain float64 NumPy, by the gather path and by JAX's Pallas TPU and GPU kernels (in interpret
+  mode here; the TPU kernel's matmuls at the TPU's default precision, bf16 products, hence its tolerance; inputs
+  rounded to bf16 values)."""
   rng = np.random.default_rng(1)
   heads, kv_heads, dim, page, rows_ = 4, 2, 8, 3, 3
   bf16_values = lambda *shape: np.asarray(jax.numpy.asarray(rng.normal(size=shape), jax.numpy.bfloat16), np.float64)
@@ -261,10 +262,11 @@ def test_paged_layer_cache_writes_the_new_token_then_attends_over_its_pages(kern
   for b in range(rows_):
     want_k[:, write_page[b], write_offset[b]], want_v[:, write_page[b], write_offset[b]] = k[b, 0], v[b, 0]
   np.testing.assert_allclose(k_new, want_k, atol=1e-6)
-  tolerance = 1e-5 if kernel == "gather" else 2e-2
+  tolerance = 2e-2 if kernel == "pallas_tpu" else 1e-5
   np.testing.assert_allclose(got, numpy_paged_attention(q, want_k, want_v, table, lengths), rtol=tolerance,
                              atol=tolerance)
-  assert pallas_block_pages(4, 3) == 4 and pallas_block_pages(6, 128) == 3 and pallas_block_pages(7, 16) == 7
+  assert largest_divisor(4, 170) == 4 and largest_divisor(6, 4) == 3 and largest_divisor(7, 16) == 7
+  assert largest_divisor(7, 0) == 1 and largest_divisor(12, 5) == 4
 
 
 def test_chunks_of_rows_gathering_part_of_their_tables_attend_as_over_whole_tables():
@@ -297,16 +299,20 @@ def test_page_counts_are_the_worst_rollouts():
     assert rollout == max(pages(n) for n in range(1, prompt_len + 1)) and pool == 3 * rollout
 
 
-def test_the_engine_through_the_pallas_kernel_decodes_as_through_the_gather_path():
-  """The engine with `attention="pallas"` (JAX's Pallas TPU kernel, interpret mode here) against the gather path on
-  shared prompts of every length mod the page size: the same greedy tokens, log-probs to the kernel's bf16-product
-  rounding."""
+def test_the_engine_through_the_pallas_kernels_decodes_as_through_the_gather_path():
+  """The engine with `attention="pallas_gpu"` and `"pallas_tpu"` (JAX's Pallas kernels, in interpret mode here)
+  against the gather path, on shared prompts of lengths 6, 3, 1, 4 (every length mod the page size, 4: the copied
+  partial page), sampled with EOS: the GPU kernel (float32) the same rollouts to 1e-5; the TPU kernel (its bf16
+  products) greedy, the same tokens and log-probs to its rounding."""
   cfg, params = model_for("pre", num_layers=1)
   tokens, mask = rows(cfg, 2, 4)
-  sampling = dataclasses.replace(GREEDY, max_new_tokens=5)
-  run = lambda kernel: Engine(cfg, sampling, PROMPT_LEN, EngineConfig(num_slots=3, page_size=4, attention=kernel),
-                              2)(params, tokens, mask, KEY)
-  got, want = run("pallas"), run("gather")
+  sampled = dataclasses.replace(SAMPLED, max_new_tokens=6, eos_id=5, return_hidden=False)
+  greedy = dataclasses.replace(GREEDY, max_new_tokens=5)
+  run = lambda sampling, kernel: Engine(cfg, sampling, PROMPT_LEN, EngineConfig(num_slots=3, page_size=4,
+                                                                                attention=kernel), 2)(
+      params, tokens, mask, KEY)
+  assert_same_rollouts(run(sampled, "pallas_gpu"), run(sampled, "gather"))
+  got, want = run(greedy, "pallas_tpu"), run(greedy, "gather")
   np.testing.assert_array_equal(got.tokens, want.tokens)
   np.testing.assert_allclose(got.logprobs, want.logprobs, rtol=2e-2, atol=2e-2)
 

@@ -28,9 +28,9 @@ JAX's Pallas paged attention kernel); each row names its pages in a page table a
 token j of row b at slot j % page_size of page page_table[b, j // page_size] (rows may share a prompt's full pages;
 its last, partly filled page is copied into each row's own). The call writes the one new token's K/V into page
 write_page[b] at offset write_offset[b] (a scatter, in place), then attends over the row's first lengths[b] slots:
-on TPU by JAX's Pallas kernel, which reads the pages in place (`pallas_paged_attention`); elsewhere by gathering the
-pages in table order (the pure-JAX gather path). Gathering costs what it copies, so a cache may also split its rows
-into chunks that each gather only a prefix of their tables (`widths`, `buckets`: `paged_chunk_attention`); the
+by one of JAX's Pallas kernels (TPU, GPU), which read the pages in place (`pallas_paged_attention`), or by gathering
+the pages in table order (the pure-JAX gather path). Gathering costs what it copies, so a cache may also split its
+rows into chunks that each gather only a prefix of their tables (`widths`, `buckets`: `paged_chunk_attention`); the
 rollout engine sorts its slots by the pages they need, so that a chunk of short rows does not gather a long row's
 width.
 """
@@ -172,30 +172,45 @@ def paged_chunk_attention(q, k_pages, v_pages, page_table, lengths, buckets, wid
   return jnp.concatenate(outs, axis=0)
 
 
-PALLAS_BLOCK_SLOTS = 512  # the most KV slots one block of the Pallas kernel reads (pages_per_compute_block * size)
+PALLAS_BLOCK_SLOTS = 512  # the TPU kernel: the most KV slots one block reads (pages_per_compute_block * page_size)
+PALLAS_GPU_SPLITS, PALLAS_GPU_BLOCK_PAGES = 16, 8  # the GPU kernel's defaults: k_splits, pages_per_compute_block
+PAGED_KERNELS = ("gather", "pallas_tpu", "pallas_gpu")
 
 
-def pallas_block_pages(table_width: int, page_size: int) -> int:
-  """The Pallas kernel's pages_per_compute_block: the largest divisor of the table width (the kernel needs one)
-  whose pages hold at most PALLAS_BLOCK_SLOTS slots (at least 1)."""
-  most = max(1, PALLAS_BLOCK_SLOTS // page_size)
-  return max(d for d in range(1, min(table_width, most) + 1) if table_width % d == 0)
+def largest_divisor(n: int, at_most: int) -> int:
+  """The largest divisor of n that is <= at_most (at least 1)."""
+  return max(d for d in range(1, max(1, min(n, at_most)) + 1) if n % d == 0)
 
 
-def pallas_paged_attention(q, k_pages, v_pages, page_table, lengths):
-  """`paged_attention` of one new token per row by JAX's Pallas TPU kernel
-  (`jax.experimental.pallas.ops.tpu.paged_attention`), which reads each row's first lengths[b] slots in place
-  (blocks of `pallas_block_pages` pages, an online softmax) instead of gathering them; q: [B, 1, H, D], the rest as
-  `paged_attention` -> [B, 1, H, D]. Off TPU it runs in Pallas's TPU interpret mode (how the tests check it: slow,
-  and its matmuls at the TPU's default precision, bf16 products, as on the chip)."""
+def pallas_paged_attention(q, k_pages, v_pages, page_table, lengths, kernel: str = "pallas_tpu"):
+  """`paged_attention` of one new token per row by one of JAX's Pallas paged attention kernels, which read each
+  row's first lengths[b] slots in place (blocks of pages, an online softmax) instead of gathering them; q:
+  [B, 1, H, D], the rest as `paged_attention` -> [B, 1, H, D].
+
+  "pallas_tpu": `jax.experimental.pallas.ops.tpu.paged_attention` (Mosaic; blocks of the largest divisor of the
+  table width holding at most PALLAS_BLOCK_SLOTS slots); off TPU it runs in Pallas's TPU interpret mode, whose
+  matmuls take the TPU's default precision (bf16 products), as on the chip. "pallas_gpu":
+  `jax.experimental.pallas.ops.gpu.paged_attention` (Triton; k_splits and pages per block the largest divisors
+  of the table width up to its defaults 16 and 8); off GPU in Pallas's interpret mode, in float32. Interpret mode
+  is how the tests check both here: slow, not for use."""
   from jax.experimental.pallas import tpu as pltpu  # imported on first use: most runs never need Pallas
-  from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention as kernel
+  from jax.experimental.pallas.ops.gpu import paged_attention as gpu
+  from jax.experimental.pallas.ops.tpu import paged_attention as tpu
 
-  scaled = q[:, 0] * jnp.asarray(q.shape[-1] ** -0.5, q.dtype)  # the kernel does not scale its queries
-  table = page_table.astype(jnp.int32)
-  call = lambda: kernel(scaled, k_pages, v_pages, lengths.astype(jnp.int32), table,
-                        pages_per_compute_block=pallas_block_pages(table.shape[1], k_pages.shape[2]))
-  if jax.default_backend() == "tpu":
+  scaled = q[:, 0] * jnp.asarray(q.shape[-1] ** -0.5, q.dtype)  # the kernels do not scale their queries
+  table, lengths = page_table.astype(jnp.int32), lengths.astype(jnp.int32)
+  width, backend = table.shape[1], jax.default_backend()
+  if kernel == "pallas_gpu":
+    splits = largest_divisor(width, PALLAS_GPU_SPLITS)
+    out = gpu.paged_attention(scaled, k_pages, v_pages, table, lengths, k_splits=splits,
+                              pages_per_compute_block=largest_divisor(width // splits, PALLAS_GPU_BLOCK_PAGES),
+                              interpret=backend != "gpu")
+    return out[:, None]
+  if kernel != "pallas_tpu":
+    raise ValueError(f"kernel={kernel!r}: must be one of {PAGED_KERNELS[1:]}")
+  call = lambda: tpu.paged_attention(scaled, k_pages, v_pages, lengths, table, pages_per_compute_block=(
+      largest_divisor(width, PALLAS_BLOCK_SLOTS // k_pages.shape[2])))
+  if backend == "tpu":
     return call()[:, None]
   with pltpu.force_tpu_interpret_mode():
     return call()[:, None]
@@ -328,7 +343,7 @@ class PagedLayerCache:
   buckets, widths: None (every row gathers its whole table), or int32 [chunks] and a static tuple of table widths:
                 the rows in chunk j (`chunk_bounds`) gather only their first widths[buckets[j]] table entries
                 (`paged_chunk_attention`). The gather path only.
-  kernel:       "gather" (the pure-JAX gather path) or "pallas" (`pallas_paged_attention`).
+  kernel:       "gather" (the pure-JAX gather path), "pallas_tpu" or "pallas_gpu" (`pallas_paged_attention`).
   """
 
   key_pages: jax.Array
@@ -350,8 +365,8 @@ class PagedLayerCache:
 
   def attend(self, q, k_pages, v_pages):
     """q: [batch, 1, heads, head_dim] over the pools (as `write` left them) -> [batch, 1, heads, head_dim]."""
-    if self.kernel == "pallas":
-      return pallas_paged_attention(q, k_pages, v_pages, self.page_table, self.lengths)
+    if self.kernel != "gather":
+      return pallas_paged_attention(q, k_pages, v_pages, self.page_table, self.lengths, self.kernel)
     if self.buckets is None:
       return paged_attention(q, k_pages, v_pages, self.page_table, self.lengths)
     return paged_chunk_attention(q, k_pages, v_pages, self.page_table, self.lengths, self.buckets, self.widths)

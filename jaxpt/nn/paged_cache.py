@@ -22,8 +22,8 @@ from jaxpt.nn.attention import PagedLayerCache
 class PagedKVCache:
   """The page pools of every layer and what this decode step writes and reads (`PagedLayerCache` per layer):
   page_table int32 [batch, n], write_page / write_offset / lengths int32 [batch]; buckets int32 [chunks] and the
-  static widths: how many table entries each chunk of rows gathers (None: all); the static kernel ("gather" |
-  "pallas")."""
+  static widths: how many table entries each chunk of rows gathers (None: all); the static kernel (one of
+  `jaxpt.nn.attention.PAGED_KERNELS`)."""
 
   key_pages: tuple
   value_pages: tuple

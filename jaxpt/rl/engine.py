@@ -26,11 +26,11 @@ Each iteration of the decode loop:
 3. decode one token for every slot that has its page (the others compute into the sink page, discarded), draw and
    record token t + 1 of each stepping rollout; a row that drew EOS or its last token frees its slot and pages.
 The decode step's attention (`EngineConfig.attention`): on TPU JAX's Pallas kernel reads each slot's first n + t + 1
-slots in place (`jaxpt.nn.attention.pallas_paged_attention`); elsewhere the pure-JAX gather path, for which a slot
-needs its first (n + t) // ps + 1 table entries: the slots run through the model sorted by that need, in
-ATTENTION_CHUNKS chunks that each gather only the smallest of WIDTH_BUCKETS table widths holding their longest row
-(`jaxpt.nn.attention.paged_chunk_attention`, a `lax.switch` per chunk and layer); logits and hidden states are put
-back in slot order.
+slots in place (`jaxpt.nn.attention.pallas_paged_attention`; its GPU kernel on request); elsewhere the pure-JAX
+gather path, for which a slot needs its first (n + t) // ps + 1 table entries: the slots run through the model
+sorted by that need, in ATTENTION_CHUNKS chunks that each gather only the smallest of WIDTH_BUCKETS table widths
+holding their longest row (`jaxpt.nn.attention.paged_chunk_attention`, a `lax.switch` per chunk and layer); logits
+and hidden states are put back in slot order.
 Slot-steps lost to the pool are counted in `EngineStats.waits`. Without `reserve_pages`, if no slot can step with
 rollouts left (every active slot waits for a page only they could free), the loop stops and the call raises
 (`EngineStats.stuck`); with it (the default) that cannot happen, and a pool smaller than one rollout's most pages
@@ -90,12 +90,12 @@ gathered whole onto each device (a group's devices along `tensor` run the same e
 loop, whose trip count differs between groups); row b's keys are those of its global row, so the rollouts equal
 one engine's on one device.
 
-The TPU kernel is JAX's decode-only `paged_attention` (pools [kv_heads, pages, page_size, D], this engine's layout),
-checked on CPU in Pallas's TPU interpret mode (tests/test_rl_engine.py) but not yet run on a TPU; JAX's
-`ragged_paged_attention` (K and V interleaved in one pool) does not run in interpret mode in jax 0.10.2, so it is not
-used. Not yet (issue 29): batched prefills (not faster where measured, above); the eval's greedy and pass@1 decodes
-(they stay on the static sampler); tensor-parallel params inside a group (they are
-gathered whole); why the engine's calls vary between rounds (below).
+The kernels are JAX's decode-only `paged_attention` for TPU and for GPU (pools [kv_heads, pages, page_size, D], this
+engine's layout), checked on CPU in Pallas's interpret modes (tests/test_rl_engine.py) but not yet run on a TPU or
+GPU; JAX's `ragged_paged_attention` (K and V interleaved in one pool) does not run in interpret mode in jax 0.10.2,
+so it is not used. Not yet (issue 29): batched prefills (not faster where measured, above); the eval's greedy and
+pass@1 decodes (they stay on the static sampler); tensor-parallel params inside a group (they are gathered whole);
+why the engine's calls vary between rounds (below).
 """
 
 from __future__ import annotations
@@ -113,14 +113,14 @@ from jax.sharding import PartitionSpec
 from jaxpt.config import Section, at_least, fail, one_of
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM, init_cache
-from jaxpt.nn.attention import chunk_bounds
+from jaxpt.nn.attention import PAGED_KERNELS, chunk_bounds
 from jaxpt.nn.paged_cache import FreeList, PagedKVCache
 from jaxpt.parallel import MeshLayout
 from jaxpt.rl.sampler import (SampleOutput, SamplingConfig, choose_tokens, decode_config_of, decode_params,
                               prompt_layout, rollout_keys)
 
 
-ATTENTION_KERNELS = ("auto", "gather", "pallas")
+ATTENTION_KERNELS = ("auto",) + PAGED_KERNELS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,9 +138,10 @@ class EngineConfig(Section):
       (`own_pages` each): pages are still taken as the responses grow, but no row ever waits for one
       mid-response and the loop cannot get stuck. False: admit whenever the prompt fits (more rows at once in a
       small pool, but rows may wait mid-response and, if all wait, the call fails).
-    attention: how a decode step attends over the pages: "pallas" (JAX's Pallas TPU kernel, reading the pages in
-      place; off TPU in its interpret mode, for tests only: slow), "gather" (the pure-JAX gather path, chunked by
-      need), "auto" (pallas on TPU, else gather).
+    attention: how a decode step attends over the pages: "gather" (the pure-JAX gather path, chunked by need),
+      "pallas_tpu" / "pallas_gpu" (JAX's Pallas paged attention kernel for TPU / GPU, reading the pages in place;
+      off its platform in Pallas's interpret mode, for tests only: slow), "auto" (pallas_tpu on TPU, else gather:
+      the GPU kernel is not yet measured against the gather path on a GPU).
     stream_rounds: with DAPO's dynamic sampling, a step's generation rounds stream through one engine call
       (`Engine.rounds`: round r + 1's rollouts start in the slots round r's tail leaves free, before round r's
       rewards say whether it is needed); off: one engine call per round, started once it is needed. The stream
@@ -165,9 +166,9 @@ class EngineConfig(Section):
     one_of(self, "attention", ATTENTION_KERNELS)
 
   def kernel(self) -> str:
-    """The attention kernel `attention` names on this backend: "gather" or "pallas"."""
+    """The attention kernel `attention` names on this backend (one of PAGED_KERNELS)."""
     if self.attention == "auto":
-      return "pallas" if jax.default_backend() == "tpu" else "gather"
+      return "pallas_tpu" if jax.default_backend() == "tpu" else "gather"
     return self.attention
 
 
