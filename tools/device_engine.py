@@ -3,6 +3,11 @@ paged KV cache) against the static sampler at issue 29's realistic point (`bench
 prompts 64-256, long-tailed answers up to 512 tokens, d512), bf16 rollouts, timed in alternation as
 `benchmarks/engine.py` times them.
 
+On a GPU a third system joins the rounds: the engine with `engine.attention = "pallas_gpu"` (JAX's Pallas GPU paged
+attention kernel reading the pages in place, against the default gather path): `pallas_gpu` in the report, with
+`pallas_gpu_speedup` (median of gather-engine seconds / kernel-engine seconds) and whether its first call's tokens
+equal the gather engine's (`pallas_gpu_same_tokens`, the fraction of equal tokens; bf16 rollouts, so not exact).
+
 Each stage prints its seconds as it ends (`engine: <stage> <s> s`), so a call cut short by the device's time limit
 still says where the time went (the first GPU run of `benchmarks/engine.py` printed nothing within 150 s). Rounds
 stop once the budget is spent; `speedup` is the median over timed rounds of static seconds / engine seconds.
@@ -11,15 +16,18 @@ stop once the budget is spent; `speedup` is the median over timed rounds of stat
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from typing import TYPE_CHECKING
 
 import jax
 
 from benchmarks.common import median_ratio
-from benchmarks.realistic import FLAGS, MODELS, jaxpt_figures, jaxpt_systems, point_facts, realistic_rows
+from benchmarks.realistic import (FLAGS, MODELS, call_figures, jaxpt_figures, jaxpt_systems, point_facts,
+                                  realistic_rows)
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import init_params
+from jaxpt.rl.engine import Engine
 from jaxpt.rl.sampler import SamplingConfig
 
 if TYPE_CHECKING:
@@ -59,18 +67,28 @@ def realistic_engine(sizes: Sizes, budget: Budget) -> dict:
   tokens, mask, budgets = realistic_rows(args, cfg.vocab_size)
   sampling = SamplingConfig(max_new_tokens=args.max_new, rollout_dtype="bfloat16")
   engine, compiled = jaxpt_systems(cfg, args, params, tokens, mask, budgets, sampling)
+  kernel = jax.default_backend() == "gpu"
+  if kernel:
+    pallas = Engine(cfg, sampling, args.max_prompt, dataclasses.replace(engine.engine, attention="pallas_gpu"),
+                    group_size=args.group)
+    compiled["pallas_gpu"] = pallas.jitted.lower(params, tokens, mask, jax.random.PRNGKey(0), budgets).compile()
   stages.done("compile")
   calls = iter(range(10 ** 6))
 
-  def call(name):
-    out = compiled[name](params, tokens, mask, jax.random.PRNGKey(next(calls)), budgets)
-    return jax.block_until_ready(out)
+  def call(name, key=None):
+    key = jax.random.PRNGKey(next(calls)) if key is None else key
+    return jax.block_until_ready(compiled[name](params, tokens, mask, key, budgets))
 
-  _, stats = call("engine")
+  first, stats = call("engine", jax.random.PRNGKey(10 ** 6))
   stages.done("first engine call")
   call("static")
   stages.done("first static call")
   times = {"engine": [], "static": []}
+  if kernel:
+    same = call("pallas_gpu", jax.random.PRNGKey(10 ** 6))[0].tokens == first.tokens
+    report["pallas_gpu_same_tokens"] = round(float(same.mean()), 4)
+    stages.done("first pallas_gpu call")
+    times["pallas_gpu"] = []
   for r in range(sizes.rounds):
     if budget.spent():
       report["skipped_rounds"] = sizes.rounds - r
@@ -84,4 +102,7 @@ def realistic_engine(sizes: Sizes, budget: Budget) -> dict:
   if times["engine"]:
     report.update(jaxpt_figures(cfg, args, engine, compiled, times, stats, budgets))
     report["speedup"] = round(median_ratio(times["static"], times["engine"]), 2)
+  if kernel and times["pallas_gpu"]:
+    report["pallas_gpu"] = call_figures(times["pallas_gpu"], int(budgets.sum()), compiled["pallas_gpu"])
+    report["pallas_gpu_speedup"] = round(median_ratio(times["engine"], times["pallas_gpu"]), 2)
   return report
