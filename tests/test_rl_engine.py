@@ -301,18 +301,19 @@ def test_page_counts_are_the_worst_rollouts():
 
 def test_the_engine_through_the_pallas_kernels_decodes_as_through_the_gather_path():
   """The engine with `attention="pallas_gpu"` and `"pallas_tpu"` (JAX's Pallas kernels, in interpret mode here)
-  against the gather path, on shared prompts of lengths 6, 3, 1, 4 (every length mod the page size, 4: the copied
-  partial page), sampled with EOS: the GPU kernel (float32) the same rollouts to 1e-5; the TPU kernel (its bf16
-  products) greedy, the same tokens and log-probs to its rounding."""
+  against the gather path, greedy on shared prompts of lengths 6, 3, 1, 4 (every length mod the page size, 4: the
+  copied partial page) with rows cut short by their budgets: the GPU kernel (float32) the same rollouts to 1e-5; the
+  TPU kernel (its bf16 products) the same tokens, log-probs to its rounding."""
   cfg, params = model_for("pre", num_layers=1)
   tokens, mask = rows(cfg, 2, 4)
-  sampled = dataclasses.replace(SAMPLED, max_new_tokens=6, eos_id=5, return_hidden=False)
-  greedy = dataclasses.replace(GREEDY, max_new_tokens=5)
-  run = lambda sampling, kernel: Engine(cfg, sampling, PROMPT_LEN, EngineConfig(num_slots=3, page_size=4,
-                                                                                attention=kernel), 2)(
-      params, tokens, mask, KEY)
-  assert_same_rollouts(run(sampled, "pallas_gpu"), run(sampled, "gather"))
-  got, want = run(greedy, "pallas_tpu"), run(greedy, "gather")
+  budgets = np.array([6, 2, 5, 6, 1, 3, 6, 4])
+  sampling = dataclasses.replace(GREEDY, max_new_tokens=6)
+  run = lambda kernel: Engine(cfg, sampling, PROMPT_LEN, EngineConfig(num_slots=3, page_size=4, attention=kernel),
+                              2)(params, tokens, mask, KEY, budgets)
+  want = run("gather")
+  np.testing.assert_array_equal(want.lengths, budgets)
+  assert_same_rollouts(run("pallas_gpu"), want)
+  got = run("pallas_tpu")
   np.testing.assert_array_equal(got.tokens, want.tokens)
   np.testing.assert_allclose(got.logprobs, want.logprobs, rtol=2e-2, atol=2e-2)
 
