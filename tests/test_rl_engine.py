@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from jaxpt.config import ConfigError
-from jaxpt.nn.attention import PagedLayerCache, chunk_bounds, largest_divisor, paged_chunk_attention
+from jaxpt.nn.attention import PagedLayerCache, chunk_bounds, paged_chunk_attention, pallas_blocks
 from jaxpt.nn.paged_cache import FreeList
 from jaxpt.rl.engine import Engine, EngineConfig, attention_widths, page_counts
 from jaxpt.rl.rollouts import repeat_prompts
@@ -189,6 +189,10 @@ def test_bad_input_is_refused_before_compiling():
     EngineConfig(num_slots=0)
   with pytest.raises(ConfigError, match=r"^page_size=0: "):
     EngineConfig(page_size=0)
+  with pytest.raises(ConfigError, match=r"^page_size=6: must be a power of two with attention='pallas_gpu'"):
+    EngineConfig(page_size=6, attention="pallas_gpu")
+  with pytest.raises(ConfigError, match=r"^attention='flash': "):
+    EngineConfig(attention="flash")
   with pytest.raises(ConfigError, match=r"^num_pages=6: holds less than one rollout"):
     Engine(cfg, GREEDY, PROMPT_LEN, EngineConfig(page_size=2, num_pages=6))
   engine = Engine(cfg, GREEDY, PROMPT_LEN, group_size=3)
@@ -265,8 +269,20 @@ def test_paged_layer_cache_writes_the_new_token_then_attends_over_its_pages(kern
   tolerance = 2e-2 if kernel == "pallas_tpu" else 1e-5
   np.testing.assert_allclose(got, numpy_paged_attention(q, want_k, want_v, table, lengths), rtol=tolerance,
                              atol=tolerance)
-  assert largest_divisor(4, 170) == 4 and largest_divisor(6, 4) == 3 and largest_divisor(7, 16) == 7
-  assert largest_divisor(7, 0) == 1 and largest_divisor(12, 5) == 4
+
+
+
+def test_pallas_blocks_fit_the_kernels():
+  """The GPU kernel's blocks are powers of two pages (Triton) and its splits divide the padded width; the TPU
+  kernel's blocks hold at most PALLAS_BLOCK_SLOTS slots and divide it; padding is less than one round of blocks."""
+  for width in [1, 3, 4, 7, 16, 48, 97, 200]:
+    for size in [1, 4, 16, 128]:
+      splits, block, padded = pallas_blocks("pallas_gpu", width, size)
+      assert block & (block - 1) == 0 and block <= 8 and splits <= 16
+      assert padded % (splits * block) == 0 and width <= padded < width + splits * block
+      splits, block, padded = pallas_blocks("pallas_tpu", width, size)
+      assert splits == 1 and block * size <= max(512, size) and padded % block == 0 and padded < width + block
+  assert pallas_blocks("pallas_gpu", 48, 16) == (6, 8, 48) and pallas_blocks("pallas_tpu", 48, 16) == (1, 24, 48)
 
 
 def test_chunks_of_rows_gathering_part_of_their_tables_attend_as_over_whole_tables():

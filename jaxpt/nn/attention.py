@@ -177,39 +177,49 @@ PALLAS_GPU_SPLITS, PALLAS_GPU_BLOCK_PAGES = 16, 8  # the GPU kernel's defaults: 
 PAGED_KERNELS = ("gather", "pallas_tpu", "pallas_gpu")
 
 
-def largest_divisor(n: int, at_most: int) -> int:
-  """The largest divisor of n that is <= at_most (at least 1)."""
-  return max(d for d in range(1, max(1, min(n, at_most)) + 1) if n % d == 0)
+def power_of_two_at_most(n: int) -> int:
+  """The largest power of two <= n (n >= 1)."""
+  return 1 << (max(1, n).bit_length() - 1)
+
+
+def pallas_blocks(kernel: str, table_width: int, page_size: int) -> tuple[int, int, int]:
+  """-> (splits, pages per block, padded table width) of a Pallas kernel for tables of `table_width` pages: the GPU
+  kernel's k_splits partitions of blocks of a power of two pages (Triton loads power-of-two shapes) up to its
+  defaults; the TPU kernel one partition of the fewest blocks of at most PALLAS_BLOCK_SLOTS slots. The width is padded
+  up to a multiple of splits x block (the padding names the sink, page 0, and lies past every row's length)."""
+  if kernel == "pallas_gpu":
+    block = power_of_two_at_most(min(PALLAS_GPU_BLOCK_PAGES, table_width))
+    splits = min(PALLAS_GPU_SPLITS, -(-table_width // block))
+  else:  # as few blocks as hold the table, as even as can be
+    blocks = -(-table_width // max(1, PALLAS_BLOCK_SLOTS // page_size))
+    block, splits = -(-table_width // blocks), 1
+  return splits, block, -(-table_width // (splits * block)) * splits * block
 
 
 def pallas_paged_attention(q, k_pages, v_pages, page_table, lengths, kernel: str = "pallas_tpu"):
   """`paged_attention` of one new token per row by one of JAX's Pallas paged attention kernels, which read each
   row's first lengths[b] slots in place (blocks of pages, an online softmax) instead of gathering them; q:
-  [B, 1, H, D], the rest as `paged_attention` -> [B, 1, H, D].
+  [B, 1, H, D], the rest as `paged_attention` -> [B, 1, H, D]. The table is padded to the kernel's blocks
+  (`pallas_blocks`).
 
-  "pallas_tpu": `jax.experimental.pallas.ops.tpu.paged_attention` (Mosaic; blocks of the largest divisor of the
-  table width holding at most PALLAS_BLOCK_SLOTS slots); off TPU it runs in Pallas's TPU interpret mode, whose
-  matmuls take the TPU's default precision (bf16 products), as on the chip. "pallas_gpu":
-  `jax.experimental.pallas.ops.gpu.paged_attention` (Triton; k_splits and pages per block the largest divisors
-  of the table width up to its defaults 16 and 8); off GPU in Pallas's interpret mode, in float32. Interpret mode
-  is how the tests check both here: slow, not for use."""
+  "pallas_tpu": `jax.experimental.pallas.ops.tpu.paged_attention` (Mosaic); off TPU it runs in Pallas's TPU
+  interpret mode, whose matmuls take the TPU's default precision (bf16 products), as on the chip. "pallas_gpu":
+  `jax.experimental.pallas.ops.gpu.paged_attention` (Triton: page_size and head_dim must be powers of two); off GPU
+  in Pallas's interpret mode, in float32. Interpret mode is how the tests check both here: slow, not for use."""
   from jax.experimental.pallas import tpu as pltpu  # imported on first use: most runs never need Pallas
   from jax.experimental.pallas.ops.gpu import paged_attention as gpu
   from jax.experimental.pallas.ops.tpu import paged_attention as tpu
 
-  scaled = q[:, 0] * jnp.asarray(q.shape[-1] ** -0.5, q.dtype)  # the kernels do not scale their queries
-  table, lengths = page_table.astype(jnp.int32), lengths.astype(jnp.int32)
-  width, backend = table.shape[1], jax.default_backend()
-  if kernel == "pallas_gpu":
-    splits = largest_divisor(width, PALLAS_GPU_SPLITS)
-    out = gpu.paged_attention(scaled, k_pages, v_pages, table, lengths, k_splits=splits,
-                              pages_per_compute_block=largest_divisor(width // splits, PALLAS_GPU_BLOCK_PAGES),
-                              interpret=backend != "gpu")
-    return out[:, None]
-  if kernel != "pallas_tpu":
+  if kernel not in PAGED_KERNELS[1:]:
     raise ValueError(f"kernel={kernel!r}: must be one of {PAGED_KERNELS[1:]}")
-  call = lambda: tpu.paged_attention(scaled, k_pages, v_pages, lengths, table, pages_per_compute_block=(
-      largest_divisor(width, PALLAS_BLOCK_SLOTS // k_pages.shape[2])))
+  scaled = q[:, 0] * jnp.asarray(q.shape[-1] ** -0.5, q.dtype)  # the kernels do not scale their queries
+  splits, block, width = pallas_blocks(kernel, page_table.shape[1], k_pages.shape[2])
+  table = jnp.pad(page_table.astype(jnp.int32), ((0, 0), (0, width - page_table.shape[1])))
+  lengths, backend = lengths.astype(jnp.int32), jax.default_backend()
+  if kernel == "pallas_gpu":
+    return gpu.paged_attention(scaled, k_pages, v_pages, table, lengths, k_splits=splits,
+                               pages_per_compute_block=block, interpret=backend != "gpu")[:, None]
+  call = lambda: tpu.paged_attention(scaled, k_pages, v_pages, lengths, table, pages_per_compute_block=block)
   if backend == "tpu":
     return call()[:, None]
   with pltpu.force_tpu_interpret_mode():

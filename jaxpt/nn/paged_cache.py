@@ -4,9 +4,10 @@
     free                           int32 [num_pages], a stack: free[0 .. free_count - 1] are the unused page ids
 
 Page 0 is never handed out: it is the sink that rows without a page to write (an empty or waiting decode slot, a
-prompt's unused table entries) write into and that no mask ever lets a query read. Everything has a static shape:
-a pop or push names at most a fixed number of pages, some of them masked off, so it compiles once and runs inside
-a `lax.while_loop` (`jaxpt.rl.engine`). The attention over pages is `jaxpt.nn.attention.PagedLayerCache`'s.
+prompt's unused table entries) write into and that no row reads but an idle one (whose output is discarded).
+Everything has a static shape: a pop or push names at most a fixed number of pages, some of them masked off, so it
+compiles once and runs inside a `lax.while_loop` (`jaxpt.rl.engine`). The attention over pages is
+`jaxpt.nn.attention.PagedLayerCache`'s.
 """
 
 from __future__ import annotations

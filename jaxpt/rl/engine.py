@@ -25,12 +25,12 @@ Each iteration of the decode loop:
    lasts; a slot left without one waits this step (only without `reserve_pages`);
 3. decode one token for every slot that has its page (the others compute into the sink page, discarded), draw and
    record token t + 1 of each stepping rollout; a row that drew EOS or its last token frees its slot and pages.
-The decode step's attention (`EngineConfig.attention`): on TPU JAX's Pallas kernel reads each slot's first n + t + 1
-slots in place (`jaxpt.nn.attention.pallas_paged_attention`; its GPU kernel on request); elsewhere the pure-JAX
-gather path, for which a slot needs its first (n + t) // ps + 1 table entries: the slots run through the model
-sorted by that need, in ATTENTION_CHUNKS chunks that each gather only the smallest of WIDTH_BUCKETS table widths
-holding their longest row (`jaxpt.nn.attention.paged_chunk_attention`, a `lax.switch` per chunk and layer); logits
-and hidden states are put back in slot order.
+The decode step's attention (`EngineConfig.attention`): by default the pure-JAX gather path, for which a slot needs
+its first (n + t) // ps + 1 table entries: the slots run through the model sorted by that need, in ATTENTION_CHUNKS
+chunks that each gather only the smallest of WIDTH_BUCKETS table widths holding their longest row
+(`jaxpt.nn.attention.paged_chunk_attention`, a `lax.switch` per chunk and layer); logits and hidden states are put
+back in slot order. With `attention` = pallas_tpu or pallas_gpu, JAX's Pallas kernel for that chip reads each slot's
+first n + t + 1 slots in place instead (`jaxpt.nn.attention.pallas_paged_attention`).
 Slot-steps lost to the pool are counted in `EngineStats.waits`. Without `reserve_pages`, if no slot can step with
 rollouts left (every active slot waits for a page only they could free), the loop stops and the call raises
 (`EngineStats.stuck`); with it (the default) that cannot happen, and a pool smaller than one rollout's most pages
@@ -120,7 +120,7 @@ from jaxpt.rl.sampler import (SampleOutput, SamplingConfig, choose_tokens, decod
                               prompt_layout, rollout_keys)
 
 
-ATTENTION_KERNELS = ("auto",) + PAGED_KERNELS
+ATTENTION_KERNELS = PAGED_KERNELS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,8 +140,9 @@ class EngineConfig(Section):
       small pool, but rows may wait mid-response and, if all wait, the call fails).
     attention: how a decode step attends over the pages: "gather" (the pure-JAX gather path, chunked by need),
       "pallas_tpu" / "pallas_gpu" (JAX's Pallas paged attention kernel for TPU / GPU, reading the pages in place;
-      off its platform in Pallas's interpret mode, for tests only: slow), "auto" (pallas_tpu on TPU, else gather:
-      the GPU kernel is not yet measured against the gather path on a GPU).
+      off its platform in Pallas's interpret mode, for tests only: slow; pallas_gpu needs a power-of-two
+      page_size). Gather is the default on every platform until the kernels have run on their chips (they are
+      checked here in interpret mode only; the device check times pallas_gpu on a GPU).
     stream_rounds: with DAPO's dynamic sampling, a step's generation rounds stream through one engine call
       (`Engine.rounds`: round r + 1's rollouts start in the slots round r's tail leaves free, before round r's
       rewards say whether it is needed); off: one engine call per round, started once it is needed. The stream
@@ -156,7 +157,7 @@ class EngineConfig(Section):
   page_size: int = 16
   num_pages: int = 0
   reserve_pages: bool = True
-  attention: str = "auto"
+  attention: str = "gather"
   stream_rounds: bool = True
 
   def check(self) -> None:
@@ -164,12 +165,9 @@ class EngineConfig(Section):
     at_least(self, "page_size", 1)
     at_least(self, "num_pages", 0)
     one_of(self, "attention", ATTENTION_KERNELS)
-
-  def kernel(self) -> str:
-    """The attention kernel `attention` names on this backend (one of PAGED_KERNELS)."""
-    if self.attention == "auto":
-      return "pallas_tpu" if jax.default_backend() == "tpu" else "gather"
-    return self.attention
+    if self.attention == "pallas_gpu" and self.page_size & (self.page_size - 1):
+      raise fail(self, "page_size", "must be a power of two with attention='pallas_gpu' (Triton loads "
+                 "power-of-two blocks of pages)")
 
 
 @flax.struct.dataclass
@@ -279,6 +277,10 @@ class Engine:
     if self.num_pages < need:
       raise fail(engine, "num_pages", f"holds less than one rollout: a {prompt_len}-token prompt and "
                  f"{sampling.max_new_tokens} new tokens need {need} pages of {engine.page_size} slots")
+    head_dim = model_config.resolved_head_dim
+    if engine.attention == "pallas_gpu" and head_dim & (head_dim - 1):
+      raise ValueError(f"engine.attention='pallas_gpu': the model's head_dim={head_dim} must be a power of two "
+                       "(Triton loads power-of-two blocks)")
     self.model_config, self.sampling, self.prompt_len, self.engine = model_config, sampling, prompt_len, engine
     self.group_size, self.layout = group_size, layout
     self.decode_config = decode_config_of(model_config, sampling)
@@ -432,7 +434,7 @@ class Engine:
     zeros = lambda *shape, dtype=jnp.int32: jnp.zeros(shape, dtype)
     return State(
         cache=PagedKVCache.create(cfg.num_layers, self.num_pages, self.engine.page_size, cfg.num_kv_heads,
-                                  cfg.resolved_head_dim, jnp.dtype(cfg.dtype), self.engine.kernel()),
+                                  cfg.resolved_head_dim, jnp.dtype(cfg.dtype), self.engine.attention),
         free=FreeList.full(self.num_pages),
         slots=Slots(active=zeros(S, dtype=bool), rollout=zeros(S), group=zeros(S), length=zeros(S), t=zeros(S),
                     token=zeros(S), table=zeros(S, self.table_width)),
@@ -576,7 +578,8 @@ class Engine:
       out = out.replace(tokens=put(out.tokens, tokens), logprobs=put(out.logprobs, logprobs),
                         mask=put(out.mask, jnp.ones((S,))), lengths=out.lengths.at[row].add(1, mode="drop"),
                         hidden=None if out.hidden is None else put(out.hidden, hidden[:, 0]))
-      # rows that stopped give back their response pages, and the last row of a group its prompt's pages
+      # rows that stopped give back their own pages (the prompt's copied partial page, the response's), and the
+      # last row of a group its prompt's pages
       group_rows = state.group_rows.at[jnp.where(done, s.group, prompts)].add(-1, mode="drop")
       same_group_before = (s.group[:, None] == s.group[None, :]) & done[None, :] & (
           jnp.arange(S)[None, :] < jnp.arange(S)[:, None])

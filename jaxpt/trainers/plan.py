@@ -531,26 +531,29 @@ def rollout_capacity(model: ModelConfig, prompt_len: int, max_new_tokens: int, d
   float32 logits row (vocab 4 bytes) and its K/V, kv = 2 L kv_heads head_dim bytes(dtype) per token, with the
   prompt's G = group_size rows sharing the prompt's K/V (both systems prefill a prompt once):
       preallocated   kv (P / G + T - 1)                   every row holds its whole response buffer
-      paged_reserved kv ps (KP / G + KR)                  the engine's default (reserve_pages): each admitted row's
-                                                          worst case, KP = ceil(P / ps), KR = ceil((P % ps + T -
-                                                          1) / ps) (its copy of the prompt's partly filled page,
-                                                          then its response)
-      paged_held     kv ps (KP / G + (P % ps + h) / ps + 1)  reserve_pages=False with a pool for the tokens rows
-                                                          hold: h = held_new_tokens, a row's mean response tokens
-                                                          held at a decode step (+ one partly filled page)
+      paged_reserved kv ps max_n (ceil(n / ps) / G + ceil((n % ps + T - 1) / ps))
+                                                          the engine's default (reserve_pages): each admitted row's
+                                                          worst case over prompt lengths n <= P: its share of the
+                                                          prompt's pages, then its own (its copy of the prompt's
+                                                          partly filled page, then its response)
+      paged_held     kv ps max_n (ceil(n / ps) / G + (n % ps + h) / ps + 1)
+                                                          reserve_pages=False with a pool for the tokens rows hold:
+                                                          h = held_new_tokens, a row's mean response tokens held at
+                                                          a decode step (+ one partly filled page)
   -> {"params_gib", "kv_bytes_per_token", "budget_gib", "rollouts": {scheme: count}, "bytes_per_rollout": {...}}."""
   c = jnp.dtype(dtype).itemsize
   shapes = jax.eval_shape(TransformerLM(model).init, jax.random.PRNGKey(0), jnp.zeros((1, 1), jnp.int32))
   params = sum(math.prod(x.shape) for x in jax.tree.leaves(shapes)) * c
   kv = 2 * model.num_layers * model.num_kv_heads * model.resolved_head_dim * c
-  prompt_pages = -(-prompt_len // page_size)
-  response_pages = -(-(prompt_len % page_size + max_new_tokens - 1) // page_size)
+  lengths = range(max(1, prompt_len - page_size + 1), prompt_len + 1)  # the worst n lies in the last page's span
+  shared = lambda n: -(-n // page_size) / group_size
   logits = model.vocab_size * 4
+  reserved = max(shared(n) + -(-(n % page_size + max_new_tokens - 1) // page_size) for n in lengths)
   per_rollout = {"preallocated": kv * (prompt_len / group_size + max_new_tokens - 1) + logits,
-                 "paged_reserved": kv * page_size * (prompt_pages / group_size + response_pages) + logits}
+                 "paged_reserved": kv * page_size * reserved + logits}
   if held_new_tokens is not None:
-    own = (prompt_len % page_size + held_new_tokens) / page_size + 1
-    per_rollout["paged_held"] = kv * page_size * (prompt_pages / group_size + own) + logits
+    held = max(shared(n) + (n % page_size + held_new_tokens) / page_size + 1 for n in lengths)
+    per_rollout["paged_held"] = kv * page_size * held + logits
   budget = device_gib * GIB * (1 - HEADROOM) - params
   return dict(params_gib=_gib(params), kv_bytes_per_token=kv, budget_gib=_gib(budget),
               rollouts={k: max(0, int(budget // v)) for k, v in per_rollout.items()},
