@@ -3,6 +3,8 @@ verifier that reads the decoded text (1 when the response has an even number of 
 rewards and the advantages, losses and updates are not trivially 0, while the rollouts go the whole way (sampled on
 the mesh, decoded and verified by the process that holds them, all-gathered)."""
 
+import tempfile
+
 from experiments.configs import grpo_tiny
 
 G, B, T = 4, 4, 8
@@ -49,3 +51,12 @@ def micro_config(clipo: bool = False, **overrides):
   config = grpo_tiny.get_config()
   config.update_from_flattened_dict({**OVERRIDES, **(CLIPO if clipo else {}), **overrides})
   return config
+
+
+_SCRATCH = tempfile.TemporaryDirectory(prefix="jaxpt-test-runs-")  # removed when the process exits
+
+
+def scratch_workdir(prefix: str) -> str:
+  """A fresh run directory in this process's scratch folder, removed with it at exit (the multi-device suites' runs
+  are cached for the whole process, so pytest's per-test tmp_path does not fit them; nothing is left in /tmp)."""
+  return tempfile.mkdtemp(prefix=prefix, dir=_SCRATCH.name)

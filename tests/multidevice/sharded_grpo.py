@@ -16,7 +16,6 @@ os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + (
 
 import dataclasses  # noqa: E402
 import functools  # noqa: E402
-import tempfile  # noqa: E402
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -29,7 +28,7 @@ from jaxpt.rl.engine import Engine, EngineConfig  # noqa: E402
 from jaxpt.rl.rollouts import repeat_prompts  # noqa: E402
 from jaxpt.rl.sampler import make_sampler  # noqa: E402
 from jaxpt.engine.metrics import read_metrics  # noqa: E402
-from tests.micro_grpo import DAPO, B, G, T, even_length, micro_config  # noqa: E402
+from tests.micro_grpo import DAPO, B, G, T, even_length, micro_config, scratch_workdir  # noqa: E402
 
 MESHES = {"dp": dict(data=8), "fsdp": dict(data=1, fsdp=8), "fsdp_tp": dict(data=2, fsdp=2, tensor=2)}
 KEYS = ("reward_mean", "accuracy", "loss", "pg_loss", "ppo_kl", "grad_norm", "eval_accuracy_test", "bias_format_share")
@@ -54,7 +53,7 @@ def reward_model_run() -> str:
   """A 1-step micro reward-model run (its own tokenizer: GRPO re-tokenizes the rollouts' text for it)."""
   from experiments.configs import rm_tiny
 
-  workdir = tempfile.mkdtemp(prefix="rm-")
+  workdir = scratch_workdir("rm-")
   config = rm_tiny.get_config()
   config.update_from_flattened_dict({
       "steps": 1, "log_every": 1, "eval_every": 0, "checkpoint_every": 1, "progress": False, "model.d_model": 32,
@@ -81,7 +80,7 @@ def variant_config(variant, **overrides):
 @functools.cache
 def run(variant, preset):
   """Two GRPO steps: (metrics rows, final state as numpy, the trainer, the final state)."""
-  workdir = tempfile.mkdtemp(prefix=f"{variant}-{preset.replace(' ', '_')}-")
+  workdir = scratch_workdir(f"{variant}-{preset.replace(' ', '_')}-")
   if preset == "one device":
     real = parallel.make_mesh
     with pytest.MonkeyPatch.context() as patch:

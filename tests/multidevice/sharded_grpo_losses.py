@@ -15,7 +15,6 @@ os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + (
     " --xla_llvm_disable_expensive_passes=true")
 
 import functools  # noqa: E402
-import tempfile  # noqa: E402
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -26,7 +25,7 @@ from jaxpt import parallel  # noqa: E402
 from jaxpt.losses import known_losses  # noqa: E402
 from jaxpt.trainers.grpo import replace_hooks  # noqa: E402
 from jaxpt.engine.metrics import read_metrics  # noqa: E402
-from tests.micro_grpo import POLICY_LOSS_VARIANTS, even_length, micro_config  # noqa: E402
+from tests.micro_grpo import POLICY_LOSS_VARIANTS, even_length, micro_config, scratch_workdir  # noqa: E402
 
 # KL-Cov's penalty kl_cov_coef |logp - old_logp| has the gradient sign(d), which on an on-policy update (d = 0 in
 # exact arithmetic) float rounding decides: the rollouts' log-probs and the update's forward pass are different
@@ -41,14 +40,14 @@ KEYS = ("reward_mean", "accuracy", "loss", "pg_loss", "ratio_mean", "grad_norm")
 @functools.cache
 def teacher():
   """KDRL's teacher: a 1-step micro GRPO run of another size (d_model 64), trained on one device."""
-  workdir = tempfile.mkdtemp(prefix="teacher-")
+  workdir = scratch_workdir("teacher-")
   run("ppo_clip", True, {"model.d_model": 64, "model.mlp_dim": 128, "steps": 1, "checkpoint_every": 1}, workdir)
   return workdir
 
 
 def run(variant, one_device, overrides=None, workdir=None):
   """Two GRPO steps of the variant (and `overrides`): (metrics rows, final params as numpy, final params)."""
-  workdir = workdir or tempfile.mkdtemp(prefix=f"{variant}-{'one' if one_device else 'eight'}-")
+  workdir = workdir or scratch_workdir(f"{variant}-{'one' if one_device else 'eight'}-")
   config = micro_config(**{"data.eval_prompts": 0, "eval_every": 0, **POLICY_LOSS_VARIANTS[variant],
                            **SHARDING_INDEPENDENT.get(variant, {}), **(overrides or {}),
                            **({"mesh.data": 1} if one_device else MESH)})

@@ -13,7 +13,6 @@ os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + (
     " --xla_llvm_disable_expensive_passes=true")
 
 import functools  # noqa: E402
-import tempfile  # noqa: E402
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -24,7 +23,7 @@ import jaxpt  # noqa: E402
 from jaxpt import parallel  # noqa: E402
 from jaxpt.trainers.grpo import replace_hooks  # noqa: E402
 from jaxpt.engine.metrics import read_metrics  # noqa: E402
-from tests.micro_grpo import OVERRIDES, even_length  # noqa: E402
+from tests.micro_grpo import OVERRIDES, even_length, scratch_workdir  # noqa: E402
 
 MESHES = {"dp": dict(data=8), "fsdp": dict(data=1, fsdp=8), "fsdp_tp": dict(data=2, fsdp=2, tensor=2)}
 KEYS = ("reward_mean", "accuracy", "value_loss", "value_start_mean", "returns_mean", "kl_ref", "grad_norm")
@@ -37,7 +36,7 @@ PPO = {**{k: v for k, v in OVERRIDES.items() if not k.startswith("grpo.")}, "eva
 @functools.cache
 def run(preset):
   """Two PPO steps (the first the critic's warm-up): (metrics rows, final state as numpy, the final state)."""
-  workdir = tempfile.mkdtemp(prefix=f"ppo-{preset.replace(' ', '_')}-")
+  workdir = scratch_workdir(f"ppo-{preset.replace(' ', '_')}-")
   config = ppo_tiny.get_config()
   if preset == "one device":
     config.update_from_flattened_dict({**PPO, "mesh.data": 1})
