@@ -31,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "power.json")
 POWER, ALPHA = 0.8, 0.05
 EXPERIMENTS = ("siamese_vs_prenorm", "residual_schemes_lm", "siamese_vit", "siamese_dit", "dir_debias",
-               "grpo_vs_clipo", "grpo_vs_clipo_multipath")
+               "grpo_vs_clipo", "grpo_vs_clipo_multipath", "policy_losses")
 
 # The SiameseNorm paper's numbers verified from the primary source (shared/specs/siamesenorm.md): DeiT-T top-1
 # 72.2 -> 73.6 (+1.4 points), DiT-B/2 FID 42.43 -> 40.31 (-5.0%, the smaller of its two DiT gains). Its LM claims,
@@ -81,7 +81,14 @@ CLAIMS = [
     ("CLIPO: higher pass@1 than GRPO (multi-path task)", "grpo_vs_clipo_multipath",
      ("comparisons", "clipo", "grpo", "pass1_test", {}), +1, MULTIPATH, "chosen",
      "several correct paths per problem; anchor-positive cosine 0.971, close to parallel"),
-]
+] + [(f"{loss}: higher pass@1 than GRPO's PPO-clip (multi-path task)", "policy_losses",
+      ("comparisons", loss, "grpo", "pass1_test", {}), +1, MULTIPATH, "chosen", note) for loss, note in [
+    ("gspo", "sequence-level ratio, clip range 3e-4 / 4e-4 (its paper's)"),
+    ("cispo", "clipped IS weight, no lower bound; upper eps 0.2 (the trainer's grpo section)"),
+    ("gppo", "eps 0.2 / 0.2 and dual-clip c = 3 (the trainer's grpo section; the paper's eps_hi is 0.28)"),
+    ("topr", "run on-policy (no off-policy data path)"),
+    ("clip_cov", ""), ("kl_cov", ""),
+    ("bnpo", "an advantage (beta-normalised), with PPO-clip")]]
 
 
 def load(experiment: str) -> dict:

@@ -2,6 +2,7 @@
 pilot's power estimate and the lr selection against plain NumPy / scipy statements, the configs every method trains
 with (checked, nothing compiled), and the --smoke pipeline of both stages (slow)."""
 
+import dataclasses
 import importlib
 import json
 import math
@@ -224,3 +225,18 @@ def test_a_diagnostic_a_method_never_logs_is_left_out_of_its_row(exp):
   rows = {r["method"]: r for r in rl_comparison.summary_rows(exp, runs, sfts, list(exp.methods))}
   assert set(rows[exp.baseline]["diagnostics"]) == {"accuracy"}
   assert all(set(rows[m]["diagnostics"]) == {"accuracy", "clipo_pos_sim"} for m in exp.methods if m != exp.baseline)
+
+
+def test_a_diagnostic_added_after_a_run_finished_is_read_from_its_metrics(exp, tmp_path):
+  """`with_diagnostics`: a run whose done.json predates a diagnostic key gets the key's mean over the metrics rows
+  that log it (CLIPO's similarities over the steps with anchors), read from its metrics.jsonl; keys it has stay."""
+  run = dict(name="final/x/seed0", diagnostics={"accuracy": 0.25})
+  rows = [{"step": 1, "accuracy": 0.5, "clip_frac": 0.1, "clipo_pos_sim": 0.9, "clipo_num_anchors": 2},
+          {"step": 2, "accuracy": 0.7, "clip_frac": 0.3, "clipo_pos_sim": 0.1, "clipo_num_anchors": 0}]
+  os.makedirs(tmp_path / run["name"])
+  with open(tmp_path / run["name"] / "metrics.jsonl", "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in rows)
+  patched = dataclasses.replace(exp, diagnostics=("clip_frac", "clipo_pos_sim", "never_logged"))
+  [got] = rl_comparison.with_diagnostics(patched, [run], str(tmp_path))
+  assert got["diagnostics"]["accuracy"] == 0.25 and got["diagnostics"]["clip_frac"] == pytest.approx(0.2)
+  assert got["diagnostics"]["clipo_pos_sim"] == 0.9 and math.isnan(got["diagnostics"]["never_logged"])

@@ -41,7 +41,7 @@ EXPERIMENT = rl_comparison.Experiment(
     title="Policy losses side by side, multi-path arithmetic", config=config, methods=METHODS,
     lrs=(3e-5, 1e-4, 3e-4, 1e-3), target=0.03,
     target_source="chosen here: 3 points of sampled pass@1 (no paper states a number for this task)",
-    max_seeds=20)
+    max_seeds=20, diagnostics=("clip_frac", "kl_ref", "approx_kl"))
 
 if __name__ == "__main__":
   rl_comparison.main(EXPERIMENT)

@@ -66,7 +66,8 @@ class Experiment:
     max_seeds: the CPU budget's cap on N (the report says "cannot resolve at this scale" where the power estimate
       exceeds it).
     workdir: the default --workdir (shared by the experiments of this set-up: same-named runs are the same runs).
-    diagnostics: metrics logged by the trainer whose per-run mean over steps the report summarises per method.
+    diagnostics: metrics logged by the trainer whose per-run mean over steps the report summarises per method
+      (a key added after runs finished is read from their metrics.jsonl at report time).
   """
 
   module: str
@@ -147,12 +148,31 @@ def train_grpo(run: dict, directory: str) -> dict:
   runner.require_finished(result, directory)
   row = result.last_row if any(k.startswith("eval_pass1_") for k in result.last_row) else trainer.evaluate(
       result.state)
-  rows = results.read_metrics(directory)
-  diagnostics = {}
-  for key in ("accuracy",) + tuple(exp.diagnostics):  # CLIPO's similarities: over the steps that had anchors
+  return dict(evals=_evals(row), diagnostics=step_means(results.read_metrics(directory), diagnostic_keys(exp)))
+
+
+def diagnostic_keys(exp: Experiment) -> tuple[str, ...]:
+  return ("accuracy",) + tuple(exp.diagnostics)
+
+
+def step_means(rows: list[dict], keys) -> dict[str, float]:
+  """Each key's mean over the metrics rows that log it (CLIPO's similarities: over the steps that had anchors)."""
+  means = {}
+  for key in keys:
     values = [r[key] for r in rows if key in r and (not key.endswith("_sim") or r.get("clipo_num_anchors", 1) > 0)]
-    diagnostics[key] = float(sum(values) / len(values)) if values else math.nan
-  return dict(evals=_evals(row), diagnostics=diagnostics)
+    means[key] = float(sum(values) / len(values)) if values else math.nan
+  return means
+
+
+def with_diagnostics(exp: Experiment, runs: list[dict], workdir: str) -> list[dict]:
+  """The runs, each with the diagnostics its done.json lacks (keys the experiment added after it trained) read
+  from its metrics.jsonl in the workdir."""
+  for run in runs:
+    missing = [k for k in diagnostic_keys(exp) if k not in run["diagnostics"]]
+    if missing:
+      rows = results.read_metrics(runner.run_dir(workdir, run))
+      run["diagnostics"] = {**run["diagnostics"], **step_means(rows, missing)}
+  return runs
 
 
 def train_run(run: dict, directory: str) -> dict:
@@ -398,6 +418,7 @@ def main(exp: Experiment, argv=None) -> None:
       lambda s: grpo_runs("final", [m for m in methods if m in best], {m: [best[m]] for m in best}, [s], common,
                           workdir),
       grid, workdir, keep=args.keep_runs if main_stage and not args.report_only else None)
+  final = with_diagnostics(exp, final, workdir)
   comps = stats.holm_adjust(comparisons(exp, final, sfts, methods))
   payload = dict(
       design=dict(stages=STAGES, tuning_seed=TUNE_SEED,
