@@ -118,6 +118,9 @@ def main(argv=None) -> dict:
           for name, fn in compiled.items()}
   engine_out, stats = compiled["engine"](params, tokens, mask, key, budgets)
   static_out = compiled["static"](params, tokens, mask, key, budgets)
+  # the warm-up calls finish before the clock starts (dispatch is asynchronous: unblocked, they ran inside the first
+  # timed call, which is what made the engine's first timed call 4-5x its others in earlier runs)
+  jax.block_until_ready((engine_out, static_out, whole_out if args.whole_tables else None))
   load_before = os.getloadavg()
   times = alternating_seconds(runs, args.rounds, warmup=0)  # the calls above were the warm-up
   load_after = os.getloadavg()

@@ -47,28 +47,24 @@ Speed, measured on a 2-core CPU shared with other jobs (load averages in each JS
 at the whole table of 48, so the attention's gather of whole tables was most of a step; the prefill is not where
 time goes (`prefill` in the JSONs: 0.5% of an engine call at the realistic point; 8 prompts a call were 0.6x as
 fast as one at a time there, 1.6x at the fixed point, 13% of its call), so prefills stay one prompt a call.
-- Realistic point, quiet (`python -m benchmarks.engine --model small --rounds 3 --whole-tables` at 5f00bac,
-  `benchmarks/results_engine_realistic_small_cpu.json`): medians of the rounds' ratios, engine 1.85x the static
-  sampler and 1.23x the whole-table engine (`Engine.attention_chunks = width_buckets = 1`); calls 27.1 / 28.0 s
-  against 36.0-36.4 / 34.4 s and 51-55 s, except the engine's first timed call, 157.9 s (after its untimed warm-up
-  call): the chunked engine's early calls are slow, which is what made it look slower in a 2-round run at 3e3c05d
-  (76.2 s median there); so the chunked attention stays the default; why an early call is slow is not found.
-  Useful slot-steps 61.5% against 28.5%; compiled peak 245 MiB (whole tables 282) against 632 MiB; prefill 0.7% of
-  an engine call.
-- Realistic point, loaded (`benchmarks/engine.py --model small --rounds 1 --whole-tables`, code of this commit's engine,
-  `benchmarks/results_engine_realistic_small_loaded_cpu.json`, load 20-26, ONE round): engine 708 s, whole-table
-  engine 298 s, static sampler 275 s a call (0.39x / 0.92x the static sampler): the chunked attention measured
-  2.4x slower here, against the profile and the 64-rollout check below; not resolved (one round under a load that
-  swung 2x between rounds); useful slot-steps 61.5% against the static sampler's 28.5%; compiled peak 245 MiB
-  (whole tables 282 MiB) against 632 MiB.
+- Realistic point, quiet (`python -m benchmarks.engine --model small --rounds 3 --whole-tables`,
+  `benchmarks/results_engine_realistic_small_cpu.json`, each row's tokens contiguous in its pages): medians of the
+  rounds' ratios, engine 1.92x the static sampler and 1.42x the whole-table engine (`Engine.attention_chunks =
+  width_buckets = 1`); calls 27.3-32.0 s against 41.5-42.3 s and 54.0-61.5 s. Useful slot-steps 61.5% against
+  28.5%; compiled peak 249 MiB (whole tables 286) against 632 MiB; prefill 1.9% of an engine call. (At 5f00bac,
+  before the contiguous layout: 1.85x and 1.23x.)
+- Earlier runs reported a slow first timed call (157.9 s against 27-28 s at 5f00bac; 708 s against 298 s for the
+  whole-table engine in a one-round loaded run; the d512 run's "calls differed several-fold" below): the benchmarks
+  dispatched their untimed warm-up calls without blocking on them, so those ran inside the first timed call. Fixed
+  (the warm-ups are finished before the clock starts); the one-round loaded figures and the d512 run below carry
+  that fault.
 - Ad-hoc checks, the engine alone (chunked against whole tables, `benchmarks.engine.realistic_rows`, 64 slots,
   answers median 100 max 512, 2 alternated rounds, load 15-17): 64 rollouts (8 prompts x G = 8) 29.0 / 24.1 s
   against 67.7 / 60.9 s a call (2.3-2.5x); the realistic point's 256 rollouts 41.9 / 40.1 s against 57.3 / 63.2 s
-  (1.37-1.58x; not reproduced by the quiet run above).
+  (1.37-1.58x).
 - Realistic point at d512 against tunix and HF `generate` (`benchmarks/results_sampler_realistic_cpu.json`, quiet,
-  2 rounds, code of 4ba8c1d): median of the rounds' ratios 4.30x tunix tied, 7.42x HF, 1.34x the static sampler,
-  but the engine's median call (255.8 s) is longer than the static sampler's (212.5 s): its two calls differed
-  several-fold, as in the runs above; the cause is not found (the rounds' seconds are recorded from now on).
+  2 rounds, code of 4ba8c1d): median of the rounds' ratios 4.30x tunix tied, 7.42x HF, 1.34x the static sampler;
+  the first round's engine call also ran the warm-ups (above), so the engine's figures there are understated.
 - Fixed point (batch 8, prompt 32, 128 new tokens, no EOS spread, d512 `issue` model, 5 rounds, load ~20,
   `benchmarks/results_engine_fixed_issue_cpu.json`): engine 1.33x the static sampler, 1.36x the whole-table engine.
 
@@ -94,8 +90,8 @@ The kernels are JAX's decode-only `paged_attention` for TPU and for GPU (pools [
 engine's layout), checked on CPU in Pallas's interpret modes (tests/test_rl_engine.py) but not yet run on a TPU or
 GPU; JAX's `ragged_paged_attention` (K and V interleaved in one pool) does not run in interpret mode in jax 0.10.2,
 so it is not used. Not yet (issue 29): batched prefills (not faster where measured, above); the eval's greedy and
-pass@1 decodes (they stay on the static sampler); tensor-parallel params inside a group (they are gathered whole);
-why the engine's calls vary between rounds (below).
+pass@1 decodes (they stay on the static sampler); tensor-parallel params inside a group (they are gathered
+whole).
 """
 
 from __future__ import annotations
