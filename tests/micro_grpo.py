@@ -3,6 +3,7 @@ verifier that reads the decoded text (1 when the response has an even number of 
 rewards and the advantages, losses and updates are not trivially 0, while the rollouts go the whole way (sampled on
 the mesh, decoded and verified by the process that holds them, all-gathered)."""
 
+import functools
 import tempfile
 
 from experiments.configs import grpo_tiny
@@ -53,10 +54,13 @@ def micro_config(clipo: bool = False, **overrides):
   return config
 
 
-_SCRATCH = tempfile.TemporaryDirectory(prefix="jaxpt-test-runs-")  # removed when the process exits
+@functools.cache
+def _scratch() -> tempfile.TemporaryDirectory:
+  """This process's scratch folder, made on first use and removed when the process exits."""
+  return tempfile.TemporaryDirectory(prefix="jaxpt-test-runs-")
 
 
 def scratch_workdir(prefix: str) -> str:
   """A fresh run directory in this process's scratch folder, removed with it at exit (the multi-device suites' runs
   are cached for the whole process, so pytest's per-test tmp_path does not fit them; nothing is left in /tmp)."""
-  return tempfile.mkdtemp(prefix=prefix, dir=_SCRATCH.name)
+  return tempfile.mkdtemp(prefix=prefix, dir=_scratch().name)
