@@ -315,6 +315,7 @@ def test_page_counts_are_the_worst_rollouts():
     assert rollout == max(pages(n) for n in range(1, prompt_len + 1)) and pool == 3 * rollout
 
 
+@pytest.mark.slow  # interpret mode is slow (14 s quiet); the default suite checks each kernel at the layer above
 def test_the_engine_through_the_pallas_kernels_decodes_as_through_the_gather_path():
   """The engine with `attention="pallas_gpu"` and `"pallas_tpu"` (JAX's Pallas kernels, in interpret mode here)
   against the gather path, greedy on shared prompts of lengths 6, 3, 1, 4 (every length mod the page size, 4: the
