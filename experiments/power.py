@@ -84,8 +84,8 @@ CLAIMS = [
 ] + [(f"{loss}: higher pass@1 than GRPO's PPO-clip (multi-path task)", "policy_losses",
       ("comparisons", loss, "grpo", "pass1_test", {}), +1, MULTIPATH, "chosen", note) for loss, note in [
     ("gspo", "sequence-level ratio, clip range 3e-4 / 4e-4 (its paper's)"),
-    ("cispo", "clipped IS weight, no lower bound; upper eps 0.2 (the trainer's grpo section)"),
-    ("gppo", "eps 0.2 / 0.2 and dual-clip c = 3 (the trainer's grpo section; the paper's eps_hi is 0.28)"),
+    ("cispo", "clipped IS weight, no lower bound; upper eps 0.28 (the set-up's grpo section)"),
+    ("gppo", "eps 0.2 / 0.28 (its paper's) and dual-clip c = 3 (the set-up's grpo section)"),
     ("topr", "run on-policy (no off-policy data path)"),
     ("clip_cov", ""), ("kl_cov", ""),
     ("bnpo", "an advantage (beta-normalised), with PPO-clip")]]
