@@ -72,6 +72,7 @@ from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM
 from jaxpt.parallel.mesh import resolve_mesh_shape
 from jaxpt.parallel.rules import DATA_AXES
+from jaxpt.rl.engine import own_pages
 from jaxpt.engine.builder import lora_trainable
 from jaxpt.nn import lora as lora_lib
 from jaxpt.engine.config import RunConfig, check_hf_model, config_json
@@ -548,7 +549,7 @@ def rollout_capacity(model: ModelConfig, prompt_len: int, max_new_tokens: int, d
   lengths = range(max(1, prompt_len - page_size + 1), prompt_len + 1)  # the worst n lies in the last page's span
   shared = lambda n: -(-n // page_size) / group_size
   logits = model.vocab_size * 4
-  reserved = max(shared(n) + -(-(n % page_size + max_new_tokens - 1) // page_size) for n in lengths)
+  reserved = max(shared(n) + own_pages(n, max_new_tokens, page_size) for n in lengths)
   per_rollout = {"preallocated": kv * (prompt_len / group_size + max_new_tokens - 1) + logits,
                  "paged_reserved": kv * page_size * reserved + logits}
   if held_new_tokens is not None:
