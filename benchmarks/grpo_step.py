@@ -202,11 +202,12 @@ def realistic_step(args) -> dict:
 
 
 def step_summary(rounds: list[dict]) -> dict:
-  """Medians over rounds of `timed_step`'s seconds, and each part's share of the step."""
+  """Medians over rounds of `timed_step`'s seconds, each part's share of the step, and every round's seconds."""
   med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
   entry = {f"{k}_s": round(v, 3) for k, v in med.items() if k != "response_length"}
   entry["share"] = {k: round(med[k] / med["step"], 3) for k in ("rollout", "scoring", "update")}
   entry["response_length"] = med["response_length"]
+  entry["rounds_s"] = [{k: round(v, 3) for k, v in r.items() if k != "response_length"} for r in rounds]
   return entry
 
 

@@ -22,6 +22,7 @@ def test_the_realistic_step_splits_both_systems_steps_on_the_same_lengths(capsys
     entry = report[name]
     assert entry["step_s"] > 0 and entry["rollout_s"] > 0 and entry["update_s"] > 0
     assert abs(sum(entry["share"].values()) - 1) < 0.01
+    assert [r["step"] for r in entry["rounds_s"]] == [entry["step_s"]]  # every round's seconds (here one round)
   # both ended every row at its forced length: the same mean response length
   assert report["static"]["response_length"] == report["engine"]["response_length"]
   assert report["engine"]["step_speedup_vs_static"] > 0
