@@ -43,7 +43,9 @@ peer stops it by its own EOS handling; the call then checks every row's answer l
   (prefill + max(lengths) - 1 decode steps of the whole batch), plus one `where` over [R, vocab] logits a step,
   as HF's processor adds.
 
-Protocol: after building and an untimed warm-up call (compiles), the process prints `ready <params> [setting]`;
+Protocol: after building and an untimed warm-up call (compiles; with `--rows`, HF's is the rows' call with every
+answer forced to end after 2 tokens: eager torch compiles nothing, and a whole call costs minutes at the realistic
+point), the process prints `ready <params> [setting]`;
 then each input line `run <seed>` makes one call and prints `seconds <wall time of that call>`; `quit` (or EOF)
 ends it.
 """
@@ -203,28 +205,36 @@ def tunix_peer(batch: int, prompt: int, new: int, tied: bool):
 
 
 def hf_rows_peer(rows: dict):
-  """-> (params, call(seed)) for transformers' generate on the rows of ROWS.npz (see the module doc)."""
+  """-> (params, call(seed), warm_up(seed)) for transformers' generate on the rows of ROWS.npz (see the module
+  doc); warm_up samples the same rows with every answer forced to end after 2 tokens."""
   import torch
   from transformers import LogitsProcessorList
 
   model = qwen2(*model_dims(rows)).eval()
   tokens, mask = torch.from_numpy(rows["tokens"].astype(np.int64)), torch.from_numpy(rows["mask"].astype(np.int64))
   prompt, lengths, eos = tokens.shape[1], rows["lengths"], int(rows["eos"])
-  processors = LogitsProcessorList([forced_lengths_processor(torch.from_numpy(lengths.astype(np.int64)), prompt,
-                                                             eos)])
-  sample = hf_sampler(model, tokens, mask, max_new_tokens=int(rows["max_new"]), eos_token_id=eos, pad_token_id=eos,
-                      logits_processor=processors)
 
-  def call(seed: int) -> None:
-    answers = sample(seed)[:, prompt:].numpy() == eos
-    assert answers.shape[1] == lengths.max() and answers.any(axis=1).all(), answers.shape
-    check_lengths("hf", np.argmax(answers, axis=1) + 1, lengths)
+  def forced_call(forced: np.ndarray):
+    processors = LogitsProcessorList([forced_lengths_processor(torch.from_numpy(forced.astype(np.int64)), prompt,
+                                                               eos)])
+    sample = hf_sampler(model, tokens, mask, max_new_tokens=int(rows["max_new"]), eos_token_id=eos,
+                        pad_token_id=eos, logits_processor=processors)
 
-  return sum(p.numel() for p in model.parameters()), call
+    def call(seed: int) -> None:
+      answers = sample(seed)[:, prompt:].numpy() == eos
+      assert answers.shape[1] == forced.max() and answers.any(axis=1).all(), answers.shape
+      check_lengths("hf", np.argmax(answers, axis=1) + 1, forced)
+
+    return call
+
+  # eager torch compiles nothing: a warm-up of the same rows ended after 2 tokens (prefill + one decode step) meets
+  # every kernel shape a whole call does but the growing cache's
+  return sum(p.numel() for p in model.parameters()), forced_call(lengths), forced_call(np.full_like(lengths, 2))
 
 
 def tunix_rows_peer(rows: dict, tied: bool):
-  """-> (params, call(seed)) for tunix 0.1.7's Sampler on the rows of ROWS.npz (see the module doc)."""
+  """-> (params, call(seed), warm_up(seed)) for tunix 0.1.7's Sampler on the rows of ROWS.npz (see the module
+  doc); warm_up is call: the lengths are static in the compiled loop, so only a whole call compiles it."""
   tokens, mask, lengths, eos = rows["tokens"], rows["mask"], rows["lengths"], int(rows["eos"])
   params, sample = tunix_sampler(tied, tokens.shape[1], int(rows["max_new"]), model_dims(rows),
                                  wrap=lambda model: forced_lengths_model(model, mask.sum(axis=1), lengths, eos))
@@ -234,7 +244,7 @@ def tunix_rows_peer(rows: dict, tied: bool):
     out = sample(texts, seed, eos_tokens=[eos])
     check_lengths("tunix", [len(row) + 1 for row in out.tokens], lengths)  # tunix cuts each row before its EOS
 
-  return params, call
+  return params, call, call
 
 
 def model_dims(rows: dict) -> tuple[int, int, int, int]:
@@ -275,12 +285,13 @@ def main() -> None:
     raise SystemExit(f"unknown peer {peer!r}")
   if argv[1] == "--rows":
     rows = read_rows(argv[2])
-    params, call = hf_rows_peer(rows) if peer == "hf" else tunix_rows_peer(rows, tied=peer == "tunix_tied")
+    params, call, warm_up = hf_rows_peer(rows) if peer == "hf" else tunix_rows_peer(rows, tied=peer == "tunix_tied")
   else:
     batch, prompt, new = map(int, argv[1:4])
     params, call = (hf_peer(batch, prompt, new) if peer == "hf"
                     else tunix_peer(batch, prompt, new, tied=peer == "tunix_tied"))
-  call(0)
+    warm_up = call
+  warm_up(0)
   serve(call, f"{params} {fastest_torch_threads(call, threads)}" if peer == "hf" else str(params))
 
 

@@ -66,8 +66,9 @@ def test_hf_generate_stops_each_row_at_its_forced_length(peers, tmp_path):
   cfg = ModelConfig(**dict(realistic.MODELS["tiny"], num_layers=1))
   tokens, mask, lengths = realistic.realistic_rows(ARGS, cfg.vocab_size)
   sampler.write_rows(str(tmp_path / "rows.npz"), cfg, ARGS, tokens, mask, lengths)
-  _, call = peers.hf_rows_peer(peers.read_rows(str(tmp_path / "rows.npz")))
+  _, call, warm_up = peers.hf_rows_peer(peers.read_rows(str(tmp_path / "rows.npz")))
   call(0)  # raises unless generate ended every row at its length and stopped at the longest one
+  warm_up(0)  # the same rows, every one ended after 2 tokens (checked the same way)
 
 
 def test_the_peers_read_the_rows_and_lengths_the_benchmark_drew(peers, tmp_path):
