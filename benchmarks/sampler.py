@@ -11,7 +11,9 @@ Model (the issue's): d_model 512, 8 layers, 8 heads (4 KV), SwiGLU 2048, vocab 8
 `small` = batch 8, prompt 32, 128 new tokens; `kv` = batch 64, prompt 256, 256 new tokens (the KV cache read per
 step, ~0.4 GB in fp32, outweighs the 0.14 GB of weights). Every call samples at temperature 1 with no EOS, so all
 rows generate every token. One jaxpt call = prefill + (new - 1) decode steps, compile excluded; `prefill_ms` is
-the same sampler with 1 new token, so decode_step_ms = (call - prefill) / (new - 1).
+the same sampler with 1 new token, so decode_step_ms = (call - prefill) / (new - 1). The first scheme's variants
+also time the same call through the rollout engine (`engine`: `batch` slots, pages of 16, every row's budget the
+new tokens): its call, tokens/s and speed-ups (vs the static sampler and each peer) in each round's alternation.
 
 `realistic` (issue 29's: `python -m benchmarks.sampler --points realistic --rounds 3 --peer-python
 /tmp/peers-venv/bin/python --out benchmarks/results_sampler_realistic_cpu.json`): the rows and answer lengths of
@@ -75,6 +77,7 @@ from benchmarks.common import alternating_seconds, machine_info, median_ratio, r
 from benchmarks.train_step import MODEL
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import init_params, param_count
+from jaxpt.rl.engine import Engine, EngineConfig
 from jaxpt.rl.sampler import SamplingConfig, make_sampler
 
 POINTS = {"small": (8, 32, 128), "kv": (64, 256, 256)}  # batch, prompt, new tokens
@@ -92,6 +95,19 @@ def sampler_run(cfg: ModelConfig, params, batch: int, prompt: int, new_tokens: i
   compiled = sampler.lower(params, prompts, mask, jax.random.PRNGKey(0)).compile()
   calls = iter(range(10 ** 6))
   return lambda: compiled(params, prompts, mask, jax.random.PRNGKey(next(calls))).tokens
+
+
+def engine_run(cfg: ModelConfig, params, batch: int, prompt: int, new_tokens: int, dtype: str
+               ) -> Callable[[], jax.Array]:
+  """`sampler_run`'s call through the rollout engine (`jaxpt.rl.engine`): `batch` slots, pages of 16, every row's
+  budget new_tokens (no EOS), a fresh key each."""
+  engine = Engine(cfg, SamplingConfig(max_new_tokens=new_tokens, rollout_dtype=dtype), prompt,
+                  EngineConfig(num_slots=batch, page_size=16))
+  prompts = np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, prompt), dtype=np.int32)
+  mask, budgets = np.ones_like(prompts), np.full((batch,), new_tokens, np.int32)
+  compiled = engine.jitted.lower(params, prompts, mask, jax.random.PRNGKey(0), budgets).compile()
+  calls = iter(range(10 ** 6))
+  return lambda: compiled(params, prompts, mask, jax.random.PRNGKey(next(calls)), budgets)[0].tokens
 
 
 def weights_matmul_run(params, batch: int, dtype: str) -> Callable[[], object]:
@@ -143,6 +159,7 @@ def run_point(name: str, schemes: list[str], dtypes: list[str], rounds: int, pee
       runs[(variant, "prefill")] = sampler_run(cfg, params, batch, prompt, 1, dtype)
       if scheme == schemes[0]:
         runs[("weights", dtype)] = weights_matmul_run(params, batch, dtype)
+        runs[(variant, "engine")] = engine_run(cfg, params, batch, prompt, new, dtype)
   read_bytes, runs[("read", "")] = read_run()
   for fn in runs.values():  # warm-up (first executions), untimed
     jax.block_until_ready(fn())
@@ -173,8 +190,15 @@ def run_point(name: str, schemes: list[str], dtypes: list[str], rounds: int, pee
         "weights_matmul_ms": round(med[("weights", dtype)] * 1e3, 2),
         "decode_step_vs_weights_matmul": round(step / med[("weights", dtype)], 2)}
     for peer in peers:
-      ratios = [p / j for p, j in zip(times[(peer.name, "call")], times[(variant, "call")])]
-      variants[variant][f"speedup_vs_{peer.name}"] = round(statistics.median(ratios), 2)
+      variants[variant][f"speedup_vs_{peer.name}"] = round(median_ratio(times[(peer.name, "call")],
+                                                                        times[(variant, "call")]), 2)
+    if (variant, "engine") in times:
+      engine = med[(variant, "engine")]
+      variants[variant]["engine"] = {
+          "call_ms": round(engine * 1e3, 1), "new_tokens_per_sec": round(batch * new / engine, 1),
+          "speedup_vs_static": round(median_ratio(times[(variant, "call")], times[(variant, "engine")]), 2),
+          **{f"speedup_vs_{p.name}": round(median_ratio(times[(p.name, "call")], times[(variant, "engine")]), 2)
+             for p in peers}}
   report = {"batch": batch, "prompt": prompt, "new_tokens": new, "rounds": rounds,
             "read_gb_per_s": round(read_rate / 1e9, 1), "jaxpt": variants,
             "peers": {p.name: {"params": p.params, "setting": p.setting,
@@ -184,10 +208,11 @@ def run_point(name: str, schemes: list[str], dtypes: list[str], rounds: int, pee
   if peers:
     fastest_tunix = max(("tunix_untied", "tunix_tied"), key=lambda p: report["peers"][p]["new_tokens_per_sec"])
     report["fastest_tunix"] = fastest_tunix
-    report["goals"] = {f"{v}_vs_{peer} >= {goal}": variants[v][f"speedup_vs_{peer}"]
+    report["goals"] = {f"{v}{path}_vs_{peer} >= {goal}": figures[f"speedup_vs_{peer}"]
                        for v, peer, goal in [(f"{schemes[0]}_float32", fastest_tunix, 1.5),
                                              (f"{schemes[0]}_float32", "hf", 2.0),
-                                             (f"{schemes[0]}_bfloat16", fastest_tunix, 2.5)] if v in variants}
+                                             (f"{schemes[0]}_bfloat16", fastest_tunix, 2.5)] if v in variants
+                       for path, figures in (("", variants[v]), ("_engine", variants[v]["engine"]))}
   return report
 
 

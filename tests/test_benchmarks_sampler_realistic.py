@@ -2,7 +2,8 @@
 pre-drawn lengths (the peers' forced-EOS rule against a plain statement of it, HF's logits processor where torch is
 installed, tunix's wrapper on tunix's positions with a stand-in model, tunix not being installed here), the peers
 read the very rows and lengths the benchmark drew, a static batch's useful slot-steps; the benchmark readies its
-peers one at a time before jaxpt compiles, and refuses --rounds / --model it would not apply; and (slow) the whole
+peers one at a time before jaxpt compiles, times the engine beside the static sampler at a fixed point (tiny, no
+peers), and refuses --rounds / --model it would not apply; and (slow) the whole
 point at a tiny size with the three peers where /tmp/peers-venv exists. The engine's and the static sampler's
 token budgets are checked against their run without budgets in tests/test_rl_engine.py."""
 
@@ -180,6 +181,20 @@ def test_the_peers_are_ready_one_at_a_time_before_jaxpt_compiles(point, monkeypa
   # --hf-threads reaches the HF peer alone, as its trailing --torch-threads (no trial calls)
   assert {p: argv[-2:] == ["--torch-threads", "2"] for p, argv in argvs.items()} == {
       p: p == "hf" for p in sampler.PEERS}
+
+
+def test_a_fixed_point_times_the_engine_beside_the_static_sampler(monkeypatch):
+  """A tiny model at a tiny fixed point, no peers: both dtypes of the first scheme carry the engine's call, its
+  tokens/s and its speed-up over the static sampler; a second scheme has no engine entry."""
+  monkeypatch.setattr(sampler, "MODEL", dict(realistic.MODELS["tiny"], num_layers=1))
+  monkeypatch.setattr(sampler, "POINTS", {"tiny": (2, 4, 6)})
+  report = sampler.run_point("tiny", ["pre", "siamese_post_pre"], ["float32", "bfloat16"], 1, "")
+  for dtype in ("float32", "bfloat16"):
+    engine = report["jaxpt"][f"pre_{dtype}"]["engine"]
+    assert set(engine) == {"call_ms", "new_tokens_per_sec", "speedup_vs_static"}
+    assert engine["call_ms"] > 0 and engine["speedup_vs_static"] > 0
+    assert engine["new_tokens_per_sec"] == pytest.approx(2 * 6 / engine["call_ms"] * 1e3, rel=0.01)
+  assert "engine" not in report["jaxpt"]["siamese_post_pre_float32"]
 
 
 def test_every_point_gets_its_rounds_and_a_mismatch_is_refused(monkeypatch, capsys, tmp_path):

@@ -173,6 +173,19 @@ def test_a_short_page_pool_waits_for_pages_and_gives_the_same_rollouts(case):
   assert int(stats.waits) > 0 and int(stats.peak_pages) <= 8
 
 
+def test_without_reserved_pages_a_row_waits_mid_response_for_a_freed_page_and_its_rollout_is_unchanged():
+  cfg, params = model_for("pre", num_layers=1)
+  tokens, mask = left_padded_prompts(cfg, np.array([6, 4]))  # prompts of 3 and 2 whole pages
+  sampling, budgets = SamplingConfig(max_new_tokens=3), np.array([2, 2])  # each response: 1 own page
+  want, _ = Engine(cfg, sampling, PROMPT_LEN, EngineConfig(num_slots=2, page_size=2)).run(params, tokens, mask, KEY,
+                                                                                          budgets)
+  # both rows admitted (5 of 6 pages), then both need an own page: one waits until the other ends and frees its 3
+  short = EngineConfig(num_slots=2, page_size=2, num_pages=6, reserve_pages=False)
+  got, stats = Engine(cfg, sampling, PROMPT_LEN, short).run(params, tokens, mask, KEY, budgets)
+  assert_same_rollouts(got, want)
+  assert (int(stats.waits), int(stats.steps), int(stats.peak_pages)) == (1, 2, 6)
+
+
 def test_without_reserved_pages_every_slot_waiting_is_an_error():
   cfg, params = model_for("pre", num_layers=1)
   tokens, mask = rows(cfg, 3)
