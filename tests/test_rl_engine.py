@@ -179,7 +179,7 @@ def test_without_reserved_pages_a_row_waits_mid_response_for_a_freed_page_and_it
   sampling, budgets = SamplingConfig(max_new_tokens=3), np.array([2, 2])  # each response: 1 own page
   want, _ = Engine(cfg, sampling, PROMPT_LEN, EngineConfig(num_slots=2, page_size=2)).run(params, tokens, mask, KEY,
                                                                                           budgets)
-  # both rows admitted (5 of 6 pages), then both need an own page: one waits until the other ends and frees its 3
+  # both rows admitted (5 of 6 pages), then both need an own page: one waits until the other ends and frees its pages
   short = EngineConfig(num_slots=2, page_size=2, num_pages=6, reserve_pages=False)
   got, stats = Engine(cfg, sampling, PROMPT_LEN, short).run(params, tokens, mask, KEY, budgets)
   assert_same_rollouts(got, want)
