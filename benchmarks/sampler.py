@@ -86,12 +86,17 @@ PEERS = ("hf", "tunix_untied", "tunix_tied")
 PEER_SCRIPT = pathlib.Path(__file__).resolve().parent / "sampler_peers.py"
 
 
+def fixed_prompts(cfg: ModelConfig, batch: int, prompt: int) -> tuple[np.ndarray, np.ndarray]:
+  """The fixed points' prompts: random token ids int32 [batch, prompt] (seed 0) and their all-ones mask."""
+  prompts = np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, prompt), dtype=np.int32)
+  return prompts, np.ones_like(prompts)
+
+
 def sampler_run(cfg: ModelConfig, params, batch: int, prompt: int, new_tokens: int, dtype: str
                 ) -> Callable[[], jax.Array]:
   """One compiled sampler call per `run()` (prompts without padding, all rows run to new_tokens, a fresh key each)."""
   sampler = make_sampler(cfg, SamplingConfig(max_new_tokens=new_tokens, rollout_dtype=dtype), prompt)
-  prompts = np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, prompt), dtype=np.int32)
-  mask = np.ones_like(prompts)
+  prompts, mask = fixed_prompts(cfg, batch, prompt)
   compiled = sampler.lower(params, prompts, mask, jax.random.PRNGKey(0)).compile()
   calls = iter(range(10 ** 6))
   return lambda: compiled(params, prompts, mask, jax.random.PRNGKey(next(calls))).tokens
@@ -103,8 +108,8 @@ def engine_run(cfg: ModelConfig, params, batch: int, prompt: int, new_tokens: in
   budget new_tokens (no EOS), a fresh key each."""
   engine = Engine(cfg, SamplingConfig(max_new_tokens=new_tokens, rollout_dtype=dtype), prompt,
                   EngineConfig(num_slots=batch, page_size=16))
-  prompts = np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, prompt), dtype=np.int32)
-  mask, budgets = np.ones_like(prompts), np.full((batch,), new_tokens, np.int32)
+  prompts, mask = fixed_prompts(cfg, batch, prompt)
+  budgets = np.full((batch,), new_tokens, np.int32)
   compiled = engine.jitted.lower(params, prompts, mask, jax.random.PRNGKey(0), budgets).compile()
   calls = iter(range(10 ** 6))
   return lambda: compiled(params, prompts, mask, jax.random.PRNGKey(next(calls)), budgets)[0].tokens
@@ -137,6 +142,11 @@ def timed(fn: Callable[[], object]) -> float:
 def hf_flags(peer: str, threads: int) -> list[str]:
   """The HF peer's `--torch-threads` (0: none, it picks 1 or 2 threads by a trial call each)."""
   return ["--torch-threads", str(threads)] if peer == "hf" and threads else []
+
+
+def speedups(times: dict, peers, key) -> dict:
+  """{"speedup_vs_<peer>": median over rounds of the peer's call seconds / times[key]'s} for every peer."""
+  return {f"speedup_vs_{p.name}": round(median_ratio(times[(p.name, "call")], times[key]), 2) for p in peers}
 
 
 def run_point(name: str, schemes: list[str], dtypes: list[str], rounds: int, peer_python: str,
@@ -189,16 +199,13 @@ def run_point(name: str, schemes: list[str], dtypes: list[str], rounds: int, pee
         "floor_ms": round(floor * 1e3, 2), "decode_step_vs_floor": round(step / floor, 2),
         "weights_matmul_ms": round(med[("weights", dtype)] * 1e3, 2),
         "decode_step_vs_weights_matmul": round(step / med[("weights", dtype)], 2)}
-    for peer in peers:
-      variants[variant][f"speedup_vs_{peer.name}"] = round(median_ratio(times[(peer.name, "call")],
-                                                                        times[(variant, "call")]), 2)
+    variants[variant].update(speedups(times, peers, (variant, "call")))
     if (variant, "engine") in times:
       engine = med[(variant, "engine")]
       variants[variant]["engine"] = {
           "call_ms": round(engine * 1e3, 1), "new_tokens_per_sec": round(batch * new / engine, 1),
           "speedup_vs_static": round(median_ratio(times[(variant, "call")], times[(variant, "engine")]), 2),
-          **{f"speedup_vs_{p.name}": round(median_ratio(times[(p.name, "call")], times[(variant, "engine")]), 2)
-             for p in peers}}
+          **speedups(times, peers, (variant, "engine"))}
   report = {"batch": batch, "prompt": prompt, "new_tokens": new, "rounds": rounds,
             "read_gb_per_s": round(read_rate / 1e9, 1), "jaxpt": variants,
             "peers": {p.name: {"params": p.params, "setting": p.setting,
