@@ -70,16 +70,20 @@ def static_useful_fraction(lengths) -> float:
   return round(float(lengths.sum() - len(lengths)) / (len(lengths) * steps), 3) if steps else 1.0
 
 
-def jaxpt_systems(cfg: ModelConfig, args, params, tokens, mask, budgets, sampling: SamplingConfig | None = None):
+def jaxpt_systems(cfg: ModelConfig, args, params, tokens, mask, budgets, sampling: SamplingConfig | None = None,
+                  compiled_one=lambda name: None):
   """(engine, {"engine", "static"}: compiled calls (params, tokens, mask, key, budgets)) at the point: the engine
-  with `--slots` slots of `--page-size` pages, the static sampler with per-rollout keys, both `--max-new` tokens."""
+  with `--slots` slots of `--page-size` pages, the static sampler with per-rollout keys, both `--max-new` tokens.
+  `compiled_one(name)` is called as each compile ends (the device check times them one by one)."""
   sampling = sampling or SamplingConfig(max_new_tokens=args.max_new)
   engine = Engine(cfg, sampling, args.max_prompt, EngineConfig(num_slots=args.slots, page_size=args.page_size),
                   group_size=args.group)
   static = make_sampler(cfg, sampling, args.max_prompt, group_size=args.group, row_keys=True)
-  key = jax.random.PRNGKey(0)
-  return engine, {"engine": engine.jitted.lower(params, tokens, mask, key, budgets).compile(),
-                  "static": static.lower(params, tokens, mask, key, budgets).compile()}
+  key, compiled = jax.random.PRNGKey(0), {}
+  for name, jitted in (("engine", engine.jitted), ("static", static)):
+    compiled[name] = jitted.lower(params, tokens, mask, key, budgets).compile()
+    compiled_one(name)
+  return engine, compiled
 
 
 def point_facts(args, budgets, engine: Engine, rounds: int) -> dict:

@@ -12,8 +12,16 @@ from tools import deadline, device_check, device_training
 
 
 def _read(folder, name):
-  with open(folder / f"{name}.json") as f:
-    return json.load(f)
+  """A section's JSON from `sections.tar` (the summary's, loose)."""
+  if name == "summary":
+    return json.loads((folder / "summary.json").read_text())
+  with tarfile.open(folder / "sections.tar") as tar:
+    return json.load(tar.extractfile(f"{name}.json"))
+
+
+def _sections(folder):
+  with tarfile.open(folder / "sections.tar") as tar:
+    return sorted(tar.getnames())
 
 
 @pytest.fixture(scope="module")
@@ -46,11 +54,12 @@ def test_sections_report_their_figures(dry_run):
   # off cuDNN (here: CPU) `auto` attention is jaxpt's own: the one program, compiled once
   assert {v: e.get("same_program_as") for v, e in variants.items() if "same_program_as" in e} == {
       "pre_jaxpt_attention": "pre"}
-  sampler = _read(out, "sampler")
-  assert sampler["jaxpt"]["new_tokens_per_sec"] > 0
-  engine = sampler["engine"]  # the engine at the realistic point's tiny twin, beside the static sampler
+  assert _read(out, "sampler")["jaxpt"]["new_tokens_per_sec"] > 0
+  engine = _read(out, "engine")  # the engine at the realistic point's tiny twin, beside the static sampler
   assert engine["speedup"] > 0 and engine["engine"]["call_s"] > 0 and engine["point"]["rounds"] == 1
-  assert list(engine["stages_s"]) == ["compile", "first engine call", "first static call", "round 1"]
+  assert engine["all_slots_speedup"] > 0 and engine["all_slots"]["call_s"] > 0
+  assert list(engine["stages_s"]) == ["compile engine", "compile static", "first engine call", "first static call",
+                                      "round 1", "compile all_slots", "first all_slots call", "all_slots round 1"]
   grpo = _read(out, "grpo_step")
   assert grpo["bfloat16"]["step_s"] > 0 and grpo["float32"]["rollout_s"] > 0
   tuning = _read(out, "kernel_tuning")["results"][0]
@@ -62,7 +71,8 @@ def test_traces_come_back_as_one_file(dry_run):
   with tarfile.open(out / "traces.tar") as tar:
     assert sorted(tar.getnames()) == ["kernel_trace.json.gz", "train_pre_trace.json.gz",
                                       "train_siamese_post_pre_trace.json.gz"]
-  assert len(list(out.iterdir())) <= 8  # what the device tool returns
+  assert sorted(f.name for f in out.iterdir()) == ["sections.tar", "summary.json", "traces.tar"]  # the device
+  assert _sections(out) == sorted(f"{name}.json" for name in device_check.SECTIONS)  # returns at most 8 files
   traces = _read(out, "train_step")["models"]["tiny"]["traces"]
   assert set(traces) == {"pre", "siamese_post_pre"}
   assert all(t["device_ops_top30"] and all(op["calls"] > 0 for op in t["device_ops_top30"].values())
@@ -71,12 +81,22 @@ def test_traces_come_back_as_one_file(dry_run):
 
 def test_a_spent_budget_skips_every_measurement(tmp_path):
   assert device_check.main(["--dry-run", "--budget-s", "0", "--out", str(tmp_path),
-                            "--sections", "kernel_numerics,two_stream_norm,train_step,sampler"]) == 0
+                            "--sections", "kernel_numerics,two_stream_norm,train_step,engine,sampler"]) == 0
   assert len(_read(tmp_path, "kernel_numerics")["skipped"]) == 2 * len(device_check.DRY.norm_dims)
   assert _read(tmp_path, "train_step")["skipped"] == [f"tiny {v}" for v in device_training.TRAIN_VARIANTS]
-  sampler = _read(tmp_path, "sampler")
-  assert sampler["skipped"] == ["the fixed-length sampler vs HF generate"]
-  assert sampler["engine"]["skipped"] == ["all"]
+  assert _read(tmp_path, "sampler")["skipped"] == ["the fixed-length sampler vs HF generate"]
+  assert _read(tmp_path, "engine")["skipped"] == ["all"]
+
+
+def test_a_budget_spent_by_the_compiles_still_times_one_round_of_the_engine(tmp_path, monkeypatch):
+  """The fourth H200 run's engine compiled for 237 s, past its budget, and timed nothing: the first round runs
+  whatever the budget; the slot-per-rollout variant, which needs a compile of its own, does not start."""
+  spent_after_start = iter([False])
+  monkeypatch.setattr(device_check.Budget, "spent", lambda self: next(spent_after_start, True))
+  assert device_check.main(["--dry-run", "--out", str(tmp_path), "--sections", "engine"]) == 0
+  engine = _read(tmp_path, "engine")
+  assert engine["point"]["rounds"] == 1 and engine["engine"]["call_s"] > 0 and engine["speedup"] > 0
+  assert engine["skipped"] == ["all_slots"] and "all_slots" not in engine
 
 
 def test_an_unknown_section_is_refused_naming_it(capsys):
@@ -93,7 +113,7 @@ def test_the_deadline_cuts_the_running_section_and_starts_no_other(tmp_path):
   sections = _read(tmp_path, "summary")["sections"]
   assert {n: s["status"] for n, s in sections.items()} == {"train_step": "cut", "sampler": "not started"}
   assert _read(tmp_path, "train_step")["error"] == "cut at --deadline-s"
-  assert not (tmp_path / "sampler.json").exists()
+  assert _sections(tmp_path) == ["train_step.json"]
 
 
 def test_a_main_thread_stuck_past_the_grace_is_stopped_hard():

@@ -29,13 +29,17 @@ time is a median over repeated synchronised calls, warm-up excluded):
   one SiameseNorm step (`train_<variant>_trace.json.gz`) and the 30 longest device ops of each.
 - `grpo_step`: one `jaxpt grpo` trainer step (`benchmarks/grpo_step.py`: 8 prompts x 8 rollouts, d512) split into
   rollout / scoring / update, beside HF `generate` of the same rollouts.
-- `sampler`: first the rollout engine vs the static sampler at issue 29's realistic point (`tools/device_engine.py`:
-  long-tailed answer lengths, d512, bf16; each stage's seconds printed as it ends); then jaxpt's KV-cache sampler
-  (bf16 rollouts) on the ~350M Pre-Norm model vs HF transformers `generate` on torch CUDA (eager, and the static
-  cache that `generate` compiles), timed in alternation (`benchmarks/torch_cuda_peer.py`, persistent processes).
-The traces end up in one `traces.tar` (the device returns at most 8 files). Compiles take minutes on a GPU (XLA
-autotunes each new GEMM shape: 111 s for a train step on the H200): `--compile-cache` keeps them for a second
-call on the same machine.
+- `engine`: the rollout engine vs the static sampler at issue 29's realistic point (`tools/device_engine.py`:
+  long-tailed answer lengths, d512, bf16; each stage's seconds printed as it ends), with JAX's Pallas GPU paged
+  attention kernel on a GPU and then the engine with a slot per rollout.
+- `sampler`: jaxpt's KV-cache sampler (bf16 rollouts) on the ~350M Pre-Norm model vs HF transformers `generate`
+  on torch CUDA (eager, and the static cache that `generate` compiles), timed in alternation
+  (`benchmarks/torch_cuda_peer.py`, persistent processes).
+The traces end up in one `traces.tar` and the sections' JSONs in `sections.tar` (the device returns at most 8
+files; a section's JSON is written loose as it ends and packed with the summary). Compiles take minutes on a GPU
+(XLA autotunes each new GEMM shape: 111 s for a train step on the H200): `--compile-cache` keeps them for a second
+call on the same warm machine (the folder must be git-ignored, as `.jax_cache/` is, or the device tool removes it
+between calls).
 
 The device lacks some packages: `tools/fetch_device_wheels.sh` fetches them here into `.whl/` (ignored); carry
 `.whl`, install them there first, and link `kernels/` where `pip install` would put it (`jaxpt.kernels`):
@@ -62,8 +66,9 @@ import jax
 
 from benchmarks import two_stream_norm as tsn
 from tools.deadline import Deadline, DeadlineReached
+from tools.device_engine import realistic_engine
 from tools.device_kernels import kernel_numerics, kernel_tuning, two_stream_norm
-from tools.device_traces import pack_traces
+from tools.device_traces import pack_sections, pack_traces
 from tools.device_training import PEAK_BF16_TFLOPS, device_peak, grpo_step, sampler, train_step
 
 PACKAGES = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "libtpu", "flax", "optax", "orbax-checkpoint",
@@ -85,7 +90,7 @@ class Sizes:
   rounds: int
   grpo_overrides: dict
   peers: bool
-  engine_point: dict  # the sampler section's engine point: `tools.device_engine.point_args` overrides
+  engine_point: dict  # the engine section's point: `tools.device_engine.point_args` overrides
   trace_dir: str = ""  # where `two_stream_norm` writes its kernel trace ('' = none)
 
 
@@ -148,7 +153,7 @@ def environment() -> dict:
 # --- driver --------------------------------------------------------------------------------------------------------
 
 SECTIONS = {"kernel_numerics": kernel_numerics, "two_stream_norm": two_stream_norm, "kernel_tuning": kernel_tuning,
-            "train_step": train_step, "grpo_step": grpo_step, "sampler": sampler}
+            "train_step": train_step, "grpo_step": grpo_step, "engine": realistic_engine, "sampler": sampler}
 
 
 def headline(name: str, report: dict) -> dict:
@@ -168,7 +173,10 @@ def headline(name: str, report: dict) -> dict:
   if name == "sampler":
     return {"jaxpt_new_tokens_per_sec": report.get("jaxpt", {}).get("new_tokens_per_sec"),
             **{p: e["speedup_jaxpt_over_peer"] for p, e in report.get("peers", {}).items()},
-            "engine_speedup_over_static": report.get("engine", {}).get("speedup")}
+}
+  if name == "engine":
+    return {k: report.get(k) for k in ("speedup", "pallas_gpu_speedup", "all_slots_speedup")} | {
+        "compile_s": {k: v for k, v in report.get("stages_s", {}).items() if k.startswith("compile")}}
   if name == "grpo_step":
     return {k: v for k, v in report.items() if k.startswith("rollout_") or k in ("bfloat16", "float32")}
   return {}
@@ -243,10 +251,12 @@ def run_section(name: str, sizes: Sizes, budget: Budget, out: str) -> dict:
 
 
 def write_summary(out: str, summary: dict, cut: list[str] = (), how: str = "") -> None:
-  """summary.json (with `cut`, the sections running when the command was stopped, marked so) and traces.tar."""
+  """summary.json (with `cut`, the sections running when the command was stopped, marked so), traces.tar and
+  sections.tar (the sections' JSONs)."""
   for name in cut:
     summary["sections"][name] = {"status": "cut", "error": how}
   summary["traces"] = pack_traces(out)
+  pack_sections(out)
   with open(os.path.join(out, "summary.json"), "w") as f:
     json.dump(summary, f, indent=1)
 

@@ -46,13 +46,23 @@ def trace_kernel_times(path: str, top: int | None = None) -> dict:
 
 def pack_traces(out: str) -> list[str]:
   """Moves the sections' Perfetto traces into one `out/traces.tar` (the device returns at most 8 files)."""
-  import tarfile
-  traces = sorted(f for f in os.listdir(out) if f.endswith(".trace.json.gz") or f.endswith("_trace.json.gz"))
-  if traces:
-    with tarfile.open(os.path.join(out, "traces.tar"), "w") as tar:
-      for name in traces:
-        tar.add(os.path.join(out, name), arcname=name)
-    for name in traces:
-      os.remove(os.path.join(out, name))
-  return traces
+  return _pack(out, "traces.tar", lambda f: f.endswith((".trace.json.gz", "_trace.json.gz")))
 
+
+def pack_sections(out: str) -> list[str]:
+  """Moves the sections' JSONs (every `*.json` but `summary.json`) into one `out/sections.tar`: seven sections, the
+  summary and the traces would be nine files, one more than the device returns."""
+  return _pack(out, "sections.tar", lambda f: f.endswith(".json") and f != "summary.json")
+
+
+def _pack(out: str, tar_name: str, wanted: Callable[[str], bool]) -> list[str]:
+  """Moves the files of `out` whose names are `wanted` into `out/tar_name` (appending to it); their names."""
+  import tarfile
+  names = sorted(f for f in os.listdir(out) if wanted(f))
+  if names:
+    with tarfile.open(os.path.join(out, tar_name), "a") as tar:
+      for name in names:
+        tar.add(os.path.join(out, name), arcname=name)
+    for name in names:
+      os.remove(os.path.join(out, name))
+  return names

@@ -30,7 +30,6 @@ from jaxpt.trainers.lm import make_lm_loss_fn
 from jaxpt.engine.optim import make_optimizer
 from jaxpt.engine.state import TrainState
 from jaxpt.engine.step import make_train_step
-from tools.device_engine import realistic_engine
 from tools.device_traces import perfetto_trace, trace_kernel_times
 
 if TYPE_CHECKING:
@@ -194,11 +193,7 @@ def _ready_error(peer: Peer) -> str:
 def sampler(sizes: Sizes, budget: Budget) -> dict:
   batch, prompt, new = sizes.sampler
   fields = next(iter(sizes.train_models.values()))
-  try:
-    engine = realistic_engine(sizes, budget)
-  except Exception:  # noqa: BLE001 -- recorded, and the fixed-length comparison runs
-    engine = {"error": traceback.format_exc().strip().splitlines()[-1][:2000]}
-  report = {"engine": engine, "batch": batch, "prompt": prompt, "new_tokens": new, "model": fields,
+  report = {"batch": batch, "prompt": prompt, "new_tokens": new, "model": fields,
             "rollout_dtype": "bfloat16", "sampling": "temperature 1, no top-k/top-p, no EOS", "peer_errors": {}}
   if budget.spent():
     return dict(report, skipped=["the fixed-length sampler vs HF generate"])
