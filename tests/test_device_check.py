@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tools import deadline, device_check, device_training
+from tools import deadline, device_check, device_engine, device_training
 
 
 def _read(folder, name):
@@ -57,9 +57,13 @@ def test_sections_report_their_figures(dry_run):
   assert _read(out, "sampler")["jaxpt"]["new_tokens_per_sec"] > 0
   engine = _read(out, "engine")  # the engine at the realistic point's tiny twin, beside the static sampler
   assert engine["speedup"] > 0 and engine["engine"]["call_s"] > 0 and engine["point"]["rounds"] == 1
-  assert engine["all_slots_speedup"] > 0 and engine["all_slots"]["call_s"] > 0
-  assert list(engine["stages_s"]) == ["compile engine", "compile static", "first engine call", "first static call",
-                                      "round 1", "compile all_slots", "first all_slots call", "all_slots round 1"]
+  assert 0 < engine["trace"]["device_busy_ms"] and engine["trace"]["device_ops_top30"]
+  for name, *_ in device_engine.VARIANTS:
+    assert engine[f"{name}_speedup"] > 0 and engine[name]["call_s"] > 0
+  assert list(engine["stages_s"]) == [
+      "compile engine", "compile static", "first engine call", "first static call", "round 1", "trace",
+      *(stage for name, *_ in device_engine.VARIANTS
+        for stage in (f"compile {name}", f"first {name} call", f"{name} round 1"))]
   grpo = _read(out, "grpo_step")
   assert grpo["bfloat16"]["step_s"] > 0 and grpo["float32"]["rollout_s"] > 0
   tuning = _read(out, "kernel_tuning")["results"][0]
@@ -69,7 +73,7 @@ def test_sections_report_their_figures(dry_run):
 def test_traces_come_back_as_one_file(dry_run):
   _, out = dry_run
   with tarfile.open(out / "traces.tar") as tar:
-    assert sorted(tar.getnames()) == ["kernel_trace.json.gz", "train_pre_trace.json.gz",
+    assert sorted(tar.getnames()) == ["engine_trace.json.gz", "kernel_trace.json.gz", "train_pre_trace.json.gz",
                                       "train_siamese_post_pre_trace.json.gz"]
   assert sorted(f.name for f in out.iterdir()) == ["sections.tar", "summary.json", "traces.tar"]  # the device
   assert _sections(out) == sorted(f"{name}.json" for name in device_check.SECTIONS)  # returns at most 8 files
@@ -90,13 +94,13 @@ def test_a_spent_budget_skips_every_measurement(tmp_path):
 
 def test_a_budget_spent_by_the_compiles_still_times_one_round_of_the_engine(tmp_path, monkeypatch):
   """The fourth H200 run's engine compiled for 237 s, past its budget, and timed nothing: the first round runs
-  whatever the budget; the slot-per-rollout variant, which needs a compile of its own, does not start."""
+  whatever the budget; the trace and the variants, which need compiles of their own, do not start."""
   spent_after_start = iter([False])
   monkeypatch.setattr(device_check.Budget, "spent", lambda self: next(spent_after_start, True))
   assert device_check.main(["--dry-run", "--out", str(tmp_path), "--sections", "engine"]) == 0
   engine = _read(tmp_path, "engine")
   assert engine["point"]["rounds"] == 1 and engine["engine"]["call_s"] > 0 and engine["speedup"] > 0
-  assert engine["skipped"] == ["all_slots"] and "all_slots" not in engine
+  assert engine["skipped"] == [name for name, *_ in device_engine.VARIANTS] and "trace" not in engine
 
 
 def test_an_unknown_section_is_refused_naming_it(capsys):

@@ -8,10 +8,12 @@ On a GPU a third system joins the rounds: the engine with `engine.attention = "p
 attention kernel reading the pages in place, against the default gather path): `pallas_gpu` in the report, with
 `pallas_gpu_speedup` (median of gather-engine seconds / kernel-engine seconds) and whether its first call's tokens
 equal the gather engine's (`pallas_gpu_same_tokens`, the fraction of equal tokens; bf16 rollouts, so not exact);
-a kernel that fails to compile is reported (`pallas_gpu_error`) and the rest goes on. Then, while the budget lasts,
-the engine with one slot per rollout (`all_slots`, `all_slots_speedup` over the static sampler, in rounds of their
-own): on the H200 the 64-slot engine's first call took 1.7 s against the static sampler's 0.4 s, and a decode step
-of this model costs about the same at batch 64 as at 256 there, so the slot count is the first suspect.
+a kernel that fails to compile is reported (`pallas_gpu_error`) and the rest goes on.
+
+On the H200 the 64-slot engine's first call took 1.7 s against the static sampler's 0.4 s (fourth run). So, while
+the budget lasts, the section then looks for where that goes: a trace of one engine call (`trace`: the device ops'
+time against the call's, `engine_trace.json.gz`), then the `VARIANTS`, each against the static sampler in rounds
+of its own (`<name>`, `<name>_speedup`).
 
 Each stage prints its seconds as it ends (`engine: <stage> <s> s`; each system's compile apart: the three took
 237-252 s together on the H200), so a call cut short still says where the time went. The first round always runs;
@@ -22,21 +24,34 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import statistics
 import time
 from typing import TYPE_CHECKING
 
 import jax
 
 from benchmarks.common import median_ratio
+from benchmarks.engine import WholeTables
 from benchmarks.realistic import (FLAGS, MODELS, call_figures, jaxpt_figures, jaxpt_systems, point_facts,
                                   realistic_rows)
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import init_params
 from jaxpt.rl.engine import Engine
 from jaxpt.rl.sampler import SamplingConfig
+from tools.device_traces import perfetto_trace, trace_kernel_times
 
 if TYPE_CHECKING:
   from tools.device_check import Budget, Sizes
+
+
+# After the rounds, while the budget lasts, engines that each change one thing, timed against the static sampler in
+# rounds of their own: (name, class, EngineConfig changes as functions of the point's rollout count).
+# - whole_tables: every slot gathers its whole page table (no `lax.switch` over table widths in each layer and step:
+#   on a GPU each is a predicate read back by the host);
+# - all_slots: a slot per rollout, so no streaming (every row's slot is held to the end, as in the static batch):
+#   where a decode step costs about the same at any batch, fewer slots are only more steps.
+VARIANTS = (("whole_tables", WholeTables, {}), ("all_slots", Engine, {"num_slots": lambda rows: rows}))
 
 
 def point_args(overrides: dict) -> argparse.Namespace:
@@ -61,7 +76,7 @@ class Stages:
 
 def realistic_engine(sizes: Sizes, budget: Budget) -> dict:
   """The engine and the static sampler at the point (`sizes.engine_point`), `sizes.rounds` rounds (at least one,
-  however long the compiles took); then, while the budget lasts, the engine with a slot for every rollout."""
+  however long the compiles took); then, while the budget lasts, a trace of one engine call and the VARIANTS."""
   args = point_args(sizes.engine_point)
   report = {"model": dict(MODELS[args.model], name=args.model), "rollout_dtype": "bfloat16",
             "sampling": "temperature 1, no top-k/top-p, per-rollout keys, forced answer lengths"}
@@ -75,9 +90,9 @@ def realistic_engine(sizes: Sizes, budget: Budget) -> dict:
   engine, compiled = jaxpt_systems(cfg, args, params, tokens, mask, budgets, sampling,
                                    compiled_one=lambda name: stages.done(f"compile {name}"))
 
-  def compile_engine(name, **changes):
-    variant = Engine(cfg, sampling, args.max_prompt, dataclasses.replace(engine.engine, **changes),
-                     group_size=args.group)
+  def compile_engine(name, kind=Engine, **changes):
+    variant = kind(cfg, sampling, args.max_prompt, dataclasses.replace(engine.engine, **changes),
+                   group_size=args.group)
     compiled[name] = variant.jitted.lower(params, tokens, mask, jax.random.PRNGKey(0), budgets).compile()
     stages.done(f"compile {name}")
 
@@ -110,20 +125,34 @@ def realistic_engine(sizes: Sizes, budget: Budget) -> dict:
   if kernel:
     report["pallas_gpu"] = call_figures(times["pallas_gpu"], int(budgets.sum()), compiled["pallas_gpu"])
     report["pallas_gpu_speedup"] = round(median_ratio(times["engine"], times["pallas_gpu"]), 2)
-  if budget.spent():
-    report["skipped"] = ["all_slots"]
-    return report
-  # One slot per rollout: no streaming, so every row's slot is held to the end, as in the static batch. Where a
-  # decode step costs about the same at any batch (an accelerator at this size), fewer slots mean more steps.
-  compile_engine("all_slots", num_slots=len(budgets))
-  call("all_slots")
-  stages.done("first all_slots call")
-  slots_times = {"all_slots": [], "static": []}
-  timed_rounds(slots_times, call, sizes.rounds, budget, stages, report, label="all_slots round")
-  report["all_slots"] = call_figures(slots_times["all_slots"], int(budgets.sum()), compiled["all_slots"])
-  report["all_slots_speedup"] = round(median_ratio(slots_times["static"], slots_times["all_slots"]), 2)
-  report["stages_s"] = stages.seconds
+  if sizes.trace_dir and not budget.spent():
+    report["trace"] = engine_trace(lambda: call("engine"), sizes.trace_dir, statistics.median(times["engine"]))
+    stages.done("trace")
+  for name, kind, changes in VARIANTS:
+    if budget.spent():
+      report.setdefault("skipped", []).append(name)
+      continue
+    compile_engine(name, kind, **{k: v(len(budgets)) for k, v in changes.items()})
+    call(name)
+    stages.done(f"first {name} call")
+    variant_times = {name: [], "static": []}
+    timed_rounds(variant_times, call, sizes.rounds, budget, stages, report, label=f"{name} round")
+    report[name] = call_figures(variant_times[name], int(budgets.sum()), compiled[name])
+    report[f"{name}_speedup"] = round(median_ratio(variant_times["static"], variant_times[name]), 2)
   return report
+
+
+def engine_trace(run, trace_dir: str, call_s: float) -> dict:
+  """A Perfetto trace of one engine call (`engine_trace.json.gz`), its 30 longest device ops, and the device ops'
+  summed time against the call's median seconds: a small `device_busy_fraction` says the loop waits on the host
+  (each `lax.while_loop` / `lax.cond` / `lax.switch` predicate that an XLA:GPU loop reads back), not on the GPU."""
+  path = os.path.join(trace_dir, "engine_trace.json.gz")
+  perfetto_trace(run, path)
+  ops = trace_kernel_times(path)
+  busy_ms = sum(op["total_ms"] for op in ops.values())
+  return {"file": os.path.basename(path), "device_ops": sum(op["calls"] for op in ops.values()),
+          "device_busy_ms": round(busy_ms, 1), "device_busy_fraction": round(busy_ms / (call_s * 1e3), 3),
+          "device_ops_top30": dict(list(ops.items())[:30])}
 
 
 def timed_rounds(times: dict, call, rounds: int, budget: Budget, stages: Stages, report: dict,
