@@ -121,6 +121,8 @@ class Model:
     sampling = SamplingConfig(max_new_tokens, temperature=temperature if temperature > 0 else 1.0, top_k=top_k,
                               top_p=top_p, greedy=temperature == 0, eos_id=tokenizer.eos_id, pad_id=pad_id)
     engine = EngineConfig() if engine is True else engine or None
+    if engine is not None:
+      engine = engine.for_rows(len(tokens))
     out = self._sampler(sampling, prompt_len, engine)(self.params, tokens, mask, jax.random.PRNGKey(seed))
     out_tokens, out_mask = np.asarray(out.tokens), np.asarray(out.mask)
     return [tokenizer.decode(row[row_mask > 0]) for row, row_mask in zip(out_tokens, out_mask)]

@@ -18,6 +18,9 @@ OVERRIDES = {
     "data.prompts_per_step": B, "data.max_prompt_len": 40, "data.eval_prompts": 8,
     "sampling.max_new_tokens": T, "grpo.group_size": G, "grpo.minibatches": 2, "grpo.epochs": 2,
     "grpo.kl_coef": 0.01, "optim.learning_rate": 1e-3, "optim.warmup_steps": 0,
+    # the static sampler, the rollouts' path on GPU and TPU (`engine.enabled` left to auto takes the engine on CPU);
+    # the engine's own cases set engine.enabled=True
+    "engine.enabled": False,
 }
 # the two-process run (tests/multidevice/grpo_process.py): data over the processes x fsdp within, a checkpoint a step;
 # 2 prompts a step and eval batches of 2 padded to the 4 data-parallel devices (each process verifies 2 rows)

@@ -28,6 +28,9 @@ OVERRIDES = {
     "data.prompts_per_step": B, "data.max_prompt_len": 40, "data.eval_prompts": 0,
     "sampling.max_new_tokens": T, "grpo.group_size": G, "grpo.minibatches": 2,
     "optim.learning_rate": 1e-2, "optim.warmup_steps": 0, "dapo.max_rounds": 4, "dapo.overlong_buffer": 4,
+    # the static sampler: `script` replaces the collector's `rollouts`, which the engine's streamed rounds do not
+    # call (they are tested against these with a scripted verifier instead)
+    "engine.enabled": False,
 }
 
 

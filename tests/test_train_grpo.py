@@ -187,6 +187,29 @@ def test_the_engine_with_rollouts_on_a_quantized_bases_codes_is_refused_before_c
   from_section(GRPORunConfig, config, "config")
 
 
+def test_by_default_the_engine_takes_the_rollouts_on_cpu_only_and_only_where_it_can():
+  """engine.enabled left to auto: the engine on CPU with its slots capped at one engine's rows (64 by default, 8
+  rollouts here: 4 prompts x G = 2); the static sampler on GPU and TPU, through unmerged LoRA adapters on a quantized
+  base, or when the prompts do not split over the data-parallel engines (there an explicit True is refused)."""
+  from jaxpt.rl.collect import rollout_engine
+
+  def chosen(groups=1, platform="cpu", **extra):
+    config = grpo_config(**{"data.prompts_per_step": 4, "grpo.group_size": 2, **extra})
+    return rollout_engine(from_section(GRPORunConfig, config, "config"), groups, platform)
+
+  engine = chosen()
+  assert engine is not None and engine.num_slots == 8 and engine.enabled is None
+  assert chosen(groups=2).num_slots == 4 and chosen(**{"engine.num_slots": 3}).num_slots == 3
+  assert chosen(platform="gpu") is None and chosen(platform="tpu") is None
+  assert chosen(**{"engine.enabled": False}) is None and chosen(platform="gpu", **{"engine.enabled": True})
+  quantized = {"lora.rank": 4, "lora.base_quant": "int8", "lora.base_quant_block": 16}
+  assert chosen(**quantized) is None and chosen(**quantized, **{"lora.rollouts": "merged"}) is not None
+  assert chosen(groups=3) is None
+  with pytest.raises(ConfigError, match=re.escape("data.prompts_per_step=4: must be divisible by the 3 "
+                                                  "data-parallel groups")):
+    chosen(groups=3, **{"engine.enabled": True})
+
+
 # GRPO + CLIPO (the engine's hidden states) 2 steps with a checkpoint each: the static sampler drawing per-rollout
 # keys (sampling.row_keys) against the engine (16 slots for 64 rollouts: refilled, pages of 8 slots)
 ENGINE_RUN = {"steps": 2, "checkpoint_every": 1, "sampling.row_keys": True, "clipo.enabled": True,
@@ -198,7 +221,7 @@ ENGINE = {"engine.enabled": True, "engine.num_slots": 16, "engine.page_size": 8}
 def engine_runs(sft_workdir, tmp_path_factory):
   """name (static | engine) -> (config, trainer, workdir, result) of the two-step run."""
   runs = {}
-  for name, extra in (("static", {}), ("engine", ENGINE)):
+  for name, extra in (("static", {"engine.enabled": False}), ("engine", ENGINE)):
     config = grpo_config(sft_workdir, **ENGINE_RUN, **extra)
     workdir = str(tmp_path_factory.mktemp(name))
     trainer = jaxpt.build("grpo", config, workdir)

@@ -9,16 +9,16 @@
       (+ DAPO dynamic sampling: all-equal groups dropped, refill prompts sampled, `jaxpt.rl.dapo`)
       (+ bf16 rollouts: old_logp recomputed by the fp32 policy, teacher forcing)
 
-With the run config's `engine.enabled` (`jaxpt.rl.engine.EngineConfig`) the training rollouts, DAPO's refill
-rounds too, come from the rollout engine (continuous batching over a paged KV cache; on a mesh one engine per
-data-parallel group) instead of the static sampler: the same `SampleOutput`, hidden states (CLIPO) and bf16
-rollouts included, each rollout drawn with its own keys (`rollout_keys`), so `sampling.row_keys` makes the static
-sampler draw the same rollouts. With dynamic sampling (and `engine.stream_rounds`, the default) a step's
-generation rounds stream through one engine (`round_drawer`, `Engine.rounds`): all max_rounds rounds' prompts are
-read at the step's start (their positions are fixed), and while round r's last rows finish, round r + 1's rows take
-the slots they leave free; whether round r + 1 is needed is decided on the host from round r's verified rewards, as
-before, and a round not needed is dropped with the work its early start did in otherwise idle slots. The eval
-(greedy accuracy, sampled pass@1) stays on the static sampler.
+Where `rollout_engine` chooses it (the run config's `engine.enabled`, `jaxpt.rl.engine.EngineConfig`: by default on
+CPU) the training rollouts, DAPO's refill rounds too, come from the rollout engine (continuous batching over a paged
+KV cache; on a mesh one engine per data-parallel group) instead of the static sampler: the same `SampleOutput`,
+hidden states (CLIPO) and bf16 rollouts included, each rollout drawn with its own keys (`rollout_keys`), so
+`sampling.row_keys` makes the static sampler draw the same rollouts. With dynamic sampling (and
+`engine.stream_rounds`, the default) a step's generation rounds stream through one engine (`round_drawer`,
+`Engine.rounds`): all max_rounds rounds' prompts are read at the step's start (their positions are fixed), and while
+round r's last rows finish, round r + 1's rows take the slots they leave free; whether round r + 1 is needed is
+decided on the host from round r's verified rewards, as before, and a round not needed is dropped with the work its
+early start did in otherwise idle slots. The eval (greedy accuracy, sampled pass@1) stays on the static sampler.
 
 `contrastive_rewards` is CLIPO's head step and reward r_con [N] on those rollouts (`jaxpt.rl.clipo`); `evaluate`
 the greedy accuracy and sampled pass@1 on held-out prompts. The update that trains on the rollouts is the trainer's
@@ -45,7 +45,7 @@ from jaxpt.data import order, text_bias
 from jaxpt.data.math_task import PromptData
 from jaxpt.progress import say
 from jaxpt.rl import clipo, dapo
-from jaxpt.rl.engine import Engine, EngineConfig, page_counts
+from jaxpt.rl.engine import Engine, EngineConfig, engine_groups, page_counts
 from jaxpt.rl.logprobs import response_logprobs
 from jaxpt.rl.rewards import math_reward
 from jaxpt.rl.rollouts import RewardFn, repeat_prompts, response_texts, verifier_rewards
@@ -61,8 +61,26 @@ def clipo_of(config: Any) -> clipo.CLIPOConfig:
 
 
 def engine_of(config: Any) -> EngineConfig:
-  """The run's `engine` section; off (the defaults) for a run config without one."""
-  return getattr(config, "engine", None) or EngineConfig()
+  """The run's `engine` section; off for a run config without one."""
+  return getattr(config, "engine", None) or EngineConfig(enabled=False)
+
+
+def rollout_engine(config: Any, groups: int, platform: str) -> EngineConfig | None:
+  """The engine config the run's training rollouts go through on `groups` data-parallel engines (`engine_groups`)
+  of `platform` devices ('cpu', 'gpu', 'tpu'), its slots capped at one engine's rows; None: the static sampler.
+  `engine.enabled` None (auto) chooses the engine on CPU where it can take the run (see `EngineConfig.enabled`);
+  True asks for it, and prompts that do not split over the groups are then a ConfigError."""
+  engine, lora = engine_of(config), getattr(config, "lora", None)
+  splits = config.data.prompts_per_step % groups == 0
+  if engine.enabled is None:
+    if not (platform == "cpu" and splits and not (lora is not None and lora.samples_unmerged)):
+      return None
+  elif not engine.enabled:
+    return None
+  elif not splits:
+    raise ConfigError("data.prompts_per_step", f"must be divisible by the {groups} data-parallel groups of the "
+                      "mesh, each running its own rollout engine (config.engine.enabled)", config.data.prompts_per_step)
+  return engine.for_rows(config.data.prompts_per_step * config.group_size // groups)
 
 
 def check_config(config: Any) -> None:
@@ -82,12 +100,12 @@ def check_config(config: Any) -> None:
                       "in-loss CLIPO term reads the loss mask it empties)", True)
   engine = engine_of(config)
   lora = getattr(config, "lora", None)
-  if engine.enabled and lora is not None and lora.samples_unmerged:
+  if engine.enabled and lora is not None and lora.samples_unmerged:  # (auto takes the static sampler there)
     raise ConfigError("lora.rollouts", "the rollout engine (config.engine.enabled) decodes merged params only: set "
                       "config.lora.rollouts=merged (a quantized base's float copy) or turn the engine off",
                       lora.rollouts)
   _, rollout_pages, pool = page_counts(engine, prompt_len, new_tokens)
-  if engine.enabled and pool < rollout_pages:
+  if engine.enabled is not False and pool < rollout_pages:
     raise ConfigError("engine.num_pages", f"holds less than one rollout: a config.data.max_prompt_len={prompt_len} "
                       f"prompt and {new_tokens} new tokens need {rollout_pages} pages of "
                       f"config.engine.page_size={engine.page_size} slots", engine.num_pages)
@@ -108,7 +126,7 @@ class RolloutCollector:
   tokenizer: Any  # jaxpt's sentencepiece Tokenizer, or an HFTokenizer (init_from='hf:DIR')
   prompts: PromptData
   sample: Callable  # (params, prompt_tokens, prompt_mask, rng) -> SampleOutput, sampled, [N, P] (G rows a prompt):
-  # the static sampler, or with config.engine.enabled the rollout engine (`jaxpt.rl.engine.Engine`)
+  # the static sampler, or the rollout engine (`jaxpt.rl.engine.Engine`) where `rollout_engine` chooses it
   sample_greedy: Callable  # the same, greedy, for eval batches of `eval_batch_size` prompts
   sample_eval: Callable  # the same as `sample`, for eval batches (sampled pass@1, data.eval_samples)
   logprobs: Callable  # response_logprobs(params, prompt_tokens, prompt_mask, tokens, mask), compiled on the mesh
@@ -118,7 +136,7 @@ class RolloutCollector:
   process_slice: tuple[int, int] = (0, 1)  # this process reads prompt block `index` of `count` of each batch
   reward_fn: RewardFn = math_reward  # the verifier: (response text, answer) -> score (replace for another task)
   sampler_memory: dict = dataclasses.field(default_factory=dict)  # compiled per-device memory of `sample` (MiB)
-  engine: Engine | None = None  # with engine.enabled and stream_rounds: DAPO's refill rounds stream through it
+  engine: Engine | None = None  # with the engine and stream_rounds: DAPO's refill rounds stream through it
 
   @classmethod
   def create(cls, config: Any, model: Any, layout: parallel.MeshLayout, abstract_params: Any, tokenizer: Any,
@@ -147,15 +165,12 @@ class RolloutCollector:
                           layout.params)
     prompts_abstract = jax.ShapeDtypeStruct((rows, config.data.max_prompt_len), jnp.int32, sharding=layout.batch)
     rng_abstract = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=layout.replicated)
-    if engine_of(config).enabled:  # training rollouts (and DAPO's refills) through the engine; eval stays static
-      engine = Engine(config.model, settings(False), config.data.max_prompt_len, engine_of(config), config.group_size,
+    engine_config = rollout_engine(config, engine_groups(layout), layout.mesh.devices.flat[0].platform)
+    if engine_config is not None:  # training rollouts (and DAPO's refills) through the engine; eval stays static
+      engine = Engine(config.model, settings(False), config.data.max_prompt_len, engine_config, config.group_size,
                       layout)
-      if config.data.prompts_per_step % engine.groups:
-        raise ConfigError("data.prompts_per_step", f"must be divisible by the {engine.groups} data-parallel groups "
-                          "of the mesh, each running its own rollout engine (config.engine.enabled)",
-                          config.data.prompts_per_step)
-      say("compiling the rollout engine ...")
-      if config.dapo.dynamic_sampling and engine_of(config).stream_rounds:  # a step's rounds through one stream
+      say(f"compiling the rollout engine ({engine_config.num_slots} slots) ...")
+      if config.dapo.dynamic_sampling and engine_config.stream_rounds:  # a step's rounds through one stream
         sample, compiled = engine, engine.compile_rounds(params, prompts_abstract, rng_abstract,
                                                          config.dapo.max_rounds)
       else:

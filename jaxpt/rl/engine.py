@@ -78,8 +78,9 @@ Measured (`benchmarks/results_engine_rounds_realistic_small_cpu.json`, d256, two
 rounds 1.15x faster than a call each (1478 decode steps against 1842), but round 0 alone 1.17x slower when round 1
 is then dropped (the early start's prefills and the tail's busier attention reads are not free on a CPU).
 
-Where it runs: the RL trainers' training rollouts with the run config's `engine.enabled` (`EngineConfig.enabled`,
-`jaxpt.rl.collect.RolloutCollector`; with DAPO's dynamic sampling a step's rounds through `rounds`), and
+Where it runs: the RL trainers' training rollouts, by default on CPU (the run config's `engine.enabled`,
+`EngineConfig.enabled`, `jaxpt.rl.collect.rollout_engine`; with DAPO's dynamic sampling a step's rounds through
+`rounds`), and
 `jaxpt.load(...).generate(..., engine=...)`. On a mesh (`layout`, `Engine.sharded`) each data-parallel group runs
 its own engine under `jax.shard_map`: its B / dp rows (whole groups of G), its own slots and page pool, the params
 gathered whole onto each device (a group's devices along `tensor` run the same engine: no collective inside the
@@ -87,11 +88,12 @@ loop, whose trip count differs between groups); row b's keys are those of its gl
 one engine's on one device.
 
 The kernels are JAX's decode-only `paged_attention` for TPU and for GPU (pools [kv_heads, pages, page_size, D], this
-engine's layout), checked on CPU in Pallas's interpret modes (tests/test_rl_engine.py) but not yet run on a TPU or
-GPU; JAX's `ragged_paged_attention` (K and V interleaved in one pool) does not run in interpret mode in jax 0.10.2,
-so it is not used. Not yet (issue 29): batched prefills (not faster where measured, above); the eval's greedy and
-pass@1 decodes (they stay on the static sampler); tensor-parallel params inside a group (they are gathered
-whole).
+engine's layout), checked on CPU in Pallas's interpret modes (tests/test_rl_engine.py). The GPU kernel ran on an
+H200 (`benchmarks/results_device_h200/at_1769bae/`: first calls only, 1.24-1.46 s against the gather path's
+1.68-1.71 s at the realistic point, bf16); the TPU one has not run on a TPU. JAX's `ragged_paged_attention` (K and V
+interleaved in one pool) does not run in interpret mode in jax 0.10.2, so it is not used. Not yet (issue 29):
+batched prefills (not faster where measured, above); the eval's greedy and pass@1 decodes (they stay on the static
+sampler); tensor-parallel params inside a group (they are gathered whole).
 """
 
 from __future__ import annotations
@@ -125,8 +127,16 @@ class EngineConfig(Section):
 
   Attributes:
     enabled: the RL trainers' training rollouts come from the engine (the run configs' `engine` section, read by
-      `jaxpt.rl.collect.RolloutCollector`; off: the static sampler, `jaxpt.rl.sampler`); `Engine` itself ignores it.
-    num_slots: rollouts decoded together (the decode batch); on a mesh, by each data-parallel group.
+      `jaxpt.rl.collect.rollout_engine`; False: the static sampler, `jaxpt.rl.sampler`). None (the default): where
+      it was measured faster, that is on CPU (a GRPO step at the realistic point 1.35x, its rollouts 1.87x; d512
+      rollouts 2.15x), unless the run samples through unmerged LoRA adapters (the engine decodes merged params) or
+      its prompts do not split over the mesh's data-parallel groups; on GPU and TPU the static sampler (an H200 ran
+      the 64-slot engine's first call at the realistic point ~4x slower than the static sampler's, and no TPU has
+      run it). `Engine` itself ignores it.
+    num_slots: rollouts decoded together (the decode batch); on a mesh, by each data-parallel group. The trainers and
+      `jaxpt.load(...).generate` cap it at the rows one engine is given (`for_rows`): a slot more decodes nothing.
+      64 is the realistic point's (256 rollouts, long-tailed lengths): fewer slots waste fewer slot-steps on rows
+      already done but take more steps; when every row runs about as long, a slot per row is best.
     page_size: KV slots per page.
     num_pages: pages in each layer's pool, on a mesh each data-parallel group's (0: every slot can hold a whole
       rollout at its most pages, `page_counts`); at least one rollout's (see the module doc).
@@ -148,13 +158,17 @@ class EngineConfig(Section):
       `jaxpt.rl.collect.RolloutCollector`; `Engine` itself ignores it.
   """
 
-  enabled: bool = False
-  num_slots: int = 8
+  enabled: bool | None = None
+  num_slots: int = 64
   page_size: int = 16
   num_pages: int = 0
   reserve_pages: bool = True
   attention: str = "gather"
   stream_rounds: bool = True
+
+  def for_rows(self, rows: int) -> "EngineConfig":
+    """This config with at most `rows` slots (the rows one engine is given)."""
+    return dataclasses.replace(self, num_slots=max(1, min(self.num_slots, rows)))
 
   def check(self) -> None:
     at_least(self, "num_slots", 1)
@@ -213,6 +227,11 @@ def batch_axes(layout: MeshLayout) -> tuple[str, ...]:
   """The mesh axes `layout.batch` splits the rows over (data, fsdp; `expert` under the ep presets)."""
   axes = layout.batch.spec[0] if layout.batch.spec else None
   return () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+
+
+def engine_groups(layout: MeshLayout | None) -> int:
+  """Engines running side by side on `layout`: the data-parallel size of its batch split (1 without a layout)."""
+  return 1 if layout is None else int(np.prod([layout.mesh.shape[a] for a in batch_axes(layout)]))
 
 
 def combined_stats(stats: EngineStats, total: Callable, most: Callable) -> EngineStats:
@@ -286,7 +305,7 @@ class Engine:
   @property
   def groups(self) -> int:
     """Engines running side by side: the data-parallel size of the layout's batch split (1 without a layout)."""
-    return 1 if self.layout is None else int(np.prod([self.layout.mesh.shape[a] for a in batch_axes(self.layout)]))
+    return engine_groups(self.layout)
 
   def __call__(self, params, prompt_tokens, prompt_mask, rng, budgets=None) -> SampleOutput:
     return self.run(params, prompt_tokens, prompt_mask, rng, budgets)[0]

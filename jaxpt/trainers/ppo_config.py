@@ -108,8 +108,9 @@ class PPORunConfig(RunConfig):
     dapo: DAPO's overlong filtering and soft overlong punishment (off by default).
     reward: the reward's sources (verifier, a reward model) and their weights, clipping, normalisation and the
       EOS-missing penalty; the per-token KL penalty is `ppo.kl_coef`'s.
-    engine: the rollout engine (`--config.engine.enabled=true`: training rollouts through continuous batching over
-      a paged KV cache, `jaxpt.rl.engine`; off: the static sampler) and its slots and page pool.
+    engine: the rollout engine (training rollouts through continuous batching over a paged KV cache,
+      `jaxpt.rl.engine`; by default on CPU, and the static sampler on GPU and TPU: `EngineConfig.enabled`) and its
+      slots and page pool.
   """
 
   task: TaskConfig = TaskConfig()
