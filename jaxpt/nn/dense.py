@@ -6,10 +6,12 @@ gradient then contracts a single `tokens` axis. With `[batch, seq, ...]` kept se
 XLA:CPU canonicalises that by materialising a transposed copy of the `[batch, seq, out]` cotangent (measured:
 ~18% of a d_model-512 train step; see benchmarks/train_step.py).
 
-`matmul` is that 2-D product with one more layout choice in its backward pass: the weight gradient x^T g is
-computed from an explicitly transposed copy of x. Left to autodiff it is a dot contracting both operands' leading
-`tokens` axis, which XLA:CPU ran at ~75% of its plain matmul rate here (x [2048, 512], g [2048, 2048]: 130 vs 172
-GFLOP/s; 85 vs 152 for the tied [512, 8192] unembedding); the copy costs one pass over x.
+`matmul` is that 2-D product with its backward pass written out so that both gradients' dots run on the operands'
+dtype, accumulated in float32: dx = g w^T, dw = x^T g, the latter one dot contracting both operands' leading
+`tokens` axis. (Until 8581039 dw came from a transposed copy of x kept by an optimization barrier: on earlier
+machines XLA:CPU ran the leading-axis dot at ~75% of its plain rate. On the Intel Xeon of
+`benchmarks/results_train_step_cpu.json` the copies took ~570 ms of a 2.7 s d512 Pre-Norm step in a profile, and
+the step without them took 0.91x the time, timed in alternation; on TPU and GPU such a copy is pure overhead.)
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ from jaxpt.nn.quant import dequantize, quantize
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def matmul(x, w, out_dtype=None):
   """x [tokens, k] @ w [k, n] -> [tokens, n] (accumulated in, and returned as, `out_dtype` when given; else
-  accumulated in float32 and returned in the operands' dtype). Backward: dx = g w^T, dw = copy(x^T) g (see the
-  module doc)."""
+  accumulated in float32 and returned in the operands' dtype). Backward: dx = g w^T, dw = x^T g (see the module
+  doc)."""
   return accumulate_f32(x, w, out_dtype)
 
 
@@ -52,9 +54,9 @@ def _matmul_fwd(x, w, out_dtype):
 
 def _matmul_bwd(out_dtype, residuals, g):
   x, w = residuals
-  x_transposed = lax.optimization_barrier(x.T)  # materialised: keeps XLA from folding it back into the dot
+  contract_tokens = (((0,), (0,)), ((), ()))  # x [tokens, k], g [tokens, n] -> [k, n]
   return (jnp.dot(g, w.T, preferred_element_type=jnp.float32).astype(x.dtype),
-          jnp.dot(x_transposed, g, preferred_element_type=jnp.float32).astype(w.dtype))
+          lax.dot_general(x, g, contract_tokens, preferred_element_type=jnp.float32).astype(w.dtype))
 
 
 matmul.defvjp(_matmul_fwd, _matmul_bwd)
