@@ -1,10 +1,12 @@
 """The weight gradient's layout in `jaxpt.nn.dense.matmul`'s backward pass, timed in the whole train step.
 
     python -m benchmarks.dense_backward [--scheme pre] [--dtype float32|bfloat16] [--rounds 8]
+                                        [--layers scanned,unrolled]
 
 dw = x^T g for x [tokens, k], g [tokens, n], two ways: `direct` (jaxpt's: one dot contracting both operands'
 leading `tokens` axis) and `transposed_copy` (the earlier one: a copy of x^T kept by `lax.optimization_barrier`,
-then a plain dot). Both train steps are compiled (`benchmarks/train_step.py`'s model and batch) and timed in
+then a plain dot). For each layer layout (`scanned`: the models' default `scan_layers=True`; `unrolled`:
+`benchmarks/train_step.py`'s) both train steps are compiled (that benchmark's model and batch) and timed in
 alternation, one step each per round; `direct_over_transposed_copy` is the median over rounds of the ratio of their
 step seconds (below 1: the direct dot is faster). Prints one JSON.
 """
@@ -36,12 +38,12 @@ def transposed_copy_backward(out_dtype, residuals, g):
           jnp.dot(x_transposed, g, preferred_element_type=jnp.float32).astype(w.dtype))
 
 
-def compile_both(scheme: str, dtype: str) -> dict:
+def compile_both(scheme: str, dtype: str, scan_layers: bool) -> dict:
   """{"direct", "transposed_copy"}: each a `run()` of one train step compiled with that backward."""
-  runs = {"direct": train_step.compile_scheme(scheme, dtype=dtype)[1]}
+  runs = {"direct": train_step.compile_scheme(scheme, dtype=dtype, scan_layers=scan_layers)[1]}
   dense.matmul.defvjp(dense._matmul_fwd, transposed_copy_backward)
   try:
-    runs["transposed_copy"] = train_step.compile_scheme(scheme, dtype=dtype)[1]
+    runs["transposed_copy"] = train_step.compile_scheme(scheme, dtype=dtype, scan_layers=scan_layers)[1]
   finally:
     dense.matmul.defvjp(dense._matmul_fwd, dense._matmul_bwd)
   return runs
@@ -52,15 +54,20 @@ def main(argv=None) -> None:
   parser.add_argument("--scheme", default="pre")
   parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
   parser.add_argument("--rounds", type=int, default=8)
+  parser.add_argument("--layers", default="scanned,unrolled")
   args = parser.parse_args(argv)
-  runs = compile_both(args.scheme, args.dtype)
-  times = alternating_seconds(runs, args.rounds)
-  report = {"benchmark": "dense_backward", "scheme": args.scheme, "dtype": args.dtype, "rounds": args.rounds,
-            "step_s": {k: round(statistics.median(v), 3) for k, v in times.items()},
-            "seconds": {k: [round(s, 3) for s in v] for k, v in times.items()},
-            "direct_over_transposed_copy": round(median_ratio(times["direct"], times["transposed_copy"]), 3),
-            **machine_info(),
-            "command": " ".join(["python -m benchmarks.dense_backward", *(sys.argv[1:] if argv is None else argv)])}
+  unknown = set(args.layers.split(",")) - {"scanned", "unrolled"}
+  if unknown:
+    parser.error(f"--layers: unknown {', '.join(sorted(unknown))} (known: scanned, unrolled)")
+  report = {"benchmark": "dense_backward", "scheme": args.scheme, "dtype": args.dtype, "rounds": args.rounds}
+  for layers in args.layers.split(","):
+    times = alternating_seconds(compile_both(args.scheme, args.dtype, scan_layers=layers == "scanned"), args.rounds)
+    report[layers] = {
+        "step_s": {k: round(statistics.median(v), 3) for k, v in times.items()},
+        "seconds": {k: [round(s, 3) for s in v] for k, v in times.items()},
+        "direct_over_transposed_copy": round(median_ratio(times["direct"], times["transposed_copy"]), 3)}
+  report.update(**machine_info(),
+                command=" ".join(["python -m benchmarks.dense_backward", *(sys.argv[1:] if argv is None else argv)]))
   print(json.dumps(report, indent=1))
 
 

@@ -10,8 +10,9 @@ XLA:CPU canonicalises that by materialising a transposed copy of the `[batch, se
 dtype, accumulated in float32: dx = g w^T, dw = x^T g, the latter one dot contracting both operands' leading
 `tokens` axis. (Until 8581039 dw came from a transposed copy of x kept by an optimization barrier: on earlier
 machines XLA:CPU ran the leading-axis dot at ~75% of its plain rate. On the Intel Xeon of
-`benchmarks/results_train_step_cpu.json` the copies took ~570 ms of a 2.7 s d512 Pre-Norm step in a profile, and
-the step without them took 0.91x the time, timed in alternation; on TPU and GPU such a copy is pure overhead.)
+`benchmarks/results_train_step_cpu.json` the copies took ~570 ms of a ~3 s d512 Pre-Norm step (scanned layers) in a
+profile, and without them the step takes 0.91x the time with scanned layers and 0.96x unrolled, timed in alternation
+(`benchmarks/results_dense_backward_cpu.json`); on TPU and GPU such a copy is pure overhead.)
 """
 
 from __future__ import annotations
