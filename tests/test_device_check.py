@@ -109,9 +109,13 @@ def test_an_unknown_section_is_refused_naming_it(capsys):
   assert "--sections: unknown warp_drive" in capsys.readouterr().err
 
 
-def test_the_deadline_cuts_the_running_section_and_starts_no_other(tmp_path):
-  """--deadline-s 1: the train step's first compile is running then; once it returns the section is cut (its
-  JSON says so) and the sampler never starts; the summary is written and the exit status is non-zero."""
+def test_the_deadline_cuts_the_running_section_and_starts_no_other(tmp_path, monkeypatch):
+  """--deadline-s 1: the train step is running then (held 2 s before it starts its work: with its compiles cached
+  from the dry run above it can end within the second); the section is cut (its JSON says so) and the sampler never
+  starts; the summary is written and the exit status is non-zero."""
+  train_step = device_check.SECTIONS["train_step"]
+  monkeypatch.setitem(device_check.SECTIONS, "train_step",
+                      lambda sizes, budget: time.sleep(2) or train_step(sizes, budget))
   assert device_check.main(["--dry-run", "--deadline-s", "1", "--grace-s", "600", "--out", str(tmp_path),
                             "--sections", "train_step,sampler"]) == 1
   sections = _read(tmp_path, "summary")["sections"]

@@ -31,7 +31,8 @@ time is a median over repeated synchronised calls, warm-up excluded):
   rollout / scoring / update, beside HF `generate` of the same rollouts.
 - `engine`: the rollout engine vs the static sampler at issue 29's realistic point (`tools/device_engine.py`:
   long-tailed answer lengths, d512, bf16; each stage's seconds printed as it ends), with JAX's Pallas GPU paged
-  attention kernel on a GPU and then the engine with a slot per rollout.
+  attention kernel on a GPU; then a trace of one engine call and engines that each change one thing (whole page
+  tables, a slot per rollout) against the static sampler.
 - `sampler`: jaxpt's KV-cache sampler (bf16 rollouts) on the ~350M Pre-Norm model vs HF transformers `generate`
   on torch CUDA (eager, and the static cache that `generate` compiles), timed in alternation
   (`benchmarks/torch_cuda_peer.py`, persistent processes).
@@ -66,7 +67,7 @@ import jax
 
 from benchmarks import two_stream_norm as tsn
 from tools.deadline import Deadline, DeadlineReached
-from tools.device_engine import realistic_engine
+from tools.device_engine import VARIANTS as ENGINE_VARIANTS, realistic_engine
 from tools.device_kernels import kernel_numerics, kernel_tuning, two_stream_norm
 from tools.device_traces import pack_sections, pack_traces
 from tools.device_training import PEAK_BF16_TFLOPS, device_peak, grpo_step, sampler, train_step
@@ -172,10 +173,10 @@ def headline(name: str, report: dict) -> dict:
             for m, model in report["models"].items() for v, e in model.get("variants", {}).items()}
   if name == "sampler":
     return {"jaxpt_new_tokens_per_sec": report.get("jaxpt", {}).get("new_tokens_per_sec"),
-            **{p: e["speedup_jaxpt_over_peer"] for p, e in report.get("peers", {}).items()},
-}
+            **{p: e["speedup_jaxpt_over_peer"] for p, e in report.get("peers", {}).items()}}
   if name == "engine":
-    return {k: report.get(k) for k in ("speedup", "pallas_gpu_speedup", "all_slots_speedup")} | {
+    speedups = ("speedup", "pallas_gpu_speedup", *(f"{name}_speedup" for name, *_ in ENGINE_VARIANTS))
+    return {k: report.get(k) for k in speedups} | {
         "compile_s": {k: v for k, v in report.get("stages_s", {}).items() if k.startswith("compile")}}
   if name == "grpo_step":
     return {k: v for k, v in report.items() if k.startswith("rollout_") or k in ("bfloat16", "float32")}

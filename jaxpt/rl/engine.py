@@ -80,12 +80,11 @@ is then dropped (the early start's prefills and the tail's busier attention read
 
 Where it runs: the RL trainers' training rollouts, by default on CPU (the run config's `engine.enabled`,
 `EngineConfig.enabled`, `jaxpt.rl.collect.rollout_engine`; with DAPO's dynamic sampling a step's rounds through
-`rounds`), and
-`jaxpt.load(...).generate(..., engine=...)`. On a mesh (`layout`, `Engine.sharded`) each data-parallel group runs
-its own engine under `jax.shard_map`: its B / dp rows (whole groups of G), its own slots and page pool, the params
-gathered whole onto each device (a group's devices along `tensor` run the same engine: no collective inside the
-loop, whose trip count differs between groups); row b's keys are those of its global row, so the rollouts equal
-one engine's on one device.
+`rounds`), and `jaxpt.load(...).generate(..., engine=...)`. On a mesh (`layout`, `Engine.sharded`) each
+data-parallel group runs its own engine under `jax.shard_map`: its B / dp rows (whole groups of G), its own slots
+and page pool, the params gathered whole onto each device (a group's devices along `tensor` run the same engine: no
+collective inside the loop, whose trip count differs between groups); row b's keys are those of its global row, so
+the rollouts equal one engine's on one device.
 
 The kernels are JAX's decode-only `paged_attention` for TPU and for GPU (pools [kv_heads, pages, page_size, D], this
 engine's layout), checked on CPU in Pallas's interpret modes (tests/test_rl_engine.py). The GPU kernel ran on an
