@@ -20,6 +20,7 @@ Each stage prints its seconds as it ends (`engine: <stage> <s> s`; each system's
 later rounds stop once the budget is spent; `speedup` is the median over timed rounds of static seconds / engine
 seconds.
 """
+
 from __future__ import annotations
 
 import argparse
