@@ -88,9 +88,10 @@ the rollouts equal one engine's on one device.
 
 The kernels are JAX's decode-only `paged_attention` for TPU and for GPU (pools [kv_heads, pages, page_size, D], this
 engine's layout), checked on CPU in Pallas's interpret modes (tests/test_rl_engine.py). The GPU kernel ran on an
-H200 (`benchmarks/results_device_h200/at_1769bae/`: first calls only, 1.24-1.46 s against the gather path's
-1.68-1.71 s at the realistic point, bf16); the TPU one has not run on a TPU. JAX's `ragged_paged_attention` (K and V
-interleaved in one pool) does not run in interpret mode in jax 0.10.2, so it is not used. Not yet (issue 29):
+H200 (`benchmarks/results_device_h200/at_8070afa/`: 0.72 s against the gather path's 1.40 s and the static
+sampler's 0.35 s at the realistic point, bf16, medians of 3 rounds); the TPU one has not run on a TPU. JAX's
+`ragged_paged_attention` (K and V interleaved in one pool) does not run in interpret mode in jax 0.10.2, so it is
+not used. Not yet (issue 29):
 batched prefills (not faster where measured, above); the eval's greedy and pass@1 decodes (they stay on the static
 sampler); tensor-parallel params inside a group (they are gathered whole).
 """
@@ -129,9 +130,9 @@ class EngineConfig(Section):
       `jaxpt.rl.collect.rollout_engine`; False: the static sampler, `jaxpt.rl.sampler`). None (the default): where
       it was measured faster, that is on CPU (a GRPO step at the realistic point 1.35x, its rollouts 1.87x; d512
       rollouts 2.15x), unless the run samples through unmerged LoRA adapters (the engine decodes merged params) or
-      its prompts do not split over the mesh's data-parallel groups; on GPU and TPU the static sampler (an H200 ran
-      the 64-slot engine's first call at the realistic point ~4x slower than the static sampler's, and no TPU has
-      run it). `Engine` itself ignores it.
+      its prompts do not split over the mesh's data-parallel groups; on GPU and TPU the static sampler (on an H200
+      at the realistic point the 64-slot engine took 1.40 s, 0.72 s with the Pallas kernel, against the static
+      sampler's 0.35 s; no TPU has run it). `Engine` itself ignores it.
     num_slots: rollouts decoded together (the decode batch); on a mesh, by each data-parallel group. The trainers and
       `jaxpt.load(...).generate` cap it at the rows one engine is given (`for_rows`): a slot more decodes nothing.
       64 is the realistic point's (256 rollouts, long-tailed lengths): fewer slots waste fewer slot-steps on rows
