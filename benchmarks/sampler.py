@@ -1,7 +1,8 @@
 """KV-cache sampler throughput (new tokens/s) per residual scheme and rollout dtype, beside HF `generate` and
 tunix's `Sampler`, timed in alternation. Prints one JSON object (or writes it to --out).
 
-    python -m benchmarks.sampler [--peer-python /tmp/peers-venv/bin/python] [--points small,kv] [--rounds 5,2]
+    python -m benchmarks.sampler [--hf-python /tmp/peers2-venv/bin/python] [--tunix-python /tmp/peers-venv/bin/python]
+                                 [--points small,kv] [--rounds 5,2]
                                  [--schemes pre,siamese_post_pre] [--kv-schemes pre] [--dtypes float32,bfloat16]
                                  [--out FILE] [realistic point flags: --prompts 32 --group 8 --min-prompt 64
                                  --max-prompt 256 --median 100 --max-new 512 --spread 0.9 --slots 64
@@ -15,8 +16,9 @@ the same sampler with 1 new token, so decode_step_ms = (call - prefill) / (new -
 also time the same call through the rollout engine (`engine`: `batch` slots, pages of 16, every row's budget the
 new tokens): its call, tokens/s and speed-ups (vs the static sampler and each peer) in each round's alternation.
 
-`realistic` (issue 29's: `python -m benchmarks.sampler --points realistic --rounds 3 --peer-python
-/tmp/peers-venv/bin/python --out benchmarks/results_sampler_realistic_cpu.json`): the rows and answer lengths of
+`realistic` (issue 29's: `python -m benchmarks.sampler --points realistic --rounds 3 --hf-python
+/tmp/peers2-venv/bin/python --tunix-python /tmp/peers-venv/bin/python --out
+benchmarks/results_sampler_realistic_cpu.json`): the rows and answer lengths of
 `benchmarks/realistic.py` (B = --prompts prompts x G = --group rollouts, prompts --min-prompt .. --max-prompt
 tokens left-padded, lognormal answer lengths of median --median up to --max-new), the same token ids and lengths
 for every system: written once to an .npz that each peer process reads (`sampler_peers.py --rows`). jaxpt
@@ -34,16 +36,17 @@ prefill each of the B distinct prompts once for its G rollouts (shared-prompt pr
 jaxpt), while HF and tunix, which have no shared-prompt prefill (HF's `num_return_sequences` repeats the prompts
 before its prefill), prefill all B x G rows; so the speed-ups include that saving (the point's `note` says so).
 
-Peers (`benchmarks/sampler_peers.py`, run with --peer-python, a venv with torch 2.13 CPU + transformers and
-google-tunix 0.1.7): HF transformers `generate` and tunix's Sampler with untied (tunix's default) and tied
-embeddings. Each peer is a persistent process fed one `run` command per round. At every point the peers start
-first, one at a time: each builds, makes its warm-up call (compiles) and, for HF, picks its torch thread count
-before the next starts and before jaxpt compiles anything, so each warm-up and HF's 1-or-2-thread choice run
-beside no other work of the benchmark (a ready peer waits on its stdin). A round then times every jaxpt variant
-and every peer once, one after the other, so a load swing reaches all alike, and a speed-up is the median over
-rounds of that round's peer seconds / jaxpt seconds. `--rounds` gives one count per `--points` entry (default:
-small 5, kv 2, realistic 3); a `--model` other than `issue` is refused where small or kv runs (they and their
-peers build the issue's model).
+Peers (`benchmarks/sampler_peers.py`, run with --hf-python, a venv with torch + transformers, and --tunix-python,
+one with google-tunix 0.1.7 (which needs safetensors < 0.8, so the newest transformers cannot share its venv);
+--peer-python is both, for a venv that holds them all): HF transformers `generate` and tunix's Sampler with untied
+(tunix's default) and tied embeddings. Each peer is a persistent process fed one `run` command per round. At every
+point the peers start first, one at a time: each builds, makes its warm-up call (compiles) and, for HF, picks its
+torch thread count before the next starts and before jaxpt compiles anything, so each warm-up and HF's 1-or-2-thread
+choice run beside no other work of the benchmark (a ready peer waits on its stdin). A round then times every jaxpt
+variant and every peer once, one after the other, so a load swing reaches all alike, and a speed-up is the median
+over rounds of that round's peer seconds / jaxpt seconds. `--rounds` gives one count per `--points` entry (default:
+small 5, kv 2, realistic 3); a `--model` other than `issue` is refused where small or kv runs (they and their peers
+build the issue's model).
 
 Floors (same rounds): `read_gb_per_s` is the machine's measured memory read rate (a jitted sum over 256 MiB);
 a decode step must read every weight and the filled part of the KV cache (the mean over steps of prompt + t
@@ -72,7 +75,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks import realistic
+from benchmarks import realistic, references
 from benchmarks.common import alternating_seconds, machine_info, median_ratio, ready_peers
 from benchmarks.train_step import MODEL
 from jaxpt.models.config import ModelConfig
@@ -144,18 +147,25 @@ def hf_flags(peer: str, threads: int) -> list[str]:
   return ["--torch-threads", str(threads)] if peer == "hf" and threads else []
 
 
+def peer_pythons(args) -> dict[str, str]:
+  """{peer: the python it runs under} for every peer given one: --hf-python for HF, --tunix-python for tunix's two,
+  --peer-python for either where its own is not given."""
+  pythons = {p: (args.hf_python if p == "hf" else args.tunix_python) or args.peer_python for p in PEERS}
+  return {p: python for p, python in pythons.items() if python}
+
+
 def speedups(times: dict, peers, key) -> dict:
   """{"speedup_vs_<peer>": median over rounds of the peer's call seconds / times[key]'s} for every peer."""
   return {f"speedup_vs_{p.name}": round(median_ratio(times[(p.name, "call")], times[key]), 2) for p in peers}
 
 
-def run_point(name: str, schemes: list[str], dtypes: list[str], rounds: int, peer_python: str,
+def run_point(name: str, schemes: list[str], dtypes: list[str], rounds: int, pythons: dict[str, str],
               hf_threads: int = 0) -> dict:
   """Readies the peers of one operating point one at a time, then builds its jaxpt variants, times `rounds`
   alternating rounds, summarises."""
   batch, prompt, new = POINTS[name]
-  peers = ready_peers({p: [peer_python, str(PEER_SCRIPT), p, str(batch), str(prompt), str(new),
-                           *hf_flags(p, hf_threads)] for p in PEERS if peer_python})
+  peers = ready_peers({p: [python, str(PEER_SCRIPT), p, str(batch), str(prompt), str(new), *hf_flags(p, hf_threads)]
+                       for p, python in pythons.items()})
   runs, facts = {}, {}
   for scheme in schemes:
     cfg = ModelConfig(norm_scheme=scheme, **MODEL)
@@ -212,15 +222,23 @@ def run_point(name: str, schemes: list[str], dtypes: list[str], rounds: int, pee
                                "call_ms": round(med[(p.name, "call")] * 1e3, 1),
                                "new_tokens_per_sec": round(batch * new / med[(p.name, "call")], 1)}
                       for p in peers}}
-  if peers:
-    fastest_tunix = max(("tunix_untied", "tunix_tied"), key=lambda p: report["peers"][p]["new_tokens_per_sec"])
-    report["fastest_tunix"] = fastest_tunix
-    report["goals"] = {f"{v}{path}_vs_{peer} >= {goal}": figures[f"speedup_vs_{peer}"]
-                       for v, peer, goal in [(f"{schemes[0]}_float32", fastest_tunix, 1.5),
-                                             (f"{schemes[0]}_float32", "hf", 2.0),
-                                             (f"{schemes[0]}_bfloat16", fastest_tunix, 2.5)] if v in variants
-                       for path, figures in (("", variants[v]), ("_engine", variants[v]["engine"]))}
+  tunix = fastest_tunix(report, "new_tokens_per_sec")
+  report["goals"] = {f"{v}{path}_vs_{peer} >= {goal}": figures[f"speedup_vs_{peer}"]
+                     for v, peer, goal in [(f"{schemes[0]}_float32", tunix, 1.5), (f"{schemes[0]}_float32", "hf", 2.0),
+                                           (f"{schemes[0]}_bfloat16", tunix, 2.5)]
+                     if v in variants and peer in report["peers"]
+                     for path, figures in (("", variants[v]), ("_engine", variants[v]["engine"]))}
   return report
+
+
+def fastest_tunix(report: dict, rate: str) -> str | None:
+  """The faster of tunix's two samplers in `report["peers"]` by `rate` (also recorded as `fastest_tunix`), or None
+  where tunix did not run."""
+  ran = [p for p in ("tunix_untied", "tunix_tied") if p in report["peers"]]
+  if not ran:
+    return None
+  report["fastest_tunix"] = max(ran, key=lambda p: report["peers"][p][rate])
+  return report["fastest_tunix"]
 
 
 def write_rows(path: str, cfg: ModelConfig, args, tokens, mask, lengths) -> None:
@@ -230,7 +248,7 @@ def write_rows(path: str, cfg: ModelConfig, args, tokens, mask, lengths) -> None
            model=np.array([cfg.d_model, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size]))
 
 
-def run_realistic(args, rounds: int, peer_python: str, hf_threads: int = 0) -> dict:
+def run_realistic(args, rounds: int, pythons: dict[str, str], hf_threads: int = 0) -> dict:
   """The realistic point (see the module doc): the peers start on the rows' .npz one at a time, then jaxpt's
   engine and static sampler compile and run once (untimed), then `rounds` alternating rounds; -> its report."""
   cfg = ModelConfig(norm_scheme="pre", **realistic.MODELS[args.model])
@@ -239,8 +257,8 @@ def run_realistic(args, rounds: int, peer_python: str, hf_threads: int = 0) -> d
     rows = os.path.join(tmp, "rows.npz")
     write_rows(rows, cfg, args, tokens, mask, lengths)
     # each has read the rows and made its checked warm-up call before the next starts and jaxpt compiles
-    peers = ready_peers({p: [peer_python, str(PEER_SCRIPT), p, "--rows", rows, *hf_flags(p, hf_threads)]
-                         for p in PEERS if peer_python}, stderr=None)
+    peers = ready_peers({p: [python, str(PEER_SCRIPT), p, "--rows", rows, *hf_flags(p, hf_threads)]
+                         for p, python in pythons.items()}, stderr=None)
     params = init_params(cfg, jax.random.PRNGKey(0))
     engine, compiled = realistic.jaxpt_systems(cfg, args, params, tokens, mask, lengths)
     calls = iter(range(1, 10 ** 6))
@@ -275,11 +293,9 @@ def run_realistic(args, rounds: int, peer_python: str, hf_threads: int = 0) -> d
                 for p in peers},
       "load": {"note": "os.getloadavg() (1, 5, 15 min) before and after the timed rounds",
                "before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in load_after]}}
-  if peers:
-    fastest = max(("tunix_untied", "tunix_tied"), key=lambda p: report["peers"][p]["tokens_per_sec"])
-    report["fastest_tunix"] = fastest
-    report["goals"] = {f"pre_float32_vs_{fastest} >= 2": figures["engine"][f"speedup_vs_{fastest}"],
-                       "pre_float32_vs_hf >= 3": figures["engine"]["speedup_vs_hf"]}
+  tunix = fastest_tunix(report, "tokens_per_sec")
+  report["goals"] = {f"pre_float32_vs_{peer} >= {goal}": figures["engine"][f"speedup_vs_{peer}"]
+                     for peer, goal in ((tunix, 2), ("hf", 3)) if peer in report["peers"]}
   return report
 
 
@@ -291,7 +307,9 @@ def main(argv=None) -> None:
   parser.add_argument("--schemes", default="pre,siamese_post_pre", help="jaxpt schemes at the small point")
   parser.add_argument("--kv-schemes", default="pre", help="jaxpt schemes at the kv point")
   parser.add_argument("--dtypes", default="float32,bfloat16", help="rollout dtypes of every jaxpt scheme")
-  parser.add_argument("--peer-python", default="", help="python of a venv with torch + transformers + tunix")
+  references.add_arguments(parser)
+  parser.add_argument("--peer-python", default="", help="python of a venv with torch + transformers + tunix: "
+                      "the peers' where --hf-python / --tunix-python are not given")
   parser.add_argument("--out", default="", help="write the JSON here (default: stdout)")
   parser.add_argument("--hf-threads", type=int, default=0, choices=(0, 1, 2),
                       help="torch threads of the HF peer; 0: the faster of 1 and 2 in a trial call each (two "
@@ -316,10 +334,10 @@ def main(argv=None) -> None:
             "command": "python -m benchmarks.sampler " + shlex.join(sys.argv[1:] if argv is None else argv)}
   for point, n in zip(points, map(int, rounds)):
     if point == "realistic":
-      report[point] = run_realistic(args, n, args.peer_python, args.hf_threads)
+      report[point] = run_realistic(args, n, peer_pythons(args), args.hf_threads)
     else:
       schemes = (args.schemes if point == "small" else args.kv_schemes).split(",")
-      report[point] = run_point(point, schemes, args.dtypes.split(","), n, args.peer_python, args.hf_threads)
+      report[point] = run_point(point, schemes, args.dtypes.split(","), n, peer_pythons(args), args.hf_threads)
     print(f"{point}: done", file=sys.stderr, flush=True)
   text = json.dumps(report, indent=2) + "\n"
   if args.out:

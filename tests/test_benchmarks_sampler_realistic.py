@@ -172,15 +172,26 @@ def test_the_peers_are_ready_one_at_a_time_before_jaxpt_compiles(point, monkeypa
     raise StopIteration  # nothing of jaxpt's is built in this test
 
   monkeypatch.setattr(sampler, "init_params", jaxpt_starts)
+  pythons = sampler.peer_pythons(types.SimpleNamespace(hf_python="hf-python", tunix_python="", peer_python="both"))
   with pytest.raises(StopIteration):
     if point == "realistic":
-      sampler.run_realistic(types.SimpleNamespace(**vars(ARGS), model="tiny"), 1, "peer-python", hf_threads=2)
+      sampler.run_realistic(types.SimpleNamespace(**vars(ARGS), model="tiny"), 1, pythons, hf_threads=2)
     else:
-      sampler.run_point(point, ["pre"], ["float32"], 1, "peer-python", hf_threads=2)
+      sampler.run_point(point, ["pre"], ["float32"], 1, pythons, hf_threads=2)
   assert log == [f"{event} {peer}" for peer in sampler.PEERS for event in ("start", "ready")] + ["jaxpt"]
+  # each peer under its own venv's python (--peer-python where its own is not given)
+  assert {p: argv[0] for p, argv in argvs.items()} == {"hf": "hf-python", "tunix_untied": "both", "tunix_tied": "both"}
   # --hf-threads reaches the HF peer alone, as its trailing --torch-threads (no trial calls)
   assert {p: argv[-2:] == ["--torch-threads", "2"] for p, argv in argvs.items()} == {
       p: p == "hf" for p in sampler.PEERS}
+
+
+def test_a_peer_without_a_python_does_not_run():
+  args = types.SimpleNamespace(hf_python="", tunix_python="tunix-python", peer_python="")
+  assert sampler.peer_pythons(args) == {"tunix_untied": "tunix-python", "tunix_tied": "tunix-python"}
+  report = {"peers": {"tunix_untied": {"rate": 2.0}, "tunix_tied": {"rate": 3.0}}}
+  assert sampler.fastest_tunix(report, "rate") == "tunix_tied" == report["fastest_tunix"]
+  assert sampler.fastest_tunix({"peers": {"hf": {"rate": 1.0}}}, "rate") is None
 
 
 def test_a_fixed_point_times_the_engine_beside_the_static_sampler(monkeypatch):
@@ -188,7 +199,7 @@ def test_a_fixed_point_times_the_engine_beside_the_static_sampler(monkeypatch):
   tokens/s and its speed-up over the static sampler; a second scheme has no engine entry."""
   monkeypatch.setattr(sampler, "MODEL", dict(realistic.MODELS["tiny"], num_layers=1))
   monkeypatch.setattr(sampler, "POINTS", {"tiny": (2, 4, 6)})
-  report = sampler.run_point("tiny", ["pre", "siamese_post_pre"], ["float32", "bfloat16"], 1, "")
+  report = sampler.run_point("tiny", ["pre", "siamese_post_pre"], ["float32", "bfloat16"], 1, {})
   for dtype in ("float32", "bfloat16"):
     engine = report["jaxpt"][f"pre_{dtype}"]["engine"]
     assert set(engine) == {"call_ms", "new_tokens_per_sec", "speedup_vs_static"}
