@@ -5,6 +5,7 @@ import importlib
 import json
 import math
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -193,9 +194,9 @@ def test_report(run):
 
 
 def test_runs_are_kept_as_they_finish_and_a_fresh_workdir_goes_on_from_them(run, tmp_path, monkeypatch):
-  """The pilot stage with each run's training replaced by a record (and its RL metrics): every RM tuning and seed
-  run lands in --keep-runs, the SFT does not; a fresh workdir imports them and trains only the SFT again; kept runs
-  of an SFT that did not reproduce (another fingerprint) are refused."""
+  """The pilot stage with each run's training replaced by a record (and its RL metrics, and the SFT's files): every RM
+  tuning and seed run lands in --keep-runs, and the SFT with its last checkpoint only; a fresh workdir imports them
+  all and trains nothing; kept runs of another SFT (another fingerprint: one trained again) are refused."""
   from experiments.toolkit import runner
   from tests.runs import recording_grid
 
@@ -203,6 +204,12 @@ def test_runs_are_kept_as_they_finish_and_a_fresh_workdir_goes_on_from_them(run,
 
   def summarise(row):
     if row["name"] == "sft":
+      folder = runner.run_dir(str(workdir["path"]), row)
+      for name in ("config.json", "config_history.jsonl", "metrics.jsonl", "tokenizer/vocab", "checkpoints/100/state",
+                   "checkpoints/300/state", "tb/events"):
+        os.makedirs(os.path.dirname(os.path.join(folder, name)), exist_ok=True)
+        with open(os.path.join(folder, name), "w") as f:
+          f.write(name)
       return dict(last={}, fingerprint=sft_print["value"])
     rm = dict(validation_accuracy=0.6, validation_balanced_accuracy=0.55 + 0.01 * len(trained), train_accuracy=0.7)
     if row["name"].startswith("tune/"):
@@ -230,14 +237,20 @@ def test_runs_are_kept_as_they_finish_and_a_fresh_workdir_goes_on_from_them(run,
   main("w")
   runs = 1 + 1 + len(run.GRID["dir"]) + 2 * len(run.PILOT_SEEDS)  # SFT, BT and DIR's grid, 2 methods x seeds
   assert len(trained) == runs
-  assert sorted(os.listdir(kept / "runs")) == ["pilot", "tune"]  # not the SFT
+  assert sorted(os.listdir(kept / "runs")) == ["pilot", "tune"]
   assert sorted(os.listdir(kept / "runs" / "pilot" / "dir" / f"seed{run.PILOT_SEEDS[0]}")) == sorted(
       ["done.json"] + list(run.RL_ARMS))
+  kept_sft = sorted(os.path.relpath(os.path.join(d, f), kept / "sft") for d, _, files in os.walk(kept / "sft")
+                    for f in files)
+  assert kept_sft == ["checkpoints/300/state", "config.json", "config_history.jsonl", "done.json", "metrics.jsonl",
+                      "tokenizer/vocab"]
   main("fresh")
-  assert trained[runs:] == ["sft"]  # the SFT again (it reproduced); every other run imported
+  assert trained[runs:] == []  # the SFT and every other run imported
+  assert (tmp_path / "fresh" / "sft" / "checkpoints" / "300" / "state").read_text() == "checkpoints/300/state"
   with open(tmp_path / "pilot.json") as f:
     assert len(json.load(f)["runs"]) == 2 * len(run.PILOT_SEEDS) * len(run.RL_ARMS)
+  shutil.rmtree(kept / "sft")  # runs kept before their SFT was: it is trained again, here to another fingerprint
   sft_print["value"] = "bbbb"
   with pytest.raises(SystemExit, match="sft_fingerprint"):
     main("other_cpu")
-  assert trained[runs + 1:] == ["sft"]
+  assert trained[runs:] == ["sft"]

@@ -47,9 +47,12 @@ the seed's RM (its backbone and score head, InstructGPT's recipe) and trained al
 reward over 60 steps; over these 20 steps it would hardly move the policy, and the question is what each RM's
 optimisation does to it).
 Sessions: each RM tuning run and each seed run (RM, GRPO, PPO) is copied to `kept_runs/` (committed) as it finishes,
-and a fresh workdir imports them, so the stages go on across machines that keep nothing. The SFT is never kept: it
-is trained again (minutes) and every run records its params' fingerprint (`sft_fingerprint`); kept runs whose SFT
-did not reproduce bit for bit (another CPU, other code) are refused, never mixed.
+and a fresh workdir imports them, so the stages go on across machines that keep nothing. The SFT every run starts
+from is kept whole once (`kept_runs/sft/`: its record, tokenizer and last checkpoint, 6.5 MB) and imported before
+anything else: it does not reproduce bit for bit on another machine (the second pilot's SFT, retrained on a new
+session's CPU, had another fingerprint and every kept run was refused), and every run records its params'
+fingerprint (`sft_fingerprint`), so runs from two SFTs are refused, never mixed. The runs are made at one commit
+(`kept_runs/README.md` says which), from a worktree of it.
 An earlier design (50-step RMs on 2,048 pairs, GRPO only) is kept in `v1/` (pilot, results, discussion): its RMs
 ranked by length alone, so it could not ask the question.
 
@@ -64,6 +67,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import sys
 
 import jax
@@ -189,6 +193,36 @@ def train_rm(run: dict, directory: str) -> dict:
               validation_balanced_accuracy=None if longer is None or shorter is None else (longer + shorter) / 2,
               validation_accuracy_chosen_longer=longer, validation_accuracy_chosen_shorter=shorter,
               validation_spearman_score_length=report.get("spearman_score_length"))
+
+
+SFT_KEPT = ("config.json", "config_history.jsonl", "metrics.jsonl", "tokenizer")  # and the last checkpoint
+
+
+def keep_sft(sft_dir: str, keep: str) -> None:
+  """Copies the finished SFT run (its record last) to keep/sft once: what a run started from it reads, with only
+  the last of its checkpoints."""
+  target = os.path.join(keep, "sft")
+  if os.path.exists(os.path.join(target, runner.DONE_FILE)):
+    return
+  last = max(os.listdir(os.path.join(sft_dir, "checkpoints")), key=int)
+  for name in (*SFT_KEPT, os.path.join("checkpoints", last)):
+    source = os.path.join(sft_dir, name)
+    if os.path.isdir(source):
+      shutil.copytree(source, os.path.join(target, name), dirs_exist_ok=True)
+    else:
+      os.makedirs(target, exist_ok=True)
+      shutil.copyfile(source, os.path.join(target, name))
+  shutil.copyfile(os.path.join(sft_dir, runner.DONE_FILE), os.path.join(target, runner.DONE_FILE))
+  print(f"the SFT kept in {target}", flush=True)
+
+
+def import_kept_sft(keep: str, sft_dir: str) -> None:
+  """The kept SFT (keep/sft, `keep_sft`) copied to `sft_dir` of a fresh workdir, so its runs start from it."""
+  source = os.path.join(keep, "sft")
+  if os.path.exists(os.path.join(source, runner.DONE_FILE)) and not os.path.exists(
+      os.path.join(sft_dir, runner.DONE_FILE)):
+    shutil.copytree(source, sft_dir, dirs_exist_ok=True)
+    print(f"the kept SFT imported into {sft_dir}", flush=True)
 
 
 def _once(directory: str, name: str, train) -> dict:
@@ -403,8 +437,8 @@ def main(argv=None) -> None:
   parser.add_argument("--smoke", action="store_true", help="tiny models and steps, 2 seeds: checks the script runs")
   parser.add_argument("--print-digest", action="store_true", help="print the configs' digest and stop")
   parser.add_argument("--keep-runs", default=os.path.join(HERE, "kept_runs"),
-                      help="each finished RM tuning and seed run is copied here as it finishes (committed: a fresh "
-                           "--workdir imports them and goes on; the SFT is trained again and must reproduce)")
+                      help="the SFT and each finished RM tuning and seed run are copied here as they finish "
+                           "(committed: a fresh --workdir imports them and goes on)")
   parser.add_argument("--pilot", default=os.path.join(HERE, "pilot.json"),
                       help="the pilot's file: written by --stage pilot, read by --stage main (N)")
   args = parser.parse_args(argv)
@@ -439,9 +473,12 @@ def main(argv=None) -> None:
                                        counts["test"], LENGTH_BIAS, MAX_FILLER)
   if not smoke:
     runner.import_kept(args.keep_runs, workdir)
-  sft = grid([dict(common, name="sft")], train_sft, kept=False)  # never kept: its checkpoint starts every run
+    import_kept_sft(args.keep_runs, common["sft_dir"])
+  sft = grid([dict(common, name="sft")], train_sft, kept=False)  # kept whole below: its checkpoint starts every run
   if not sft:
     raise SystemExit("the SFT run did not finish")
+  if keep:
+    keep_sft(common["sft_dir"], keep)
   # every run records the SFT it started from: kept runs of an SFT that did not reproduce here are refused
   common["sft_fingerprint"] = overrides["sft_fingerprint"] = sft[0]["fingerprint"]
   tune_runs = [dict(common, name=f"tune/{m}/{i}", method=m, seed=TUNE_SEED, hp=hp)
