@@ -15,9 +15,35 @@ import jax.numpy as jnp
 
 
 def machine_info() -> dict:
-  """What every benchmark JSON records of where it ran: the device, jax's version, the CPU count and machine."""
+  """What every benchmark JSON records of where it ran: the device, jax's version, the CPU count and machine, and
+  the CPU's model and vector extensions (the project's machine changes between sessions: two runs compare only on
+  the same CPU)."""
   return {"device": str(jax.devices()[0]), "jax": jax.__version__, "cpu_count": os.cpu_count(),
-          "machine": platform.machine()}
+          "machine": platform.machine(), **cpu_model()}
+
+
+CPU_EXTENSIONS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+
+
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> dict:
+  """{"cpu_model": the first processor's model name, "cpu_id": its family/model/stepping (a virtual machine's model
+  name can be just "Intel(R) Xeon(R) Processor"), "cpu_extensions": which of CPU_EXTENSIONS it lists} from Linux's
+  cpuinfo; {} where there is none (another OS)."""
+  try:
+    with open(cpuinfo) as f:
+      text = f.read()
+  except OSError:
+    return {}
+  fields = {}
+  for line in text.splitlines():
+    if not line.strip():
+      break  # the first processor's block only
+    key, _, value = line.partition(":")
+    fields[key.strip()] = value.strip()
+  flags = set(fields.get("flags", "").split())
+  return {"cpu_model": fields.get("model name", ""),
+          "cpu_id": "/".join(fields.get(k, "?") for k in ("cpu family", "model", "stepping")),
+          "cpu_extensions": [x for x in CPU_EXTENSIONS if x in flags]}
 
 
 def median_seconds(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:

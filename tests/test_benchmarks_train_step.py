@@ -32,6 +32,16 @@ def test_alternating_seconds_calls_each_peer_once_a_round_after_the_runs():
   assert times["p"] == [5.0, 7.0] and len(times["a"]) == len(times["b"]) == 2
 
 
+def test_every_result_names_the_cpu_it_ran_on(tmp_path):
+  cpuinfo = tmp_path / "cpuinfo"
+  cpuinfo.write_text("processor\t: 0\ncpu family\t: 6\nmodel\t\t: 207\nmodel name\t: Intel(R) Xeon(R) Processor\n"
+                     "stepping\t: 2\nflags\t\t: fpu avx2 avx512f amx_tile\n\nprocessor\t: 1\nflags\t: fpu\n")
+  assert common.cpu_model(str(cpuinfo)) == {"cpu_model": "Intel(R) Xeon(R) Processor", "cpu_id": "6/207/2",
+                                            "cpu_extensions": ["avx2", "avx512f", "amx_tile"]}
+  assert common.cpu_model(str(tmp_path / "none")) == {}
+  assert set(common.machine_info()) >= {"device", "jax", "cpu_count", "machine"}
+
+
 def test_the_ratio_to_a_reference_pairs_seconds_round_by_round():
   # Per-round ratios 2, 0.5, 2 (median 2); the ratio of the medians would be 2 / 2 = 1.
   times = {"pre": [1.0, 2.0, 4.0], "hf": [2.0, 1.0, 8.0]}
