@@ -1,6 +1,7 @@
-"""TPU and GPU without the devices: each Pallas kernel (forward, forward + backward; bf16 and fp32) and a SiameseNorm
-train step are exported with `jax.export` from this CPU for TPU (Mosaic: `tpu_custom_call`) and CUDA (Triton:
-`__gpu$xla.gpu.triton`), lowered and never run, so a change that breaks either lowering fails here."""
+"""TPU and GPU without the devices: each Pallas kernel (forward, forward + backward; bf16 and fp32), a SiameseNorm
+train step and the rollout engine's paged attention (JAX's Pallas paged attention kernels) are exported with
+`jax.export` from this CPU for TPU (Mosaic: `tpu_custom_call`) and CUDA (Triton: `__gpu$xla.gpu.triton`), lowered
+and never run, so a change that breaks either lowering fails here."""
 
 import collections
 import math
@@ -16,6 +17,7 @@ from jaxpt.kernels.two_stream_norm import layout
 from jaxpt.models import fused
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM, init_params
+from jaxpt.nn.attention import pallas_paged_attention
 from jaxpt.trainers.lm import make_lm_loss_fn
 from jaxpt.engine.optim import OptimConfig, make_optimizer
 from jaxpt.engine.state import TrainState
@@ -139,6 +141,31 @@ def test_interpret_mode_lowers_to_no_kernel_call(target):
   assert layout.resolve_platform("cpu") == "interpret"
   text = exported_text(fn, target, *args)
   assert kernel_calls(text) == collections.Counter() and MOSAIC not in text and TRITON not in text
+
+
+# --- the rollout engine's paged attention ---------------------------------------------------------------------
+
+PAGED = {"tpu": "pallas_tpu", "gpu": "pallas_gpu"}  # kernel platform -> `EngineConfig.attention`
+
+
+def paged_args(dtype):
+  """One decode step's abstract inputs: q [8, 1, 8, 128], K/V pools [4 kv heads, 64 pages, 16, 128], tables [8, 8]."""
+  pool = S((4, 64, 16, 128), dtype)
+  return S((8, 1, 8, 128), dtype), pool, pool, S((8, 8), jnp.int32), S((8,), jnp.int32)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("platform", sorted(TARGETS))
+def test_paged_attention_lowers_to_the_platforms_kernel(platform, dtype):
+  """`engine.attention = "pallas_tpu"` / `"pallas_gpu"` off interpret mode: the module holds the chip's kernel
+  call (the TPU one has never run on a TPU; the GPU one ran on an H200); in interpret mode, a CPU host's default,
+  none."""
+  target, call, kwargs = TARGETS[platform]
+  attention = lambda interpret: lambda *a: pallas_paged_attention(*a, kernel=PAGED[platform], interpret=interpret)
+  text = exported_text(attention(False), target, *paged_args(dtype), **kwargs)
+  assert call in text and sum(kernel_calls(text).values()) == 1
+  text = jax.jit(attention(None)).lower(*paged_args(dtype)).as_text()  # interpret mode: host callbacks, no export
+  assert MOSAIC not in text and TRITON not in text
 
 
 # --- a train step ------------------------------------------------------------------------------------------------

@@ -196,7 +196,8 @@ def pallas_blocks(kernel: str, table_width: int, page_size: int) -> tuple[int, i
   return splits, block, -(-table_width // (splits * block)) * splits * block
 
 
-def pallas_paged_attention(q, k_pages, v_pages, page_table, lengths, kernel: str = "pallas_tpu"):
+def pallas_paged_attention(q, k_pages, v_pages, page_table, lengths, kernel: str = "pallas_tpu",
+                           interpret: bool | None = None):
   """`paged_attention` of one new token per row by one of JAX's Pallas paged attention kernels, which read each
   row's first lengths[b] slots in place (blocks of pages, an online softmax) instead of gathering them; q:
   [B, 1, H, D], the rest as `paged_attention` -> [B, 1, H, D]. The table is padded to the kernel's blocks
@@ -205,7 +206,9 @@ def pallas_paged_attention(q, k_pages, v_pages, page_table, lengths, kernel: str
   "pallas_tpu": `jax.experimental.pallas.ops.tpu.paged_attention` (Mosaic); off TPU it runs in Pallas's TPU
   interpret mode, whose matmuls take the TPU's default precision (bf16 products), as on the chip. "pallas_gpu":
   `jax.experimental.pallas.ops.gpu.paged_attention` (Triton: page_size and head_dim must be powers of two); off GPU
-  in Pallas's interpret mode, in float32. Interpret mode is how the tests check both here: slow, not for use."""
+  in Pallas's interpret mode, in float32. Interpret mode is how the tests check both here: slow, not for use.
+  `interpret` (None: off the kernel's own backend) decides it explicitly: False lowers the kernel for its chip from
+  anywhere (`jax.export` for TPU or CUDA from a CPU, as tests/test_kernels_lowering.py does)."""
   from jax.experimental.pallas import tpu as pltpu  # imported on first use: most runs never need Pallas
   from jax.experimental.pallas.ops.gpu import paged_attention as gpu
   from jax.experimental.pallas.ops.tpu import paged_attention as tpu
@@ -215,12 +218,14 @@ def pallas_paged_attention(q, k_pages, v_pages, page_table, lengths, kernel: str
   scaled = q[:, 0] * jnp.asarray(q.shape[-1] ** -0.5, q.dtype)  # the kernels do not scale their queries
   splits, block, width = pallas_blocks(kernel, page_table.shape[1], k_pages.shape[2])
   table = jnp.pad(page_table.astype(jnp.int32), ((0, 0), (0, width - page_table.shape[1])))
-  lengths, backend = lengths.astype(jnp.int32), jax.default_backend()
+  lengths = lengths.astype(jnp.int32)
+  if interpret is None:
+    interpret = jax.default_backend() != kernel.removeprefix("pallas_")
   if kernel == "pallas_gpu":
     return gpu.paged_attention(scaled, k_pages, v_pages, table, lengths, k_splits=splits,
-                               pages_per_compute_block=block, interpret=backend != "gpu")[:, None]
+                               pages_per_compute_block=block, interpret=interpret)[:, None]
   call = lambda: tpu.paged_attention(scaled, k_pages, v_pages, lengths, table, pages_per_compute_block=block)
-  if backend == "tpu":
+  if not interpret:
     return call()[:, None]
   with pltpu.force_tpu_interpret_mode():
     return call()[:, None]

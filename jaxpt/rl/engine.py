@@ -87,7 +87,8 @@ collective inside the loop, whose trip count differs between groups); row b's ke
 the rollouts equal one engine's on one device.
 
 The kernels are JAX's decode-only `paged_attention` for TPU and for GPU (pools [kv_heads, pages, page_size, D], this
-engine's layout), checked on CPU in Pallas's interpret modes (tests/test_rl_engine.py). The GPU kernel ran on an
+engine's layout), checked on CPU in Pallas's interpret modes (tests/test_rl_engine.py) and exported from it for TPU
+and CUDA, lowered to Mosaic and Triton calls (tests/test_kernels_lowering.py). The GPU kernel ran on an
 H200 (`benchmarks/results_device_h200/at_8070afa/`: 0.72 s against the gather path's 1.40 s and the static
 sampler's 0.35 s at the realistic point, bf16, medians of 3 rounds); the TPU one has not run on a TPU. JAX's
 `ragged_paged_attention` (K and V interleaved in one pool) does not run in interpret mode in jax 0.10.2, so it is
