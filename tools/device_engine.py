@@ -137,7 +137,7 @@ def realistic_engine(sizes: Sizes, budget: Budget) -> dict:
       report.setdefault("skipped", []).append(name)
       continue
     compile_engine(name, kind, **{k: v(len(budgets)) for k, v in changes.items()})
-    variant_times = {"static": [], name: []}
+    variant_times = {name: [], "static": []}
     call(name)
     stages.done(f"first {name} call")
     timed_rounds(variant_times, call, sizes.rounds, budget, stages, report, label=f"{name} round")

@@ -204,7 +204,7 @@ def keep_sft(sft_dir: str, keep: str) -> None:
   target = os.path.join(keep, "sft")
   if os.path.exists(os.path.join(target, runner.DONE_FILE)):
     return
-  last = max(os.listdir(os.path.join(sft_dir, "checkpoints")), key=int)
+  last = max((n for n in os.listdir(os.path.join(sft_dir, "checkpoints")) if n.isdigit()), key=int)  # not tmp dirs
   for name in (*SFT_KEPT, os.path.join("checkpoints", last)):
     source = os.path.join(sft_dir, name)
     if os.path.isdir(source):
