@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tools import deadline, device_check, device_engine, device_training
+from tools import deadline, device_check, device_engine, device_traces, device_training
 
 
 def _read(folder, name):
@@ -155,3 +155,21 @@ def test_a_main_thread_stuck_past_the_grace_is_stopped_hard():
   finally:
     child.kill()
     child.wait()
+
+
+def test_the_overlap_of_matmuls_with_other_threads_ops(tmp_path):
+  """`overlapped_fraction` (benchmarks/step_profile.py's matmul figure) on a hand-made CPU trace: a 10 us matmul on
+  thread 1 beside ops on thread 2 covering [2, 4) and [3, 6) us (their union: 4 us), another matmul alone, and an op
+  on its own thread that does not count."""
+  import gzip
+
+  def op(name, tid, ts, dur):
+    return {"ph": "X", "name": name, "tid": tid, "ts": ts, "dur": dur, "args": {"hlo_op": name}}
+
+  events = [op("ynn_fusion.1", 1, 0, 10), op("add_fusion", 2, 2, 2), op("copy", 2, 3, 3),
+            op("ynn_fusion.2", 1, 20, 10), op("add_fusion.1", 1, 30, 5), {"ph": "M", "name": "thread_name"}]
+  path = tmp_path / "t.trace.json.gz"
+  with gzip.open(path, "wt") as f:
+    json.dump({"traceEvents": events}, f)
+  assert device_traces.overlapped_fraction(str(path), "ynn_fusion") == {"ms": 0.02, "overlapped_fraction": 0.2}
+  assert device_traces.overlapped_fraction(str(path), "none") == {"ms": 0.0, "overlapped_fraction": 0.0}

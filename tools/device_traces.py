@@ -44,6 +44,31 @@ def trace_kernel_times(path: str, top: int | None = None) -> dict:
   return {name: {"calls": len(t), "total_ms": round(sum(t), 3)} for name, t in ranked[:top]}
 
 
+def overlapped_fraction(path: str, prefix: str) -> dict:
+  """How much of the time of the ops named `prefix*` (e.g. XLA:CPU's "ynn_fusion" matmuls) another op ran beside
+  them on another thread, in a CPU Perfetto trace (events naming an `hlo_op`): {"ms": their summed time,
+  "overlapped_fraction": the share of it covered by other threads' ops}. XLA:CPU runs independent ops at once, and a
+  matmul that already spreads over every core then shares them: its time per call grows."""
+  import gzip
+  with gzip.open(path) as f:
+    trace = json.load(f)
+  events = trace["traceEvents"] if isinstance(trace, dict) else trace
+  ops = sorted((e for e in events if e.get("ph") == "X" and "hlo_op" in e.get("args", {})), key=lambda e: e["ts"])
+  total = covered = 0.0
+  for op in ops:
+    if not op["name"].startswith(prefix):
+      continue
+    start, end = op["ts"], op["ts"] + op["dur"]
+    total += op["dur"]
+    spans = sorted((max(start, o["ts"]), min(end, o["ts"] + o["dur"])) for o in ops
+                   if o["tid"] != op["tid"] and o["ts"] < end and o["ts"] + o["dur"] > start)
+    reach = start
+    for a, b in spans:  # the union of the other threads' spans inside [start, end)
+      covered += max(0.0, b - max(a, reach))
+      reach = max(reach, b)
+  return {"ms": round(total / 1e3, 3), "overlapped_fraction": round(covered / total, 3) if total else 0.0}
+
+
 def pack_traces(out: str) -> list[str]:
   """Moves the sections' Perfetto traces into one `out/traces.tar` (the device returns at most 8 files)."""
   return _pack(out, "traces.tar", lambda f: f.endswith((".trace.json.gz", "_trace.json.gz")))
