@@ -117,10 +117,10 @@ def ratios_vs_pre(schemes: dict) -> dict:
           for s, r in schemes.items() if s != "pre"}
 
 
-def compiled_step(step, state, batch) -> tuple[dict, Callable[[], jax.Array]]:
-  """(compiled memory, run) of a jitted train step: `run()` does one step on `batch`, the state carried between
-  calls, and returns its loss."""
-  compiled = step.lower(state, batch).compile()
+def compiled_step(step, state, batch, compiler_options: dict | None = None) -> tuple[dict, Callable[[], jax.Array]]:
+  """(compiled memory, run) of a jitted train step (compiled with XLA's `compiler_options`, if any): `run()` does
+  one step on `batch`, the state carried between calls, and returns its loss."""
+  compiled = step.lower(state, batch).compile(compiler_options=compiler_options)
   holder = {"state": state}
 
   def run():

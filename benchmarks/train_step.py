@@ -107,10 +107,12 @@ def active_params(params, cfg: ModelConfig) -> int:
   return param_count(params) - unused
 
 
-def compile_scheme(scheme: str, lora_rank: int = 0, **overrides) -> tuple[dict, Callable[[], jax.Array]]:
+def compile_scheme(scheme: str, lora_rank: int = 0, compiler_options: dict | None = None,
+                   **overrides) -> tuple[dict, Callable[[], jax.Array]]:
   """(facts, run): `run()` does one train step of `scheme` on a fixed batch (the state carried between calls).
   `lora_rank` > 0: LoRA of that rank on every projection (`jaxpt.nn.lora`, float32 base): only the adapters get
-  gradients and AdamW state, as `jaxpt.engine.builder.build_training` sets it up."""
+  gradients and AdamW state, as `jaxpt.engine.builder.build_training` sets it up. `compiler_options`: XLA's, for
+  this step's compile alone."""
   fields = {**MODEL, **overrides, **scheme_fields(scheme)}
   if fields.get("num_experts"):  # experts of 1/k the dense width: the dense model's active MLP FLOPs per token
     fields["mlp_dim"] //= fields["experts_per_token"]
@@ -124,7 +126,7 @@ def compile_scheme(scheme: str, lora_rank: int = 0, **overrides) -> tuple[dict, 
   state = TrainState.create(params, optimizer, jax.random.PRNGKey(1), trainable=trainable)
   step = jax.jit(make_train_step(make_lm_loss_fn(model), optimizer, schedule, trainable=trainable), donate_argnums=0)
   batch = random_batch(cfg.vocab_size)
-  memory, run = compiled_step(step, state, batch)
+  memory, run = compiled_step(step, state, batch, compiler_options)
   facts = {"params": param_count(params), "active_params": active_params(params, cfg), "memory": memory}
   if trainable is not None:
     facts["trainable_params"] = param_count(trainable_part(params, trainable))

@@ -205,3 +205,25 @@ def test_memory_only_compiles_each_scheme_and_times_nothing(monkeypatch, capsys)
   report = json.loads(capsys.readouterr().out)
   assert report["peak_memory_vs_pre"] == {"pre": 1.0, "siamese_post_pre": 1.25}
   assert report["config"]["scan_layers"] and report["memory_mib"]["pre"]["temp_mib"] == 1.0
+
+
+def test_the_scheduler_benchmark_compiles_each_scheme_both_ways_and_reports_ratios(monkeypatch, capsys):
+  """benchmarks/xla_cpu_scheduler.py with the steps replaced by sleeps: each scheme compiled with the scheduler on
+  (no options) and off (its XLA option), and the ratios of their per-round seconds."""
+  from benchmarks import xla_cpu_scheduler
+
+  compiled = []
+
+  def fake_compile(scheme, compiler_options=None, **overrides):
+    compiled.append((scheme, compiler_options, overrides["scan_layers"]))
+    seconds = 0.002 * (2 if scheme == "post" else 1) * (0.5 if compiler_options else 1)
+    return {}, lambda: time.sleep(seconds)
+
+  monkeypatch.setattr(xla_cpu_scheduler, "compile_scheme", fake_compile)
+  xla_cpu_scheduler.main(["--rounds", "3", "--scan"])
+  report = json.loads(capsys.readouterr().out)
+  off = {"xla_cpu_enable_concurrency_optimized_scheduler": False}
+  assert compiled == [("pre", {}, True), ("pre", off, True), ("post", {}, True), ("post", off, True)]
+  assert set(report["step_s"]) == {"pre_on", "pre_off", "post_on", "post_off"}
+  assert all(len(v) == 3 for v in report["step_s"].values())
+  assert 0.3 < report["off_vs_on"]["pre"] < 0.8 and 1.4 < report["vs_first_scheme"]["on"]["post"] < 3
