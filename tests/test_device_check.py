@@ -158,7 +158,7 @@ def test_a_main_thread_stuck_past_the_grace_is_stopped_hard():
 
 
 def test_the_overlap_of_matmuls_with_other_threads_ops(tmp_path):
-  """`overlapped_fraction` (benchmarks/step_profile.py's matmul figure) on a hand-made CPU trace: a 10 us matmul on
+  """`overlapped_fraction` (tools/step_profile.py's matmul figure) on a hand-made CPU trace: a 10 us matmul on
   thread 1 beside ops on thread 2 covering [2, 4) and [3, 6) us (their union: 4 us), another matmul alone, and an op
   on its own thread that does not count."""
   import gzip
