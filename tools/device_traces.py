@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import collections
 import json
 import os
@@ -26,13 +27,18 @@ def perfetto_trace(run: Callable[[], object], path: str) -> str:
   return os.path.basename(path)
 
 
-def trace_kernel_times(path: str, top: int | None = None) -> dict:
-  """{op name: {calls, total_ms}} of the device ops in a Perfetto trace, longest first (the `top` longest); a CPU
-  trace has no device: there, the XLA ops (events naming an `hlo_op`)."""
+def trace_events(path: str) -> list[dict]:
+  """The events of a Perfetto JSON trace (gzipped), whether the file holds {"traceEvents": [...]} or the list."""
   import gzip
   with gzip.open(path) as f:
     trace = json.load(f)
-  events = trace["traceEvents"] if isinstance(trace, dict) else trace
+  return trace["traceEvents"] if isinstance(trace, dict) else trace
+
+
+def trace_kernel_times(path: str, top: int | None = None) -> dict:
+  """{op name: {calls, total_ms}} of the device ops in a Perfetto trace, longest first (the `top` longest); a CPU
+  trace has no device: there, the XLA ops (events naming an `hlo_op`)."""
+  events = trace_events(path)
   devices = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
              and e["args"]["name"].startswith("/device:")}
   is_op = ((lambda e: e["pid"] in devices) if devices else (lambda e: "hlo_op" in e.get("args", {})))
@@ -49,19 +55,17 @@ def overlapped_fraction(path: str, prefix: str) -> dict:
   them on another thread, in a CPU Perfetto trace (events naming an `hlo_op`): {"ms": their summed time,
   "overlapped_fraction": the share of it covered by other threads' ops}. XLA:CPU runs independent ops at once, and a
   matmul that already spreads over every core then shares them: its time per call grows."""
-  import gzip
-  with gzip.open(path) as f:
-    trace = json.load(f)
-  events = trace["traceEvents"] if isinstance(trace, dict) else trace
-  ops = sorted((e for e in events if e.get("ph") == "X" and "hlo_op" in e.get("args", {})), key=lambda e: e["ts"])
+  ops = sorted((e for e in trace_events(path) if e.get("ph") == "X" and "hlo_op" in e.get("args", {})),
+               key=lambda e: e["ts"])
+  starts = [o["ts"] for o in ops]
   total = covered = 0.0
   for op in ops:
     if not op["name"].startswith(prefix):
       continue
     start, end = op["ts"], op["ts"] + op["dur"]
     total += op["dur"]
-    spans = sorted((max(start, o["ts"]), min(end, o["ts"] + o["dur"])) for o in ops
-                   if o["tid"] != op["tid"] and o["ts"] < end and o["ts"] + o["dur"] > start)
+    spans = sorted((max(start, o["ts"]), min(end, o["ts"] + o["dur"])) for o in ops[:bisect.bisect_left(starts, end)]
+                   if o["tid"] != op["tid"] and o["ts"] + o["dur"] > start)
     reach = start
     for a, b in spans:  # the union of the other threads' spans inside [start, end)
       covered += max(0.0, b - max(a, reach))
