@@ -3,6 +3,7 @@ persistent reference process timed in alternation with jaxpt's calls."""
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import statistics
@@ -11,6 +12,7 @@ import time
 from typing import Callable
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 
 
@@ -94,6 +96,57 @@ def matmul_gflops(m: int, k: int, n: int, repeats: int = 5, dtype=jnp.float32) -
   matmul = jax.jit(jnp.matmul)
   seconds = median_seconds(lambda: matmul(a, b), repeats, warmup=2)
   return 2.0 * m * k * n / seconds / 1e9
+
+
+def traced_dots(fn: Callable, *args) -> list[tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct, dict]]:
+  """Every `dot_general` that `fn(*args)` runs, read from its jaxpr with the jaxprs nested in it (jit, remat,
+  custom derivatives; a scan's body once per iteration, a cond's every branch, a while loop's body once):
+  (lhs, rhs, params) each. Of a function taking gradients, the backward pass's dots too."""
+  dots = []
+
+  def visit(jaxpr, times: int) -> None:
+    for eqn in jaxpr.eqns:
+      if eqn.primitive.name == "dot_general":
+        lhs, rhs = (jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in eqn.invars)
+        dots.extend([(lhs, rhs, dict(eqn.params))] * times)
+      repeat = times * eqn.params.get("length", 1) if eqn.primitive.name == "scan" else times
+      for value in eqn.params.values():
+        for sub in value if isinstance(value, (tuple, list)) else (value,):
+          if isinstance(sub, jax.extend.core.ClosedJaxpr):
+            visit(sub.jaxpr, repeat)
+          elif isinstance(sub, jax.extend.core.Jaxpr):
+            visit(sub, repeat)
+
+  visit(jax.make_jaxpr(fn)(*args).jaxpr, 1)
+  return dots
+
+
+def dot_flops(lhs: jax.ShapeDtypeStruct, rhs: jax.ShapeDtypeStruct, params: dict) -> int:
+  """2 x (output elements) x (contracted length) of one `dot_general`."""
+  (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = params["dimension_numbers"]
+  contracted = math.prod(lhs.shape[d] for d in lhs_contract)
+  batch = math.prod(lhs.shape[d] for d in lhs_batch)
+  free = lambda x, used: math.prod(n for d, n in enumerate(x.shape) if d not in used)  # noqa: E731
+  return 2 * batch * contracted * free(lhs, (*lhs_contract, *lhs_batch)) * free(rhs, (*rhs_contract, *rhs_batch))
+
+
+def dot_pass(dots: list[tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct, dict]]) -> tuple[float, Callable]:
+  """(GFLOP, run) of `dots` (`traced_dots`) alone: `run()` computes each of them once, one jitted program with
+  nothing else in it, on random operands (one array per shape and dtype, passed to each dot as its own argument,
+  so XLA merges no two dots). A step's time over its dot pass's is what the step adds to its matmuls."""
+  pool = {}
+  for i, (lhs, rhs, _) in enumerate(dots):
+    for x in (lhs, rhs):
+      if (x.shape, x.dtype) not in pool:
+        key = jax.random.PRNGKey(len(pool))
+        pool[x.shape, x.dtype] = jax.random.normal(key, x.shape, jnp.float32).astype(x.dtype)
+  operands = [(pool[lhs.shape, lhs.dtype], pool[rhs.shape, rhs.dtype]) for lhs, rhs, _ in dots]
+
+  @jax.jit
+  def all_dots(operands):
+    return [jax.lax.dot_general(a, b, **params) for (a, b), (_, _, params) in zip(operands, dots)]
+
+  return sum(dot_flops(*dot) for dot in dots) / 1e9, lambda: all_dots(operands)
 
 
 def compiled_memory(compiled) -> dict:

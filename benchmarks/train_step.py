@@ -36,6 +36,13 @@ Prints one JSON object; ratios are what to compare across machines.
 adapters get gradients and AdamW state, the base frozen in float32), in the same rounds; `lora_vs_full` gives the
 median over rounds of its seconds over the full fine-tune's in that round, and its compiled peak memory over the
 full one's. `loadavg_1_5_15min`: the machine's load averages before and after the timed rounds.
+
+`pre_dot_pass` (with a `pre` scheme): Pre-Norm's step's matmuls alone, timed in the same rounds. Every dot_general
+of its forward and backward (the attention's included, read from the step's jaxpr: `common.traced_dots`), run at
+their shapes on random operands as one jitted program with nothing else (`common.dot_pass`): `gflop` (the step's
+true matmul FLOPs, against 6 N tokens), its rate, `fraction_of_matmul_rate` (what the step could reach were it
+nothing but its matmuls), and `share_of_step`, the median over rounds of its seconds over the step's: the rest of
+the step is what jaxpt (norms, attention's softmax, RoPE, the loss, AdamW) and XLA's layout copies add.
 """
 
 from __future__ import annotations
@@ -58,8 +65,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import references
-from benchmarks.common import (Peer, alternating_seconds, compiled_step, machine_info, matmul_gflops, median_ratio,
-                               ratios_vs_pre, ready_peers)
+from benchmarks.common import (Peer, alternating_seconds, compiled_step, dot_pass, machine_info, matmul_gflops,
+                               median_ratio, ratios_vs_pre, ready_peers, traced_dots)
 from jaxpt.models.config import ModelConfig
 from jaxpt.nn.lora import LoRAConfig
 from jaxpt.models.transformer import TransformerLM, init_params, param_count
@@ -107,12 +114,11 @@ def active_params(params, cfg: ModelConfig) -> int:
   return param_count(params) - unused
 
 
-def compile_scheme(scheme: str, lora_rank: int = 0, compiler_options: dict | None = None,
-                   **overrides) -> tuple[dict, Callable[[], jax.Array]]:
-  """(facts, run): `run()` does one train step of `scheme` on a fixed batch (the state carried between calls).
-  `lora_rank` > 0: LoRA of that rank on every projection (`jaxpt.nn.lora`, float32 base): only the adapters get
-  gradients and AdamW state, as `jaxpt.engine.builder.build_training` sets it up. `compiler_options`: XLA's, for
-  this step's compile alone."""
+def build_scheme(scheme: str, lora_rank: int = 0, **overrides) -> tuple[dict, Callable, TrainState, dict]:
+  """(facts, step, state, batch) of `scheme`'s train step, not compiled: `step` jitted (state donated), `state`
+  its initial TrainState, `batch` a fixed random batch. `lora_rank` > 0: LoRA of that rank on every projection
+  (`jaxpt.nn.lora`, float32 base): only the adapters get gradients and AdamW state, as
+  `jaxpt.engine.builder.build_training` sets it up."""
   fields = {**MODEL, **overrides, **scheme_fields(scheme)}
   if fields.get("num_experts"):  # experts of 1/k the dense width: the dense model's active MLP FLOPs per token
     fields["mlp_dim"] //= fields["experts_per_token"]
@@ -125,12 +131,26 @@ def compile_scheme(scheme: str, lora_rank: int = 0, compiler_options: dict | Non
                                        mask=None if trainable is None else trainable_part(decay_mask(boxed), trainable))
   state = TrainState.create(params, optimizer, jax.random.PRNGKey(1), trainable=trainable)
   step = jax.jit(make_train_step(make_lm_loss_fn(model), optimizer, schedule, trainable=trainable), donate_argnums=0)
-  batch = random_batch(cfg.vocab_size)
-  memory, run = compiled_step(step, state, batch, compiler_options)
-  facts = {"params": param_count(params), "active_params": active_params(params, cfg), "memory": memory}
+  facts = {"params": param_count(params), "active_params": active_params(params, cfg)}
   if trainable is not None:
     facts["trainable_params"] = param_count(trainable_part(params, trainable))
+  return facts, step, state, random_batch(cfg.vocab_size)
+
+
+def compile_scheme(scheme: str, lora_rank: int = 0, compiler_options: dict | None = None,
+                   **overrides) -> tuple[dict, Callable[[], jax.Array]]:
+  """(facts, run): `run()` does one train step of `scheme` (`build_scheme`) on a fixed batch (the state carried
+  between calls). `compiler_options`: XLA's, for this step's compile alone."""
+  facts, step, state, batch = build_scheme(scheme, lora_rank, **overrides)
+  facts["memory"], run = compiled_step(step, state, batch, compiler_options)
   return facts, run
+
+
+def scheme_dot_pass(scheme: str, **overrides) -> tuple[float, Callable[[], object]]:
+  """(GFLOP, run) of the dots alone of `scheme`'s train step (`common.dot_pass`: every dot_general of its forward
+  and backward, at their shapes, with nothing else): the floor under the step that its matmuls set."""
+  _, step, state, batch = build_scheme(scheme, **overrides)
+  return dot_pass(traced_dots(step, state, batch))
 
 
 def page_faults(run: Callable[[], jax.Array]) -> int:
@@ -155,12 +175,12 @@ def start_peers(args: argparse.Namespace) -> list[Peer]:
                       for name in references.VENVS if getattr(args, f"{name}_python")}, stderr=None)
 
 
-def bench_schemes(compiled: dict[str, tuple[dict, Callable[[], jax.Array]]], repeats: int, peers: Sequence[Peer] = ()
-                  ) -> tuple[dict, dict[str, list[float]]]:
-  """(results, times): every compiled scheme's step (`compile_scheme`) and every (ready) peer's step, timed
-  round-robin (`alternating_seconds`) so all see the same machine load; times[name][r]: round r's seconds of
-  scheme or peer `name`."""
-  times = alternating_seconds({scheme: run for scheme, (_, run) in compiled.items()}, repeats,
+def bench_schemes(compiled: dict[str, tuple[dict, Callable[[], jax.Array]]], repeats: int, peers: Sequence[Peer] = (),
+                  others: dict[str, Callable[[], object]] | None = None) -> tuple[dict, dict[str, list[float]]]:
+  """(results, times): every compiled scheme's step (`compile_scheme`), every run of `others` (e.g. a dot pass)
+  and every (ready) peer's step, timed round-robin (`alternating_seconds`) so all see the same machine load;
+  times[name][r]: round r's seconds of scheme, other or peer `name`."""
+  times = alternating_seconds({**{scheme: run for scheme, (_, run) in compiled.items()}, **(others or {})}, repeats,
                               peers={peer.name: peer.seconds for peer in peers})
   results = {}
   for scheme, (facts, run) in compiled.items():
@@ -221,10 +241,14 @@ def main(argv=None) -> None:
       for rank in (0, args.lora) if args.lora else (0,):
         compiled[scheme + (f"+lora{rank}" if rank else "")] = compile_scheme(
             scheme, lora_rank=rank, remat=args.remat, scan_layers=args.scan, dtype=args.dtype, param_dtype="float32")
+    others = {}
+    if "pre" in compiled:
+      dot_gflop, others["pre_dot_pass"] = scheme_dot_pass("pre", remat=args.remat, scan_layers=args.scan,
+                                                          dtype=args.dtype, param_dtype="float32")
     matmul = {f"{m}x{k}x{n}": round(matmul_gflops(m, k, n, dtype=jnp.dtype(args.dtype)), 1)  # peers idle now
               for m, k, n in [(2048, 2048, 2048), (BATCH * SEQ, 512, 2048), (BATCH * SEQ, 512, 8192)]}
     load_before = os.getloadavg()
-    schemes, times = bench_schemes(compiled, args.repeats, peers)
+    schemes, times = bench_schemes(compiled, args.repeats, peers, others)
     load_after = os.getloadavg()
   finally:
     for peer in peers:
@@ -237,6 +261,12 @@ def main(argv=None) -> None:
                                                       rounds=args.repeats, host_allocator_reuse=allocator_reuse),
             **machine_info(), "matmul_gflops_per_sec": matmul, "schemes": schemes}
   report["loadavg_1_5_15min"] = {"before_timing": load_before, "after_timing": load_after}
+  if others:
+    seconds = statistics.median(times["pre_dot_pass"])
+    report["pre_dot_pass"] = {"gflop": round(dot_gflop, 1), "ms": round(seconds * 1e3, 1),
+                              "gflops_per_sec": round(dot_gflop / seconds, 1),
+                              "fraction_of_matmul_rate": round(dot_gflop / seconds / peak_matmul, 3),
+                              "share_of_step": round(median_ratio(times["pre_dot_pass"], times["pre"]), 3)}
   if "pre" in schemes:
     report["ratios_vs_pre"] = ratios_vs_pre({s: r for s, r in schemes.items() if "+lora" not in s})
   if args.lora:

@@ -11,6 +11,9 @@ import textwrap
 import time
 import types
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from benchmarks import common, train_step
@@ -83,19 +86,25 @@ def test_main_starts_the_peers_before_compiling_and_reports_them(monkeypatch, ca
 
     return facts, run
 
+  def scheme_dot_pass(scheme, **overrides):
+    log.append(("dot pass of", scheme, overrides["dtype"]))
+    return 2.0, lambda: log.append(("step", "pre_dot_pass"))
+
   monkeypatch.setattr(common, "Peer", FakePeer)
   monkeypatch.setattr(train_step, "compile_scheme", compile_scheme)
+  monkeypatch.setattr(train_step, "scheme_dot_pass", scheme_dot_pass)
   monkeypatch.setattr(train_step, "matmul_gflops", lambda *args, **kwargs: 100.0)
   train_step.main(["--schemes", "pre,post", "--repeats", "2", "--dtype", "bfloat16", "--hf-python", "py-hf",
                    "--tunix-python", "py-tunix"])
   script = str(train_step.PEER_SCRIPT)
   # each peer warms up (HF picks its torch threads) alone, before jaxpt compiles anything
-  assert log[:6] == [("start", "hf", (script, "hf", "512", "8", "bfloat16")), ("ready", "hf"),
+  assert log[:7] == [("start", "hf", (script, "hf", "512", "8", "bfloat16")), ("ready", "hf"),
                      ("start", "tunix", (script, "tunix", "512", "8", "float32")), ("ready", "tunix"),
-                     ("compile", "pre", "bfloat16", "float32"), ("compile", "post", "bfloat16", "float32")]
-  timed = [entry for entry in log[6:] if entry[0] in ("step", "run")]
-  round_ = [("step", "pre"), ("step", "post")]
-  assert timed[:10] == round_ + [*round_, ("run", "hf", 1), ("run", "tunix", 1), *round_, ("run", "hf", 2),
+                     ("compile", "pre", "bfloat16", "float32"), ("compile", "post", "bfloat16", "float32"),
+                     ("dot pass of", "pre", "bfloat16")]
+  timed = [entry for entry in log[7:] if entry[0] in ("step", "run")]
+  round_ = [("step", "pre"), ("step", "post"), ("step", "pre_dot_pass")]
+  assert timed[:13] == round_ + [*round_, ("run", "hf", 1), ("run", "tunix", 1), *round_, ("run", "hf", 2),
                                 ("run", "tunix", 2)]
   assert log[-2:] == [("close", "hf"), ("close", "tunix")]
   report = json.loads(capsys.readouterr().out)
@@ -105,6 +114,7 @@ def test_main_starts_the_peers_before_compiling_and_reports_them(monkeypatch, ca
     assert report[f"{name}_reference"]["setting"] == f"{name} setting"
     assert report[f"pre_tokens_per_sec_vs_{name}"] > 0
   assert {"schemes", "ratios_vs_pre", "matmul_gflops_per_sec"} <= set(report)
+  assert report["pre_dot_pass"]["gflop"] == 2.0 and report["pre_dot_pass"]["share_of_step"] > 0
 
 
 def test_a_peer_that_never_gets_ready_closes_the_ones_started_before_it(monkeypatch):
@@ -177,6 +187,7 @@ def test_lora_is_timed_in_the_same_rounds_as_its_full_fine_tune(monkeypatch, cap
     return facts, run
 
   monkeypatch.setattr(train_step, "compile_scheme", compile_scheme)
+  monkeypatch.setattr(train_step, "scheme_dot_pass", lambda scheme, **overrides: (1.0, lambda: None))
   monkeypatch.setattr(train_step, "matmul_gflops", lambda *args, **kwargs: 100.0)
   train_step.main(["--schemes", "pre", "--repeats", "2", "--lora", "8"])
   assert log[:2] == [("compile", "pre"), ("compile", "pre+lora8")]
@@ -227,3 +238,33 @@ def test_the_scheduler_benchmark_compiles_each_scheme_both_ways_and_reports_rati
   assert set(report["step_s"]) == {"pre_on", "pre_off", "post_on", "post_off"}
   assert all(len(v) == 3 for v in report["step_s"].values())
   assert 0.3 < report["off_vs_on"]["pre"] < 0.8 and 1.4 < report["vs_first_scheme"]["on"]["post"] < 3
+
+
+def test_traced_dots_finds_every_matmul_of_forward_and_backward_a_scan_body_once_per_iteration():
+  """A 3-step scan of [2, 4] x [4, 4] under grad: 3 forward dots, and per step the carry's and the weight's
+  gradient: 9 dots of 2 * 2 * 4 * 4 FLOPs; a cond's branch c @ c.T ([2, 4] x [4, 2]): its forward and a gradient
+  for each of its two operands, 3 dots of 2 * 2 * 2 * 4 (the other branch has none)."""
+  def loss(w, x):
+    body = lambda c, wi: (jnp.tanh(c @ wi), None)  # noqa: E731
+    c = jax.lax.scan(body, x, w)[0]
+    return jax.lax.cond(c.sum() > 0, lambda c: (c @ c.T).sum(), lambda c: c.sum(), c)
+
+  dots = common.traced_dots(jax.grad(loss), jnp.ones((3, 4, 4)), jnp.ones((2, 4)))
+  assert sorted(common.dot_flops(*dot) for dot in dots) == [32] * 3 + [64] * 9
+
+
+def test_dot_flops_counts_batch_and_free_dimensions():
+  lhs, rhs = jax.ShapeDtypeStruct((8, 4, 128, 64), jnp.float32), jax.ShapeDtypeStruct((8, 4, 256, 64), jnp.float32)
+  params = {"dimension_numbers": (((3,), (3,)), ((0, 1), (0, 1)))}
+  assert common.dot_flops(lhs, rhs, params) == 2 * 8 * 4 * 128 * 256 * 64
+
+
+def test_a_dot_pass_computes_each_dot_on_its_random_operands():
+  dots = common.traced_dots(lambda a, b: a @ b, jnp.ones((3, 4)), jnp.ones((4, 5)))
+  gflop, run = common.dot_pass(dots * 2)
+  assert gflop == 2 * 2 * 3 * 4 * 5 / 1e9
+  first, second = run()
+  a = jax.random.normal(jax.random.PRNGKey(0), (3, 4))
+  b = jax.random.normal(jax.random.PRNGKey(1), (4, 5))
+  np.testing.assert_allclose(first, np.asarray(a, np.float64) @ np.asarray(b, np.float64), rtol=1e-5)
+  np.testing.assert_array_equal(first, second)
