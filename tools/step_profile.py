@@ -60,14 +60,24 @@ def profile(scheme: str, scan: bool, top: int, trace_dir: str) -> dict:
           "by_kind_ms": {kind: round(ms, 1) for kind, ms in kinds.most_common(top)}}
 
 
-def main(argv=None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def step_tool_args(argv, doc: str, top: int, top_help: str) -> argparse.Namespace:
+  """The flags of a train-step tool (this one, `tools/step_bytes.py`): --schemes, --scan, --top."""
+  parser = argparse.ArgumentParser(description=doc.splitlines()[0])
   parser.add_argument("--schemes", default="pre,post")
   parser.add_argument("--scan", action="store_true", help="stack the layers with nn.scan (the models' default)")
-  parser.add_argument("--top", type=int, default=12, help="op kinds listed per scheme")
-  args = parser.parse_args(argv)
-  report = {"tool": "step_profile", "config": dict(MODEL, scan_layers=args.scan), **machine_info(),
-            "command": "python -m tools.step_profile " + shlex.join(sys.argv[1:] if argv is None else argv)}
+  parser.add_argument("--top", type=int, default=top, help=top_help)
+  return parser.parse_args(argv)
+
+
+def step_tool_report(tool: str, args: argparse.Namespace, argv) -> dict:
+  """A train-step tool's JSON header: its name, the model config, the machine and the command."""
+  return {"tool": tool, "config": dict(MODEL, scan_layers=args.scan), **machine_info(),
+          "command": f"python -m tools.{tool} " + shlex.join(sys.argv[1:] if argv is None else argv)}
+
+
+def main(argv=None) -> None:
+  args = step_tool_args(argv, __doc__, 12, "op kinds listed per scheme")
+  report = step_tool_report("step_profile", args, argv)
   with tempfile.TemporaryDirectory() as trace_dir:
     report["schemes"] = {s: profile(s, args.scan, args.top, trace_dir) for s in args.schemes.split(",")}
   print(json.dumps(report, indent=2))

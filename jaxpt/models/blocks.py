@@ -102,12 +102,15 @@ class ResidualBlock(nn.Module):
   def mlp(self, h):
     """The dense MLP, or with `num_experts > 0` the routed `MoE` (its aux losses sown into `losses`)."""
     cfg = self.config
+    recompute = cfg.remat == "none"  # a remat policy recomputes the whole block already
     if cfg.num_experts:
       layer = MoE(cfg.num_experts, cfg.experts_per_token, cfg.mlp_dim, cfg.mlp_type, cfg.moe_capacity_factor,
-                  dtype=self.compute_dtype, param_dtype=jnp.dtype(cfg.param_dtype), name="mlp")
+                  dtype=self.compute_dtype, param_dtype=jnp.dtype(cfg.param_dtype), recompute_hidden=recompute,
+                  name="mlp")
     else:
       layer = MLP(mlp_dim=cfg.mlp_dim, mlp_type=cfg.mlp_type, dtype=self.compute_dtype,
-                  param_dtype=jnp.dtype(cfg.param_dtype), use_bias=cfg.mlp_bias, lora=self.adapters, name="mlp")
+                  param_dtype=jnp.dtype(cfg.param_dtype), use_bias=cfg.mlp_bias, lora=self.adapters,
+                  recompute_hidden=recompute, name="mlp")
     return self.dropout(layer(h))
 
   def dropout(self, t):

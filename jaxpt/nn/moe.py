@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxpt.nn.dense import Dense
+from jaxpt.nn.mlp import swiglu
 
 AUX_LOSSES = ("moe_load_balance", "moe_router_z")  # names sown into the `losses` collection
 
@@ -47,6 +48,7 @@ class MoE(nn.Module):
   capacity_factor: float = 0.0
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
+  recompute_hidden: bool = True  # `jaxpt.nn.mlp.swiglu`'s `recompute`; off under ModelConfig.remat
 
   @nn.compact
   def __call__(self, x):
@@ -86,7 +88,7 @@ class MoE(nn.Module):
   def hidden(self, weights, matmul):
     """The experts' hidden activations from `matmul(name)` = tokens times kernel `name`."""
     if self.mlp_type == "swiglu":
-      return nn.silu(matmul("wi_gate")) * matmul("wi_up")
+      return swiglu(matmul("wi_gate"), matmul("wi_up"), self.recompute_hidden)
     return nn.gelu(matmul("wi"), approximate=self.mlp_type != "gelu_exact")
 
   def dropless_experts(self, tokens, experts, gates):

@@ -209,13 +209,13 @@ def _param_bytes(model_config: ModelConfig, lora: Any, rules: Any, mesh_items: t
 
 def _layer_bytes(model: ModelConfig, tokens: float, rows: float, seq: int, tp: int, mode: str,
                  lora: bool = False) -> float:
-  """Bytes of one block per device (`tokens` = rows x seq on the device) by `mode`: 'saved' what remat none keeps
-  of every block for the backward (every intermediate: norm inputs and outputs, q / k / v and their head-major
-  copies, the attention output, the MLP's hidden (SwiGLU: gate, up, silu, product, sigmoid), three float32 copies
-  of the attention probabilities [rows, heads, S, (S + chunk) / 2]); 'working' the intermediates alive while one
-  block's backward runs (the MLP hidden's gradients among them); 'dots' the matmul outputs; 'full' the block's
-  input streams. LoRA adds each adapted projection's low-rank output (a matmul output's size) to 'saved' and
-  'working'."""
+  """Bytes of one block per device (`tokens` = rows x seq on the device) by `mode`: 'saved' what remat none keeps of
+  every block for the backward (every intermediate: norm inputs and outputs, q / k / v and their head-major copies, the
+  attention output, three of the MLP's hidden (SwiGLU: gate, up and their product, `jaxpt.nn.mlp.swiglu`; GELU: its
+  input, one intermediate and its output), three float32 copies of the attention probabilities [rows, heads, S, (S +
+  chunk) / 2]); 'working' the intermediates alive while one block's backward runs (the MLP hidden's gradients among
+  them); 'dots' the matmul outputs; 'full' the block's input streams. LoRA adds each adapted projection's low-rank
+  output (a matmul output's size) to 'saved' and 'working'."""
   c = jnp.dtype(model.dtype).itemsize
   d, hd, f = model.d_model, model.resolved_head_dim, model.mlp_dim
   heads, kv = model.num_heads / tp, model.num_kv_heads / tp
@@ -232,7 +232,7 @@ def _layer_bytes(model: ModelConfig, tokens: float, rows: float, seq: int, tp: i
   chunk = model.attention_query_chunk or seq
   probs = rows * heads * seq * min(seq, (seq + chunk) / 2) * 4  # float32 softmax, causal chunks skipped
   if mode == "saved":
-    hidden = (5 if swiglu else 3) * f / tp * experts
+    hidden = 3 * f / tp * experts
     attention = (2 * (heads + 2 * kv) + 2 * heads) * hd
     return tokens * c * (8 * d * streams + attention + hidden) + 3 * probs + adapters
   norms = tokens * d * 4 * 2 * streams  # float32 norm inputs, both sub-layers
