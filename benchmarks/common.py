@@ -135,7 +135,7 @@ def dot_pass(dots: list[tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct, dict]]
   nothing else in it, on random operands (one array per shape and dtype, passed to each dot as its own argument,
   so XLA merges no two dots). A step's time over its dot pass's is what the step adds to its matmuls."""
   pool = {}
-  for i, (lhs, rhs, _) in enumerate(dots):
+  for lhs, rhs, _ in dots:
     for x in (lhs, rhs):
       if (x.shape, x.dtype) not in pool:
         key = jax.random.PRNGKey(len(pool))
