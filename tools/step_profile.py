@@ -13,7 +13,9 @@ independent ops at once, and each YNNPACK matmul, already spread over both cores
 layers (`benchmarks/results_step_profile_cpu_6-207-2.json`, the train-step benchmark's layout) the two are close:
 overlap 42% and 36%; one traced step varies by a quarter between runs (Pre-Norm's ops 3217 ms in one, 4267 in the
 committed one), so one trace says where time goes, not which scheme is faster. `matmul.overlapped_fraction` is the
-share above.
+share above. The trace undercounts the matmuls that XLA:CPU leaves to Eigen (the weight gradients, which contract
+over tokens: a third of the step's FLOPs at d512): their events are ~0.2 ms launches, the work runs on Eigen's
+pool unseen. `benchmarks/train_step.py`'s `pre_dot_pass` times every matmul of the step instead.
 """
 
 from __future__ import annotations
