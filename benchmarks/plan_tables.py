@@ -20,9 +20,9 @@ counts one) allocated, then per step the process's peak RSS over it (VmHWM, rese
 /proc/self/clear_refs) minus its RSS before it (read once the previous step's buffers are freed), the largest of
 the `MEASURED` steps after `WARMUP` steps, plus the bytes of the arrays alive (state, reference, batch). The child
 runs with glibc's mmap threshold fixed at 64 KiB (MALLOC_MMAP_THRESHOLD_), so freed buffers leave the RSS. The
-analytic figure compared is the step phase, `plan.step_total` = params + optimizer + reference + the larger of the
-backward (grads + accumulator + activations + logits) and the update (grads + update) (GRPO's sampler phase is not
-run here). Prints one JSON object.
+analytic figure compared is the step phase, `plan.step_total` = params + optimizer + reference + the backward
+phase (grads + block_grads + accumulator + activations + logits) (GRPO's sampler phase is not run here). Prints
+one JSON object.
 """
 
 from __future__ import annotations

@@ -301,10 +301,12 @@ def test_sampled_pass1_with_top_k_1_equals_greedy_accuracy(sft_workdir, tmp_path
   config = grpo_config(sft_workdir, **{"data.eval_prompts": 8, "data.eval_samples": 2, "sampling.top_k": 1})
   trainer = jaxpt.build("grpo", config, str(tmp_path))
   results = trainer.evaluate(trainer.init_state())
-  assert set(results) == {f"eval_{kind}_{name}" for kind in ("accuracy", "pass1")
-                          for name in ("test", "test_rename", "test_distractor", "test_numbers")}
-  assert 0.0 < results["eval_accuracy_test"] < 1.0, results
-  for name in ("test", "test_rename", "test_distractor", "test_numbers"):
+  names = ("test", "test_rename", "test_distractor", "test_numbers")
+  assert set(results) == {f"eval_{kind}_{name}" for kind in ("accuracy", "pass1") for name in names}
+  # not trivially 0 == 0 (or 1 == 1) everywhere: some set has right and wrong decodes (which sets do is left to
+  # the tiny fixture policy, whose accuracy on any one 8-prompt set moves with the rounding of its training)
+  assert any(0.0 < results[f"eval_accuracy_{name}"] < 1.0 for name in names), results
+  for name in names:
     assert results[f"eval_pass1_{name}"] == results[f"eval_accuracy_{name}"], results
 
 

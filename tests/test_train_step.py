@@ -7,8 +7,10 @@ import ml_collections
 import numpy as np
 import optax
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from jaxpt.engine.optim import decay_mask, make_optimizer, make_schedule
+from jaxpt.engine.optim import clip_by_global_norm, decay_mask, make_optimizer, make_schedule
 from jaxpt.engine.state import TrainState
 from jaxpt.engine.step import accumulate_gradients, make_train_step
 from jaxpt.losses import get_loss
@@ -125,3 +127,35 @@ def test_nonfinite_step_is_flagged_and_skipped_when_asked():
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     else:
       assert not all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(after.params))
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.floats(0.01, 100.0), st.integers(0, 2 ** 31 - 1))
+def test_clip_by_global_norm_is_the_plain_clip_and_agrees_with_optax(max_norm, seed):
+  """g min(1, max_norm / ||g||) over a two-leaf tree, against float64 NumPy; below the threshold the gradients come
+  back bitwise, and optax's clip agrees (its state too: the same empty state, so checkpoints load either way)."""
+  rng = np.random.default_rng(seed)
+  grads = {"w": rng.standard_normal((3, 4)).astype(np.float32), "b": rng.standard_normal(5).astype(np.float32)}
+  clipped, state = clip_by_global_norm(max_norm).update(grads, clip_by_global_norm(max_norm).init(grads))
+  norm = np.sqrt(sum(np.sum(np.asarray(g, np.float64) ** 2) for g in grads.values()))
+  for name, g in grads.items():
+    np.testing.assert_allclose(clipped[name], g * min(1.0, max_norm / norm), rtol=2e-6, atol=1e-7)
+    if norm < max_norm:
+      np.testing.assert_array_equal(clipped[name], g)
+  optax_clip = optax.clip_by_global_norm(max_norm)
+  theirs, their_state = optax_clip.update(grads, optax_clip.init(grads))
+  assert jax.tree.structure(state) == jax.tree.structure(their_state)
+  for name in grads:
+    np.testing.assert_allclose(clipped[name], theirs[name], rtol=2e-6, atol=1e-7)
+
+
+def test_clip_by_global_norm_leaves_a_nonfinite_gradient_nonfinite_as_optax_does():
+  """A NaN or inf entry stays non-finite and the rest match optax's clip (the step's non-finite guard, which reads
+  the gradient norm, then skips the step)."""
+  for bad in (np.nan, np.inf):
+    grads = {"w": np.array([bad, 1.0], np.float32)}
+    clipped, _ = clip_by_global_norm(1.0).update(grads, optax.EmptyState())
+    theirs, _ = optax.clip_by_global_norm(1.0).update(grads, optax.EmptyState())
+    assert not np.isfinite(np.asarray(clipped["w"][0]))
+    np.testing.assert_array_equal(np.isfinite(clipped["w"]), np.isfinite(theirs["w"]))
+    np.testing.assert_array_equal(np.asarray(clipped["w"])[1:], np.asarray(theirs["w"])[1:])

@@ -83,6 +83,23 @@ def decay_mask(params: Any, scan_axis: str = "layers") -> Any:
   return jax.tree_util.tree_map_with_path(leaf_mask, params, is_leaf=lambda x: isinstance(x, nn.Partitioned))
 
 
+def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
+  """g <- g min(1, max_norm / ||g||), ||g|| the global norm over every leaf: `optax.clip_by_global_norm` (same
+  state, so checkpoints load either way) as one scalar factor per step. Optax divides each element by ||g|| and
+  XLA writes that clipped copy of every gradient out before AdamW's two moment updates read it; a multiply by a
+  scalar it fuses into each of them instead (d512 / 8 layers on CPU: the optimizer's traffic 2.35 -> 1.78 GB a step,
+  `python -m tools.step_bytes`; the step's peak memory holds no clipped copy beside the gradient, `jaxpt plan`).
+  Below the threshold the factor is exactly 1; above it, rounding aside, the same clip."""
+
+  def update_fn(updates, state, params=None):
+    del params
+    norm = optax.tree.norm(updates)
+    factor = jnp.where(norm < max_norm, 1.0, max_norm / norm)
+    return jax.tree.map(lambda g: g * factor.astype(g.dtype), updates), state
+
+  return optax.GradientTransformation(optax.init_empty_state, update_fn)
+
+
 def make_optimizer(optim_config: OptimConfig, total_steps: int,
                    mask: Any = None) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """Returns (optimizer, schedule). `mask`: weight-decay mask pytree (or callable); default `decay_mask`.
@@ -92,7 +109,7 @@ def make_optimizer(optim_config: OptimConfig, total_steps: int,
   schedule = make_schedule(optim_config, total_steps)
   parts = []
   if optim_config.grad_clip > 0:
-    parts.append(optax.clip_by_global_norm(optim_config.grad_clip))
+    parts.append(clip_by_global_norm(optim_config.grad_clip))
   parts.append(optax.adamw(
       learning_rate=schedule,
       b1=optim_config.b1,

@@ -10,13 +10,14 @@ the adapters, `jaxpt.engine.builder.lora_trainable`), b the micro-batch's rows o
 
     params       P in param_dtype (LoRA: the frozen base in lora.base_dtype, the adapters in param_dtype; QLoRA:
                  the adapted kernels as stored, codes (1 byte, nf4 1/2) + float32 scales (4 / base_quant_block))
-    grads        T in param_dtype, the gradient (with grad_accum_steps > 1: a micro-batch's, then their average)
+    grads        T in param_dtype, the gradient (with grad_accum_steps > 1: a micro-batch's, then their average);
+                 the optimizer update needs nothing beside it: AdamW's moment and param writes (the clip a scalar
+                 factor, `jaxpt.engine.optim.clip_by_global_norm`) fuse and overwrite the donated state in place
+    block_grads  with scanned layers (model.scan_layers), T / L in param_dtype: one block's gradient, which the
+                 backward's layer scan holds beside the stacked gradient it writes it into (XLA:CPU's compiled
+                 temporaries at L = 2 and 4 layers: T + T / L + the activations, within 4%)
     accumulator  with grad_accum_steps > 1, T in float32: the sum the micro-batches' gradients are added into
-                 (alive through the backward passes; the update reads the average, the sum's buffer freed), + T / L
-                 in param_dtype: one block's gradient, which the backward's layer scan holds beside the stacked
-                 gradient under accumulation (XLA:CPU's compiled temporaries: 2 T + T / L at L = 2, 4, 8 layers)
-    update       T in float32: the update tree AdamW builds from the whole gradient before the donated state is
-                 overwritten (alive with the gradient, after the backward's activations are gone)
+                 (alive through the backward passes; the update reads the average, the sum's buffer freed)
     optimizer    AdamW's two moments: 2 T in param_dtype (optax keeps them in the params' dtype)
     reference    a frozen copy of the policy (DPO / KTO, GRPO with kl_coef > 0, PPO with a KL; not with LoRA, whose
                  reference is the base, adapters off): P in param_dtype
@@ -33,9 +34,9 @@ the adapters, `jaxpt.engine.builder.lora_trainable`), b the micro-batch's rows o
     sampler_params  with LoRA rollouts on merged params (`lora.rollouts`), the merged policy W + s A B the sampler
                  reads (the base's size in lora.base_dtype; QLoRA with lora.rollouts=merged: dequantized); 0 when
                  the rollouts read the params as stored (QLoRA's default: the codes and unmerged adapters)
-    total        params + optimizer + reference (alive all run) + the largest of three phases: the step's
-                 backward (grads + accumulator + activations + logits), its optimizer update (grads + update), or
-                 the rollouts' kv_cache + sampler_params; `fits` when total <= device_gib (1 - HEADROOM).
+    total        params + optimizer + reference (alive all run) + the larger of two phases: the step's backward
+                 (grads + block_grads + accumulator + activations + logits) or the rollouts' kv_cache +
+                 sampler_params; `fits` when total <= device_gib (1 - HEADROOM).
                  `step_total`: the same without the rollouts' phase (the train step alone)
 
 Beside it, `compiled` (only with compile=True; every planned trainer: `step_training` builds its step without
@@ -43,7 +44,7 @@ data, as the trainer builds it; PPO's is the policy + critic update): XLA's memo
 train step (`jaxpt.engine.builder.build_training`, compiled for the mesh from abstract shapes: no params are
 allocated; the reference log-probs of DPO, KTO, GRPO and PPO are batch columns, computed outside the step, so its
 peak + reference is the account's step phase), with the analytic terms it should match: argument ~ params +
-optimizer (+ the batch), temp ~ `step_transient` (the larger of the backward and the update phase).
+optimizer (+ the batch), temp ~ `step_transient` (the backward phase).
 The step is compiled donating the state, as an accelerator run does (the new state is written over the old:
 `alias` = `output`), also on CPU, where a run does not donate it. `benchmarks/plan_tables.py` compares the account
 with this analysis and with the measured peak of the same step on the CPU (d256 and d512 models, SFT / DPO / GRPO,
@@ -264,8 +265,9 @@ def account(trainer: str, run: RunConfig, devices: int) -> dict[str, float]:
   parts = dict(
       params=p["params"] * load.models,
       grads=p["trainable"] * load.models,
-      accumulator=(p["trainable_f32"] + p["trainable"] / model.num_layers if accum > 1 else 0.0) * load.models,
-      update=p["trainable_f32"] * load.models,
+      # PPO: one model's (its backward runs one model at a time, `jaxpt.trainers.ppo.sequenced_grad_fn`)
+      block_grads=p["trainable"] / model.num_layers if model.scan_layers else 0.0,
+      accumulator=p["trainable_f32"] * load.models if accum > 1 else 0.0,
       optimizer=2 * p["trainable"] * load.models,
       reference=p["full"] if load.reference else 0.0,
       activations=blocks + frozen_block,  # PPO: one model's at a time (`jaxpt.trainers.ppo.sequenced_grad_fn`)
@@ -288,10 +290,10 @@ def resident(parts: dict[str, float]) -> float:
 
 
 def step_transient(parts: dict[str, float]) -> float:
-  """The train step's own bytes beyond the resident state (`account`'s parts): the larger of its backward (grads +
-  accumulator + activations + logits) and its optimizer update (grads + update)."""
-  backward = parts["grads"] + parts["accumulator"] + parts["activations"] + parts["logits"]
-  return max(backward, parts["grads"] + parts["update"])
+  """The train step's own bytes beyond the resident state (`account`'s parts): its backward phase, grads +
+  block_grads + accumulator + activations + logits (the optimizer update after it holds only the gradient)."""
+  return (parts["grads"] + parts["block_grads"] + parts["accumulator"] + parts["activations"]
+          + parts["logits"])
 
 
 def step_total(parts: dict[str, float]) -> float:
