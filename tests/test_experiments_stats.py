@@ -230,3 +230,15 @@ def test_power_json_and_the_verdict_table_follow_from_the_committed_results():
     assert c["verdict"] != "supports" or (c["p_t_holm"] < 0.05 and (low > 0 if c["target_effect"] > 0 else high < 0))
     if c["verdict"].startswith("cannot"):
       assert c["n_for_80_power"] == stats.paired_n_for_power(c["std_diff"], c["target_effect"])
+
+
+def test_siamese_vit_powered_n_is_the_power_analysis_of_siamese_vits_committed_seeds():
+  """experiments/siamese_vit_powered fixed N before its runs: 80% power for the paper's +1.4 points at the paired sd
+  of siamese_vit's committed seeds (experiments/power.json's row), seeds disjoint from siamese_vit's and the
+  tuning's."""
+  from experiments.siamese_vit_powered import run as powered
+  with open(os.path.join(REPO, "experiments", "power.json")) as f:
+    [row] = [c for c in json.load(f)["claims"] if c["experiment"] == "siamese_vit"]
+  assert powered.N == row["n_for_80_power"] == stats.paired_n_for_power(row["std_diff"], 0.014)
+  assert len(powered.SEEDS) == powered.N
+  assert not set(powered.SEEDS) & (set(range(8)) | set(powered.EXPERIMENT.tune_seeds))

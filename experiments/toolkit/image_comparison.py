@@ -9,9 +9,9 @@
           looked at.
 2. final: every scheme at its tuned lr x the reported seeds (disjoint from the tuning seeds). Reported: the final
           *test* metric; paired per-seed statistics (same seed = same init, data order and draws) of the (A, B)
-          pairs in `Experiment.comparisons`; curves of the eval metrics over training; for the ViT, seed 0's
-          gradient norm reaching each block and residual-stream norm by depth at init and after training
-          (`experiments.toolkit.probes`, on the first validation batch); for the DiT, seed 0's samples (one row per
+          pairs in `Experiment.comparisons`; curves of the eval metrics over training; for the ViT, the first
+          reported seed's gradient norm reaching each block and residual-stream norm by depth at init and after training
+          (`experiments.toolkit.probes`, on the first validation batch); for the DiT, that seed's samples (one row per
           class, the same sampling key for every scheme).
 """
 
@@ -172,8 +172,11 @@ def train_one(run: dict, directory: str) -> dict:
 
 
 def final_runs(schemes, best_lr: dict, seeds, common: dict) -> list[dict]:
-  """Seed 0 of every scheme also probes (ViT) and saves samples (DiT)."""
-  return tuning.final_runs(schemes, best_lr, seeds, common, lambda seed: dict(probe=seed == 0, samples=seed == 0))
+  """The first reported seed (seed 0 where the seeds start there) of every scheme also probes (ViT) and saves samples
+  (DiT)."""
+  first = min(seeds)
+  return tuning.final_runs(schemes, best_lr, seeds, common, lambda seed: dict(probe=seed == first,
+                                                                              samples=seed == first))
 
 
 def select_lrs(summaries: list[dict], schemes, lrs, tune_seeds, metric: Metric) -> tuple[dict, list[dict]]:
@@ -230,12 +233,13 @@ def real_reference(classifier_dir: str, config) -> dict:
 
 
 def probe_table(final: list[dict], schemes) -> list[dict]:
-  """Seed 0's probes per scheme: gradient first block / last block at init and after training."""
+  """The first reported seed's probes per scheme: gradient first block / last block at init and after training."""
   rows = []
   for s in sorted((s for s in final if s.get("probe_init") and s.get("probe_final")),
                   key=lambda s: list(schemes).index(s["scheme"])):
     grads = {when: s[f"probe_{when}"]["block_grad_norms"] for when in ("init", "final")}
-    rows.append(dict(scheme=s["scheme"], lr=s["lr"], grad_first_over_last_init=grads["init"][0] / grads["init"][-1],
+    rows.append(dict(scheme=s["scheme"], seed=s["seed"], lr=s["lr"],
+                     grad_first_over_last_init=grads["init"][0] / grads["init"][-1],
                      grad_first_over_last=grads["final"][0] / grads["final"][-1], probe_init=s["probe_init"],
                      probe_final=s["probe_final"]))
   return rows
@@ -281,31 +285,32 @@ def plot_probes(rows: list[dict], out: str, schemes) -> None:
   axes[0].set(yscale="log", xlabel="block", ylabel="||dL/dθ_block||", title="Gradient reaching each block")
   axes[1].set(yscale="log", xlabel="depth (0 = patch embeddings)", ylabel="mean token ||stream||",
               title="Residual-stream norm")
-  fig.suptitle("seed 0, first validation batch; dotted: at init, solid: after training", fontsize=9)
+  fig.suptitle(f"seed {rows[0]['seed']}, first validation batch; dotted: at init, solid: after training", fontsize=9)
   tuning.save_figure(fig, axes, os.path.join(out, "probes.png"))
 
 
 def plot_samples(final: list[dict], out: str, workdir: str, schemes) -> bool:
-  """samples.png: seed 0's samples of each scheme side by side, one row per class. False if none were saved."""
+  """samples.png: the first reported seed's samples of each scheme side by side, one row per class. False if none
+  were saved."""
   import matplotlib
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  grids = [(s["scheme"], np.load(os.path.join(runner.run_dir(workdir, s), SAMPLES_FILE)))
+  grids = [(s["scheme"], s["seed"], np.load(os.path.join(runner.run_dir(workdir, s), SAMPLES_FILE)))
            for s in sorted(final, key=lambda s: list(schemes).index(s["scheme"]))
            if s.get("samples") and os.path.exists(os.path.join(runner.run_dir(workdir, s), SAMPLES_FILE))]
   if not grids:
     return False
   fig, axes = plt.subplots(1, len(grids), figsize=(3.2 * len(grids), 4.2), squeeze=False)
-  for ax, (scheme, images) in zip(axes[0], grids):
+  for ax, (scheme, _, images) in zip(axes[0], grids):
     classes, per_class, height, width = images.shape[:4]
     tiled = np.clip((images[..., 0] + 1) / 2, 0, 1).transpose(0, 2, 1, 3).reshape(classes * height, per_class * width)
     ax.imshow(tiled, cmap="gray", vmin=0, vmax=1, interpolation="nearest")
     ax.set(title=scheme, xticks=[], yticks=[(c + 0.5) * height for c in range(classes)],
            yticklabels=range(classes))
-  fig.suptitle(f"seed 0 at the tuned lr: {per_class} samples per class (rows), PRNGKey({SAMPLE_KEY}) for every "
-               "scheme", fontsize=8)
+  fig.suptitle(f"seed {grids[0][1]} at the tuned lr: {per_class} samples per class (rows), PRNGKey({SAMPLE_KEY}) "
+               "for every scheme", fontsize=8)
   fig.tight_layout()
   fig.savefig(os.path.join(out, "samples.png"), dpi=110)
   plt.close(fig)
@@ -348,7 +353,8 @@ def markdown(payload: dict, experiment: Experiment) -> str:
   for c in payload["comparisons"]:
     lines.append(f"| {c['a']} | {c['b']} | {stats.fmt_paired(c, 4)} | {c['a_better']} / {c['a_worse']} |")
   if payload.get("probes"):
-    lines += ["", "## Gradient reaching each block and residual-stream norm (seed 0, first validation batch)", "",
+    lines += ["", "## Gradient reaching each block and residual-stream norm "
+              f"(seed {payload['probes'][0].get('seed', 0)}, first validation batch)", "",
               "| scheme | grad per block, init | after training | grad first/last, init | after training | "
               "stream norm by depth after training (x; y) |", "|---|---|---|---:|---:|---|"]
     for r in payload["probes"]:
