@@ -417,3 +417,18 @@ def test_image_comparison_config_sets_the_run_and_keeps_one_checkpoint():
   assert (config.model.norm_scheme, config.optim.learning_rate, config.seed, config.steps) == ("pre", 3e-4, 5, 40)
   assert (config.fid.classifier, config.eval_every, config.keep_checkpoints, config.progress) == ("/tmp/vit", 250, 1,
                                                                                                  False)
+
+
+def test_image_comparison_trains_a_vit_run_and_reads_its_final_eval_and_probes(tmp_path):
+  """One ViT run end to end through `train_one` (build, train, the last eval row, the probes at init and at the end),
+  so that the toolkit follows the trainer API (it once called a method `BuiltRun` no longer has)."""
+  from experiments.toolkit import image_comparison
+
+  run = dict(kind="vit", config="experiments.siamese_vit.config", scheme="siamese_post_pre", lr=3e-3, seed=8,
+             probe=True, sets={"steps": 4, "eval_every": 2, "model.num_layers": 2, "data.batch_size": 16})
+  summary = image_comparison.train_one(run, str(tmp_path))
+  assert summary["diverged"] is False and summary["step"] == 4
+  assert 0.0 <= summary["test_top1"] <= 1.0 and 0.0 <= summary["val_top1"] <= 1.0
+  assert np.isfinite(summary["test_loss"]) and summary["params"] > 0
+  for when in ("init", "final"):
+    assert len(summary[f"probe_{when}"]["block_grad_norms"]) == 2

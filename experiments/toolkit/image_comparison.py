@@ -113,7 +113,7 @@ def train_and_read(setup, directory: str, key: str, summary: dict):
   from jaxpt.engine.loop import NonFiniteError
 
   try:
-    result = setup.train(directory)
+    result = jaxpt.train(setup.trainer, setup.config, directory, built=setup)
   except NonFiniteError as e:
     return None, dict(summary, diverged=True, nonfinite_step=e.step, val_loss=math.nan, test_loss=math.nan,
                       **{f"val_{key}": math.nan, f"test_{key}": math.nan})
