@@ -48,7 +48,7 @@ optimizer (+ the batch), temp ~ `step_transient` (the backward phase).
 The step is compiled donating the state, as an accelerator run does (the new state is written over the old:
 `alias` = `output`), also on CPU, where a run does not donate it. `benchmarks/plan_tables.py` compares the account
 with this analysis and with the measured peak of the same step on the CPU (d256 and d512 models, SFT / DPO / GRPO,
-full and LoRA; SFT and GRPO also with grad_accum_steps 4, plan / measured 1.01 to 1.02 there);
+full and LoRA: plan / measured 1.00 to 1.06; SFT and GRPO also with grad_accum_steps 4: 0.97 to 1.02);
 `benchmarks/results_plan_tables.json` holds the figures.
 
 `hf:DIR` starts are read from DIR/config.json alone (no weights are opened): the model's architecture fields are
