@@ -109,8 +109,8 @@ def test_select_takes_the_lowest_mean_validation_loss_over_lr_and_warmup_and_fla
 
 def test_comparison_plan_is_each_scheme_against_pre_by_depth_the_trend_and_stability():
   plan = sweep.comparison_plan(sweep.SCHEMES, [12, 6, 24])
-  assert plan[:4] == [("loss", s, "pre", 6) for s in sweep.SCHEMES[1:]]
-  assert len([p for p in plan if p[0] == "loss"]) == 4 * 3
+  assert plan[:len(sweep.SCHEMES) - 1] == [("loss", s, "pre", 6) for s in sweep.SCHEMES[1:]]
+  assert len([p for p in plan if p[0] == "loss"]) == (len(sweep.SCHEMES) - 1) * 3
   assert [p for p in plan if p[0] == "trend"] == [("trend", s, "pre", 24, 6) for s in sweep.SCHEMES[1:]]
   assert [p for p in plan if p[0] == "trained"] == [("trained", "siamese_post_pre", b, d) for d in (6, 12, 24)
                                                     for b in ("pre", "post")]

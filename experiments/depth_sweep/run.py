@@ -1,5 +1,5 @@
-"""Stability with depth (issue 31 item 3): Pre/Post/HybridNorm, SiameseNorm (post_pre) and mHC-lite LMs at
-DEPTHS layers of one small width, each (scheme, depth) over an lr x warm-up grid; divergence rate, final loss and
+"""Stability with depth (issue 31 items 3, 4): Pre/Post/HybridNorm, SiameseNorm (post_pre), mHC-lite and Sinkhorn mHC
+LMs at DEPTHS layers of one small width, each (scheme, depth) over an lr x warm-up grid; divergence rate, final loss and
 gradient norm by depth. SiameseNorm's core claim is that it keeps Pre-Norm's clean identity path (it trains where
 Pre-Norm trains, at any depth) and Post-Norm's capacity (lower loss); this asks both where depth makes them differ.
 
@@ -80,6 +80,13 @@ Sessions: every finished tuning, pilot and final run is copied to `kept_runs/` (
 fresh workdir imports them (`runner.copy_finished`), so the ~6 h of runs span sessions whose machines keep nothing
 (each run trains from scratch: its record and metrics are all a later stage reads).
 
+Code: every run of this experiment trains on one model code, that of 1805869 (the gradient clip as a scalar factor
+and SwiGLU's recomputed product, both later, change rounding), from a26119b (branch `depth-sweep-code`: 1805869 plus
+this file's SCHEMES; merged into main with `-s ours`, so it stays reachable): `git worktree add /tmp/depth-code
+a26119b`, then the commands below from there. Sinkhorn mHC (`mhc:4`, issue 31 item 4) joined SCHEMES there,
+after 111 of seed 100's tuning runs and before any pilot seed, so it is tuned on the same grid and counted
+in N's Holm family; it adds 1/5 to the runs above.
+
   python experiments/depth_sweep/run.py --stage timing --workdir /tmp/depth_timing --out experiments/depth_sweep/timing
   python experiments/depth_sweep/run.py --stage pilot [--workdir /tmp/depth_sweep] [--jobs 2]
   python experiments/depth_sweep/run.py --stage main --out experiments/depth_sweep/results
@@ -105,7 +112,7 @@ from experiments import power as power_lib  # noqa: E402
 from experiments.toolkit import flags, lm_comparison, results, runner, stats  # noqa: E402
 
 CONFIG = "experiments.depth_sweep.config"
-SCHEMES = ("pre", "post", "hybrid", "siamese_post_pre", "mhc_lite:4")
+SCHEMES = ("pre", "post", "hybrid", "siamese_post_pre", "mhc_lite:4", "mhc:4")
 BASELINE, SIAMESE, POST = "pre", "siamese_post_pre", "post"
 DEPTHS = (6, 12, 24)
 LRS = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
