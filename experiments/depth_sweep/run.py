@@ -105,7 +105,7 @@ from experiments import power as power_lib  # noqa: E402
 from experiments.toolkit import flags, lm_comparison, results, runner, stats  # noqa: E402
 
 CONFIG = "experiments.depth_sweep.config"
-SCHEMES = ("pre", "post", "hybrid", "siamese_post_pre", "mhc_lite:4")
+SCHEMES = ("pre", "post", "hybrid", "siamese_post_pre", "mhc_lite:4", "mhc:4")
 BASELINE, SIAMESE, POST = "pre", "siamese_post_pre", "post"
 DEPTHS = (6, 12, 24)
 LRS = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
