@@ -121,6 +121,13 @@ def traced_dots(fn: Callable, *args) -> list[tuple[jax.ShapeDtypeStruct, jax.Sha
   return dots
 
 
+def dots_json(dots: list[tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct, dict]]) -> list:
+  """`traced_dots` as JSON for a peer process: [lhs shape, rhs shape, [[lhs contracting, rhs contracting], [lhs
+  batch, rhs batch]]] per dot (`train_peers.py hf_dot_pass`)."""
+  return [[list(lhs.shape), list(rhs.shape), [[list(axes) for axes in pair] for pair in params["dimension_numbers"]]]
+          for lhs, rhs, params in dots]
+
+
 def dot_flops(lhs: jax.ShapeDtypeStruct, rhs: jax.ShapeDtypeStruct, params: dict) -> int:
   """2 x (output elements) x (contracted length) of one `dot_general`."""
   (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = params["dimension_numbers"]

@@ -30,7 +30,10 @@ schemes compile (it builds and warms up meanwhile) and fed one step per round: `
 autocast, fp32 weights and AdamW state); `tunix`, tunix's Llama3 with an optax AdamW step (fp32 whatever
 `--dtype` says). `{name}_reference` holds its median tokens/s and its setting (its dtype, versions, torch threads);
 `pre_tokens_per_sec_vs_{name}` is the median over rounds of that round's reference seconds / Pre-Norm seconds.
-Prints one JSON object; ratios are what to compare across machines.
+With `--hf-python` and a `pre` scheme, `hf_dot_pass` times torch's GEMMs at Pre-Norm's own dot shapes in the
+same rounds (`hf_dot_pass_report`): how much of the gap to HF the GEMM library explains. `round_seconds`: every
+timed round's seconds of each scheme, dot pass and reference. Prints one JSON object; ratios are what to compare
+across machines.
 
 `--lora R` adds, per scheme, the same step with LoRA rank R on every projection (`scheme+loraR`: only the
 adapters get gradients and AdamW state, the base frozen in float32), in the same rounds; `lora_vs_full` gives the
@@ -58,6 +61,7 @@ import pathlib
 import resource
 import statistics
 import sys
+import tempfile
 from typing import Callable, Sequence
 
 import jax
@@ -65,8 +69,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import references
-from benchmarks.common import (Peer, alternating_seconds, compiled_step, dot_pass, machine_info, matmul_gflops,
-                               median_ratio, ratios_vs_pre, ready_peers, traced_dots)
+from benchmarks.common import (Peer, alternating_seconds, compiled_step, dot_pass, dots_json, machine_info,
+                               matmul_gflops, median_ratio, ratios_vs_pre, ready_peers, traced_dots)
 from jaxpt.models.config import ModelConfig
 from jaxpt.nn.lora import LoRAConfig
 from jaxpt.models.transformer import TransformerLM, init_params, param_count
@@ -83,6 +87,7 @@ MOE = dict(num_experts=8, experts_per_token=2)  # the `+moe` suffix (expert widt
 OPTIM = OptimConfig(learning_rate=1e-3, warmup_steps=10, end_lr_fraction=0.1, b1=0.9, b2=0.95, eps=1e-8,
                     weight_decay=0.1, grad_clip=1.0)
 PEER_SCRIPT = pathlib.Path(__file__).resolve().parent / "train_peers.py"
+HF_DOT_PASS = "hf_dot_pass"  # the peer that runs Pre-Norm's dots with torch (train_peers.py)
 
 
 def random_batch(vocab_size: int) -> dict:
@@ -146,11 +151,11 @@ def compile_scheme(scheme: str, lora_rank: int = 0, compiler_options: dict | Non
   return facts, run
 
 
-def scheme_dot_pass(scheme: str, **overrides) -> tuple[float, Callable[[], object]]:
-  """(GFLOP, run) of the dots alone of `scheme`'s train step (`common.dot_pass`: every dot_general of its forward
-  and backward, at their shapes, with nothing else): the floor under the step that its matmuls set."""
+def scheme_dots(scheme: str, **overrides) -> list:
+  """Every dot_general of `scheme`'s train step, forward and backward (`common.traced_dots`; traced, not
+  compiled)."""
   _, step, state, batch = build_scheme(scheme, **overrides)
-  return dot_pass(traced_dots(step, state, batch))
+  return traced_dots(step, state, batch)
 
 
 def page_faults(run: Callable[[], jax.Array]) -> int:
@@ -166,13 +171,32 @@ def peer_dtype(name: str, dtype: str) -> str:
   return dtype if name == "hf" else "float32"
 
 
-def start_peers(args: argparse.Namespace) -> list[Peer]:
+def start_peers(args: argparse.Namespace, dots_file: str | None = None) -> list[Peer]:
   """The reference train steps given a python (`references.add_arguments`), each a persistent `train_peers.py`
   process, ready one after the other before jaxpt compiles (`ready_peers`: each warms up, and HF picks its torch
-  threads, on a machine this benchmark leaves otherwise idle)."""
-  return ready_peers({name: [getattr(args, f"{name}_python"), str(PEER_SCRIPT), name, str(MODEL["d_model"]),
-                             str(MODEL["num_layers"]), peer_dtype(name, args.dtype)]
-                      for name in references.VENVS if getattr(args, f"{name}_python")}, stderr=None)
+  threads, on a machine this benchmark leaves otherwise idle); with `dots_file` (`common.dots_json` of Pre-Norm's
+  step) and an HF python, also `hf_dot_pass`, torch's GEMMs at those shapes."""
+  argvs = {name: [getattr(args, f"{name}_python"), str(PEER_SCRIPT), name, str(MODEL["d_model"]),
+                  str(MODEL["num_layers"]), peer_dtype(name, args.dtype)]
+           for name in references.VENVS if getattr(args, f"{name}_python")}
+  if dots_file and "hf" in argvs:
+    argvs[HF_DOT_PASS] = [*argvs["hf"][:2], HF_DOT_PASS, *argvs["hf"][3:5], args.dtype, dots_file]
+  return ready_peers(argvs, stderr=None)
+
+
+def hf_dot_pass_report(times: dict[str, list[float]], gflop: float, setting: str) -> dict:
+  """torch's einsums at Pre-Norm's dot shapes (`hf_dot_pass`) beside jaxpt's `pre_dot_pass`, from the same rounds:
+  its time and rate; `speed_vs_pre_dot_pass`, the median over rounds of XLA's dot-pass seconds over torch's (> 1:
+  torch's GEMMs are faster at these shapes); `pre_vs_hf_with_hf_dots`, the median over rounds of HF's step seconds
+  over (Pre-Norm's step - its dot pass + torch's dot pass): what `pre_tokens_per_sec_vs_hf` would be were jaxpt's
+  matmuls as fast as torch's, all else equal, i.e. how much of the gap to HF the GEMM library explains."""
+  seconds = statistics.median(times[HF_DOT_PASS])
+  with_hf_dots = [pre - xla + hf for pre, xla, hf in zip(times["pre"], times["pre_dot_pass"], times[HF_DOT_PASS])]
+  report = {"ms": round(seconds * 1e3, 1), "gflops_per_sec": round(gflop / seconds, 1), "setting": setting,
+            "speed_vs_pre_dot_pass": round(median_ratio(times["pre_dot_pass"], times[HF_DOT_PASS]), 3)}
+  if "hf" in times:
+    report["pre_vs_hf_with_hf_dots"] = round(median_ratio(times["hf"], with_hf_dots), 3)
+  return report
 
 
 def bench_schemes(compiled: dict[str, tuple[dict, Callable[[], jax.Array]]], repeats: int, peers: Sequence[Peer] = (),
@@ -234,17 +258,21 @@ def main(argv=None) -> None:
   if args.memory_only:
     return print_memory(args)
 
-  peers = start_peers(args)
+  overrides = dict(remat=args.remat, scan_layers=args.scan, dtype=args.dtype, param_dtype="float32")
+  dots = scheme_dots("pre", **overrides) if "pre" in args.schemes.split(",") else None
+  scratch = tempfile.TemporaryDirectory()  # the hf_dot_pass peer's DOTS_JSON
+  dots_file = os.path.join(scratch.name, "dots.json")
+  with open(dots_file, "w") as f:
+    json.dump(dots_json(dots or []), f)
+  peers = start_peers(args, dots_file if dots else None)
   try:
     compiled = {}
     for scheme in args.schemes.split(","):
       for rank in (0, args.lora) if args.lora else (0,):
-        compiled[scheme + (f"+lora{rank}" if rank else "")] = compile_scheme(
-            scheme, lora_rank=rank, remat=args.remat, scan_layers=args.scan, dtype=args.dtype, param_dtype="float32")
+        compiled[scheme + (f"+lora{rank}" if rank else "")] = compile_scheme(scheme, lora_rank=rank, **overrides)
     others = {}
-    if "pre" in compiled:
-      dot_gflop, others["pre_dot_pass"] = scheme_dot_pass("pre", remat=args.remat, scan_layers=args.scan,
-                                                          dtype=args.dtype, param_dtype="float32")
+    if dots:
+      dot_gflop, others["pre_dot_pass"] = dot_pass(dots)
     matmul = {f"{m}x{k}x{n}": round(matmul_gflops(m, k, n, dtype=jnp.dtype(args.dtype)), 1)  # peers idle now
               for m, k, n in [(2048, 2048, 2048), (BATCH * SEQ, 512, 2048), (BATCH * SEQ, 512, 8192)]}
     load_before = os.getloadavg()
@@ -253,6 +281,7 @@ def main(argv=None) -> None:
   finally:
     for peer in peers:
       peer.close()
+    scratch.cleanup()
   peak_matmul = max(matmul.values())
   for result in schemes.values():
     result["fraction_of_matmul_rate"] = round(result["gflops_per_sec"] / peak_matmul, 3)
@@ -261,6 +290,7 @@ def main(argv=None) -> None:
                                                       rounds=args.repeats, host_allocator_reuse=allocator_reuse),
             **machine_info(), "matmul_gflops_per_sec": matmul, "schemes": schemes}
   report["loadavg_1_5_15min"] = {"before_timing": load_before, "after_timing": load_after}
+  report["round_seconds"] = {name: [round(t, 4) for t in ts] for name, ts in times.items()}
   if others:
     seconds = statistics.median(times["pre_dot_pass"])
     report["pre_dot_pass"] = {"gflop": round(dot_gflop, 1), "ms": round(seconds * 1e3, 1),
@@ -276,6 +306,9 @@ def main(argv=None) -> None:
                                       / schemes[scheme]["memory"]["peak_mib"], 3)}
         for scheme in args.schemes.split(",")}
   for peer in peers:
+    if peer.name == HF_DOT_PASS:
+      report[HF_DOT_PASS] = hf_dot_pass_report(times, dot_gflop, peer.setting)
+      continue
     report[f"{peer.name}_reference"], vs_pre = reference_report(peer, times, args.dtype)
     if vs_pre is not None:
       report[f"pre_tokens_per_sec_vs_{peer.name}"] = vs_pre

@@ -86,35 +86,85 @@ def test_main_starts_the_peers_before_compiling_and_reports_them(monkeypatch, ca
 
     return facts, run
 
-  def scheme_dot_pass(scheme, **overrides):
-    log.append(("dot pass of", scheme, overrides["dtype"]))
+  dots = common.traced_dots(lambda a, b: a @ b, jnp.ones((3, 4)), jnp.ones((4, 5)))
+
+  def scheme_dots(scheme, **overrides):
+    log.append(("dots of", scheme, overrides["dtype"]))
+    return dots
+
+  def dot_pass(traced):
+    assert traced is dots
     return 2.0, lambda: log.append(("step", "pre_dot_pass"))
 
   monkeypatch.setattr(common, "Peer", FakePeer)
   monkeypatch.setattr(train_step, "compile_scheme", compile_scheme)
-  monkeypatch.setattr(train_step, "scheme_dot_pass", scheme_dot_pass)
+  monkeypatch.setattr(train_step, "scheme_dots", scheme_dots)
+  monkeypatch.setattr(train_step, "dot_pass", dot_pass)
   monkeypatch.setattr(train_step, "matmul_gflops", lambda *args, **kwargs: 100.0)
   train_step.main(["--schemes", "pre,post", "--repeats", "2", "--dtype", "bfloat16", "--hf-python", "py-hf",
                    "--tunix-python", "py-tunix"])
   script = str(train_step.PEER_SCRIPT)
-  # each peer warms up (HF picks its torch threads) alone, before jaxpt compiles anything
-  assert log[:7] == [("start", "hf", (script, "hf", "512", "8", "bfloat16")), ("ready", "hf"),
+  # Pre-Norm's dots traced (not compiled) for the torch dot pass; each peer warms up (HF picks its torch threads)
+  # alone, before jaxpt compiles anything
+  dots_start = next(entry for entry in log if entry[:2] == ("start", "hf_dot_pass"))
+  assert log[:9] == [("dots of", "pre", "bfloat16"),
+                     ("start", "hf", (script, "hf", "512", "8", "bfloat16")), ("ready", "hf"),
                      ("start", "tunix", (script, "tunix", "512", "8", "float32")), ("ready", "tunix"),
-                     ("compile", "pre", "bfloat16", "float32"), ("compile", "post", "bfloat16", "float32"),
-                     ("dot pass of", "pre", "bfloat16")]
-  timed = [entry for entry in log[7:] if entry[0] in ("step", "run")]
+                     dots_start, ("ready", "hf_dot_pass"),
+                     ("compile", "pre", "bfloat16", "float32"), ("compile", "post", "bfloat16", "float32")]
+  assert dots_start[2][:5] == (script, "hf_dot_pass", "512", "8", "bfloat16")
+  timed = [entry for entry in log[9:] if entry[0] in ("step", "run")]
   round_ = [("step", "pre"), ("step", "post"), ("step", "pre_dot_pass")]
-  assert timed[:13] == round_ + [*round_, ("run", "hf", 1), ("run", "tunix", 1), *round_, ("run", "hf", 2),
-                                ("run", "tunix", 2)]
-  assert log[-2:] == [("close", "hf"), ("close", "tunix")]
+  peers = lambda r: [("run", "hf", r), ("run", "tunix", r), ("run", "hf_dot_pass", r)]  # noqa: E731
+  assert timed[:15] == round_ + [*round_, *peers(1), *round_, *peers(2)]
+  assert log[-3:] == [("close", "hf"), ("close", "tunix"), ("close", "hf_dot_pass")]
+  assert not os.path.exists(dots_start[2][5])  # the DOTS_JSON scratch file is gone
   report = json.loads(capsys.readouterr().out)
   assert report["config"]["dtype"] == "bfloat16" and report["config"]["param_dtype"] == "float32"
   for name, dtype in (("hf", "bfloat16"), ("tunix", "float32")):
     assert report[f"{name}_reference"]["dtype"] == dtype
     assert report[f"{name}_reference"]["setting"] == f"{name} setting"
     assert report[f"pre_tokens_per_sec_vs_{name}"] > 0
-  assert {"schemes", "ratios_vs_pre", "matmul_gflops_per_sec"} <= set(report)
+  assert {"schemes", "ratios_vs_pre", "matmul_gflops_per_sec", "hf_dot_pass"} <= set(report)
+  assert "hf_dot_pass_reference" not in report and "pre_tokens_per_sec_vs_hf_dot_pass" not in report
+  assert len(report["round_seconds"]["hf_dot_pass"]) == len(report["round_seconds"]["pre"]) == 2
+  assert report["hf_dot_pass"]["setting"] == "hf_dot_pass setting"
   assert report["pre_dot_pass"]["gflop"] == 2.0 and report["pre_dot_pass"]["share_of_step"] > 0
+
+
+def test_the_torch_dot_pass_says_what_the_step_would_be_with_torchs_matmuls():
+  """Per round: HF's step over (Pre-Norm's step - XLA's dot pass + torch's dot pass), then the median."""
+  times = {"pre": [1.0, 2.0, 1.0], "pre_dot_pass": [0.7, 1.4, 0.7], "hf_dot_pass": [0.5, 1.0, 0.6],
+           "hf": [0.9, 1.6, 0.9]}
+  report = train_step.hf_dot_pass_report(times, gflop=10.0, setting="torch")
+  assert report["ms"] == 600.0 and report["gflops_per_sec"] == round(10.0 / 0.6, 1)
+  assert report["speed_vs_pre_dot_pass"] == round(1.4, 3)  # median of 1.4, 1.4, 7/6
+  assert report["pre_vs_hf_with_hf_dots"] == round(0.9 / 0.9, 3)  # median of 0.9/0.8, 1.6/1.6, 0.9/0.9
+
+
+@pytest.mark.parametrize("dimension_numbers, shapes", [
+    ((((1,), (0,)), ((), ())), ((3, 4), (4, 5))),  # x @ w
+    ((((0,), (0,)), ((), ())), ((4, 3), (4, 5))),  # a weight gradient, x^T g
+    ((((1,), (1,)), ((), ())), ((3, 4), (5, 4))),  # g w^T
+    ((((3,), (3,)), ((0, 1), (0, 1))), ((2, 3, 4, 5), (2, 3, 6, 5))),  # attention scores, batch and heads
+    ((((2,), (1,)), ((0,), (2,))), ((2, 3, 4), (5, 4, 2))),  # a batch axis last on the rhs
+])
+def test_einsum_spec_computes_what_dot_general_does(dimension_numbers, shapes):
+  sys.path.insert(0, BENCHMARKS)
+  from train_peers import einsum_spec
+
+  rng = np.random.default_rng(0)
+  lhs, rhs = (rng.normal(size=shape) for shape in shapes)
+  expected = jax.lax.dot_general(jnp.asarray(lhs, jnp.float32), jnp.asarray(rhs, jnp.float32), dimension_numbers)
+  spec = einsum_spec(lhs.ndim, rhs.ndim, dimension_numbers)
+  np.testing.assert_allclose(np.einsum(spec, lhs, rhs), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_dots_json_carries_each_dots_shapes_and_dimension_numbers():
+  lhs, rhs = jax.ShapeDtypeStruct((8, 4, 128, 64), jnp.float32), jax.ShapeDtypeStruct((8, 4, 256, 64), jnp.float32)
+  params = {"dimension_numbers": (((3,), (3,)), ((0, 1), (0, 1))), "precision": None}
+  assert json.loads(json.dumps(common.dots_json([(lhs, rhs, params)]))) == [
+      [[8, 4, 128, 64], [8, 4, 256, 64], [[[3], [3]], [[0, 1], [0, 1]]]]]
 
 
 def test_a_peer_that_never_gets_ready_closes_the_ones_started_before_it(monkeypatch):
@@ -154,7 +204,8 @@ def test_a_serving_peer_answers_each_run_with_its_seconds(tmp_path):
 
 @pytest.mark.parametrize("argv, message", [(["tunix", "512", "8", "bfloat16"], "runs float32, not 'bfloat16'"),
                                            (["hf", "512", "8", "float16"], "runs float32 | bfloat16"),
-                                           (["jax", "512", "8"], "unknown peer 'jax'")])
+                                           (["jax", "512", "8"], "unknown peer 'jax'"),
+                                           (["hf_dot_pass", "512", "8", "float32"], "needs DOTS_JSON")])
 def test_train_peers_refuses_what_it_does_not_run(argv, message):
   result = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "train_peers.py"), *argv], capture_output=True,
                           text=True, timeout=60, check=False)
@@ -187,7 +238,7 @@ def test_lora_is_timed_in_the_same_rounds_as_its_full_fine_tune(monkeypatch, cap
     return facts, run
 
   monkeypatch.setattr(train_step, "compile_scheme", compile_scheme)
-  monkeypatch.setattr(train_step, "scheme_dot_pass", lambda scheme, **overrides: (1.0, lambda: None))
+  monkeypatch.setattr(train_step, "scheme_dots", lambda scheme, **overrides: [])
   monkeypatch.setattr(train_step, "matmul_gflops", lambda *args, **kwargs: 100.0)
   train_step.main(["--schemes", "pre", "--repeats", "2", "--lora", "8"])
   assert log[:2] == [("compile", "pre"), ("compile", "pre+lora8")]
