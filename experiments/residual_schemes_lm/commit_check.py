@@ -151,6 +151,7 @@ def main(argv=None) -> None:
   sys.path.insert(0, REPO_ROOT)
   from experiments.toolkit import environment
 
+  report["command"] = " ".join(["python", "experiments/residual_schemes_lm/commit_check.py", *sys.argv[1:]])
   report["environment"] = environment.environment()
   with open(args.out, "w") as f:
     json.dump(report, f, indent=1)
