@@ -20,12 +20,16 @@ committed sd: a pilot estimate, as uncertain as an sd from 3-8 seeds is), and th
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
+import sys
 
-from experiments.toolkit import stats
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO_ROOT not in sys.path:  # run as a script
+  sys.path.insert(0, REPO_ROOT)
+
+from experiments.toolkit import results, stats  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "power.json")
@@ -184,16 +188,8 @@ def table(result: dict) -> str:
   return "\n".join(lines)
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--table", action="store_true", help="print the verdict table of experiments/README.md")
-  args = parser.parse_args()
-  result = compute()
-  with open(OUT, "w") as f:
-    json.dump(result, f, indent=1)
-    f.write("\n")
-  if args.table:
-    print(table(result))
+def main(argv=None) -> None:
+  results.summary_main(__doc__, OUT, compute, table, "verdict table", argv)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ every run it reports, so each quoted figure can be recomputed from committed fil
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -135,3 +136,17 @@ def provenance(summaries: list[dict], script: str) -> str:
   heads = ", ".join(f"{head} ({count} runs)" for head, count in trained_with(summaries).items())
   return (f"Trained by jaxpt at {heads}. Reproduce: `python {os.path.relpath(script)} --workdir W --jobs 2 "
           "--out DIR` (+ the `--set` values in `results.json`).")
+
+
+def summary_main(doc: str, out: str, summarise, table, what: str, argv=None) -> None:
+  """The command line of a summary of the committed results (`experiments/power.py`, `experiments/compute.py`):
+  writes `summarise()` to `out` as JSON; `--table` also prints `table(result)`, the markdown table of `what`."""
+  parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+  parser.add_argument("--table", action="store_true", help=f"print the {what} of experiments/README.md")
+  args = parser.parse_args(argv)
+  result = summarise()
+  with open(out, "w") as f:
+    json.dump(result, f, indent=1)
+    f.write("\n")
+  if args.table:
+    print(table(result))
