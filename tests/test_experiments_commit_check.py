@@ -24,3 +24,10 @@ def test_runs_are_compared_bit_for_bit():
   assert commit_check.first_difference(nudged, run) == f"train_loss[1]: {math.nextafter(4.25, 5.0)!r} against 4.25"
   assert commit_check.first_difference(dict(run, eval_loss=[4.0]), run) == "eval_loss: 1 values against 2"
   assert commit_check.first_difference(dict(run, test_loss=3.5), run) == "test_loss[0]: 3.5 against 3.75"
+
+
+def test_each_check_run_is_tied_to_the_committed_final_run_of_its_scheme():
+  lr, row = commit_check.committed_final_run("pre")
+  assert lr == 0.01 and set(row) == set(commit_check.ROW_KEYS)
+  assert row["loss"] == 6.707103443145752  # final/pre/lr0.01/seed0's step-10 row, as committed
+  assert commit_check.committed_final_run("post")[0] == 0.001
