@@ -123,9 +123,9 @@ def traced_dots(fn: Callable, *args) -> list[tuple[jax.ShapeDtypeStruct, jax.Sha
 
 def dots_json(dots: list[tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct, dict]]) -> list:
   """`traced_dots` as JSON for a peer process: [lhs shape, rhs shape, [[lhs contracting, rhs contracting], [lhs
-  batch, rhs batch]]] per dot (`train_peers.py hf_dot_pass`)."""
-  return [[list(lhs.shape), list(rhs.shape), [[list(axes) for axes in pair] for pair in params["dimension_numbers"]]]
-          for lhs, rhs, params in dots]
+  batch, rhs batch]], [lhs dtype, rhs dtype]] per dot (`train_peers.py hf_dot_pass`)."""
+  return [[list(lhs.shape), list(rhs.shape), [[list(axes) for axes in pair] for pair in params["dimension_numbers"]],
+           [jnp.dtype(lhs.dtype).name, jnp.dtype(rhs.dtype).name]] for lhs, rhs, params in dots]
 
 
 def dot_flops(lhs: jax.ShapeDtypeStruct, rhs: jax.ShapeDtypeStruct, params: dict) -> int:

@@ -19,10 +19,11 @@ call to call; its time is the step's wall time.
   (`tunix_model.train_step`: one jitted optax AdamW step with global-norm clipping). fp32 only.
 - `hf_dot_pass`: torch's GEMMs at jaxpt's own matmul shapes, the peer of train_step.py's `pre_dot_pass`. DOTS_JSON
   (written by train_step.py, `common.dots_json`) lists every dot_general of jaxpt's step as [lhs shape, rhs shape,
-  [[lhs contracting, rhs contracting], [lhs batch, rhs batch]]]; one call computes each once with `torch.einsum`
-  (`einsum_spec`) on random operands of the dtype (bf16: torch's bf16 GEMM, AMX where the CPU has it), under
+  [[lhs contracting, rhs contracting], [lhs batch, rhs batch]], [lhs dtype, rhs dtype]]; one call computes each
+  once with `torch.einsum` (`einsum_spec`) on random operands of those dtypes (a float32 x bfloat16 dot, which XLA
+  computes in float32, in float32; bf16 x bf16: torch's bf16 GEMM, AMX where the CPU has it), under
   `torch.inference_mode()`, threads chosen as for `hf`. So how much faster torch's GEMM library is at the step's
-  shapes is measured in the same rounds, not assumed.
+  shapes is measured in the same rounds, not assumed. The dtype argument only names the run.
 
 Protocol (`sampler_peers.serve`): after building and untimed warm-up steps (tunix: one, which compiles; hf: one,
 then the thread choice's two), prints `ready <params> <setting>`; each input line `run <seed>` makes one step
@@ -97,21 +98,27 @@ def hf_dot_pass_peer(path: str, dtype: str):
 
   with open(path) as f:
     dots = json.load(f)
-  torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
   generator = torch.Generator().manual_seed(0)
   pool = {}
-  for lhs, rhs, _ in dots:
-    for shape in map(tuple, (lhs, rhs)):
-      if shape not in pool:
-        pool[shape] = torch.randn(*shape, generator=generator).to(torch_dtype)
-  work = [(einsum_spec(len(lhs), len(rhs), dims), pool[tuple(lhs)], pool[tuple(rhs)]) for lhs, rhs, dims in dots]
+
+  def operand(shape, dtype_name):
+    key = (tuple(shape), dtype_name)
+    if key not in pool:
+      pool[key] = torch.randn(*shape, generator=generator).to(getattr(torch, dtype_name))
+    return pool[key]
+
+  work = []
+  for lhs, rhs, dims, (lhs_dtype, rhs_dtype) in dots:
+    common = lhs_dtype if lhs_dtype == rhs_dtype else "float32"  # XLA computes a mixed dot in float32
+    work.append((einsum_spec(len(lhs), len(rhs), dims), operand(lhs, common), operand(rhs, common)))
 
   def call(seed: int) -> None:
     with torch.inference_mode():
       for spec, a, b in work:
         torch.einsum(spec, a, b)
 
-  return len(dots), call, f"torch={torch.__version__} einsum {dtype}"
+  mixed = sum(a != b for *_, (a, b) in dots)
+  return len(dots), call, f"torch={torch.__version__} einsum {dtype}, {mixed} mixed dots in float32"
 
 
 def main(argv: list[str]) -> None:

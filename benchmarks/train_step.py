@@ -260,13 +260,13 @@ def main(argv=None) -> None:
 
   overrides = dict(remat=args.remat, scan_layers=args.scan, dtype=args.dtype, param_dtype="float32")
   dots = scheme_dots("pre", **overrides) if "pre" in args.schemes.split(",") else None
-  scratch, dots_file = tempfile.TemporaryDirectory(), None  # the hf_dot_pass peer's DOTS_JSON
-  if dots and args.hf_python:
-    dots_file = os.path.join(scratch.name, "dots.json")
-    with open(dots_file, "w") as f:
-      json.dump(dots_json(dots), f)
-  peers = start_peers(args, dots_file)
+  scratch, dots_file, peers = tempfile.TemporaryDirectory(), None, []  # the hf_dot_pass peer's DOTS_JSON
   try:
+    if dots and args.hf_python:
+      dots_file = os.path.join(scratch.name, "dots.json")
+      with open(dots_file, "w") as f:
+        json.dump(dots_json(dots), f)
+    peers = start_peers(args, dots_file)
     compiled = {}
     for scheme in args.schemes.split(","):
       for rank in (0, args.lora) if args.lora else (0,):

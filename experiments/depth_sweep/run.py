@@ -72,9 +72,10 @@ the grid's shared compilation cache saves part of each run's fixed seconds; othe
 wall time). **48 layers does not fit**: it alone would add 31 x 1364 = 42,300 CPU s (+5.9 h on 2 cores, doubling
 the experiment), so the sweep stops at 24; `--depths 6,12,24,48` runs it where the budget allows (the pilot then
 reruns with it: the main stage refuses a pilot made for another grid). A 2-seed tuning grid was kept over a
-deeper sweep because the stability claims are paired by tuning cell: with 10 cells a McNemar p passes Holm's
-strictest level over the report's 22 comparisons (0.05 / 22) only when all 10 cells disagree in one direction, and
-no exact bound can show non-inferiority within 0.2 (the Clopper-Pearson end for 0 of 10 cells is 0.31; of 20, 0.17).
+deeper sweep because the stability claims are paired by tuning cell: with 10 cells no McNemar p can pass Holm's
+strictest level over the report's 26 comparisons (0.05 / 26 = 0.0019, below the 2 / 2^10 = 0.00195 of all 10 cells
+disagreeing in one direction; it was 22 comparisons, 0.0023, before Sinkhorn mHC joined), and no exact bound can
+show non-inferiority within 0.2 (the Clopper-Pearson end for 0 of 10 cells is 0.31; of 20, 0.17).
 
 Sessions: every finished tuning, pilot and final run is copied to `kept_runs/` (committed) as it finishes, and a
 fresh workdir imports them (`runner.copy_finished`), so the ~6 h of runs span sessions whose machines keep nothing
@@ -323,7 +324,7 @@ def verdict(c: dict, sign: int, effect: float, how: str) -> str:
   < 0.05 and k_b > k_a, 'contradicts a difference of the target's size' where U(k_a) < `effect`. Non-inferiority
   (A trains on at most `effect` less): 'supports' where U(k_b) < `effect`, 'contradicts' where Holm sign-flip p
   < 0.05 and k_b > k_a. Otherwise 'cannot resolve at this scale'. The exact bounds are each claim's own 95% bound,
-  not adjusted for multiplicity (at Holm's strictest level, 0.05 / 22, no 20-cell grid could show non-inferiority
+  not adjusted for multiplicity (at Holm's strictest level, 0.05 / 26, no 20-cell grid could show non-inferiority
   within 0.2: U(0 of 20) would be 0.29); the p values are Holm-adjusted."""
   if c["kind"] != "trained":
     return power_lib.verdict(c, sign, effect)
