@@ -21,6 +21,19 @@ from benchmarks import common, train_step
 BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
 
 
+@pytest.fixture
+def step_clock(monkeypatch):
+  """benchmarks.common's perf_counter replaced by a clock that only a fake step moves (`step_clock(seconds)`), so
+  the timed ratios are exactly the fake steps' under any machine load."""
+  now = [0.0]
+
+  def advance(seconds):
+    now[0] += seconds
+
+  monkeypatch.setattr(common, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+  return advance
+
+
 def test_alternating_seconds_calls_each_peer_once_a_round_after_the_runs():
   log = []
   runs = {"a": lambda: log.append("a"), "b": lambda: log.append("b")}
@@ -227,7 +240,7 @@ def test_tunix_ppo_update_refuses_sizes_it_cannot_build(argv, message):
   assert result.returncode != 0 and message in result.stderr, result.stderr
 
 
-def test_lora_is_timed_in_the_same_rounds_as_its_full_fine_tune(monkeypatch, capsys):
+def test_lora_is_timed_in_the_same_rounds_as_its_full_fine_tune(monkeypatch, capsys, step_clock):
   """`--lora R`: each scheme compiled twice (rank 0 and R), both stepped in every round, and `lora_vs_full` the
   median of the per-round ratios."""
   log, seconds = [], {"pre": [0.04] * 3, "pre+lora8": [0.01] * 3}
@@ -239,7 +252,7 @@ def test_lora_is_timed_in_the_same_rounds_as_its_full_fine_tune(monkeypatch, cap
 
     def run():
       log.append(("step", name))
-      time.sleep(seconds[name].pop() if seconds[name] else 0.001)
+      step_clock(seconds[name].pop() if seconds[name] else 0.001)
 
     return facts, run
 
@@ -251,7 +264,7 @@ def test_lora_is_timed_in_the_same_rounds_as_its_full_fine_tune(monkeypatch, cap
   assert [entry[1] for entry in log[2:] if entry[0] == "step"][:6] == ["pre", "pre+lora8"] * 3
   report = json.loads(capsys.readouterr().out)
   assert report["lora_vs_full"]["pre"]["peak_memory"] == 0.5
-  assert 0 < report["lora_vs_full"]["pre"]["step_time"] < 1
+  assert report["lora_vs_full"]["pre"]["step_time"] == pytest.approx(0.25)
   assert len(report["loadavg_1_5_15min"]["before_timing"]) == 3
 
 
@@ -275,7 +288,7 @@ def test_memory_only_compiles_each_scheme_and_times_nothing(monkeypatch, capsys)
   assert report["config"]["scan_layers"] and report["memory_mib"]["pre"]["temp_mib"] == 1.0
 
 
-def test_the_scheduler_benchmark_compiles_each_scheme_both_ways_and_reports_ratios(monkeypatch, capsys):
+def test_the_scheduler_benchmark_compiles_each_scheme_both_ways_and_reports_ratios(monkeypatch, capsys, step_clock):
   """benchmarks/xla_cpu_scheduler.py with the steps replaced by sleeps: each scheme compiled with the scheduler on
   (no options) and off (its XLA option), and the ratios of their per-round seconds."""
   from benchmarks import xla_cpu_scheduler
@@ -285,7 +298,7 @@ def test_the_scheduler_benchmark_compiles_each_scheme_both_ways_and_reports_rati
   def fake_compile(scheme, compiler_options=None, **overrides):
     compiled.append((scheme, compiler_options, overrides["scan_layers"]))
     seconds = 0.002 * (2 if scheme == "post" else 1) * (0.5 if compiler_options else 1)
-    return {}, lambda: time.sleep(seconds)
+    return {}, lambda: step_clock(seconds)
 
   monkeypatch.setattr(xla_cpu_scheduler, "compile_scheme", fake_compile)
   xla_cpu_scheduler.main(["--rounds", "3", "--scan"])
@@ -294,7 +307,8 @@ def test_the_scheduler_benchmark_compiles_each_scheme_both_ways_and_reports_rati
   assert compiled == [("pre", {}, True), ("pre", off, True), ("post", {}, True), ("post", off, True)]
   assert set(report["step_s"]) == {"pre_on", "pre_off", "post_on", "post_off"}
   assert all(len(v) == 3 for v in report["step_s"].values())
-  assert 0.3 < report["off_vs_on"]["pre"] < 0.8 and 1.4 < report["vs_first_scheme"]["on"]["post"] < 3
+  assert report["off_vs_on"]["pre"] == pytest.approx(0.5)
+  assert report["vs_first_scheme"]["on"]["post"] == pytest.approx(2)
 
 
 def test_traced_dots_finds_every_matmul_of_forward_and_backward_a_scan_body_once_per_iteration():
