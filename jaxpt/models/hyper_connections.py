@@ -42,6 +42,7 @@ import itertools
 import math
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -54,8 +55,10 @@ DYNAMIC_SCALE_INIT = 0.01  # s_a, s_b (HC) and a_pre, a_post, a_res (mHC) at ini
 
 def sinkhorn(logits, iterations: int):
   """Sinkhorn-Knopp of exp(logits) [..., n, n]: `iterations` times rows then columns scaled to sum 1 (mHC eq. 9).
-  exp(logits - max) is the same matrix up to a scale, which the first row scaling removes."""
-  m = jnp.exp(logits - jnp.max(logits, axis=(-2, -1), keepdims=True))
+  exp(logits - max) is the same matrix up to a scale, which the first row scaling removes; so the max carries no
+  gradient, and none is taken through it: max's own rule (a cotangent split over the entries equal to the max) is
+  0 / 0 wherever a compiler computes the max and its comparison from two roundings of the logits."""
+  m = jnp.exp(logits - jax.lax.stop_gradient(jnp.max(logits, axis=(-2, -1), keepdims=True)))
   for _ in range(iterations):
     m = m / jnp.sum(m, axis=-1, keepdims=True)
     m = m / jnp.sum(m, axis=-2, keepdims=True)
