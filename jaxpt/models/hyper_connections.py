@@ -42,6 +42,7 @@ import itertools
 import math
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -53,10 +54,15 @@ DYNAMIC_SCALE_INIT = 0.01  # s_a, s_b (HC) and a_pre, a_post, a_res (mHC) at ini
 
 
 def sinkhorn(logits, iterations: int):
-  """Sinkhorn-Knopp of exp(logits) [..., n, n]: `iterations` times rows then columns scaled to sum 1 (mHC eq. 9).
-  exp(logits - max) is the same matrix up to a scale, which the first row scaling removes."""
-  m = jnp.exp(logits - jnp.max(logits, axis=(-2, -1), keepdims=True))
-  for _ in range(iterations):
+  """Sinkhorn-Knopp of exp(logits) [..., n, n]: `iterations` (>= 1) times rows then columns scaled to sum 1 (mHC
+  eq. 9). The first iteration runs in the log domain (logits minus the log-sum-exp of each row, then of each
+  column), so no row or column of exp(logits) has to be represented: after it every column sums to 1 and every row
+  holds an entry >= 1 / n^2 (its largest, which the column step divides by at most n), and the remaining iterations
+  divide by sums bounded away from 0. Starting from exp(logits - max) instead, a row or column lying ~87 below the
+  max underflowed to zeros and gave 0 / 0 (a tuning run at lr 0.1 stopped on NaN at step 26, its loss falling)."""
+  m = logits - jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+  m = jnp.exp(m - jax.nn.logsumexp(m, axis=-2, keepdims=True))
+  for _ in range(iterations - 1):
     m = m / jnp.sum(m, axis=-1, keepdims=True)
     m = m / jnp.sum(m, axis=-2, keepdims=True)
   return m
