@@ -289,8 +289,8 @@ def test_memory_only_compiles_each_scheme_and_times_nothing(monkeypatch, capsys)
 
 
 def test_the_scheduler_benchmark_compiles_each_scheme_both_ways_and_reports_ratios(monkeypatch, capsys, step_clock):
-  """benchmarks/xla_cpu_scheduler.py with the steps replaced by sleeps: each scheme compiled with the scheduler on
-  (no options) and off (its XLA option), and the ratios of their per-round seconds."""
+  """benchmarks/xla_cpu_scheduler.py with fake steps on a fake clock (`step_clock`): each scheme compiled with the
+  scheduler on (no options) and off (its XLA option), and the exact ratios of their per-round seconds."""
   from benchmarks import xla_cpu_scheduler
 
   compiled = []

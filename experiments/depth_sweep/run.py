@@ -81,15 +81,15 @@ Sessions: every finished tuning, pilot and final run is copied to `kept_runs/` (
 fresh workdir imports them (`runner.copy_finished`), so the ~6 h of runs span sessions whose machines keep nothing
 (each run trains from scratch: its record and metrics are all a later stage reads).
 
-Code: every run of this experiment trains on one model code, that of 1805869 (the gradient clip as a scalar factor
-and SwiGLU's recomputed product, both later, change rounding), from 9b67ee0 (branch `depth-sweep-code`: 1805869 plus
-this file's SCHEMES (a26119b) plus mHC's Sinkhorn fix of beb4b7a; merged into main with `-s ours`, so it stays
-reachable): `git worktree add /tmp/depth-code 9b67ee0`, then the commands below from there. Sinkhorn mHC (`mhc:4`,
-issue 31 item 4) joined SCHEMES at a26119b, after 111 of seed 100's tuning runs and before any pilot seed, so it is
-tuned on the same grid and counted in N's Holm family; it adds 1/5 to the runs above. Its first 21 tuning runs, at
-a26119b, hit a Sinkhorn underflow (0 / 0 on NaN at lr 0.1): they are kept in `kept_runs/superseded_exp_sinkhorn/`
-(its README) and all mhc:4 runs are trained at 9b67ee0, which changes only mHC's forward (the other schemes' runs
-stand).
+Code: every run of this experiment trains on one model code, that of 1805869 (the gradient clip as a scalar factor and
+SwiGLU's recomputed product, both later, change rounding) with mHC's Sinkhorn fix, from 9b67ee0 (branch
+`depth-sweep-code`: 1805869 plus this file's SCHEMES (a26119b) plus mHC's Sinkhorn fix of beb4b7a; merged into main with
+`-s ours`, so it stays reachable): `git worktree add /tmp/depth-code 9b67ee0`, then the commands below from there.
+Sinkhorn mHC (`mhc:4`, issue 31 item 4) joined SCHEMES at a26119b, after 111 of seed 100's tuning runs and before any
+pilot seed, so it is tuned on the same grid and counted in N's Holm family; it adds 1/5 to the runs above. Its first 21
+tuning runs, at a26119b, hit a Sinkhorn underflow (0 / 0, NaN at lr 0.1): they are kept in
+`kept_runs/superseded_exp_sinkhorn/` (its README) and all mhc:4 runs are trained at 9b67ee0, which changes only mHC's
+forward (the other schemes' runs stand).
 
   python experiments/depth_sweep/run.py --stage timing --workdir /tmp/depth_timing --out experiments/depth_sweep/timing
   python experiments/depth_sweep/run.py --stage pilot [--workdir /tmp/depth_sweep] [--jobs 2]

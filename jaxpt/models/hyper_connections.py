@@ -57,9 +57,12 @@ def sinkhorn(logits, iterations: int):
   """Sinkhorn-Knopp of exp(logits) [..., n, n]: `iterations` (>= 1) times rows then columns scaled to sum 1 (mHC
   eq. 9). The first iteration runs in the log domain (logits minus the log-sum-exp of each row, then of each
   column), so no row or column of exp(logits) has to be represented: after it every column sums to 1 and every row
-  holds an entry >= 1 / n^2 (its largest, which the column step divides by at most n), and the remaining iterations
-  divide by sums bounded away from 0. Starting from exp(logits - max) instead, a row or column lying ~87 below the
-  max underflowed to zeros and gave 0 / 0 (a tuning run at lr 0.1 stopped on NaN at step 26, its loss falling)."""
+  to at least 1 / n (a row summed to 1 and the column step divides each entry by at most n), so the remaining
+  iterations divide by sums within [1 / n, n]. Starting from exp(logits - max) instead, a row or column lying ~87
+  below the max underflowed to zeros and gave 0 / 0 (a depth-sweep tuning run at lr 0.1 stopped on NaN at step
+  29)."""
+  if iterations < 1:
+    raise ValueError(f"sinkhorn: iterations={iterations}, must be >= 1")
   m = logits - jax.nn.logsumexp(logits, axis=-1, keepdims=True)
   m = jnp.exp(m - jax.nn.logsumexp(m, axis=-2, keepdims=True))
   for _ in range(iterations - 1):
