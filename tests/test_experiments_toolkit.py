@@ -6,8 +6,11 @@ import itertools
 import json
 import math
 import os
+import signal
 import socket
 import subprocess
+import sys
+import time
 
 import jax
 import numpy as np
@@ -19,6 +22,8 @@ from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM, init_params
 from jaxpt.trainers.lm import make_lm_loss_fn
 from tests import reference_model
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # ------------------------------------------------------------------------------------------------------ flags
@@ -322,6 +327,48 @@ def test_a_late_or_orphaned_worker_never_replaces_a_finished_run(tmp_path, monke
   with pytest.raises(runner.GridGone, match="x2: the grid process"):
     runner._train_and_record(square_or_fail, dict(name="x2", x=2), str(tmp_path))
   assert not (tmp_path / "x2").exists()
+
+
+def note_pid_and_wait(run, directory):
+  """A module-level train_one that never finishes: writes its worker's pid (to the workdir) and sleeps."""
+  with open(os.path.join(os.path.dirname(directory), "worker.pid"), "w") as f:
+    f.write(str(os.getpid()))
+  time.sleep(300)
+
+
+def test_a_worker_whose_grid_is_killed_stops_its_run_and_exits(tmp_path):
+  """SIGKILL to the grid process mid-run: its worker (reparented) gets SIGTERM and is gone within seconds, not left
+  waiting for work forever (an orphan of a killed grid once sat beside a timed test run)."""
+  script = ("import sys; from experiments.toolkit import runner; from tests import test_experiments_toolkit as t; "
+            "runner.run_grid([dict(name='x1', x=1)], t.note_pid_and_wait, sys.argv[1], jobs=1)")
+  grid = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], cwd=ROOT, env=dict(
+      os.environ, PYTHONPATH=ROOT), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  pid_file = tmp_path / "worker.pid"
+  deadline = time.monotonic() + 120
+  while not pid_file.exists() and time.monotonic() < deadline and grid.poll() is None:
+    time.sleep(0.2)
+  assert pid_file.exists(), "the worker never started the run"
+  time.sleep(0.2)
+  worker = int(pid_file.read_text())
+  grid.kill()
+  grid.wait()
+  deadline = time.monotonic() + 30
+  while _alive(worker) and time.monotonic() < deadline:
+    time.sleep(0.2)
+  outlived = _alive(worker)
+  if outlived:
+    os.kill(worker, signal.SIGKILL)
+  assert not outlived, f"worker {worker} outlived its grid by 30 s"
+  assert not (tmp_path / "x1" / "done.json").exists()
+
+
+def _alive(pid):
+  """True while `pid` runs (a zombie, exited but not reaped by init yet, counts as gone)."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().split(")")[-1].split()[0] != "Z"
+  except FileNotFoundError:
+    return False
 
 
 def test_a_run_stays_locked_until_its_record_is_written_and_a_locked_run_is_not_trained(tmp_path, monkeypatch):

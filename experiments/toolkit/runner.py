@@ -26,6 +26,8 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
+import threading
 import time
 from typing import Callable
 
@@ -95,11 +97,26 @@ class GridGone(RuntimeError):
 
 
 _GRID_PID = None  # the pid of the grid process that started this worker
+_IN_RUN = threading.Event()  # set while this process trains a run
+
+
+def _end_with_the_grid(grid_pid: int, poll_s: float = 1.0) -> None:
+  """A worker's daemon thread: once the grid process that started it is gone (killed, SIGKILL included: the worker
+  is reparented), a run in training gets SIGTERM, so it checkpoints and stops as on a kill, and then the worker
+  exits, instead of waiting forever for work that cannot come."""
+  while os.getppid() == grid_pid:
+    time.sleep(poll_s)
+  if _IN_RUN.is_set():
+    os.kill(os.getpid(), signal.SIGTERM)
+    while _IN_RUN.is_set():
+      time.sleep(poll_s)
+  os._exit(1)
 
 
 def _init_worker(cache_dir: str, grid_pid: int) -> None:
   global _GRID_PID
   _GRID_PID = grid_pid
+  threading.Thread(target=_end_with_the_grid, args=(grid_pid,), daemon=True).start()
   import jax
   from absl import logging
 
@@ -129,7 +146,11 @@ def _train_and_record(train_one: Callable[[dict, str], dict], run: dict, workdir
       if finished is not None:
         return finished
       start = time.perf_counter()
-      summary = dict(run, **train_one(run, directory))
+      _IN_RUN.set()
+      try:
+        summary = dict(run, **train_one(run, directory))
+      finally:
+        _IN_RUN.clear()
       summary["wall_s"] = time.perf_counter() - start
       summary["environment"] = environment()  # the code that trained it (a report may be written later, elsewhere)
       return _record(summary, directory, workdir, run)
