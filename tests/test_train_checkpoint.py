@@ -1,7 +1,9 @@
 """Checkpointer: manifests, the fall-back to the newest intact checkpoint, and one-line errors (issue 12, item 4)."""
 
+import concurrent.futures
 import glob
 import os
+import time
 
 import jax
 import jax.numpy as jnp
@@ -100,3 +102,38 @@ def test_no_intact_checkpoint_is_one_line_listing_each(tmp_path):
     _restore(workdir, _state(0))
   assert "step 2:" in str(error.value) and "step 1:" in str(error.value) and "\n" not in str(error.value)
   assert sorted(os.listdir(tmp_path / "checkpoints")) >= ["1", "2"]  # nothing moved when none restores
+
+
+def test_a_failed_save_leaves_no_folder_even_when_a_later_write_is_still_running(tmp_path, monkeypatch):
+  """Orbax's save thread waits for the writes in turn (the config's JSON, then the state's) and stops at the first
+  that fails, while the writes after it go on: here the JSON fails (as on a full disk) and a state write, 1 s late,
+  makes its folder as tensorstore does. The clean-up waits for them all before it removes the temporary folder
+  (under load, the suite once saw one left behind)."""
+  import orbax.checkpoint as ocp
+
+  class FailedWrite:
+    def result(self, timeout=None):
+      raise OSError(27, "File too large")
+
+  def late_write(directory):
+    time.sleep(1.0)
+    os.makedirs(directory / "late", exist_ok=True)
+    (directory / "late" / "data").write_text("written after the failure")
+
+  save_json, save_state = ocp.JsonCheckpointHandler.async_save, ocp.StandardCheckpointHandler.async_save
+  writer = concurrent.futures.ThreadPoolExecutor(1)
+
+  async def failing_json_save(self, *args, **kwargs):
+    return [FailedWrite(), *(await save_json(self, *args, **kwargs) or [])]
+
+  async def state_save_with_a_late_write(self, directory, *args, **kwargs):
+    return [*(await save_state(self, directory, *args, **kwargs) or []), writer.submit(late_write, directory)]
+
+  monkeypatch.setattr(ocp.JsonCheckpointHandler, "async_save", failing_json_save)
+  monkeypatch.setattr(ocp.StandardCheckpointHandler, "async_save", state_save_with_a_late_write)
+  checkpointer = Checkpointer(str(tmp_path))
+  checkpointer.save(_state(1))
+  with pytest.raises(CheckpointError, match="saving the checkpoint at step 1 .* failed: .*File too large"):
+    checkpointer.close()
+  writer.shutdown()
+  assert os.listdir(tmp_path / "checkpoints") == []

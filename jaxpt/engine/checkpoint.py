@@ -230,12 +230,14 @@ class Checkpointer:
 
   def _remove_unfinished(self, steps: list[int]) -> None:
     """Removes the temporary folders a failed save of `steps` left (orbax's `<step>.orbax-checkpoint-tmp*`, made
-    for this run; process 0), so a full disk leaves no partial checkpoint behind. Orbax's writer threads may still
-    be at work in such a folder when the failure reaches us (a loaded machine left one behind): they finish first."""
-    try:
-      self._manager.wait_until_finished()
-    except Exception:  # noqa: BLE001 -- the failure being cleaned up after; the caller raises it
-      pass
+    for this run; process 0), so a full disk leaves no partial checkpoint behind. Orbax's writers may still be at
+    work in such a folder when the failure reaches us: its save thread stops waiting at the first write that fails,
+    and the writes after it (the config's JSON, other arrays) go on; every one of them finishes first."""
+    for wait in [self._manager.wait_until_finished] + [f.result for f in _commit_futures(self._manager)]:
+      try:
+        wait()
+      except Exception:  # noqa: BLE001 -- the failure being cleaned up after; the caller raises it
+        pass
     if jax.process_index() == 0:
       for step in steps:
         for folder in glob.glob(os.path.join(self.directory, f"{step}.orbax-checkpoint-tmp*")):
@@ -282,6 +284,13 @@ class Checkpointer:
     if jax.process_count() > 1:
       multihost_utils.sync_global_devices("jaxpt_checkpoints_set_aside")
     self._manager.reload()
+
+
+def _commit_futures(manager: ocp.CheckpointManager) -> list[Any]:
+  """The write futures of `manager`'s last asynchronous save. Orbax has no public accessor: they live on its
+  AsyncCheckpointer's `_async_manager` (orbax-checkpoint 0.12; tests/test_train_checkpoint.py fails if they move)."""
+  async_manager = getattr(getattr(manager, "_checkpointer", None), "_async_manager", None)
+  return list(getattr(async_manager, "_commit_futures", None) or [])
 
 
 def _first_misfit(saved: dict[tuple[str, ...], Any], template: Any, prefix: tuple[str, ...] = ()) -> str | None:
