@@ -8,9 +8,10 @@
 A property that states its own max_examples (the data, tokenizer and reward tests) keeps it; the loss properties
 (tests/test_losses_*.py) take theirs from the profile, so each runs >= 1000 examples in CI.
 
-XLA's CPU backend compiles the suite's tiny programs with cheaper LLVM code generation (the same HLO; compile time,
-not run time, dominates them), set here before any test starts jax's backend and inherited by the subprocesses the
-tests launch (notebook kernels, CLI runs). The multi-device suites (tests/multidevice) ask for the same.
+XLA's CPU backend compiles the suite's tiny programs with cheaper code generation (`tests/xla_flags.py`: the same
+HLO; compile time, not run time, dominates them), set here before any test starts jax's backend and inherited by the
+subprocesses the tests launch (notebook kernels, CLI runs). The multi-device suites (tests/multidevice) ask for the
+same.
 
 The run keeps one JAX persistent compilation cache (a temporary folder made by its first pytest process, removed by
 it at the end), with no threshold on compile time or size, and hands it to every process it starts through the
@@ -36,13 +37,14 @@ import tempfile
 import pytest
 from hypothesis import settings
 
+from tests.xla_flags import FAST_COMPILE
+
 # files of 25 s or more on one worker, longest first (a quiet run's --durations=60 at 8b019ca, summed per file)
 LONGEST_FIRST = ("test_parallel_sharded.py", "test_parallel_multiprocess.py", "test_notebooks.py", "test_train_grpo.py",
                  "test_device_check.py", "test_train_grpo_kdrl.py", "test_train_grpo_policy_losses.py",
                  "test_train_grpo_reward_model.py", "test_cli_signals.py", "test_train_ppo.py", "test_train_lora.py",
                  "test_train_rm.py", "test_train_bf16.py", "test_train_from_hf.py", "test_rl_sampler.py")
 
-FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 if FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE}".strip()
 

@@ -16,17 +16,16 @@ from jaxpt.kernels.two_stream_norm import reference
 from jaxpt.config import ConfigError, from_section
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM, init_params
+from tests.xla_flags import COMPILER_OPTIONS
 
 EPS = 1e-5
-# interpret-mode kernels make large HLO: cheaper XLA:CPU codegen keeps the file well under its time budget
-FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 SMALL_TILES = {"block_rows": 16, "chunk_rows": 8}  # several blocks and a chunk loop on tiny shapes
 BF16_TILES = {"block_rows": 32, "chunk_rows": 16}  # bf16 packs 16 rows per TPU tile
 
 
 def compiled(fn, *args):
-  """`jax.jit(fn)` compiled for `args` with FAST_COMPILE."""
-  return jax.jit(fn).trace(*args).lower().compile(compiler_options=FAST_COMPILE)
+  """`jax.jit(fn)` compiled for `args` as the suite compiles (interpret-mode kernels make large HLO)."""
+  return jax.jit(fn).trace(*args).lower().compile(compiler_options=COMPILER_OPTIONS)
 
 
 def norm_params(key, d, layernorm):

@@ -25,11 +25,10 @@ from jaxpt.engine.metrics import read_metrics
 from tests.micro_grpo import MULTI_PROCESS, even_length
 from tests.micro_grpo import micro_config as micro_grpo_config
 from tests.test_train_pretrain import MICRO, ROOT, TINY, micro_config
+from tests.xla_flags import host_devices
 
 RUN = {"steps": 3, "log_every": 1, "eval_every": 3, "checkpoint_every": 0}
-# 2 host devices per process; cheaper LLVM codegen (compile time dominates this tiny run).
-XLA_FLAGS = ("--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0 "
-             "--xla_llvm_disable_expensive_passes=true")
+XLA_FLAGS = host_devices(2)  # 2 host devices per process, compiled as the suite compiles
 
 
 def _free_port():

@@ -10,9 +10,9 @@ each) mesh, 3 steps, a checkpoint every step. Prints the trainer's start-up line
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + (
-    " --xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0"
-    " --xla_llvm_disable_expensive_passes=true")
+from tests.xla_flags import with_host_devices
+
+os.environ["XLA_FLAGS"] = with_host_devices(os.environ.get("XLA_FLAGS", ""), 2)
 
 
 import jaxpt  # noqa: E402

@@ -7,9 +7,9 @@ backend starts, which this module arranges at import. Run directly with
 
 import os
 
-os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + (
-    " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
-    " --xla_llvm_disable_expensive_passes=true")
+from tests.xla_flags import with_host_devices
+
+os.environ["XLA_FLAGS"] = with_host_devices(os.environ.get("XLA_FLAGS", ""), 8)
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

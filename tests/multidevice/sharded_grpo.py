@@ -10,9 +10,9 @@ The single-device reference is the same trainer on a mesh of the first device; t
 
 import os
 
-os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + (
-    " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
-    " --xla_llvm_disable_expensive_passes=true")
+from tests.xla_flags import with_host_devices
+
+os.environ["XLA_FLAGS"] = with_host_devices(os.environ.get("XLA_FLAGS", ""), 8)
 
 import dataclasses  # noqa: E402
 import functools  # noqa: E402

@@ -10,9 +10,9 @@ from its merged policy, also quantized again one projection at a time into the c
 
 import os
 
-os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + (
-    " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
-    " --xla_llvm_disable_expensive_passes=true")
+from tests.xla_flags import with_host_devices
+
+os.environ["XLA_FLAGS"] = with_host_devices(os.environ.get("XLA_FLAGS", ""), 8)
 
 import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402

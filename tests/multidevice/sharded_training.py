@@ -7,10 +7,11 @@ backend starts, which this module arranges at import. Run directly with
 
 import os
 
-# 8 host devices; cheaper LLVM codegen (compile time dominates these tiny programs; every run here uses it).
-os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + (
-    " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
-    " --xla_llvm_disable_expensive_passes=true")
+# 8 host devices; the suite's cheaper XLA:CPU codegen (tests/xla_flags.py: compile time dominates these tiny
+# programs; every run here uses it).
+from tests.xla_flags import with_host_devices
+
+os.environ["XLA_FLAGS"] = with_host_devices(os.environ.get("XLA_FLAGS", ""), 8)
 
 import functools  # noqa: E402
 
