@@ -37,7 +37,7 @@ import tempfile
 import pytest
 from hypothesis import settings
 
-from tests.xla_flags import FAST_COMPILE
+from tests.xla_flags import suite_xla_flags
 
 # files of 25 s or more on one worker, longest first (a quiet run's --durations=60 at 8b019ca, summed per file)
 LONGEST_FIRST = ("test_parallel_sharded.py", "test_parallel_multiprocess.py", "test_notebooks.py", "test_train_grpo.py",
@@ -45,8 +45,7 @@ LONGEST_FIRST = ("test_parallel_sharded.py", "test_parallel_multiprocess.py", "t
                  "test_train_grpo_reward_model.py", "test_cli_signals.py", "test_train_ppo.py", "test_train_lora.py",
                  "test_train_rm.py", "test_train_bf16.py", "test_train_from_hf.py", "test_rl_sampler.py")
 
-if FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE}".strip()
+os.environ["XLA_FLAGS"] = suite_xla_flags(os.environ.get("XLA_FLAGS", ""))
 
 CACHE_ENV = "JAXPT_TESTS_COMPILE_CACHE"
 OWNS_CACHE = CACHE_ENV not in os.environ  # the run's first pytest process (xdist's controller, or a plain run)

@@ -25,10 +25,10 @@ from jaxpt.engine.metrics import read_metrics
 from tests.micro_grpo import MULTI_PROCESS, even_length
 from tests.micro_grpo import micro_config as micro_grpo_config
 from tests.test_train_pretrain import MICRO, ROOT, TINY, micro_config
-from tests.xla_flags import host_devices
+from tests.xla_flags import suite_xla_flags
 
 RUN = {"steps": 3, "log_every": 1, "eval_every": 3, "checkpoint_every": 0}
-XLA_FLAGS = host_devices(2)  # 2 host devices per process, compiled as the suite compiles
+XLA_FLAGS = suite_xla_flags(host_devices=2)  # 2 host devices per process, compiled as the suite compiles
 
 
 def _free_port():

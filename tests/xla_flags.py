@@ -15,11 +15,9 @@ COMPILER_OPTIONS = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expen
 FAST_COMPILE = " ".join(f"--{name}={str(value).lower()}" for name, value in COMPILER_OPTIONS.items())
 
 
-def host_devices(count: int) -> str:
-  """XLA_FLAGS for `count` simulated CPU devices, compiled as the suite compiles."""
-  return f"--xla_force_host_platform_device_count={count} {FAST_COMPILE}"
-
-
-def with_host_devices(flags: str, count: int) -> str:
-  """`flags` (the inherited XLA_FLAGS) with `host_devices(count)` appended."""
-  return f"{flags} {host_devices(count)}".strip()
+def suite_xla_flags(inherited: str = "", host_devices: int = 0) -> str:
+  """`inherited` XLA_FLAGS with FAST_COMPILE (once: a process started by the suite inherits it) and, when
+  `host_devices` > 0, that many simulated CPU devices."""
+  flags = inherited if FAST_COMPILE in inherited else f"{inherited} {FAST_COMPILE}"
+  devices = f" --xla_force_host_platform_device_count={host_devices}" if host_devices else ""
+  return (flags + devices).strip()

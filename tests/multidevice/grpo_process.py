@@ -10,9 +10,9 @@ each) mesh, 3 steps, a checkpoint every step. Prints the trainer's start-up line
 import os
 import sys
 
-from tests.xla_flags import with_host_devices
+from tests.xla_flags import suite_xla_flags
 
-os.environ["XLA_FLAGS"] = with_host_devices(os.environ.get("XLA_FLAGS", ""), 2)
+os.environ["XLA_FLAGS"] = suite_xla_flags(os.environ.get("XLA_FLAGS", ""), 2)
 
 
 import jaxpt  # noqa: E402

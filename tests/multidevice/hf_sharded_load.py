@@ -7,9 +7,9 @@ backend starts, which this module arranges at import. Run directly with
 
 import os
 
-from tests.xla_flags import with_host_devices
+from tests.xla_flags import suite_xla_flags
 
-os.environ["XLA_FLAGS"] = with_host_devices(os.environ.get("XLA_FLAGS", ""), 8)
+os.environ["XLA_FLAGS"] = suite_xla_flags(os.environ.get("XLA_FLAGS", ""), 8)
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

@@ -10,9 +10,9 @@ The single-device reference is the same trainer on a mesh of the first device; t
 
 import os
 
-from tests.xla_flags import with_host_devices
+from tests.xla_flags import suite_xla_flags
 
-os.environ["XLA_FLAGS"] = with_host_devices(os.environ.get("XLA_FLAGS", ""), 8)
+os.environ["XLA_FLAGS"] = suite_xla_flags(os.environ.get("XLA_FLAGS", ""), 8)
 
 import dataclasses  # noqa: E402
 import functools  # noqa: E402

@@ -10,9 +10,9 @@ tests/multidevice/sharded_grpo.py's.
 
 import os
 
-from tests.xla_flags import with_host_devices
+from tests.xla_flags import suite_xla_flags
 
-os.environ["XLA_FLAGS"] = with_host_devices(os.environ.get("XLA_FLAGS", ""), 8)
+os.environ["XLA_FLAGS"] = suite_xla_flags(os.environ.get("XLA_FLAGS", ""), 8)
 
 import functools  # noqa: E402
 

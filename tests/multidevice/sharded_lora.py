@@ -10,9 +10,9 @@ from its merged policy, also quantized again one projection at a time into the c
 
 import os
 
-from tests.xla_flags import with_host_devices
+from tests.xla_flags import suite_xla_flags
 
-os.environ["XLA_FLAGS"] = with_host_devices(os.environ.get("XLA_FLAGS", ""), 8)
+os.environ["XLA_FLAGS"] = suite_xla_flags(os.environ.get("XLA_FLAGS", ""), 8)
 
 import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402

@@ -8,9 +8,9 @@ the decoded text (`even_length`), so the rewards mix and the advantages, losses 
 
 import os
 
-from tests.xla_flags import with_host_devices
+from tests.xla_flags import suite_xla_flags
 
-os.environ["XLA_FLAGS"] = with_host_devices(os.environ.get("XLA_FLAGS", ""), 8)
+os.environ["XLA_FLAGS"] = suite_xla_flags(os.environ.get("XLA_FLAGS", ""), 8)
 
 import functools  # noqa: E402
 

@@ -9,9 +9,9 @@ import os
 
 # 8 host devices; the suite's cheaper XLA:CPU codegen (tests/xla_flags.py: compile time dominates these tiny
 # programs; every run here uses it).
-from tests.xla_flags import with_host_devices
+from tests.xla_flags import suite_xla_flags
 
-os.environ["XLA_FLAGS"] = with_host_devices(os.environ.get("XLA_FLAGS", ""), 8)
+os.environ["XLA_FLAGS"] = suite_xla_flags(os.environ.get("XLA_FLAGS", ""), 8)
 
 import functools  # noqa: E402
 

@@ -5,10 +5,10 @@ tests/test_parallel_sharded.py in its own process; see sharded_training.py for w
 
 import os
 
-# 8 host devices; the suite's cheaper XLA:CPU codegen (tests/xla_flags.py) (compile time dominates these tiny programs).
-from tests.xla_flags import with_host_devices
+# 8 host devices; the suite's cheaper XLA:CPU codegen (tests/xla_flags.py: compile time dominates these programs).
+from tests.xla_flags import suite_xla_flags
 
-os.environ["XLA_FLAGS"] = with_host_devices(os.environ.get("XLA_FLAGS", ""), 8)
+os.environ["XLA_FLAGS"] = suite_xla_flags(os.environ.get("XLA_FLAGS", ""), 8)
 
 import functools  # noqa: E402
 
