@@ -12,6 +12,7 @@ from experiments.configs import ppo_tiny
 import jaxpt
 from jaxpt.config import ConfigError
 from jaxpt.engine.metrics import read_metrics
+from jaxpt.trainers.grpo import REWARD_HACKING_PNG
 from tests.runs import flat, sft_and_reward_model
 
 MODEL = {"vocab_size": 512, "d_model": 32, "num_layers": 2, "num_heads": 2, "num_kv_heads": 2, "mlp_dim": 64,
@@ -117,6 +118,7 @@ def test_run_logs_warmup_then_policy_updates(ppo_run):
   for row in rows[2:]:
     assert abs(row["ppo_kl"]) < 0.05 and 0.0 <= row["clip_frac"] <= 1.0  # sampler and teacher forcing agree
   assert abs(rows[0]["kl_ref"]) < 1e-6  # the policy has not moved yet (sampler vs teacher forcing: rounding)
+  assert os.path.getsize(os.path.join(workdir, REWARD_HACKING_PNG)) > 0  # RM score vs gold vs length, as GRPO's
 
 
 def test_resume_is_bitwise(ppo_run, tmp_path):

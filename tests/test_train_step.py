@@ -85,8 +85,13 @@ def test_decay_mask_skips_norms_biases_and_scanned_scales():
       "embedding": nn.Partitioned(jnp.ones((7, 4)), names=("vocab", "embed")),
       "bias": jnp.ones((5,)),
       "plain": jnp.ones((4, 5)),
+      # mHC's per-stream norm scale [n, d_model] and the bias of its residual map's logits [n, n]
+      "stream_norm_scale": nn.Partitioned(jnp.ones((3, 2, 4)), names=("layers", None, "embed")),
+      "bias_res": nn.Partitioned(jnp.ones((3, 2, 2)), names=("layers", None, None)),
+      "phi": nn.Partitioned(jnp.ones((3, 2, 4, 8)), names=("layers", None, "embed", None)),
   }
-  assert decay_mask(boxed) == {"scale": False, "kernel": True, "embedding": True, "bias": False, "plain": True}
+  assert decay_mask(boxed) == {"scale": False, "kernel": True, "embedding": True, "bias": False, "plain": True,
+                               "stream_norm_scale": False, "bias_res": False, "phi": True}
 
 
 def test_adamw_decays_only_masked_params_and_clips():

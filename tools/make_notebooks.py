@@ -196,7 +196,7 @@ print("c_l per layer:", [round(float(depth_scale(layer)), 4) for layer in range(
   `experiments/configs/tiny.py` for a few-minute CPU run), `vocab_size=32000`.
 - Data: `data.path="/path/to/text"` (a file or folder; empty = the embedded corpus), `data.seq_len`,
   `data.batch_size`, `data.max_corpus_bytes=0` (no cap); `steps` in the thousands, `checkpoint_every`.
-- On a TPU or GPU runtime: `model.dtype="bfloat16"`, and `mesh=dict(fsdp=-1)` (or `tp`) to shard over devices;
+- On a TPU or GPU runtime: `model.dtype="bfloat16"`, and `mesh=dict(data=1, fsdp=-1)` (or `tp`) to shard over devices;
   `jaxpt pretrain --help` lists every field.
 - Use a persistent `WORKDIR` (e.g. on Drive): rerunning into it resumes from the last checkpoint.
 """),

@@ -67,14 +67,16 @@ def make_schedule(optim_config: OptimConfig, total_steps: int) -> optax.Schedule
 def decay_mask(params: Any, scan_axis: str = "layers") -> Any:
   """True where a param gets weight decay: matrices and embeddings; False for norms, biases, scalars.
 
-  A param decays iff it has >= 2 dims besides the scanned-layer axis and is not named `bias` (a q/k/v bias
-  is [heads, head_dim]). Boxed params (`nn.Partitioned`, as `model.init` returns them) say which axis is
-  `scan_axis` by logical name, so a scanned norm scale [layers, d] is not decayed; plain arrays count all dims.
-  Returns a pytree of bools shaped like unboxed params.
+  A param decays iff it has >= 2 dims besides the scanned-layer axis and its name is neither a bias's (`bias` or
+  `bias_*`: a q/k/v bias is [heads, head_dim], mHC's `bias_res` [n, n]) nor a scale's (`scale` or `*_scale`: mHC's
+  per-stream norm scale `stream_norm_scale` is [n, d_model]). Boxed params (`nn.Partitioned`, as `model.init`
+  returns them) say which axis is `scan_axis` by logical name, so a scanned norm scale [layers, d] is not decayed;
+  plain arrays count all dims. Returns a pytree of bools shaped like unboxed params.
   """
 
   def leaf_mask(path, p):
-    if path and getattr(path[-1], "key", None) == "bias":
+    name = str(getattr(path[-1], "key", "")) if path else ""
+    if name == "bias" or name.startswith("bias_") or name == "scale" or name.endswith("_scale"):
       return False
     if isinstance(p, nn.Partitioned):
       return sum(name != scan_axis for name in p.names) >= 2

@@ -122,11 +122,28 @@ def make_policy_loss(model: TransformerLM, settings: GRPOConfig, clipo_config: c
   return loss_fn
 
 
-REWARD_HACKING_PNG = "reward_hacking.png"  # written by GRPOHooks.finished when a reward model rewards
+REWARD_HACKING_PNG = "reward_hacking.png"  # written by RolloutHooks.finished when a reward model rewards
+
+
+class RolloutHooks(Hooks):
+  """What the hooks of the trainers that collect rollouts (GRPO, PPO) share; a subclass has `collector` (a
+  `RolloutCollector`) and `reward_model` (a `RewardModelSource`, or None)."""
+
+  def describe(self) -> str:
+    """The start line's addition: the compiled rollout sampler's memory."""
+    return f", rollout sampler {self.collector.sampler_memory.get('peak_mib', float('nan')):.1f} MiB"
+
+  def finished(self, result: LoopResult, workdir: str) -> None:
+    """With a reward model: `reward_hacking.png`, its score, the gold (verifier) score and the response length
+    over the run's steps (process 0, which writes the metrics)."""
+    if self.reward_model is not None and jax.process_index() == 0:
+      from jaxpt import reports  # lazily: importing the trainers must not import matplotlib
+
+      reports.plot_reward_hacking(read_metrics(workdir), os.path.join(workdir, REWARD_HACKING_PNG))
 
 
 @dataclasses.dataclass
-class GRPOHooks(Hooks):
+class GRPOHooks(RolloutHooks):
   """The GRPO run's loop hooks, built once by `build`: `train_step` collects rollouts (`collector`), then updates.
 
   `training.train_step` is the shared step compiled for one policy-update minibatch; the loop's state is handed to
@@ -143,18 +160,6 @@ class GRPOHooks(Hooks):
   reward_model: RewardModelSource | None = None  # config.reward.model's scorer
   ref_params: Any = None  # the initial policy, set by `init_state` when the KL term needs it
   teacher: Any = None  # KDRL's frozen teacher (`jaxpt.trainers.teacher.Teacher`) when config.grpo.teacher is set
-
-  def describe(self) -> str:
-    """The start line's addition: the compiled rollout sampler's memory."""
-    return f", rollout sampler {self.collector.sampler_memory.get('peak_mib', float('nan')):.1f} MiB"
-
-  def finished(self, result: LoopResult, workdir: str) -> None:
-    """With a reward model: `reward_hacking.png`, its score, the gold (verifier) score and the response length
-    over the run's steps (process 0, which writes the metrics)."""
-    if self.reward_model is not None and jax.process_index() == 0:
-      from jaxpt import reports  # lazily: importing the trainers must not import matplotlib
-
-      reports.plot_reward_hacking(read_metrics(workdir), os.path.join(workdir, REWARD_HACKING_PNG))
 
   def init_state(self, training: Training) -> TrainState:
     """The initial state (params from `init_from`, or the seeded init); keeps a copy of its params as the

@@ -75,13 +75,14 @@ from jaxpt.rl import dapo
 from jaxpt.rl.collect import RolloutCollector
 from jaxpt.rl.logprobs import response_logits, token_logprobs
 from jaxpt.rl.reward_sources import QUALITY_HEAD, RewardModelSource, init_running_stats, same_tokens
-from jaxpt.trainers.grpo import (assembled_rewards, load_reward_model, lora_reference, reward_functions, rl_start,
-                                  reward_score_hook, rollout_params, rollout_reader, split_groups)
+from jaxpt.trainers.grpo import (RolloutHooks, assembled_rewards, load_reward_model, lora_reference,
+                                  reward_functions, rl_start, reward_score_hook, rollout_params, rollout_reader,
+                                  split_groups)
 from jaxpt.trainers.ppo_config import PPOConfig, PPORunConfig
 from jaxpt.engine.builder import Training, build_training, frozen_dtype, lora_trainable
 from jaxpt.engine.optim import make_optimizer, partitioned
 from jaxpt.engine.record import run_inputs
-from jaxpt.engine.run import BuiltRun, Hooks
+from jaxpt.engine.run import BuiltRun
 from jaxpt.engine.saved_model import SavedModel, load_reward_run
 from jaxpt.engine.state import TrainState, trainable_part, with_part
 from jaxpt.engine.step import GradFn, grad_fn_of, make_train_step
@@ -217,7 +218,7 @@ def make_experience(config: PPORunConfig, critic_config: ModelConfig) -> Callabl
 
 
 @dataclasses.dataclass
-class PPOHooks(Hooks):
+class PPOHooks(RolloutHooks):
   """The PPO run's loop hooks, built once by `build`: `train_step` collects rollouts (`collector`), computes the
   experience, then updates policy and critic (`training.train_step`) or, during the value warm-up, the critic only
   (`warmup_step`, compiled on the same state). `policy` is `training`'s view of params["policy"] (`of_part`): its
@@ -233,9 +234,6 @@ class PPOHooks(Hooks):
   reward_model: RewardModelSource | None = None
   critic_start: SavedModel | None = None  # the ppo.critic_init reward model (read by init_state)
   ref_params: Any = None
-
-  def describe(self) -> str:
-    return f", rollout sampler {self.collector.sampler_memory.get('peak_mib', float('nan')):.1f} MiB"
 
   def init_state(self, training: Training) -> TrainState:
     """The initial state: the policy from `init_from` (or the seeded init); the critic from the `ppo.critic_init`
