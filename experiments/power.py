@@ -12,7 +12,9 @@ the primary source states one, `PAPER`; otherwise the smallest effect the experi
 and marked so), the power n had for it and the n that 80% power needs (`toolkit/stats.paired_n_for_power`, from the
 committed sd: a pilot estimate, as uncertain as an sd from 3-8 seeds is), and the verdict:
 
-- "supports": the t interval excludes 0 on the claimed side and the Holm-adjusted paired t p < 0.05;
+- "supports": the t interval excludes 0 on the claimed side and the Holm-adjusted paired t p < 0.05; qualified
+  "(the direction; ...)" where the interval does not clear the target's size, and "(t test alone: ...)" where the
+  exact sign-flip p beside it does not pass Holm (at n = 5 it cannot: its minimum is 2 / 2^5 = 0.0625);
 - "contradicts": the t interval excludes 0 on the other side with Holm p < 0.05; "contradicts a difference of
   the target's size": the interval ends short of the target effect on the claimed side (it rules that size out);
 - "cannot resolve at this scale": neither; the n that 80% power for the target needs is the figure to act on.
@@ -122,12 +124,27 @@ def verdict(c: dict, sign: int, effect: float) -> str:
   holm = c["p_t_holm"]
   toward, away = (low, high) if sign > 0 else (-high, -low)  # the interval on the claimed side's scale
   if holm < ALPHA and toward > 0:
-    return "supports"
+    return "supports" + "".join(f" ({q})" for q in support_qualifiers(c, toward, away, abs(effect)))
   if holm < ALPHA and away < 0:
     return "contradicts"
   if away < abs(effect):
     return "contradicts a difference of the target's size"
   return "cannot resolve at this scale"
+
+
+def support_qualifiers(c: dict, toward: float, away: float, effect: float) -> list[str]:
+  """What a "supports" leaves open: the target's size where the interval does not clear it (`toward`, `away`: the
+  interval's ends on the claimed side's scale), and a sign-flip p that cannot pass Holm at this n (the verdict then
+  rests on the t test alone)."""
+  out = []
+  if toward < effect <= away:
+    out.append("the direction; the target's size is inside the interval")
+  elif away < effect:
+    out.append("the direction; below the target's size")
+  if c["p_sign_flip_holm"] >= ALPHA:
+    out.append(f"t test alone: sign-flip p {c['p_sign_flip']:.2g}, Holm {c['p_sign_flip_holm']:.2g}, "
+               f"its minimum at n = {c['n']} is {c['min_p_sign_flip']:.2g}")
+  return out
 
 
 def round_(x: float, digits: int = 6):
