@@ -141,9 +141,11 @@ def support_qualifiers(c: dict, toward: float, away: float, effect: float) -> li
     out.append("the direction; the target's size is inside the interval")
   elif away < effect:
     out.append("the direction; below the target's size")
-  if c["p_sign_flip_holm"] >= ALPHA:
-    out.append(f"t test alone: sign-flip p {c['p_sign_flip']:.2g}, Holm {c['p_sign_flip_holm']:.2g}, "
-               f"its minimum at n = {c['n']} is {c['min_p_sign_flip']:.2g}")
+  if c.get("p_sign_flip_holm", 0.0) >= ALPHA:
+    detail = (f": sign-flip p {c['p_sign_flip']:.2g}, Holm {c['p_sign_flip_holm']:.2g}, its minimum at n = {c['n']} "
+              f"is {c['min_p_sign_flip']:.2g}" if "min_p_sign_flip" in c and "p_sign_flip" in c else
+              ": the sign-flip p does not pass Holm")
+    out.append("t test alone" + detail)
   return out
 
 

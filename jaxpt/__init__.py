@@ -4,7 +4,7 @@
     jaxpt.ModelConfig, jaxpt.TransformerLM, jaxpt.RewardModel         models
     jaxpt.get_loss("policy", "ppo_clip"), jaxpt.known_losses("lm")    losses, registered by kind
     jaxpt.train("rm", config, workdir) -> LoopResult                 any trainer of jaxpt.engine.trainers.TRAINERS
-    jaxpt.build("rm", config, workdir) -> BuiltRun                    (pretrain, sft, rm, dpo, grpo, vit, dit)
+    jaxpt.build("rm", config, workdir) -> BuiltRun                    (pretrain, sft, rm, dpo, kto, grpo, ppo, vit, dit)
     jaxpt.PretrainRunConfig, ..., jaxpt.from_section, jaxpt.config_dict  run configs (their `config_class`)
     jaxpt.load(workdir or "hf:DIR") -> Model: logits, generate, score, save_hf (jaxpt.api)
 

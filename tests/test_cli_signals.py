@@ -20,9 +20,18 @@ from jaxpt.cli import Stopped, _signals_stop_the_command
 from tests.test_train_pretrain import ROOT, _cli
 
 
+# Execs its arguments with SIGINT and SIGTERM at their defaults, as a foreground command in a terminal has them: a
+# disposition is inherited through exec only when it is SIG_IGN, and a test process may have SIGINT ignored (a
+# background job's), which would make the command ignore the Ctrl-C it is sent (`test_an_ignored_ctrl_c_stays_ignored`)
+FOREGROUND = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+              "signal.signal(signal.SIGTERM, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])")
+
+
 def signal_after(command: list[str], signum: int, line_start: str) -> tuple[int, str, str]:
-  """Starts `command`, sends it `signum` once a stderr line starts with `line_start`; (exit code, stdout, stderr)."""
-  proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+  """Starts `command` (as a foreground command: FOREGROUND), sends it `signum` once a stderr line starts with
+  `line_start`; (exit code, stdout, stderr)."""
+  proc = subprocess.Popen([sys.executable, "-c", FOREGROUND, *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, cwd=ROOT)
   watchdog = threading.Timer(240, proc.kill)  # a run that stalls silently ends the wait for its next line
   watchdog.start()
   seen = []

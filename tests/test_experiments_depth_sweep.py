@@ -175,7 +175,12 @@ def test_share_upper_bound_is_the_clopper_pearson_end():
 
 def test_verdicts():
   loss = dict(kind="loss", ci95=[-0.05, -0.01], p_t_holm=0.01)
-  assert sweep.verdict(loss, -1, 0.02, "superiority") == "supports"
+  assert sweep.verdict(loss, -1, 0.02, "superiority") == (
+      "supports (the direction; the target's size is inside the interval)")
+  assert sweep.verdict(dict(loss, ci95=[-0.05, -0.03]), -1, 0.02, "superiority") == "supports"
+  assert sweep.verdict(dict(loss, ci95=[-0.05, -0.03], p_sign_flip_holm=0.3, p_sign_flip=0.06, min_p_sign_flip=0.06,
+                            n=5), -1, 0.02, "superiority") == (
+      "supports (t test alone: sign-flip p 0.06, Holm 0.3, its minimum at n = 5 is 0.06)")
   assert sweep.verdict(dict(loss, p_t_holm=0.2), -1, 0.02, "superiority") == "cannot resolve at this scale"
   assert sweep.verdict(dict(loss, ci95=[-0.01, 0.3], p_t_holm=0.5), -1, 0.02, "superiority") == (
       "contradicts a difference of the target's size")
@@ -190,7 +195,9 @@ def test_verdicts():
   assert sweep.verdict(cell(20, 3, 0, 0.25), +1, 0.2, "superiority") == "cannot resolve at this scale"
   rows = sweep.claims([dict(loss, a="siamese_post_pre", b="pre", metric="test_loss", num_layers=12, mean_diff=-0.03,
                             std_diff=0.1, n=5, p_sign_flip_holm=0.3)])
-  assert len(rows) == 1 and rows[0]["verdict"] == "supports" and rows[0]["claim"].endswith("12 layers")
+  assert len(rows) == 1 and rows[0]["claim"].endswith("12 layers")
+  assert rows[0]["verdict"] == ("supports (the direction; the target's size is inside the interval) "
+                                "(t test alone: the sign-flip p does not pass Holm)")
   assert rows[0]["n_for_80_power"] == next(n for n in range(2, 10_000) if power_at(0.1, -0.02, n) >= 0.8)
   assert "exact_bounds" not in rows[0]
   trained = dict(cell(20, 3, 1, 0.6), a="siamese_post_pre", b="pre", metric="trained", num_layers=6, mean_diff=0.1,

@@ -120,8 +120,9 @@ def kl_estimate(logp: jax.Array, ref_logp: jax.Array, kind: str = "k3") -> jax.A
     k1 = delta_ref
     k2 = 0.5 delta_ref^2
     k3 = clip(exp(-delta_ref) + delta_ref - 1, -10, 10)      ("low_var_kl"; alias accepted)
-  For k3, delta_ref is first clipped to [-20, 20]: k3 already exceeds 10 beyond |delta_ref| > 12, so values are
-  unchanged, and exp cannot overflow into an inf * 0 = nan gradient.
+  For k3, delta_ref is first clipped to [-20, 20]: k3 already exceeds 10 for delta_ref < -2.61 and > 11 (where the
+  clamp leaves it 10 with no gradient, as verl's low_var_kl does), so values are unchanged, and exp cannot overflow
+  into an inf * 0 = nan gradient.
   """
   delta = jnp.asarray(logp, jnp.float32) - jnp.asarray(ref_logp, jnp.float32)
   if kind == "k1":
