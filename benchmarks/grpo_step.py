@@ -155,7 +155,7 @@ def rm_scoring_vs_reference(trainer: BuiltRun, state, batch, rounds: int) -> dic
   ro = collector.rollouts(state.params, batch, jax.random.PRNGKey(0))
   source = random_reward_model(trainer)
   inputs = [ro[k] for k in ("prompt_tokens", "prompt_mask", "tokens", "mask")]
-  times = alternating_seconds({"rm": lambda: source.scores(ro),
+  times = alternating_seconds({"rm": lambda: source.scores(ro, batch["questions"]),
                                "reference": lambda: collector.logprobs(state.params, *inputs)}, rounds)
   med = {k: statistics.median(v) for k, v in times.items()}
   return {"rows": int(ro["tokens"].shape[0]), "rm_seq_len": source.seq_len, "rm_s": round(med["rm"], 3),

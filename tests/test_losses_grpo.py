@@ -116,10 +116,11 @@ def gapped_batch(seed, gap, masked):
   return logp, old, ref, adv, mask
 
 
-def check_against_statement(loss, metrics, pg, logp, ref, mask, mode, kl_kind, kl_coef=0.1):
+def check_against_statement(loss, metrics, pg, logp, ref, mask, mode, kl_kind, kl_coef=0.1, pg_size=None):
   """loss, metrics["pg_loss"] (and ["kl_ref"]) equal agg of the float64 per-token statements pg and np_kl within
-  2e-5 of agg(size), size = the operands' magnitude (|pg|; |k1|, k2, exp(-d) + |d| + 1 for k3, whose float32
-  value at d ~ 1e-3 is all cancellation): the float32 rounding of sums of terms of either sign."""
+  2e-5 of agg(size), size = the operands' magnitude (|pg|, or `pg_size`; |k1|, k2, exp(-d) + |d| + 1 for k3, whose
+  float32 value at d ~ 1e-3 is all cancellation): the float32 rounding of sums of terms of either sign."""
+  pg_size = np.abs(pg) if pg_size is None else pg_size
   kl = np.zeros_like(pg) if kl_kind is None else np_kl(logp, ref, kl_kind)
   d = np.clip(np.asarray(logp, np.float64) - ref, -20, 20)
   kl_size = np.abs(kl) if kl_kind != "k3" else np.exp(-d) + np.abs(d) + 1
@@ -128,8 +129,8 @@ def check_against_statement(loss, metrics, pg, logp, ref, mask, mode, kl_kind, k
     want, scale = np_agg(terms, mask, mode), np_agg(size, mask, mode)
     assert abs(float(got) - want) <= 2e-5 * scale + 1e-7, (float(got), want, scale)
 
-  close(metrics["pg_loss"], pg, np.abs(pg))
-  close(loss, pg + kl_coef * kl, np.abs(pg) + kl_coef * kl_size)
+  close(metrics["pg_loss"], pg, pg_size)
+  close(loss, pg + kl_coef * kl, pg_size + kl_coef * kl_size)
   if kl_kind is not None:
     close(metrics["kl_ref"], kl, kl_size)
 
@@ -198,6 +199,34 @@ def test_aggregation_hand_computed():
     np.testing.assert_allclose(G.aggregate(bad, m, mode), want[mode], rtol=1e-6)
   with pytest.raises(ValueError, match="token-mean"):
     G.aggregate(v, m, "sum")
+
+
+@given(st.data())
+def test_micro_batch_aggregates_weighted_by_aggregate_weight_give_the_whole_batchs(data):
+  """Gradient accumulation's invariant, with empty rows (overlong filtering zeroes a row's mask): the micro-batches'
+  aggregates weighted by `aggregate_weight` average to the whole batch's aggregate, in every mode (the seq-mean modes
+  weighted by a micro-batch's shape rows instead over-weight the rows sharing it with an empty one)."""
+  mode = data.draw(st.sampled_from(MODES))
+  rows, seq, parts = data.draw(st.sampled_from([(4, 3, 2), (6, 2, 3), (8, 4, 4)]))
+  values = np.asarray(data.draw(st.lists(st.floats(-10, 10, width=32), min_size=rows * seq, max_size=rows * seq)),
+                      np.float32).reshape(rows, seq)
+  mask = np.asarray(data.draw(st.lists(st.booleans(), min_size=rows * seq, max_size=rows * seq)),
+                    np.float32).reshape(rows, seq)
+  whole = float(G.aggregate(values, mask, mode))
+  size = rows // parts
+  weights = [float(G.aggregate_weight(mask[i:i + size], mode)) for i in range(0, rows, size)]
+  pieces = [float(G.aggregate(values[i:i + size], mask[i:i + size], mode)) for i in range(0, rows, size)]
+  combined = sum(w * p for w, p in zip(weights, pieces)) / (sum(weights) or 1.0)
+  np.testing.assert_allclose(combined, whole, rtol=1e-5, atol=1e-5)
+
+
+def test_aggregate_weight_counts_tokens_non_empty_rows_or_shape_rows():
+  m = np.array([[1.0, 1, 0], [0, 0, 0], [1, 0, 0]], np.float32)
+  assert [float(G.aggregate_weight(m, mode)) for mode in MODES] == [
+      {"token-mean": 3.0, "seq-mean-token-sum": 2.0, "seq-mean-token-mean": 2.0, "seq-mean-token-sum-norm": 3.0}[mode]
+      for mode in MODES]
+  with pytest.raises(ValueError, match="token-mean"):
+    G.aggregate_weight(m, "sum")
 
 
 def test_sum_norm_denominator_is_a_constant_of_the_batch_shape():
@@ -492,11 +521,17 @@ def test_property_matches_numpy_statement_at_any_log_prob_gap(seed, name, mode, 
   value at d ~ 1e-3 is all cancellation): the float32 rounding of sums of terms of either sign."""
   logp, old, ref, adv, mask = gapped_batch(seed, gap, masked)
   (loss, metrics), grad = _grad_fn(name, mode, kl_kind)(logp, old, adv, mask, ref)
+  pg_size = None
   if name == "ppo_clip":
     pg = np_ppo_tokens(logp, old, adv, 0.2, 0.2, 3.0)[0]
   else:
     pg = np_gspo_tokens(logp, old, adv, mask, 3e-4, 4e-4)[0]
-  check_against_statement(loss, metrics, pg, logp, ref, mask, mode, kl_kind)
+    # GSPO exponentiates the row's mean log-ratio: float32 rounds that mean of terms of size |logp - old| (each
+    # difference and each of the S + 1 sums) by up to (S + 1) 2^-24 mean|logp - old|, an error exp turns relative
+    gaps = np.abs(np.asarray(logp, np.float64) - old) * mask
+    row_gap = gaps.sum(-1, keepdims=True) / np.maximum(mask.sum(-1, keepdims=True), 1)
+    pg_size = np.abs(pg) * (1 + (S + 1) * 2.0 ** -24 * row_gap / 2e-5)
+  check_against_statement(loss, metrics, pg, logp, ref, mask, mode, kl_kind, pg_size=pg_size)
   g = np.asarray(grad)
   assert np.all(np.isfinite(g))
   np.testing.assert_array_equal(g[mask == 0], 0.0)

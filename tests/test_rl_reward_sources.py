@@ -193,9 +193,11 @@ def test_reward_model_refusals_name_the_field(tmp_path):
 def test_an_rm_too_short_for_prompt_and_response_is_refused():
   class Tok:
     pass
-  with pytest.raises(ConfigError, match=re.escape("reward.model='/rm': its model.max_seq_len=32 cannot hold "
-                                                  "data.max_prompt_len (24) + sampling.max_new_tokens (16)")):
-    check_model_fits(ModelConfig(max_seq_len=32), Tok(), 24, 16, "/rm")
+  with pytest.raises(ConfigError, match=re.escape("reward.model='/rm': its model.max_seq_len=40 cannot hold "
+                                                  "data.max_prompt_len (24) + sampling.max_new_tokens (16) + the "
+                                                  "EOS it scores at")):
+    check_model_fits(ModelConfig(max_seq_len=40), Tok(), 24, 16, "/rm")  # the row is 41 tokens
+  check_model_fits(ModelConfig(max_seq_len=41), Tok(), 24, 16, "/rm")
   with pytest.raises(ConfigError, match="has no tokenizer"):
     check_model_fits(ModelConfig(max_seq_len=64), None, 24, 16, "/rm")
   jnp.zeros(())  # jax initialised for the other tests of this module either way

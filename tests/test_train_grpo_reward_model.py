@@ -9,6 +9,7 @@ import pytest
 from experiments.configs import grpo_tiny
 import jaxpt
 from jaxpt.config import ConfigError
+from jaxpt.data.math_task import prompt_message
 from jaxpt.data.preference_batches import response_sequences
 from jaxpt.models.reward import RewardModel
 from jaxpt.rl.reward_sources import RewardModelSource
@@ -47,10 +48,11 @@ class Recorder:
   def __init__(self, source):
     self.source, self.calls = source, []
 
-  def scores(self, ro):
-    got = self.source.scores(ro)
-    self.calls.append(({k: np.asarray(jax.device_get(ro[k])) for k in ("prompt_tokens", "prompt_mask", "tokens",
-                                                                          "mask", "scores")}, got))
+  def scores(self, ro, questions):
+    got = self.source.scores(ro, questions)
+    self.calls.append(({**{k: np.asarray(jax.device_get(ro[k])) for k in ("prompt_tokens", "prompt_mask", "tokens",
+                                                                             "mask", "scores")},
+                        "questions": list(questions)}, got))
     return got
 
 
@@ -103,19 +105,23 @@ def test_grpo_is_rewarded_by_the_reward_models_scores_of_its_rollouts(runs, buil
       assert row[f"bias_{name}_share"] == pytest.approx(np.mean([detector(t) for t in texts]))
   assert (tmp_path / REWARD_HACKING_PNG).stat().st_size > 0
 
-  # the re-tokenizing layout (an RM of another tokenizer) on the same rollouts: Model.score of the decoded texts
-  ro = {k: built.training.put(v) for k, v in recorder.calls[0][0].items()}
-  retokenizing = RewardModelSource.create(  # as for an RM of another tokenizer or prompt format ('chat' here)
-      model.config, source.params, model.num_scores, model.tokenizer, "plain", source.policy_tokenizer, "chat",
-      built.training.layout, 32, 16)
-  assert not retokenizing.shared and not retokenizing.chat
+  # the re-tokenizing layout (an RM of another tokenizer or prompt format) on the same rollouts: Model.score of
+  # (what the policy was asked, the decoded response); a plain policy was asked its whole decoded prompt
+  calls = recorder.calls[0][0]
+  ro = {k: built.training.put(v) for k, v in calls.items() if k != "questions"}
   decode = lambda t, m, eos: tokenizer.decode([int(x) for x, k in zip(t, m) if k and x != eos
                                                and x < tokenizer.vocab_size])
-  calls = recorder.calls[0][0]
   prompt_texts = [decode(t, m, None) for t, m in zip(calls["prompt_tokens"], calls["prompt_mask"])]
   response_texts = [decode(t, m, tokenizer.eos_id) for t, m in zip(calls["tokens"], calls["mask"])]
-  np.testing.assert_allclose(retokenizing.scores(ro), model.score(prompt_texts, response_texts)[:, 0], rtol=1e-5,
-                             atol=1e-5)
+  group = len(response_texts) // len(calls["questions"])
+  assert prompt_texts == [prompt_message(q) for q in calls["questions"] for _ in range(group)]
+  # as for a chat policy (its prompt tokens would decode to its chat template's text): the RM reads the user turn
+  retokenizing = RewardModelSource.create(model.config, source.params, model.num_scores, model.tokenizer, "plain",
+                                          source.policy_tokenizer, "chat", built.training.layout, 32, 16)
+  assert not retokenizing.shared and not retokenizing.chat
+  asked = [prompt_message(q, "chat") for q in calls["questions"] for _ in range(group)]
+  np.testing.assert_allclose(retokenizing.scores(ro, calls["questions"]), model.score(asked, response_texts)[:, 0],
+                             rtol=1e-5, atol=1e-5)
 
 
 def test_running_normalisation_resumes_bitwise(runs, tmp_path):
@@ -184,7 +190,7 @@ def test_dynamic_sampling_filters_groups_on_the_reward_trained_on(runs, built_gr
   batch = hooks.collector.prompts.batch(0)
   first = hooks.collector.rollouts(state.params, batch, jax.random.split(state.step_rng(), 3)[0])
   composed = lambda ro, rm_scores: 0.5 * np.asarray(ro["scores"], np.float64) + np.asarray(rm_scores, np.float64)
-  stds = composed(first, hooks.reward_model.scores(first)).reshape(-1, g).std(axis=1)
+  stds = composed(first, hooks.reward_model.scores(first, batch["questions"])).reshape(-1, g).std(axis=1)
   assert stds.max() > 1.01 * stds.min(), stds  # the RM's scores differ across groups
   tolerance = float(np.sqrt(stds.min() * stds.max()))
   recorder, outputs = Recorder(hooks.reward_model), []

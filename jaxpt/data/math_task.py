@@ -157,12 +157,20 @@ def task_problems(task: TaskConfig | Any, split: str, data_dir: str | None = Non
   return problems[:size] if size else problems
 
 
+def prompt_message(question: str, prompt_format: str = "plain") -> str:
+  """What the policy is asked about `question`, before any chat template: 'plain', the whole prompt
+  ("Question: ...\nAnswer:\n"); 'chat', the user turn (the question and CHAT_INSTRUCTION). A reward model of
+  another tokenizer or prompt format reads it as the prompt of (prompt, response) (`jaxpt.rl.reward_sources`)."""
+  return format_prompt(question) if prompt_format == "plain" else f"{question.strip()}\n{CHAT_INSTRUCTION}"
+
+
 def prompt_text(question: str, tokenizer: Any = None, prompt_format: str = "plain") -> str:
-  """The model's input for `question` in `prompt_format` (see TaskConfig.prompt_format); 'chat' needs a
-  tokenizer with a chat template (ConfigError naming config.task.prompt_format otherwise)."""
+  """The model's input for `question` in `prompt_format` (see TaskConfig.prompt_format): `prompt_message`, in
+  'chat' rendered by the tokenizer's chat template (ConfigError naming config.task.prompt_format without one)."""
+  message = prompt_message(question, prompt_format)
   if prompt_format == "plain":
-    return format_prompt(question)
-  return tokenizer_lib.chat_prompt(tokenizer, f"{question.strip()}\n{CHAT_INSTRUCTION}", "config.task.prompt_format")
+    return message
+  return tokenizer_lib.chat_prompt(tokenizer, message, "config.task.prompt_format")
 
 
 def example_text(problem: Problem, tokenizer: Any = None, prompt_format: str = "plain") -> tuple[str, str]:

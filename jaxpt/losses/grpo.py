@@ -195,6 +195,22 @@ def aggregate(values: jax.Array, mask: jax.Array, mode: str = "token-mean",
   return jnp.sum(per_row * row_valid) / jnp.where(n_rows > 0, n_rows, 1.0)
 
 
+def aggregate_weight(mask: jax.Array, mode: str = "token-mean") -> jax.Array:
+  """How many units `aggregate(values, mask, mode)` averages over: mask [batch, seq] -> float32 scalar. token-mean: the
+  unmasked tokens; seq-mean-token-sum and seq-mean-token-mean: the rows with at least one unmasked token (empty rows
+  are not averaged over); seq-mean-token-sum-norm: every row of the shape (its denominator is B T_max). Micro-batch
+  aggregates weighted by it average to the whole batch's aggregate: the weight of gradient accumulation
+  (`jaxpt.engine.step.accumulate`'s `weight_key`)."""
+  m = jnp.asarray(mask, jnp.float32)
+  if mode == "token-mean":
+    return jnp.sum(m)
+  if mode == "seq-mean-token-sum-norm":
+    return jnp.asarray(m.shape[0], jnp.float32)
+  if mode not in AGG_MODES:
+    raise ValueError(f"unknown aggregation mode {mode!r} (known: {', '.join(AGG_MODES)})")
+  return jnp.sum((jnp.sum(m, axis=-1) > 0).astype(jnp.float32))
+
+
 def entropy_from_logits(logits: jax.Array) -> jax.Array:
   """Per-token entropy H_t = -sum_v p_v log p_v of softmax(logits); [..., V] -> [...], float32."""
   logp = jax.nn.log_softmax(jnp.asarray(logits, jnp.float32), axis=-1)

@@ -255,13 +255,14 @@ class RolloutCollector:
             "group_ids": np.repeat(np.arange(self.config.data.prompts_per_step, dtype=np.int32), g)}
 
   def step_rollouts(self, params: Any, batch: dict, step: int, rng: jax.Array,
-                    score: Callable[[dict], dict] | None = None) -> tuple[dict, dict]:
+                    score: Callable[[dict, dict], dict] | None = None) -> tuple[dict, dict]:
     """The rollouts trained on at `step` (`rollouts` of `batch`, key `rng`), and their DAPO metrics; with
     `dapo.dynamic_sampling`, round r >= 1 samples `prompts.refill_batch(step * (max_rounds - 1) + r - 1)` with
     key fold_in(rng, r) until the batch holds data.prompts_per_step informative groups (`jaxpt.rl.dapo`).
-    score(round) -> {name: host array [N]}: added to every generation round's rollouts before the filter reads
-    them (a trainer's reward-model scores, so each round is scored once); its `TRAIN_REWARDS` array, the reward the
-    run trains on before normalisation, is what filter_metric 'reward' reads (else the collector's `rewards`).
+    score(round, its prompt batch) -> {name: host array [N]}: added to every generation round's rollouts before the
+    filter reads them (a trainer's reward-model scores, so each round is scored once); its `TRAIN_REWARDS` array,
+    the reward the run trains on before normalisation, is what filter_metric 'reward' reads (else the collector's
+    `rewards`).
     With bf16 rollouts (`sampling.rollout_dtype`) the trained rows' old_logp are then recomputed by the fp32 policy
     (teacher forcing), once, after any refills; CLIPO's hidden states stay the sampler's.
     Metrics: truncated_frac, overlong_penalty_mean, bias_<name>_share (the share of responses each
@@ -269,7 +270,7 @@ class RolloutCollector:
     dapo_groups_drawn / _informative / _filled and dapo_step_accuracy (the step's own prompts: comparable across
     runs, where the loop's `accuracy` is the trained batch's, which dynamic sampling biases)."""
     settings = self.config.dapo
-    scored = lambda ro: {**ro, **score(ro)} if score is not None else ro
+    scored = lambda ro, prompts: {**ro, **score(ro, prompts)} if score is not None else ro
     draw = self.round_drawer(params, batch, step, rng, scored)
     first = draw(0)
     ro, metrics = first, {}
@@ -287,7 +288,7 @@ class RolloutCollector:
       metrics["overlong_penalty_mean"] = float(np.mean(ro["rewards"] - ro["scores"]))
     return ro, metrics
 
-  def round_drawer(self, params: Any, batch: dict, step: int, rng: jax.Array, scored: Callable[[dict], dict]
+  def round_drawer(self, params: Any, batch: dict, step: int, rng: jax.Array, scored: Callable[[dict, dict], dict]
                    ) -> Callable[[int], dict]:
     """draw(r) -> generation round r's scored rollouts (r = 0, 1, ... in order, each drawn once): round 0 samples
     `batch` with `rng`, round r >= 1 `prompts.refill_batch(step (max_rounds - 1) + r - 1)` with fold_in(rng, r).
@@ -295,22 +296,26 @@ class RolloutCollector:
     engine (`Engine.rounds`: round r + 1's rollouts start in the slots round r's tail leaves free; the same rollouts
     as a call per round)."""
     settings = self.config.dapo
-    batch_of = lambda r: batch if r == 0 else self.prompts.refill_batch(
-        step * (settings.max_rounds - 1) + r - 1, *self.process_slice)
+    batches = {0: batch}  # round r's prompt batch (this process's block), made once
+
+    def batch_of(r: int) -> dict:
+      if r not in batches:
+        batches[r] = self.prompts.refill_batch(step * (settings.max_rounds - 1) + r - 1, *self.process_slice)
+      return batches[r]
+
     key_of = lambda r: rng if r == 0 else jax.random.fold_in(rng, r)
     if settings.dynamic_sampling and self.engine is not None:
-      batches = [batch_of(r) for r in range(settings.max_rounds)]
-      prompts = [self.round_prompts(b) for b in batches]
+      prompts = [self.round_prompts(batch_of(r)) for r in range(settings.max_rounds)]
       stream = self.engine.rounds(params, [p["prompt_tokens"] for p in prompts],
                                   [p["prompt_mask"] for p in prompts], [key_of(r) for r in range(settings.max_rounds)])
-      sample = lambda r: self.scored_rollouts(batches[r], prompts[r], next(stream)[0])
+      sample = lambda r: self.scored_rollouts(batch_of(r), prompts[r], next(stream)[0])
     else:
       sample = lambda r: self.rollouts(params, batch_of(r), key_of(r))
     drawn = []
 
     def draw(r: int) -> dict:
       while len(drawn) <= r:
-        drawn.append(scored(sample(len(drawn))))
+        drawn.append(scored(sample(len(drawn)), batch_of(len(drawn))))
       return drawn[r]
 
     return draw

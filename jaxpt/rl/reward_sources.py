@@ -21,15 +21,17 @@ section (verifier only, weight 1, no options) the trainer skips the assembly: th
 the trainer: `jaxpt.engine.saved_model`), compiled on the run's mesh with its params sharded by the run's rules like
 the reference policy's. When the RM's tokenizer is the policy's and it was trained on prompts formatted the same way,
 it reads the rollouts' own tokens (`rm_sequences`: per row prompt without its left padding + response + EOS,
-right-padded, and the index of its last token: the layout of `jaxpt.data.preference_batches`); otherwise it decodes
-prompt and response and re-tokenizes them with its own tokenizer, the prompt rendered as the RM was trained (plain,
-or one user turn of its chat template), as `jaxpt.Model.score` does.
+right-padded, and the index of its last token: the layout of `jaxpt.data.preference_batches`); otherwise it scores
+(prompt, response) texts re-tokenized with its own tokenizer, as `jaxpt.Model.score` does: the prompt is what the
+policy was asked before any chat template (`jaxpt.data.math_task.prompt_message` of the row's question: a chat
+policy's decoded prompt tokens would hand the RM its template as text), rendered as the RM was trained (plain, or one
+user turn of its chat template); the response is the policy's tokens decoded.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +40,7 @@ from absl import logging
 
 from jaxpt import parallel
 from jaxpt.config import ConfigError, Section, fail, in_range, one_of
+from jaxpt.data.math_task import prompt_message
 from jaxpt.data.preference_batches import response_sequences
 from jaxpt.data.tokenizer import chat_prompt, encode_prompts_as_trained
 from jaxpt.models.reward import RewardModel
@@ -161,7 +164,7 @@ def same_tokens(rm_tokenizer: Any, rm_prompt_format: str, tokenizer: Any, prompt
 
 @dataclasses.dataclass
 class RewardModelSource:
-  """A jaxpt reward model as a reward source: `scores(ro)` -> float32 [N] on every process (see the module
+  """A jaxpt reward model as a reward source: `scores(ro, questions)` -> float32 [N] on every process (see the module
   docstring); built once by `create`."""
 
   params: Any  # the RM's params, sharded on the run's mesh
@@ -171,6 +174,7 @@ class RewardModelSource:
   tokenizer: Any  # the RM's
   policy_tokenizer: Any
   chat: bool  # the RM was trained on chat-formatted prompts
+  policy_prompt_format: str  # the policy's: what `prompt_message` gives the re-tokenizing path as the prompt
   seq_len: int
   layout: parallel.MeshLayout
 
@@ -203,28 +207,36 @@ class RewardModelSource:
     logging.info("%s", line)
     say(line)  # the CLI shows absl's INFO lines only with -v
     return cls(params=params, forward=compiled, sequences=sequences, shared=shared, tokenizer=tokenizer,
-               policy_tokenizer=policy_tokenizer, chat=prompt_format == "chat", seq_len=seq_len, layout=layout)
+               policy_tokenizer=policy_tokenizer, chat=prompt_format == "chat",
+               policy_prompt_format=policy_prompt_format, seq_len=seq_len, layout=layout)
 
-  def scores(self, ro: dict) -> np.ndarray:
+  def scores(self, ro: dict, questions: Sequence[str]) -> np.ndarray:
     """The RM's (quality) score of each rollout of `ro` (global device arrays prompt_tokens, prompt_mask, tokens,
-    mask): float32 [N], whole on every process."""
+    mask; G rollouts a prompt, in prompt order): float32 [N], whole on every process. `questions`: the question
+    texts of this process's prompts (its block of the prompt batch, `batch["questions"]`), read by the
+    re-tokenizing path only."""
     n = ro["tokens"].shape[0]
     if self.shared:
       tokens, last = self.sequences(ro["prompt_tokens"], ro["prompt_mask"], ro["tokens"], ro["mask"])
     else:
-      tokens, last = self.retokenized(ro)
+      tokens, last = self.retokenized(ro, questions)
       put = parallel.global_batch({"tokens": tokens, "last": last}, self.layout.batch, n)
       tokens, last = put["tokens"], put["last"]
     return np.asarray(self.forward(self.params, tokens, last), np.float32)
 
-  def retokenized(self, ro: dict) -> tuple[np.ndarray, np.ndarray]:
-    """This process's rows of `ro` decoded (the policy's tokenizer) and encoded with the RM's tokenizer:
-    (tokens [M, S], last [M]), as `jaxpt.Model.score` builds them."""
+  def retokenized(self, ro: dict, questions: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """This process's rows of `ro` as `jaxpt.Model.score` builds (prompt, response) texts with the RM's tokenizer:
+    (tokens [M, S], last [M]). The prompt is `prompt_message` of the row's question in the policy's format (not
+    the decoded prompt tokens: a chat policy's are its chat template, which the RM would read as text); the
+    response, its tokens decoded by the policy's tokenizer."""
     decode, eos = self.policy_tokenizer.decode, self.policy_tokenizer.eos_id
-    prompts = response_texts(decode, parallel.process_rows(ro["prompt_tokens"]),
-                             parallel.process_rows(ro["prompt_mask"]), None, self.policy_tokenizer.vocab_size)
     responses = response_texts(decode, parallel.process_rows(ro["tokens"]), parallel.process_rows(ro["mask"]), eos,
                                self.policy_tokenizer.vocab_size)
+    if not questions or len(responses) % len(questions):
+      raise ValueError(f"reward model scores: {len(responses)} rollouts of this process for {len(questions or [])} "
+                       "questions (need G rollouts a question)")
+    group = len(responses) // len(questions)
+    prompts = [prompt_message(q, self.policy_prompt_format) for q in questions for _ in range(group)]
     if self.chat:
       prompts = [chat_prompt(self.tokenizer, text, "reward.model") for text in prompts]
     prompt_ids = [list(ids) for ids in encode_prompts_as_trained(self.tokenizer, prompts, self.chat)]
@@ -234,10 +246,11 @@ class RewardModelSource:
 
 
 def check_model_fits(model_config: Any, rm_tokenizer: Any, prompt_len: int, new_tokens: int, source: str) -> None:
-  """ConfigError naming reward.model: an RM whose max_seq_len cannot hold prompt + response, or without a
-  tokenizer."""
+  """ConfigError naming reward.model: an RM whose max_seq_len cannot hold prompt + response + the EOS it scores at
+  (`rm_sequences`' row; a longer one is cut from the left, losing the prompt's start), or without a tokenizer."""
   if rm_tokenizer is None:
     raise ConfigError("reward.model", "has no tokenizer (tokenizer.json or spm.model)", source)
-  if prompt_len + new_tokens > model_config.max_seq_len:
+  if prompt_len + new_tokens + 1 > model_config.max_seq_len:
     raise ConfigError("reward.model", f"its model.max_seq_len={model_config.max_seq_len} cannot hold "
-                      f"data.max_prompt_len ({prompt_len}) + sampling.max_new_tokens ({new_tokens})", source)
+                      f"data.max_prompt_len ({prompt_len}) + sampling.max_new_tokens ({new_tokens}) + the EOS it "
+                      "scores at", source)

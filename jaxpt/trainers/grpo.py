@@ -41,7 +41,7 @@ import numpy as np
 from jaxpt.config import from_section
 from jaxpt.data.math_task import task_tokenizer
 from jaxpt.losses import get_loss
-from jaxpt.losses.grpo import (entropy_from_logits, group_advantages,
+from jaxpt.losses.grpo import (aggregate_weight, entropy_from_logits, group_advantages,
                                kl_penalized_rewards)
 from jaxpt.models.transformer import TransformerLM
 from jaxpt.progress import say
@@ -86,6 +86,9 @@ def experience_shapes(config: GRPORunConfig) -> dict[str, jax.ShapeDtypeStruct]:
 
 
 POLICY_LOSS_KEY = 0x5eed   # fold_in(update key, this): the policy loss's own key (the CLIPO term uses the key itself)
+# the update's metric that weights a minibatch's gradient under accumulation: `aggregate_weight` of its mask under
+# the run's `agg` (tokens for token-mean, non-empty rows for the seq-mean modes), as GRPO's and PPO's losses average
+AGG_WEIGHT = "agg_weight"
 
 
 def make_policy_loss(model: TransformerLM, settings: GRPOConfig, clipo_config: clipo.CLIPOConfig,
@@ -116,8 +119,7 @@ def make_policy_loss(model: TransformerLM, settings: GRPOConfig, clipo_config: c
                                    mb["group_ids"], rng)
       loss = loss + clipo_config.in_loss_coef * term
       metrics = dict(metrics, clipo_in_loss=term, loss=loss)
-    return loss, dict(metrics, num_tokens=jnp.sum(mb["mask"]),
-                      num_rows=jnp.asarray(mb["mask"].shape[0], jnp.float32))
+    return loss, dict(metrics, **{AGG_WEIGHT: aggregate_weight(mb["mask"], settings.agg)})
 
   return loss_fn
 
@@ -250,7 +252,7 @@ class GRPOHooks(RolloutHooks):
         state, m = self.training.train_step(state, minibatch)
         update_metrics.append(m)
     means = jax.tree.map(lambda *xs: float(np.mean(xs)), *jax.device_get(update_metrics))
-    return state, {k: v for k, v in means.items() if k not in ("num_tokens", "num_rows")}
+    return state, {k: v for k, v in means.items() if k != AGG_WEIGHT}
 
   def evaluate(self, state: TrainState) -> dict:
     """eval_accuracy_<set> (and eval_pass1_<set>) of the state's policy (`RolloutCollector.evaluate`)."""
@@ -287,13 +289,13 @@ def reward_score_hook(settings: RewardConfig, assemble: Callable | None,
   return None if assemble is None else functools.partial(round_rewards, settings, reward_model)
 
 
-def round_rewards(settings: RewardConfig, reward_model: RewardModelSource | None, ro: dict) -> dict:
+def round_rewards(settings: RewardConfig, reward_model: RewardModelSource | None, ro: dict, prompts: dict) -> dict:
   """A generation round's reward parts on the host, added to its rollouts by the collector's score hook
   (`RolloutCollector.step_rollouts`) before DAPO's filter reads them: rm_scores float32 [N] (the reward model's
   scores of the rollouts, zeros without one) and `TRAIN_REWARDS` [N], the reward trained on before normalisation
   (`reward_sources.raw_rewards`; dapo.filter_metric='reward' filters on it)."""
   scores = ro["scores"]
-  rm_scores = np.zeros_like(scores) if reward_model is None else reward_model.scores(ro)
+  rm_scores = np.zeros_like(scores) if reward_model is None else reward_model.scores(ro, prompts["questions"])
   return {"rm_scores": rm_scores,
           TRAIN_REWARDS: raw_rewards(settings, scores, rm_scores, ro["rewards"] - scores, ro["truncated"], np)}
 
@@ -360,7 +362,6 @@ def build(config: GRPORunConfig | Any, workdir: str) -> BuiltRun:
   mesh, tokenizer = rl_start(config, workdir, "config.grpo.group_size / config.grpo.minibatches")
   model = TransformerLM(config.model, lora=config.lora.spec())
   loss_fn = make_policy_loss(model, config.grpo, config.clipo, config.sampling.temperature)
-  weight_key = "num_tokens" if config.grpo.agg == "token-mean" else "num_rows"
   def init_aux(rng: jax.Array) -> dict | None:  # always given: the policy's init key is the same with or without CLIPO
     aux = {"clipo": clipo.init_head_state(config.clipo, config.model.d_model, rng)} if config.clipo.enabled else {}
     if config.reward.normalize == "running":
@@ -372,7 +373,7 @@ def build(config: GRPORunConfig | Any, workdir: str) -> BuiltRun:
   say("compiling the policy update ...")
   training = build_training(config, mesh, model, (jnp.zeros((1, config.data.max_prompt_len), jnp.int32),),
                             experience_shapes(config), grad_fn=grad_fn_of(loss_fn, reads_aux=True),
-                            weight_key=weight_key, total_steps=max(1, config.steps * config.updates_per_step),
+                            weight_key=AGG_WEIGHT, total_steps=max(1, config.steps * config.updates_per_step),
                             init_aux=init_aux)
 
   reader, reader_layout, params = rollout_reader(model, training, jax.eval_shape(training.sharded.init_state).params)

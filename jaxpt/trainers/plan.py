@@ -367,13 +367,13 @@ def step_training(trainer: str, run: RunConfig, devices: int, donate: bool = Tru
     return build(grad_fn=make_kto_grad_fn(model, run.kto), weight_key="num_pairs")
   if trainer == "grpo":
     from jaxpt.engine.step import grad_fn_of
-    from jaxpt.trainers.grpo import make_policy_loss
+    from jaxpt.trainers.grpo import AGG_WEIGHT, make_policy_loss
     if run.clipo.enabled or run.grpo.teacher or run.reward.normalize == "running":
       raise ConfigError("config.grpo", "jaxpt plan compiles GRPO's update without CLIPO, a teacher or running reward "
                         "statistics", "")
     loss_fn = make_policy_loss(model, run.grpo, run.clipo, run.sampling.temperature)
     return build(grad_fn=grad_fn_of(loss_fn, reads_aux=True),
-                 weight_key="num_tokens" if run.grpo.agg == "token-mean" else "num_rows",
+                 weight_key=AGG_WEIGHT,
                  total_steps=max(1, run.steps * run.updates_per_step))
   from jaxpt.trainers.lm import make_lm_loss_fn
   return build(loss_fn=make_lm_loss_fn(model, run.loss.name, **run.loss.kwargs()))

@@ -64,7 +64,7 @@ import optax
 
 from jaxpt.config import ConfigError, from_section
 from jaxpt.losses import get_loss
-from jaxpt.losses.grpo import masked_mean, reward_kl
+from jaxpt.losses.grpo import aggregate_weight, masked_mean, reward_kl
 from jaxpt.losses.value import gae, kl_shaped_rewards, whiten
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.reward import RewardModel
@@ -75,7 +75,7 @@ from jaxpt.rl import dapo
 from jaxpt.rl.collect import RolloutCollector
 from jaxpt.rl.logprobs import response_logits, token_logprobs
 from jaxpt.rl.reward_sources import QUALITY_HEAD, RewardModelSource, init_running_stats, same_tokens
-from jaxpt.trainers.grpo import (RolloutHooks, assembled_rewards, load_reward_model, lora_reference,
+from jaxpt.trainers.grpo import (AGG_WEIGHT, RolloutHooks, assembled_rewards, load_reward_model, lora_reference,
                                   reward_functions, rl_start, reward_score_hook, rollout_params, rollout_reader,
                                   split_groups)
 from jaxpt.trainers.ppo_config import PPOConfig, PPORunConfig
@@ -138,8 +138,8 @@ def loss_parts(policy_config: ModelConfig, critic_config: ModelConfig, settings:
                temperature: float, lora: Any = None) -> tuple[Callable, Callable]:
   """(policy_part(policy params, minibatch), value_part(critic params, minibatch)), each -> (loss, metrics): the
   ppo_clip loss of the policy's teacher-forced log-probs on the per-token advantages; the clipped value loss of the
-  critic's per-token values against the returns (metrics gain the minibatch's num_tokens and num_rows); `lora`:
-  both models' LoRA (`PolicyAndCritic`)."""
+  critic's per-token values against the returns (metrics gain the minibatch's AGG_WEIGHT, the weight of both losses'
+  aggregation); `lora`: both models' LoRA (`PolicyAndCritic`)."""
   policy_model = TransformerLM(policy_config, lora=lora)
   policy_loss, value_loss = get_loss("policy", "ppo_clip"), get_loss("value", "clipped_value")
 
@@ -155,8 +155,7 @@ def loss_parts(policy_config: ModelConfig, critic_config: ModelConfig, settings:
                            lora)
     loss, metrics = value_loss(values, mb["old_values"], mb["returns"], mb["mask"], clip=settings.value_clip or None,
                                agg=settings.agg)
-    return loss, {**metrics, "num_tokens": jnp.sum(mb["mask"]),
-                  "num_rows": jnp.asarray(mb["mask"].shape[0], jnp.float32)}
+    return loss, {**metrics, AGG_WEIGHT: aggregate_weight(mb["mask"], settings.agg)}
 
   return policy_part, value_part
 
@@ -312,7 +311,7 @@ class PPOHooks(RolloutHooks):
         state, m = step_fn(state, self.collector.take_rows(experience, rows))
         update_metrics.append(m)
     means = jax.tree.map(lambda *xs: float(np.mean(xs)), *jax.device_get(update_metrics))
-    return state, {k: v for k, v in means.items() if k not in ("num_tokens", "num_rows")}
+    return state, {k: v for k, v in means.items() if k != AGG_WEIGHT}
 
   def evaluate(self, state: TrainState) -> dict:
     """eval_accuracy_<set> (and eval_pass1_<set>) of the state's policy (`RolloutCollector.evaluate`)."""
@@ -360,11 +359,6 @@ def lora_base(config: PPORunConfig, start: Any, adapters: Any) -> Any:
   return floats if config.lora.quant is None else lora_lib.quantize_params(floats, config.lora.quant)
 
 
-def weight_key(settings: PPOConfig) -> str:
-  """The metric a minibatch's gradient is weighted by when steps are accumulated: tokens for token-mean, else rows."""
-  return "num_tokens" if settings.agg == "token-mean" else "num_rows"
-
-
 def update_training(config: PPORunConfig, mesh: Any, critic_config: ModelConfig,
                     donate: bool | None = None) -> tuple[Training, dict, dict, Callable]:
   """(the shared builder's policy + critic update on `mesh`, compiled for one minibatch (`experience_shapes`), its
@@ -390,7 +384,7 @@ def update_training(config: PPORunConfig, mesh: Any, critic_config: ModelConfig,
   training = build_training(config, mesh, PolicyAndCritic(config.model, critic_config, lora),
                             (jnp.zeros((1, config.data.max_prompt_len), jnp.int32),), experience_shapes(config),
                             grad_fn=sequenced_grad_fn(policy_part, value_part, lora is not None),
-                            weight_key=weight_key(settings), total_steps=policy_updates, init_aux=init_aux,
+                            weight_key=AGG_WEIGHT, total_steps=policy_updates, init_aux=init_aux,
                             init_from_subtree="policy", new_heads=(CRITIC_HEAD,), optimizer=optimizer, donate=donate)
   return training, parts, schedules, value_part
 
@@ -409,7 +403,7 @@ def build(config: PPORunConfig | Any, workdir: str) -> BuiltRun:
   value_only = lambda params, mb, rng: value_part(params["critic"], mb)
   warmup_step = training.compile_step(make_train_step(
       None, partitioned(parts, frozen=("policy",)), schedules["critic"], config.optim.grad_accum_steps,
-      weight_key(config.ppo),
+      AGG_WEIGHT,
       grad_fn=grad_fn_of(value_only), skip_nonfinite=config.on_nonfinite == "skip", trainable=training.trainable),
       experience_shapes(config))
 
