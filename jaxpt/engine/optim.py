@@ -75,8 +75,8 @@ def decay_mask(params: Any, scan_axis: str = "layers") -> Any:
   """
 
   def leaf_mask(path, p):
-    name = str(getattr(path[-1], "key", "")) if path else ""
-    if name == "bias" or name.startswith("bias_") or name == "scale" or name.endswith("_scale"):
+    leaf = str(getattr(path[-1], "key", "")) if path else ""
+    if leaf == "bias" or leaf.startswith("bias_") or leaf == "scale" or leaf.endswith("_scale"):
       return False
     if isinstance(p, nn.Partitioned):
       return sum(name != scan_axis for name in p.names) >= 2

@@ -293,7 +293,8 @@ def round_rewards(settings: RewardConfig, reward_model: RewardModelSource | None
   """A generation round's reward parts on the host, added to its rollouts by the collector's score hook
   (`RolloutCollector.step_rollouts`) before DAPO's filter reads them: rm_scores float32 [N] (the reward model's
   scores of the rollouts, zeros without one) and `TRAIN_REWARDS` [N], the reward trained on before normalisation
-  (`reward_sources.raw_rewards`; dapo.filter_metric='reward' filters on it)."""
+  (`reward_sources.raw_rewards`; dapo.filter_metric='reward' filters on it). `prompts`: the round's prompt batch
+  (this process's block; its `questions` are what an RM of another tokenizer or format reads as the prompts)."""
   scores = ro["scores"]
   rm_scores = np.zeros_like(scores) if reward_model is None else reward_model.scores(ro, prompts["questions"])
   return {"rm_scores": rm_scores,
