@@ -51,6 +51,8 @@ class DiTRunConfig(RunConfig):
     num_timesteps: T, the diffusion steps of the linear noise schedule (betas 1e-4 .. 0.02 at T = 1000).
     sample: how images are drawn from the trained model (steps, eta, classifier-free guidance scale).
     fid: the FID-style metric of the eval (a `jaxpt vit` run's features; off by default).
+    init_from: '' = random init; a jaxpt DiT run's workdir whose latest checkpoint's params start this run (not
+      'hf:DIR': a Hugging Face LM does not start a DiT).
   """
 
   dit: DiTConfig = DiTConfig()

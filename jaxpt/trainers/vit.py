@@ -33,6 +33,8 @@ class ViTRunConfig(RunConfig):
     vit: the image fields of the model (image size, patch size, classes, pooling, position embedding).
     data: the image set, the batch and the augmentation.
     label_smoothing: the share s of each target spread over all classes: q = (1 - s) onehot + s / K.
+    init_from: '' = random init; a jaxpt ViT run's workdir whose latest checkpoint's params start this run (not
+      'hf:DIR': a Hugging Face LM does not start a ViT).
   """
 
   vit: ViTConfig = ViTConfig()
