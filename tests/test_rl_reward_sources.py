@@ -211,3 +211,41 @@ def test_rlhf_tiny_fits_rm_tiny():
   check_model_fits(ModelConfig(max_seq_len=rm.model.max_seq_len), object(), config.data.max_prompt_len,
                    config.sampling.max_new_tokens, "rm_tiny")
   assert config.reward.verifier_weight == 0 and config.reward.model == ""  # the RM is the command line's
+
+
+def test_an_rm_of_another_format_reads_a_chat_policys_question_not_its_template():
+  """The re-tokenizing path (an RM whose prompt format, or tokenizer, is not the policy's): each rollout's prompt is
+  what the policy was asked, `prompt_message` (a chat policy's user turn), not its prompt tokens decoded (which for a
+  chat policy are the chat template's text: 'system\\nYou are ...\\nuser\\n...'). A real chat template: the tiny
+  Qwen2 fixture's tokenizer, policy 'chat', RM 'plain'."""
+  import os
+
+  from jaxpt.data.math_task import prompt_message, prompt_text
+  from jaxpt.data.tokenizer import encode_prompts_as_trained, load_tokenizer
+  from jaxpt.rl.reward_sources import RewardModelSource
+
+  tok = load_tokenizer(os.path.join(os.path.dirname(__file__), "assets", "hf", "qwen2"))
+  questions, responses, group, width, new = ["What is 2+3?", "What is 7*6?"], ["5", "4 2", "42", "x"], 2, 160, 8
+  rendered = encode_prompts_as_trained(tok, [prompt_text(q, tok, "chat") for q in questions], True)
+  prompt_tokens = np.zeros((4, width), np.int32)
+  prompt_mask = np.zeros((4, width), np.int32)
+  tokens = np.full((4, new), tok.pad_id, np.int32)
+  mask = np.zeros((4, new), np.int32)
+  for i, text in enumerate(responses):
+    ids = list(rendered[i // group])
+    prompt_tokens[i, width - len(ids):], prompt_mask[i, width - len(ids):] = ids, 1  # left-padded, as the sampler
+    out = list(tok.encode(text)) + [tok.eos_id]
+    tokens[i, :len(out)], mask[i, :len(out)] = out, 1
+  ro = {k: jnp.asarray(v) for k, v in dict(prompt_tokens=prompt_tokens, prompt_mask=prompt_mask, tokens=tokens,
+                                            mask=mask).items()}
+  source = RewardModelSource(params=None, forward=None, sequences=None, shared=False, tokenizer=tok,
+                             policy_tokenizer=tok, chat=False, policy_prompt_format="chat", seq_len=256, layout=None)
+  got_tokens, got_last = source.retokenized(ro, questions)
+  asked = encode_prompts_as_trained(tok, [prompt_message(q, "chat") for q in questions], False)
+  want_tokens, want_last = response_sequences([list(asked[i // group]) for i in range(4)],
+                                              [list(tok.encode(t)) for t in responses], 256, tok.pad_id, tok.eos_id)
+  np.testing.assert_array_equal(got_tokens, want_tokens)
+  np.testing.assert_array_equal(got_last, want_last)
+  assert "system" not in tok.decode([int(t) for t in got_tokens[0, :got_last[0]]])  # no template text
+  with pytest.raises(ValueError, match="need G rollouts a question"):
+    source.retokenized(ro, questions[:1] * 3)
