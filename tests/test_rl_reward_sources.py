@@ -249,3 +249,16 @@ def test_an_rm_of_another_format_reads_a_chat_policys_question_not_its_template(
   assert "system" not in tok.decode([int(t) for t in got_tokens[0, :got_last[0]]])  # no template text
   with pytest.raises(ValueError, match="need G rollouts a question"):
     source.retokenized(ro, questions[:1] * 3)
+
+  class WithoutEos:  # an RM tokenizer with no EOS: its rows end with the pad id, as Model.score's do
+    eos_id = None
+
+    def __getattr__(self, name):
+      return getattr(tok, name)
+
+  source.tokenizer = WithoutEos()
+  got_tokens, got_last = source.retokenized(ro, questions)
+  want_tokens, want_last = response_sequences([list(asked[i // group]) for i in range(4)],
+                                              [list(tok.encode(t)) for t in responses], 256, tok.pad_id, tok.pad_id)
+  np.testing.assert_array_equal(got_tokens, want_tokens)
+  np.testing.assert_array_equal(got_last, want_last)

@@ -242,7 +242,8 @@ class RewardModelSource:
     prompt_ids = [list(ids) for ids in encode_prompts_as_trained(self.tokenizer, prompts, self.chat)]
     response_ids = [list(self.tokenizer.encode(text)) for text in responses]
     pad = self.tokenizer.pad_id if self.tokenizer.pad_id is not None else 0
-    return response_sequences(prompt_ids, response_ids, self.seq_len, pad, self.tokenizer.eos_id)
+    end = self.tokenizer.eos_id if self.tokenizer.eos_id is not None else pad  # as Model.score: no EOS, the pad id
+    return response_sequences(prompt_ids, response_ids, self.seq_len, pad, end)
 
 
 def check_model_fits(model_config: Any, rm_tokenizer: Any, prompt_len: int, new_tokens: int, source: str) -> None:
