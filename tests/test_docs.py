@@ -88,3 +88,21 @@ def test_docs_build_strict(tmp_path):
   assert len(built) == len(PAGES) - 1, built  # index.md is site/index.html
   with open(tmp_path / "site" / "models" / "index.html") as f:
     assert "jaxpt.models.config.ModelConfig" in f.read()  # the reference was generated from the docstrings
+
+
+def test_the_post_training_field_table_states_the_defaults():
+  """docs/post_training.md's table of the fields most runs set: each default as the trainer's run config holds it
+  (`jaxpt.config.config_dict` of its dataclass)."""
+  import jaxpt
+  from jaxpt.config import config_dict
+
+  with open(os.path.join(ROOT, "docs", "post_training.md")) as f:
+    rows = re.findall(r"^\| (\w+) \| `([\w.]+)` \| `([^`]*)` \|", f.read(), re.M)
+  assert len(rows) >= 40, rows
+  configs = {"grpo": jaxpt.GRPORunConfig, "ppo": jaxpt.PPORunConfig, "dpo": jaxpt.DPORunConfig,
+             "kto": jaxpt.KTORunConfig, "rm": jaxpt.RMRunConfig}
+  for trainer, field, stated in rows:
+    value = config_dict(configs[trainer])
+    for part in field.split("."):
+      value = value[part]
+    assert repr(value) == stated, (trainer, field, value)
