@@ -56,6 +56,11 @@ def test_tiny_config_is_valid_and_errors_name_the_field():
   assert run.kto.beta == 0.1 and run.init_from == ""
   with pytest.raises(Exception, match=r"config.kto.undesirable_weight=0.0: must be in \(0.0, inf\]"):
     from_section(kto.KTORunConfig, tiny_config(**{"kto.undesirable_weight": 0.0}), "config")
+  # one pair a batch: its mismatched row would be its own (matched) response, a wrong reference point
+  with pytest.raises(Exception, match=r"config.data.batch_size=1: KTO's reference point pairs"):
+    from_section(kto.KTORunConfig, tiny_config(**{"data.batch_size": 1}), "config")
+  with pytest.raises(Exception, match=r"data.batch_size=4: .* each of the 4 process\(es\) needs >= 2 pairs"):
+    kto.check_pairs_per_process(4, 4)
 
 
 RUN = {"steps": 30, "log_every": 1, "eval_every": 30, "checkpoint_every": 0, "progress": False, "model.d_model": 32,

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpt.config import Section, from_section, in_range
+from jaxpt.config import ConfigError, Section, from_section, in_range
 from jaxpt.data.preference_batches import PreferenceDataConfig
 from jaxpt.engine.config import RunConfig
 from jaxpt.engine.run import BuiltRun
@@ -82,6 +82,16 @@ class KTORunConfig(RunConfig):
     super().check()
     self.check_seq_len(self.data.seq_len, "data.seq_len")
     self.check_batch_split(self.data.batch_size, "config.data.batch_size")
+    check_pairs_per_process(self.data.batch_size, 1)
+
+
+def check_pairs_per_process(batch_size: int, processes: int) -> None:
+  """ConfigError naming data.batch_size when a process's batch holds fewer than 2 pairs: the reference point pairs
+  each row's prompt with the next row's response (`mismatched_rows`), and with one row that is its own (matched)
+  response."""
+  if batch_size // processes < 2:
+    raise ConfigError("data.batch_size", f"KTO's reference point pairs each prompt with another row's response: "
+                      f"each of the {processes} process(es) needs >= 2 pairs a batch", batch_size)
 
 
 def mismatched_rows(tokens: np.ndarray, last: np.ndarray, response_len: np.ndarray,
@@ -165,6 +175,7 @@ def build(config: KTORunConfig | Any, workdir: str) -> BuiltRun:
   """Checks `config` (ConfigError naming the field), then builds the KTO run on the preference-trainer build that
   DPO uses (`jaxpt.trainers.dpo.build_reference_run`: data, policy, compiled step, reference, evaluator)."""
   config = from_section(KTORunConfig, config, "config")
+  check_pairs_per_process(config.data.batch_size, jax.process_count())
   model = TransformerLM(config.model, lora=config.lora.spec())
   reference_model = TransformerLM(config.model, lora=config.lora.base_spec())  # QLoRA: the quantized base
   settings = config.kto
