@@ -16,6 +16,8 @@ One step on a batch of B pairs (`data` as for reward models, `jaxpt.data.prefere
 
 The reference policy is the initial policy: `init_from`'s params (or the seeded init), copied when the state is
 created; it is in no optimizer, never trained, never checkpointed, and rebuilt the same way on resume (as GRPO's).
+With LoRA it is the base with the adapters off (no copy): with `lora.init_adapter` (adapters started from PEFT's)
+that is the base alone, not the initial policy base + adapter (TRL's default with a PEFT model too).
 The estimator lives in `TrainState.aux`; a resumed run continues bit for bit. Eval (every eval split, 'test'
 first): the implicit reward r = beta (logp - ref) of every response through `rm_eval.evaluate_pairs`: accuracy
 (r_c > r_r, i.e. z > 0), accuracy split by which side is longer, corr(r, length) over responses and
