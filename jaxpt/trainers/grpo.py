@@ -144,6 +144,13 @@ class RolloutHooks(Hooks):
       reports.plot_reward_hacking(read_metrics(workdir), os.path.join(workdir, REWARD_HACKING_PNG))
 
 
+def update_means(update_metrics: list[dict]) -> dict:
+  """A step's metrics from its policy updates' (one dict of device scalars each): each one's mean over the updates,
+  the accumulation weight (AGG_WEIGHT) left out."""
+  means = jax.tree.map(lambda *xs: float(np.mean(xs)), *jax.device_get(update_metrics))
+  return {k: v for k, v in means.items() if k != AGG_WEIGHT}
+
+
 @dataclasses.dataclass
 class GRPOHooks(RolloutHooks):
   """The GRPO run's loop hooks, built once by `build`: `train_step` collects rollouts (`collector`), then updates.
@@ -251,8 +258,7 @@ class GRPOHooks(RolloutHooks):
                          **self.training.put({k: np.asarray(v[rows], shapes[k].dtype) for k, v in host.items()}))
         state, m = self.training.train_step(state, minibatch)
         update_metrics.append(m)
-    means = jax.tree.map(lambda *xs: float(np.mean(xs)), *jax.device_get(update_metrics))
-    return state, {k: v for k, v in means.items() if k != AGG_WEIGHT}
+    return state, update_means(update_metrics)
 
   def evaluate(self, state: TrainState) -> dict:
     """eval_accuracy_<set> (and eval_pass1_<set>) of the state's policy (`RolloutCollector.evaluate`)."""

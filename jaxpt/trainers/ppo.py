@@ -77,7 +77,7 @@ from jaxpt.rl.logprobs import response_logits, token_logprobs
 from jaxpt.rl.reward_sources import QUALITY_HEAD, RewardModelSource, init_running_stats, same_tokens
 from jaxpt.trainers.grpo import (AGG_WEIGHT, RolloutHooks, assembled_rewards, load_reward_model, lora_reference,
                                   reward_functions, rl_start, reward_score_hook, rollout_params, rollout_reader,
-                                  split_groups)
+                                  split_groups, update_means)
 from jaxpt.trainers.ppo_config import PPOConfig, PPORunConfig
 from jaxpt.engine.builder import Training, build_training, frozen_dtype, lora_trainable
 from jaxpt.engine.optim import make_optimizer, partitioned
@@ -310,8 +310,7 @@ class PPOHooks(RolloutHooks):
       for rows in split_groups(self.collector.rollout_rows, settings.group_size, settings.minibatches, shuffle):
         state, m = step_fn(state, self.collector.take_rows(experience, rows))
         update_metrics.append(m)
-    means = jax.tree.map(lambda *xs: float(np.mean(xs)), *jax.device_get(update_metrics))
-    return state, {k: v for k, v in means.items() if k != AGG_WEIGHT}
+    return state, update_means(update_metrics)
 
   def evaluate(self, state: TrainState) -> dict:
     """eval_accuracy_<set> (and eval_pass1_<set>) of the state's policy (`RolloutCollector.evaluate`)."""
