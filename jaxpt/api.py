@@ -119,7 +119,8 @@ class Model:
     for i, ids in enumerate(rows):
       tokens[i, prompt_len - len(ids):], mask[i, prompt_len - len(ids):] = ids, 1
     sampling = SamplingConfig(max_new_tokens, temperature=temperature if temperature > 0 else 1.0, top_k=top_k,
-                              top_p=top_p, greedy=temperature == 0, eos_id=tokenizer.eos_id, pad_id=pad_id)
+                              top_p=top_p, greedy=temperature == 0, eos_id=tokenizer.eos_id,
+                              stop_ids=tokenizer.stop_ids, pad_id=pad_id)
     engine = EngineConfig() if engine is True else engine or None
     if engine is not None:
       engine = engine.for_rows(len(tokens))

@@ -146,7 +146,12 @@ def section_values(section: Any) -> dict[str, Any]:
 
 
 def _coerce(kind: Any, value: Any, where: str) -> Any:
-  """`value` as the annotated `kind` (int, float, bool, str, `X | None`, a nested section)."""
+  """`value` as the annotated `kind` (int, float, bool, str, `X | None`, `tuple[X, ...]`, a nested section)."""
+  if typing.get_origin(kind) is tuple:  # tuple[X, ...]: a list or tuple of X (JSON and ml_collections give lists)
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+      raise ConfigError(where, "must be a list or tuple", value)
+    item = typing.get_args(kind)[0]
+    return tuple(_coerce(item, v, f"{where}[{i}]") for i, v in enumerate(value))
   options = typing.get_args(kind) if typing.get_origin(kind) in (typing.Union, types.UnionType) else ()
   if options:
     if value is None and type(None) in options:

@@ -97,6 +97,25 @@ def test_greedy_generate_is_the_argmax_loop(which, request):
     assert text == model.tokenizer.decode(expected), (prompt, expected)
 
 
+def test_generate_stops_at_the_generation_configs_other_stop_ids(qwen2, tmp_path):
+  """generation_config.json's eos_token_id list (an instruct model's end-of-turn id beside EOS) stops a row as
+  transformers' generate does: with the second prompt's first greedy token added there, that row stops at it and
+  the first, which never draws it, runs to max_new_tokens."""
+  free = [greedy_by_argmax(qwen2, ids, 6) for ids in qwen2._prompt_ids(PROMPTS, chat=False)]
+  stop = free[1][0]
+  assert stop not in free[0] and qwen2.tokenizer.eos_id not in free[0] + free[1]
+  path = tmp_path / "qwen2"
+  shutil.copytree(os.path.join(ASSETS, "qwen2"), path)
+  generation = json.loads((path / "generation_config.json").read_text())
+  generation["eos_token_id"] = [generation["eos_token_id"], stop]
+  (path / "generation_config.json").write_text(json.dumps(generation))
+  model = jaxpt.load(f"hf:{path}")
+  assert model.tokenizer.stop_ids == (qwen2.tokenizer.eos_id, stop)
+  decode = model.tokenizer.decode
+  assert model.generate(PROMPTS, max_new_tokens=6) == [decode(free[0]), decode(free[1][:1])]
+  assert qwen2.generate(PROMPTS, max_new_tokens=6) == [decode(free[0]), decode(free[1])]  # without it: 6 tokens
+
+
 def test_hf_checkpoint_brings_its_tokenizer_and_adds_its_special_tokens(qwen2):
   assert isinstance(qwen2.tokenizer, HFTokenizer) and qwen2.config.qkv_bias
   assert qwen2._prompt_ids(["hi"], chat=False)[0] == qwen2.tokenizer.encode("hi", add_special_tokens=True)

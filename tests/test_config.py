@@ -22,6 +22,7 @@ class Inner(Section):
   name: str = "a"
   flag: bool = False
   size: int | None = None
+  ids: tuple[int, ...] = ()
 
   def check(self) -> None:
     at_least(self, "width", 1)
@@ -41,20 +42,23 @@ class Outer(Section):
 
 
 def test_values_are_coerced_and_defaults_fill_absent_fields():
-  outer = from_section(Outer, {"inner": {"rate": 2, "size": 3}}, "config")
-  assert outer == Outer(inner=Inner(rate=2.0, size=3))
-  assert isinstance(outer.inner.rate, float)
+  outer = from_section(Outer, {"inner": {"rate": 2, "size": 3, "ids": [4, 5]}}, "config")
+  assert outer == Outer(inner=Inner(rate=2.0, size=3, ids=(4, 5)))  # a list (JSON's, ml_collections') -> a tuple
+  assert isinstance(outer.inner.rate, float) and isinstance(outer.inner.ids, tuple)
   assert from_section(Outer, outer, "config") is outer  # an instance was checked when it was made
 
 
 @pytest.mark.parametrize("section, message", [
-    ({"inner": {"widht": 3}}, "config.inner.widht: unknown field (known: flag, name, rate, size, width)"),
+    ({"inner": {"widht": 3}}, "config.inner.widht: unknown field (known: flag, ids, name, rate, size, width)"),
     ({}, "config.inner: missing"),
     ({"inner": {"width": "4"}}, "config.inner.width='4': must be an integer"),
     ({"inner": {"width": True}}, "config.inner.width=True: must be an integer"),
     ({"inner": {"rate": "x"}}, "config.inner.rate='x': must be a number"),
     ({"inner": {"flag": 1}}, "config.inner.flag=1: must be True or False"),
     ({"inner": {"name": 3}}, "config.inner.name=3: must be a string"),
+    ({"inner": {"ids": 3}}, "config.inner.ids=3: must be a list or tuple"),
+    ({"inner": {"ids": "12"}}, "config.inner.ids='12': must be a list or tuple"),
+    ({"inner": {"ids": [1, "x"]}}, "config.inner.ids[1]='x': must be an integer"),
     ({"inner": {"width": 0}}, "config.inner.width=0: must be >= 1"),
     ({"inner": {"name": "b"}}, "config.inner.name='b': 'b' needs inner.width >= 8, not 4"),
     ({"inner": {}, "optional": {"width": -1}}, "config.optional.width=-1: must be >= 1"),

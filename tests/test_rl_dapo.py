@@ -60,8 +60,9 @@ def test_truncated_means_the_cap_reached_without_eos():
   eos = 3
   lengths = np.array([2, 5, 5, 5, 4])
   last = np.array([0, 7, 3, 0, 0])  # row 2 ends on EOS exactly at the cap: complete, not truncated
-  assert dapo.truncated(lengths, last, 5, eos).tolist() == [False, True, False, True, False]
-  assert dapo.truncated(lengths, last, 5, None).tolist() == [False, True, True, True, False]
+  assert dapo.truncated(lengths, last, 5, [eos]).tolist() == [False, True, False, True, False]
+  assert dapo.truncated(lengths, last, 5, [eos, 7]).tolist() == [False, False, False, True, False]  # + end of turn
+  assert dapo.truncated(lengths, last, 5, []).tolist() == [False, True, True, True, False]
 
 
 def test_overlong_filtering_zeroes_exactly_the_truncated_rows():

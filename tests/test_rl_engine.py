@@ -41,12 +41,13 @@ def static(cfg, sampling, group_size):
   return make_sampler(cfg, sampling, PROMPT_LEN, group_size=group_size, row_keys=True)
 
 
-def eos_run(free, eos, budgets=None, pad_id=0):
-  """The static sampler's output with `eos_id=eos` (and token `budgets` [B]), stated from its run without EOS
-  (per-row keys: a row's tokens up to its first EOS are those it draws without one): after each row's first EOS
-  or budgets[b] tokens, pad_id with mask, log-prob and hidden state 0."""
+def eos_run(free, stops, budgets=None, pad_id=0):
+  """The static sampler's output that stops at the ids of `stops` (an id or several: EOS and `stop_ids`; and at token
+  `budgets` [B]), stated from its run without them (per-row keys: a row's tokens up to its first stop token are
+  those it draws without one): after each row's first stop token or budgets[b] tokens, pad_id with mask, log-prob
+  and hidden state 0."""
   tokens = np.asarray(free.tokens)
-  hit = tokens == eos
+  hit = np.isin(tokens, stops)
   after = (np.cumsum(hit, axis=1) - hit) > 0  # columns past the first EOS
   if budgets is not None:
     after |= np.arange(tokens.shape[1])[None, :] >= np.asarray(budgets)[:, None]
@@ -57,11 +58,15 @@ def eos_run(free, eos, budgets=None, pad_id=0):
       hidden=None if free.hidden is None else np.asarray(free.hidden) * mask[..., None])
 
 
-def ending_token(free):
-  """The token whose first occurrences end the rows of a run without EOS at the most different steps."""
+def ending_tokens(free, count=1):
+  """The `count` tokens whose first occurrences end the rows of a run without EOS at the most different steps."""
   tokens = np.asarray(free.tokens)
   steps = {int(t): {int(np.flatnonzero(row == t)[0]) for row in tokens if t in row} for t in np.unique(tokens)}
-  return max(steps, key=lambda t: (len(steps[t]), -t))
+  return sorted(steps, key=lambda t: (-len(steps[t]), t))[:count]
+
+
+def ending_token(free):
+  return ending_tokens(free)[0]
 
 
 def assert_same_rollouts(got, want):
@@ -91,8 +96,9 @@ def case(request):
   cfg, params = model_for(scheme, **overrides)
   tokens, mask = rows(cfg, group_size, prompts)
   free = static(cfg, sampling, group_size)(params, tokens, mask, KEY)
-  sampling = dataclasses.replace(sampling, eos_id=ending_token(free))
-  want = eos_run(free, sampling.eos_id, budgets)
+  eos, other = ending_tokens(free, 2)  # a row stops at either: EOS and another stop token (an end-of-turn id)
+  sampling = dataclasses.replace(sampling, eos_id=eos, stop_ids=(other,))
+  want = eos_run(free, [eos, other], budgets)
   got, stats = Engine(cfg, sampling, PROMPT_LEN, engine, group_size).run(params, tokens, mask, KEY, budgets)
   return cfg, params, sampling, group_size, tokens, mask, want, got, stats, engine
 

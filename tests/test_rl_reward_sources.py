@@ -128,10 +128,10 @@ def test_the_eos_penalty_lowers_exactly_the_truncated_rows(r, penalty):
 
 @pytest.mark.parametrize("seq_len", [15, 10, 7])
 def test_rm_sequences_are_the_preference_batches_layout(seq_len):
-  """Left-padded prompts + sampled responses (EOS kept with mask 1, ids beyond the vocabulary) -> the RM's
-  right-padded prompt + response + EOS rows, left-truncated when longer than seq_len."""
+  """Left-padded prompts + sampled responses (the stop token, EOS or an end-of-turn id, kept with mask 1; ids beyond
+  the vocabulary) -> the RM's right-padded prompt + response + EOS rows, left-truncated when longer than seq_len."""
   rng = np.random.default_rng(1)
-  n, p, t, eos, pad, vocab = 6, 5, 6, 2, 0, 20
+  n, p, t, eos, end_of_turn, pad, vocab = 6, 5, 6, 2, 1, 0, 20
   prompt_len = rng.integers(1, p + 1, n)
   prompt_tokens = rng.integers(3, vocab, (n, p)).astype(np.int32)
   prompt_mask = (np.arange(p)[None] >= p - prompt_len[:, None]).astype(np.int32)
@@ -139,14 +139,16 @@ def test_rm_sequences_are_the_preference_batches_layout(seq_len):
   tokens = rng.integers(3, vocab + 3, (n, t)).astype(np.int32)  # some ids >= vocab: no text, left out
   lengths = rng.integers(0, t + 1, n)
   mask = (np.arange(t)[None] < lengths[:, None]).astype(np.float32)
-  ends = lengths < t  # these rows stop at an EOS (the sampler keeps it, mask 1)
+  ends = lengths < t  # these rows stop at a stop token (the sampler keeps it, mask 1)
   for i in np.flatnonzero(ends & (lengths > 0)):
-    tokens[i, lengths[i] - 1] = eos
+    tokens[i, lengths[i] - 1] = (eos, end_of_turn)[i % 2]
   tokens = np.where(mask > 0, tokens, pad)
-  got_tokens, got_last = jax.jit(lambda *a: rm_sequences(*a, eos_id=eos, pad_id=pad, vocab_limit=vocab,
-                                                         seq_len=seq_len))(prompt_tokens, prompt_mask, tokens, mask)
+  layout = jax.jit(lambda *a: rm_sequences(*a, eos_id=eos, pad_id=pad, vocab_limit=vocab, seq_len=seq_len,
+                                           stop_ids=(end_of_turn,)))
+  got_tokens, got_last = layout(prompt_tokens, prompt_mask, tokens, mask)
   prompts = [list(row[m > 0]) for row, m in zip(prompt_tokens, prompt_mask)]
-  responses = [[int(x) for x, m in zip(row, ms) if m and x != eos and x < vocab] for row, ms in zip(tokens, mask)]
+  responses = [[int(x) for x, m in zip(row, ms) if m and x not in (eos, end_of_turn) and x < vocab]
+               for row, ms in zip(tokens, mask)]
   want_tokens, want_last = response_sequences(prompts, responses, seq_len, pad, eos)
   np.testing.assert_array_equal(np.asarray(got_tokens), want_tokens)
   np.testing.assert_array_equal(np.asarray(got_last), want_last)

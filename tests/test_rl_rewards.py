@@ -125,6 +125,7 @@ def test_response_texts_leave_out_eos_padding_and_ids_past_the_tokenizer():
   decode = lambda ids: "".join("abcdefgh"[i] for i in ids)  # an 8-piece tokenizer
   tokens = np.array([[1, 2, 7, 0], [3, 9, 4, 5], [6, 1, 0, 0]])
   mask = np.array([[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 0]])
-  assert rollouts.response_texts(decode, tokens, mask, eos_id=7, vocab_size=8) == ["bc", "def", "gba"]
+  assert rollouts.response_texts(decode, tokens, mask, [7], vocab_size=8) == ["bc", "def", "gba"]
+  assert rollouts.response_texts(decode, tokens, mask, [7, 6], vocab_size=8) == ["bc", "def", "ba"]  # + end of turn
   with pytest.raises(IndexError):  # what the trainer's decode did before it passed its vocab_size
-    rollouts.response_texts(decode, tokens, mask, eos_id=7)
+    rollouts.response_texts(decode, tokens, mask, [7])

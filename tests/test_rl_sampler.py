@@ -239,7 +239,10 @@ def test_temperature_to_zero_is_greedy():
                                 sampler_for(cfg, GREEDY)(params, tokens, mask, jax.random.PRNGKey(0)).tokens)
 
 
-def test_eos_stops_rows_pads_after_and_max_new_tokens():
+@pytest.mark.parametrize("given_as", ["eos_id", "stop_ids"])
+def test_eos_stops_rows_pads_after_and_max_new_tokens(given_as):
+  """A row stops at its first stop token, given as eos_id or as one of stop_ids (an end-of-turn id) without eos_id
+  (`tests/test_rl_engine.py` runs both at once)."""
   cfg, params = model_for("pre")
   tokens, mask = left_padded_prompts(cfg)
   eos_sampler = None
@@ -248,7 +251,8 @@ def test_eos_stops_rows_pads_after_and_max_new_tokens():
     free = np.asarray(sampler_for(cfg, GREEDY)(params, batch, batch_mask, jax.random.PRNGKey(0)).tokens)
     if eos_sampler is None:
       eos = int(free[1, 2])  # row 1 emits it by step 2; pad with a token id the rows do not emit before EOS
-      eos_sampler = make_sampler(cfg, dataclasses.replace(GREEDY, eos_id=eos, pad_id=95), PROMPT_LEN)
+      stop = dict(eos_id=eos) if given_as == "eos_id" else dict(eos_id=None, stop_ids=(eos,))
+      eos_sampler = make_sampler(cfg, dataclasses.replace(GREEDY, pad_id=95, **stop), PROMPT_LEN)
     out = eos_sampler(params, batch, batch_mask, jax.random.PRNGKey(0))
     got = np.asarray(out.tokens)
     assert got.shape == (len(batch), NEW_TOKENS)
@@ -264,7 +268,8 @@ def test_eos_stops_rows_pads_after_and_max_new_tokens():
 
 
 @pytest.mark.parametrize("field,value", [("max_new_tokens", 0), ("temperature", 0.0), ("top_k", -1),
-                                         ("top_p", 0.0), ("top_p", 1.5), ("eos_id", -2), ("pad_id", -1),
+                                         ("top_p", 0.0), ("top_p", 1.5), ("eos_id", -2), ("stop_ids", (3, -1)),
+                                         ("pad_id", -1),
                                          ("rollout_dtype", "float16"), ("cache_segments", 0)])
 def test_config_validation_names_the_field(field, value):
   with pytest.raises(ConfigError, match=rf"^{field}="):

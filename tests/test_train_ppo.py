@@ -291,7 +291,7 @@ def test_eval_of_a_ppo_run_whose_reward_model_is_gone(ppo_run, tmp_path, capfd):
     shutil.copytree(workdir, run, ignore=shutil.ignore_patterns("eval"))
     with open(f"{run}/config.json") as f:
       recorded = json.load(f)
-    recorded["data"].update(eval_prompts=4, max_prompt_len=48)  # the test split's prompts are longer
+    recorded["data"].update(eval_prompts=4, max_prompt_len=47)  # longer test prompts; + 16 + EOS = the RM's 64
     recorded["allow_changes"] = "data.eval_prompts,data.max_prompt_len"
     if name == "gone":
       recorded["reward"]["model"] = recorded["ppo"]["critic_init"] = str(tmp_path / "moved_rm")

@@ -82,6 +82,11 @@ class Tokenizer:
     return self._sp.eos_id()
 
   @property
+  def stop_ids(self) -> tuple[int, ...]:
+    """The ids generation stops at: EOS (the HFTokenizer interface, whose checkpoints may add end-of-turn ids)."""
+    return (self.eos_id,)
+
+  @property
   def bos_id(self) -> int:
     return self._sp.bos_id()
 

@@ -149,8 +149,8 @@ class RolloutCollector:
                                 prompt_len=config.data.max_prompt_len, seed=config.seed, data_dir=data_dir)
 
     def settings(greedy: bool) -> SamplingConfig:
-      return dataclasses.replace(config.sampling, greedy=greedy, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
-                                 return_hidden=clipo_of(config).enabled)
+      return dataclasses.replace(config.sampling, greedy=greedy, eos_id=tokenizer.eos_id, stop_ids=tokenizer.stop_ids,
+                                 pad_id=tokenizer.pad_id, return_hidden=clipo_of(config).enabled)
 
     def sampler(greedy: bool, group_size: int = 1) -> Callable:
       return make_sampler(config.model, settings(greedy), config.data.max_prompt_len, layout, group_size,
@@ -219,10 +219,10 @@ class RolloutCollector:
     decode or reward_fn raises leaves the others waiting in the all-gather."""
     tokens, mask = parallel.process_rows(out.tokens), parallel.process_rows(out.mask)
     lengths = parallel.process_rows(out.lengths)
-    texts = response_texts(self.tokenizer.decode, tokens, mask, self.tokenizer.eos_id, self.tokenizer.vocab_size)
+    texts = response_texts(self.tokenizer.decode, tokens, mask, self.tokenizer.stop_ids, self.tokenizer.vocab_size)
     local = {"scores": verifier_rewards(texts, answers, group_size, self.reward_fn), "lengths": lengths,
              "truncated": dapo.truncated(lengths, tokens[:, -1], self.config.sampling.max_new_tokens,
-                                         self.tokenizer.eos_id),
+                                         self.tokenizer.stop_ids),
              **{f"{BIAS_PREFIX}{name}": flagged for name, flagged in text_bias.flags(texts).items()}}
     return parallel.all_rows(local, self.layout.batch, out.tokens.shape[0])
 

@@ -44,7 +44,7 @@ extra batches from its one dataloader, so its data position depends on how many 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -106,12 +106,13 @@ def overlong_penalty(lengths: np.ndarray, max_len: int, buffer: int, factor: flo
   return (factor * np.clip(-exceed / buffer, -1.0, 0.0)).astype(np.float32)
 
 
-def truncated(lengths: np.ndarray, last_tokens: np.ndarray, max_len: int, eos_id: int | None) -> np.ndarray:
-  """bool [N]: the response has max_len tokens and its last one is not EOS (every full row when eos_id is None).
+def truncated(lengths: np.ndarray, last_tokens: np.ndarray, max_len: int, stop_ids: Sequence[int]) -> np.ndarray:
+  """bool [N]: the response has max_len tokens and its last one is not a stop token (EOS or another id of
+  `stop_ids`; every full row when stop_ids is empty).
 
   lengths int [N] (mask sums, EOS counted), last_tokens int [N] (column max_len - 1 of the responses)."""
   full = np.asarray(lengths) >= max_len
-  return full if eos_id is None else full & (np.asarray(last_tokens) != eos_id)
+  return full & ~np.isin(np.asarray(last_tokens), list(stop_ids))
 
 
 def filter_overlong(mask: jax.Array, is_truncated: np.ndarray) -> jax.Array:

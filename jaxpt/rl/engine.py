@@ -20,11 +20,13 @@ Each iteration of the decode loop:
 1. admit: while a slot is free and rollouts are pending (in row order), take the next one unless the pool is short
    (its prompt's pages, if it is its group's first, and with `reserve_pages` the worst case of every admitted row:
    then it waits for rows to finish); a group's first rollout prefills the prompt and draws the group's G first
-   tokens from its last logits (a rollout whose first token is EOS, or whose budget is 1 token, is done without a slot);
+   tokens from its last logits (a rollout whose first token is a stop token (EOS or one of `stop_ids`), or whose
+   budget is 1 token, is done without a slot);
 2. page: each active slot whose next token starts a new page takes one from the free list, in slot order, while it
    lasts; a slot left without one waits this step (only without `reserve_pages`);
 3. decode one token for every slot that has its page (the others compute into the sink page, discarded), draw and
-   record token t + 1 of each stepping rollout; a row that drew EOS or its last token frees its slot and pages.
+   record token t + 1 of each stepping rollout; a row that drew a stop token or its last token frees its slot and
+   pages.
 The decode step's attention (`EngineConfig.attention`): by default the pure-JAX gather path, for which a slot needs
 its first (n + t) // ps + 1 table entries: the slots run through the model sorted by that need, in ATTENTION_CHUNKS
 chunks that each gather only the smallest of WIDTH_BUCKETS table widths holding their longest row
@@ -115,7 +117,7 @@ from jaxpt.models.transformer import TransformerLM, init_cache
 from jaxpt.nn.attention import PAGED_KERNELS, chunk_bounds
 from jaxpt.nn.paged_cache import FreeList, PagedKVCache
 from jaxpt.parallel import MeshLayout
-from jaxpt.rl.sampler import (SampleOutput, SamplingConfig, choose_tokens, decode_config_of, decode_params,
+from jaxpt.rl.sampler import (SampleOutput, SamplingConfig, choose_tokens, decode_config_of, decode_params, is_stop,
                               prompt_layout, rollout_keys)
 
 
@@ -502,8 +504,7 @@ class Engine:
       group_rows = group * G + jnp.arange(G)
       first, logprobs = choose_tokens(jnp.repeat(logits[:, -1], G, axis=0), keys(group_rows, 0), sampling)
       done = lax.dynamic_slice_in_dim(budgets, group * G, G) <= 1
-      if sampling.eos_id is not None:
-        done = done | (first == sampling.eos_id)
+      done = done | is_stop(first, sampling)
       live = G - jnp.sum(done.astype(jnp.int32))
       free = free.push(ids, (jnp.arange(KP) < -(-n // ps)) & (live == 0))  # every row already done
       put = lambda buf, first_column, fill=0: lax.dynamic_update_slice_in_dim(  # the group's rows: column 0 only
@@ -586,8 +587,7 @@ class Engine:
       t = s.t + 1
       tokens, logprobs = choose_tokens(logits[:, 0], keys(s.rollout, t), sampling)
       done = stepping & (t >= budgets[s.rollout] - 1)
-      if sampling.eos_id is not None:
-        done = done | (stepping & (tokens == sampling.eos_id))
+      done = done | (stepping & is_stop(tokens, sampling))
       out = state.outputs
       row = jnp.where(stepping, s.rollout, rows)  # out of range: dropped
       put = lambda buf, new: buf.at[row, t].set(new.astype(buf.dtype), mode="drop")

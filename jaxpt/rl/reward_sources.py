@@ -137,15 +137,18 @@ def assemble_rewards(settings: RewardConfig, scores: jax.Array, rm_scores: jax.A
 
 
 def rm_sequences(prompt_tokens: jax.Array, prompt_mask: jax.Array, tokens: jax.Array, mask: jax.Array, *,
-                 eos_id: int, pad_id: int, vocab_limit: int, seq_len: int) -> tuple[jax.Array, jax.Array]:
+                 eos_id: int, pad_id: int, vocab_limit: int, seq_len: int,
+                 stop_ids: Sequence[int] = ()) -> tuple[jax.Array, jax.Array]:
   """Rollouts in the reward model's layout: (tokens int32 [N, S], last int32 [N]).
 
   Row i: its prompt's real tokens (prompt_mask 1; the prompt is left-padded), its response's tokens (mask 1, the
-  sampler's EOS and ids >= vocab_limit, which have no text, left out), then EOS; right-padded with pad_id to
-  S = seq_len and, when longer, truncated from the left (the end kept), as `preference_batches.response_sequences`.
+  sampler's stop token, EOS or another of `stop_ids`, and ids >= vocab_limit, which have no text, left out), then
+  EOS; right-padded with pad_id to S = seq_len and, when longer, truncated from the left (the end kept), as
+  `preference_batches.response_sequences`.
   last[i]: the index of the row's last token (its EOS)."""
   n = tokens.shape[0]
-  keep_response = (mask > 0) & (tokens != eos_id) & (tokens < vocab_limit)
+  stops = jnp.asarray(tuple(dict.fromkeys([eos_id, *stop_ids])), tokens.dtype)
+  keep_response = (mask > 0) & ~jnp.isin(tokens, stops) & (tokens < vocab_limit)
   stream = jnp.concatenate([prompt_tokens, tokens, jnp.full((n, 1), eos_id, tokens.dtype)], axis=1)
   valid = jnp.concatenate([prompt_mask > 0, keep_response, jnp.ones((n, 1), bool)], axis=1)
   position = jnp.cumsum(valid, axis=1) - 1  # where each valid entry lands in the compacted row
@@ -198,7 +201,7 @@ class RewardModelSource:
     compiled = layout.jit(forward, layout.replicated, in_shardings=(param_shardings, layout.batch, layout.batch))
     eos = tokenizer.eos_id
     pad = tokenizer.pad_id if tokenizer.pad_id is not None else 0
-    sequences = layout.jit(lambda *arrays: rm_sequences(*arrays, eos_id=eos, pad_id=pad,
+    sequences = layout.jit(lambda *arrays: rm_sequences(*arrays, eos_id=eos, pad_id=pad, stop_ids=tokenizer.stop_ids,
                                                         vocab_limit=policy_tokenizer.vocab_size, seq_len=seq_len),
                            layout.batch)
     line = (f"reward model {source}: scoring " + ("the rollouts' own tokens (the policy's tokenizer and prompt "
@@ -229,8 +232,8 @@ class RewardModelSource:
     (tokens [M, S], last [M]). The prompt is `prompt_message` of the row's question in the policy's format (not
     the decoded prompt tokens: a chat policy's are its chat template, which the RM would read as text); the
     response, its tokens decoded by the policy's tokenizer."""
-    decode, eos = self.policy_tokenizer.decode, self.policy_tokenizer.eos_id
-    responses = response_texts(decode, parallel.process_rows(ro["tokens"]), parallel.process_rows(ro["mask"]), eos,
+    decode, stops = self.policy_tokenizer.decode, self.policy_tokenizer.stop_ids
+    responses = response_texts(decode, parallel.process_rows(ro["tokens"]), parallel.process_rows(ro["mask"]), stops,
                                self.policy_tokenizer.vocab_size)
     if not questions or len(responses) % len(questions):
       raise ValueError(f"reward model scores: {len(responses)} rollouts of this process for {len(questions or [])} "

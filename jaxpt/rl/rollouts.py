@@ -23,14 +23,16 @@ def repeat_prompts(prompt_tokens: np.ndarray, prompt_mask: np.ndarray,
 
 
 def response_texts(decode: Callable[[list[int]], str], tokens: np.ndarray, mask: np.ndarray,
-                   eos_id: int | None, vocab_size: int | None = None) -> list[str]:
-  """Decoded responses: tokens [N, T] where mask [N, T] is set, the EOS token left out, and ids >= vocab_size (the
+                   stop_ids: Sequence[int], vocab_size: int | None = None) -> list[str]:
+  """Decoded responses: tokens [N, T] where mask [N, T] is set, the stop tokens (`stop_ids`: EOS and the
+  tokenizer's other end-of-generation ids) left out, and ids >= vocab_size (the
   tokenizer's; rows a policy's padded embedding has beyond it, which a sampled rollout can draw) too: they have no
   text."""
   texts = []
   limit = np.iinfo(np.int64).max if vocab_size is None else vocab_size
+  stops = set(stop_ids)
   for row, row_mask in zip(np.asarray(tokens), np.asarray(mask)):
-    ids = [int(t) for t, m in zip(row, row_mask) if m and int(t) != eos_id and int(t) < limit]
+    ids = [int(t) for t, m in zip(row, row_mask) if m and int(t) not in stops and int(t) < limit]
     texts.append(decode(ids))
   return texts
 

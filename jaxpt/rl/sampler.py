@@ -14,8 +14,8 @@ Per step t (key fold_in(rng, t)), from the logits l of the last fed token (tempe
     logprob_t = log_softmax(l / tau)[token_t]       full, unfiltered tempered distribution (tau = 1 when greedy)
     token_t   = argmax(l)                            greedy
               = categorical(top_p(top_k(l / tau)))   otherwise (filters in that order; see `filter_logits`)
-A row stops at its first `eos_id` (kept, mask 1); later entries are pad_id with mask 0 and logprob 0. The loop
-ends when every row has stopped or after max_new_tokens.
+A row stops at its first stop token, `eos_id` or one of `stop_ids` (kept, mask 1); later entries are pad_id with
+mask 0 and logprob 0. The loop ends when every row has stopped or after max_new_tokens.
 
 Speed (`benchmarks/sampler.py`, `benchmarks/shared_prefill.py`): the prefill runs once per distinct prompt (G > 1),
 projects only the last prompt column onto the vocabulary and fills a cache of exactly the prompt's slots; the
@@ -56,6 +56,8 @@ class SamplingConfig(Section):
     top_p: nucleus sampling: among the most likely tokens holding probability top_p (1 = off).
     greedy: argmax decoding instead of sampling (the GRPO trainer sets it: sampled rollouts, greedy eval).
     eos_id: a row stops at its first eos_id (None = never; the trainers set the tokenizer's).
+    stop_ids: more ids a row stops at, as at eos_id (the trainers set the tokenizer's `stop_ids`: an HF
+      checkpoint's generation_config.json eos_token_id list, e.g. an instruct model's end-of-turn token).
     pad_id: the token after a row's EOS (the trainers set the tokenizer's).
     return_hidden: also return the final-norm hidden states of the response (the GRPO trainer sets it for CLIPO).
     rollout_dtype: the dtype of the weights, activations and KV cache while sampling: float32 | bfloat16 (faster;
@@ -74,6 +76,7 @@ class SamplingConfig(Section):
   top_p: float = 1.0
   greedy: bool = False
   eos_id: int | None = None
+  stop_ids: tuple[int, ...] = ()
   pad_id: int = 0
   return_hidden: bool = False
   rollout_dtype: str = "float32"
@@ -91,8 +94,21 @@ class SamplingConfig(Section):
     in_range(self, "top_p", 0.0, 1.0, low_open=True)
     if self.eos_id is not None and self.eos_id < 0:
       raise fail(self, "eos_id", "must be a non-negative token id or None")
+    if any(i < 0 for i in self.stop_ids):
+      raise fail(self, "stop_ids", "must be non-negative token ids")
     if self.pad_id < 0:
       raise fail(self, "pad_id", "must be a non-negative token id")
+
+
+def stop_tokens(sampling: SamplingConfig) -> tuple[int, ...]:
+  """The ids a row stops at: eos_id (if set) and stop_ids, each once."""
+  return tuple(dict.fromkeys(([] if sampling.eos_id is None else [sampling.eos_id]) + list(sampling.stop_ids)))
+
+
+def is_stop(tokens: jax.Array, sampling: SamplingConfig) -> jax.Array:
+  """bool, the shape of `tokens`: the token is one a row stops at (`stop_tokens`; all False when there is none)."""
+  stops = stop_tokens(sampling)
+  return jnp.isin(tokens, jnp.asarray(stops, tokens.dtype)) if stops else jnp.zeros(tokens.shape, bool)
 
 
 @flax.struct.dataclass
@@ -295,8 +311,7 @@ def make_sampler(model_config: ModelConfig, sampling: SamplingConfig, prompt_len
           tokens=put(outputs.tokens, tokens), logprobs=put(outputs.logprobs, jnp.where(live, logprobs, 0.0)),
           mask=put(outputs.mask, live), lengths=outputs.lengths + live.astype(jnp.int32),
           hidden=None if outputs.hidden is None else put(outputs.hidden, jnp.where(live[:, None], hidden, 0.0)))
-      if sampling.eos_id is not None:
-        done = done | (tokens == sampling.eos_id)
+      done = done | is_stop(tokens, sampling)
       if budgets is not None:
         done = done | (t + 1 >= budgets)
       return tokens, outputs, done

@@ -123,10 +123,10 @@ def make_sft_evaluator(model_config: ModelConfig, eval_batches: Sequence[dict], 
   """evaluate(state) -> the LM eval metrics plus eval_answer_accuracy (greedy) and, if decode.temperature > 0,
   eval_sample_accuracy (see module docstring)."""
   lm_evaluate = make_lm_evaluator(TransformerLM(model_config), eval_batches)
-  settings = {"eval_answer_accuracy": SamplingConfig(decode.max_new_tokens, greedy=True, eos_id=tokenizer.eos_id)}
+  stops = dict(eos_id=tokenizer.eos_id, stop_ids=tokenizer.stop_ids)
+  settings = {"eval_answer_accuracy": SamplingConfig(decode.max_new_tokens, greedy=True, **stops)}
   if decode.temperature > 0:
-    settings["eval_sample_accuracy"] = SamplingConfig(decode.max_new_tokens, temperature=decode.temperature,
-                                                      eos_id=tokenizer.eos_id)
+    settings["eval_sample_accuracy"] = SamplingConfig(decode.max_new_tokens, temperature=decode.temperature, **stops)
   samplers = {name: make_sampler(model_config, s, decode.prompt_len) for name, s in settings.items()}
   rng = jax.random.PRNGKey(seed)
 
