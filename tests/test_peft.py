@@ -18,7 +18,7 @@ from safetensors.numpy import load_file, save_file
 
 import jaxpt
 from jaxpt.api import run_export_hf
-from jaxpt.config import ConfigError, from_section
+from jaxpt.config import ConfigError, config_dict, from_section
 from jaxpt.models import hf, hf_peft
 from jaxpt.models.config import ModelConfig
 from jaxpt.models.transformer import TransformerLM
@@ -27,7 +27,7 @@ from jaxpt.nn import quant as quant_lib
 from jaxpt.nn.lora import LoRAConfig
 from jaxpt.trainers.sft import SFTRunConfig
 from tests.test_models_hf import ASSETS, ROOT
-from tests.test_train_from_hf import SFT, experiment_config
+from tests.test_train_from_hf import RUNTIME, SFT, experiment_config
 
 PEFT = os.path.join(ROOT, "tests", "assets", "peft")
 FAMILIES = ("llama", "qwen2", "qwen3")
@@ -144,6 +144,34 @@ def test_a_run_from_peft_adapters_starts_with_them(lora_run):
     np.testing.assert_array_equal(b[layer].reshape(2, -1), tensors[f"{stem}.lora_B.weight"].T)
   logits = jax.jit(built.training.model.apply)({"params": initial}, reference["input_ids"])
   np.testing.assert_allclose(logits, reference["logits"], atol=tolerance(reference["logits"]), rtol=0)
+
+
+@pytest.mark.parametrize("rollouts", ["merged", "unmerged"])
+def test_the_reference_of_a_run_from_peft_adapters_is_its_start(lora_run, rollouts, tmp_path):
+  """DPO from `lora.init_adapter` (an SFT adapter, say): the frozen reference is the policy the run starts from, the
+  base plus those adapters, not the base alone, so the first step's loss is ln 2 (z = 0: policy = reference); GRPO's
+  and PPO's reference (`lora_reference`, either rollout layout) is that start too, as the merged model reads it."""
+  from jaxpt.trainers.grpo import lora_reference
+
+  *_, base = lora_run
+  config = experiment_config("dpo_tiny", base, **{
+      "steps": 1, "log_every": 1, "eval_every": 0, "progress": False, "data.batch_size": 4, "data.seq_len": 64,
+      "data.synthetic_train_pairs": 8, "data.synthetic_test_pairs": 4, "lora.init_adapter": os.path.join(PEFT, "qwen2"),
+      "lora.rollouts": rollouts})
+  config.model = config_dict(ModelConfig, **{k.split(".")[1]: v for k, v in RUNTIME.items()})
+  built = jaxpt.build("dpo", config, str(tmp_path))
+  state = built.init_state()
+  adapters = lora_lib.adapter_params(jax.device_get(state.params))
+  assert any(np.abs(leaf).max() > 0 for leaf in jax.tree.leaves(adapters))  # PEFT's B != 0: not the base
+  reference = built.hooks.reference_params(state.params)
+  jax.tree.map(np.testing.assert_array_equal, lora_lib.adapter_params(jax.device_get(reference)), adapters)
+  want = built.training.merged_params(state.params)  # the start, merged
+  got = lora_reference(built.training, state.params)
+  if rollouts == "unmerged":
+    got = built.training.merged_params(got)
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(got), jax.device_get(want))
+  metrics = built.train_step(state, next(built.batches(0)))[1]  # last: the step may donate the state
+  assert float(metrics["dpo_loss"]) == pytest.approx(np.log(2.0), abs=1e-6)
 
 
 def test_export_merge_computes_as_the_unmerged_run_and_adapters_round_trip(lora_run, tmp_path, capsys):

@@ -13,9 +13,11 @@ LoRA (`config.lora.rank > 0`, the model built with `config.lora.spec()`): only t
 subtrees `new_heads` (a reward head, PPO's value head) train and have optimizer state (`Training.trainable`); the
 frozen base is kept in `lora.base_dtype` (QLoRA, `lora.base_quant`: the adapted kernels quantized once, when the run
 gets its base: `Training.init_state`). `Training.merged_params` is the policy as the same model without LoRA reads it
-(samplers, evaluators built on `config.model` alone), `Training.base_params` the base, adapters off (the reference
-policy of DPO / GRPO, without a copy), `Training.adapters_off` the same base for the adapted model (adapters at 0);
-`Training.of_part(key)` reads them (and `layout`) for one params subtree (PPO's policy beside its critic).
+(samplers, evaluators built on `config.model` alone), `Training.base_params` the base, adapters off (without a copy),
+`Training.adapters_off` the same base for the adapted model (adapters at 0), `Training.initial_policy` the policy the
+run started from (the reference of DPO, KTO, GRPO and PPO: the base with fresh adapters, with `lora.init_adapter`'s
+adapters the base plus those); `Training.of_part(key)` reads them (and `layout`) for one params subtree (PPO's
+policy beside its critic).
 """
 
 from __future__ import annotations
@@ -72,11 +74,12 @@ class Training:
   init_from_subtree: str | None
   trainable: Any = None  # LoRA: bools shaped like the params, True where they train (None: all train)
   part: str | None = None  # the params key `layout` and the LoRA helpers read (`of_part`; None: the whole params)
+  start_adapters: Any = dataclasses.field(default=None, repr=False)  # lora.init_adapter's, read by `initial_policy`
 
   def of_part(self, key: str) -> "Training":
     """This training as the programs that read `params[key]` alone see it (PPO's policy): `layout` holds that
     subtree's shardings, and `merged_params`, `adapters_off`, ... take and give that subtree."""
-    return dataclasses.replace(self, part=key)
+    return dataclasses.replace(self, part=key, start_adapters=None)
 
   @property
   def train_step(self) -> Callable[[TrainState, dict], tuple[TrainState, dict]]:
@@ -183,6 +186,16 @@ class Training:
     if not self.lora:
       return params
     return lora_lib.replace_adapters(params, self._zero_adapters(lora_lib.adapter_params(params)))
+
+  def initial_policy(self, params: Any) -> Any:
+    """The policy the run started from, for the adapted model, beside the base arrays of LoRA `params` (no copy of
+    them): its adapters at 0 (`adapters_off`: fresh adapters start at B = 0, the base exactly) or, with
+    `lora.init_adapter`, that adapter's (read from it once, then kept: a few MB); `params` itself without LoRA."""
+    if not self.lora or not self.config.lora.init_adapter:
+      return self.adapters_off(params)
+    if self.start_adapters is None:
+      self.start_adapters = init_adapters(self.config.lora.init_adapter, params)
+    return lora_lib.replace_adapters(params, self.start_adapters)
 
   @functools.cached_property
   def _zero_adapters(self) -> Callable[[Any], Any]:

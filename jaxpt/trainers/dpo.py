@@ -16,8 +16,10 @@ One step on a batch of B pairs (`data` as for reward models, `jaxpt.data.prefere
 
 The reference policy is the initial policy: `init_from`'s params (or the seeded init), copied when the state is
 created; it is in no optimizer, never trained, never checkpointed, and rebuilt the same way on resume (as GRPO's).
-With LoRA it is the base with the adapters off (no copy): with `lora.init_adapter` (adapters started from PEFT's)
-that is the base alone, not the initial policy base + adapter (TRL's default with a PEFT model too).
+With LoRA it is the base with the adapters off (no copy; fresh adapters start at B = 0, so that is the initial
+policy); with `lora.init_adapter` (adapters started from PEFT's, e.g. an SFT adapter) it is that start, the base plus
+those adapters (`Training.initial_policy`: kept once, a few MB), not the base alone (TRL's default with a PEFT model,
+which its `ref_adapter_name` changes).
 The estimator lives in `TrainState.aux`; a resumed run continues bit for bit. Eval (every eval split, 'test'
 first): the implicit reward r = beta (logp - ref) of every response through `rm_eval.evaluate_pairs`: accuracy
 (r_c > r_r, i.e. z > 0), accuracy split by which side is longer, corr(r, length) over responses and
@@ -55,7 +57,7 @@ from jaxpt.engine.state import TrainState
 from jaxpt.engine.step import GradFn
 
 __all__ = ["DPOConfig", "DPORunConfig", "ReferenceHooks", "build", "build_reference_run", "make_dpo_grad_fn",
-           "pair_logps", "reference_logps", "response_mask", "sequence_logps"]
+           "pair_logps", "reference_logps", "reference_model_of", "response_mask", "sequence_logps"]
 
 REFERENCE_KEYS = ("ref_chosen_logps", "ref_rejected_logps")  # [B] float32 batch columns the step reads
 
@@ -200,7 +202,8 @@ class ReferenceHooks(PairReport):
   """The loop hooks of a run over a frozen reference policy (DPO, KTO): each step's batch gets the reference's
   columns (`reference`, jitted and laid out like the batch: its log-probs) before the shared step; the reference
   params are the initial policy's, copied by `init_state` (or made on first need by `reference_params`: `jaxpt
-  eval`), never checkpointed. With LoRA the reference is the policy's own frozen base, adapters off: no copy."""
+  eval`), never checkpointed. With LoRA the reference is the policy's own frozen base, adapters off (no copy), or with
+  `lora.init_adapter` that base plus those adapters (`reference_model` runs either)."""
 
   reference: Callable[[Any, dict], dict]  # reference_logps(ref_params, batch)
   ref_params: Any = None
@@ -214,9 +217,11 @@ class ReferenceHooks(PairReport):
     return state
 
   def reference_params(self, params: Any = None) -> Any:
-    """The reference of the policy `params`: with LoRA their base (the same arrays), else the initial params."""
+    """The reference of the policy `params`: with LoRA their base (the same arrays; with `lora.init_adapter`, beside
+    its adapters: `Training.initial_policy`), else the initial params."""
     if self.training.lora:
-      return self.training.base_params(params)
+      lora = self.training.config.lora
+      return self.training.initial_policy(params) if lora.init_adapter else self.training.base_params(params)
     if self.ref_params is None:
       self.ref_params = self.training.init_state().params
     return self.ref_params
@@ -230,7 +235,7 @@ def build(config: DPORunConfig | Any, workdir: str) -> BuiltRun:
   config = from_section(DPORunConfig, config, "config")
   settings = config.dpo
   model = TransformerLM(config.model, lora=config.lora.spec())
-  reference_model = TransformerLM(config.model, lora=config.lora.base_spec())  # QLoRA: the quantized base
+  reference_model = reference_model_of(config)
 
   def init_aux(rng: jax.Array) -> Optional[dict]:  # always given: the policy's init key is the same with or without DIR
     return dir_estimator.init_estimator(settings.dir_settings, config.model.d_model, rng) if settings.dir else None
@@ -240,6 +245,13 @@ def build(config: DPORunConfig | Any, workdir: str) -> BuiltRun:
                              lambda p, batch: reference_logps(reference_model, p, batch), REFERENCE_KEYS,
                              f"{name} implicit reward", init_aux=init_aux,
                              title=f"dpo{' + DIR' if settings.dir else ''}")
+
+
+def reference_model_of(config: RunConfig) -> TransformerLM:
+  """The model the frozen reference of `ReferenceHooks.reference_params` runs on: the base (QLoRA: quantized) or,
+  with `lora.init_adapter`, the adapted policy's model."""
+  lora = config.lora.spec() if config.lora.init_adapter else config.lora.base_spec()
+  return TransformerLM(config.model, lora=lora)
 
 
 def build_reference_run(trainer: str, config: RunConfig, workdir: str, model: TransformerLM, grad_fn: GradFn,

@@ -174,7 +174,7 @@ class GRPOHooks(RolloutHooks):
     """The initial state (params from `init_from`, or the seeded init); keeps a copy of its params as the
     reference policy when the KL term needs one (rebuilt like this on resume, never checkpointed)."""
     state = training.init_state()
-    if self.config.grpo.uses_reference and not training.lora:  # with LoRA: the base, adapters off (no copy)
+    if self.config.grpo.uses_reference and not training.lora:  # with LoRA: the base (+ init_adapter's; no copy)
       self.ref_params = jax.tree.map(jnp.copy, state.params)
     return state
 
@@ -183,8 +183,8 @@ class GRPOHooks(RolloutHooks):
     return rollout_params(self.training, params)
 
   def reference_params(self, params: Any) -> Any:
-    """The reference policy of the policy `params` as the collector's log-probs read it: with LoRA their base
-    (`lora_reference`), else the initial params' copy."""
+    """The reference policy of the policy `params` as the collector's log-probs read it: with LoRA their base, or
+    with `lora.init_adapter` the base plus its adapters (`lora_reference`), else the initial params' copy."""
     return lora_reference(self.training, params) if self.training.lora else self.ref_params
 
   def train_step(self, training: Training, state: TrainState, batch: dict) -> tuple[TrainState, dict]:
@@ -273,10 +273,15 @@ def rollout_params(training: Training, params: Any) -> Any:
 
 
 def lora_reference(training: Training, params: Any) -> Any:
-  """The reference policy of LoRA policy `params` as the collector's log-probs read it: their base (unmerged
-  rollouts: the same params with the adapters at 0, the codes as they are; merged: the base's arrays, QLoRA's
-  dequantized, a copy while the log-probs run) (GRPO and PPO)."""
-  return training.adapters_off(params) if training.config.lora.samples_unmerged else training.dequantized_base(params)
+  """The reference policy of LoRA policy `params` as the collector's log-probs read it: the initial policy
+  (`Training.initial_policy`: the base, or with `lora.init_adapter` the base plus its adapters). Unmerged rollouts:
+  the same params with those adapters, the codes as they are; merged: the base's arrays, QLoRA's dequantized, a
+  copy while the log-probs run (with init_adapter: W + s A B of its adapters) (GRPO and PPO)."""
+  if training.config.lora.samples_unmerged:
+    return training.initial_policy(params)
+  if training.config.lora.init_adapter:
+    return training.merged_params(training.initial_policy(params))
+  return training.dequantized_base(params)
 
 
 def rollout_reader(model: Any, training: Training, params: Any) -> tuple[Any, Any, Any]:

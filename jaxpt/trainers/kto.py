@@ -33,7 +33,7 @@ from jaxpt.engine.run import BuiltRun
 from jaxpt.engine.step import GradFn
 from jaxpt.losses import get_loss
 from jaxpt.models.transformer import TransformerLM
-from jaxpt.trainers.dpo import build_reference_run, pair_logps, sequence_logps
+from jaxpt.trainers.dpo import build_reference_run, pair_logps, reference_model_of, sequence_logps
 
 __all__ = ["KTOConfig", "KTORunConfig", "build", "make_kto_grad_fn", "mismatched_rows"]
 
@@ -177,7 +177,7 @@ def build(config: KTORunConfig | Any, workdir: str) -> BuiltRun:
   config = from_section(KTORunConfig, config, "config")
   check_pairs_per_process(config.data.batch_size, jax.process_count())
   model = TransformerLM(config.model, lora=config.lora.spec())
-  reference_model = TransformerLM(config.model, lora=config.lora.base_spec())  # QLoRA: the quantized base
+  reference_model = reference_model_of(config)
   settings = config.kto
   return build_reference_run(
       "kto", config, workdir, model, make_kto_grad_fn(model, settings), settings.beta,

@@ -34,11 +34,11 @@ per token: it has no base to adapt). Only those train and have optimizer state (
 critic's frozen base is a copy of the policy's base (its own fresh adapters: the policy's `lora.init_adapter` ones
 are not the critic's), or the `ppo.critic_init` RM's backbone (merged, if that RM trained with LoRA) cast to
 `lora.base_dtype` and, with QLoRA, quantized: a copy, as the full-parameter critic is, since the donated state
-cannot hold one buffer twice. The reference policy is the policy's base with the adapters off (no copy:
-`jaxpt.trainers.grpo.lora_reference`), the rollouts read the merged or unmerged params as `lora.rollouts` says
-(`jaxpt.trainers.grpo.rollout_params`), the frozen base's weight gradients are never computed (the step reads only
-the trainable part of both gradients: `sequenced_grad_fn`), and checkpoints hold the whole params with the
-trainable part's optimizer states, as GRPO's LoRA runs do.
+cannot hold one buffer twice. The reference policy is the initial policy: the policy's base with the adapters off
+(no copy), with `lora.init_adapter` beside its adapters (`jaxpt.trainers.grpo.lora_reference`), the rollouts
+read the merged or unmerged params as `lora.rollouts` says (`jaxpt.trainers.grpo.rollout_params`), the frozen base's
+weight gradients are never computed (the step reads only the trainable part of both gradients: `sequenced_grad_fn`),
+and checkpoints hold the whole params with the trainable part's optimizer states, as GRPO's LoRA runs do.
 
 Why the critic starts from a reward model (`ppo.critic_init`): the RM's backbone already reads the prompt and
 response as the reward does, so its score head, applied per token, starts the value head near the return of the
@@ -239,7 +239,8 @@ class PPOHooks(RolloutHooks):
     reward model (backbone, and its score head's quality column as the value head) or, without one, the policy's
     start with the critic's fresh seeded head; with LoRA the critic's backbone is that start as its frozen base
     beside the critic's own fresh adapters (module docstring). Without LoRA keeps the initial policy as the
-    reference (rebuilt on resume); with LoRA the reference is the base, adapters off (`reference_params`)."""
+    reference (rebuilt on resume); with LoRA the reference is the base, adapters off, or with `lora.init_adapter` the
+    base plus its adapters (`reference_params`)."""
     state = training.init_state()
     params = dict(state.params)
     lora = self.config.lora.enabled
@@ -263,8 +264,8 @@ class PPOHooks(RolloutHooks):
     return state.replace(params=params)
 
   def reference_params(self, policy: Any) -> Any:
-    """The reference policy as the collector's log-probs read it: with LoRA the base of the `policy` params
-    (`lora_reference`), else the initial policy's copy."""
+    """The reference policy as the collector's log-probs read it: with LoRA the base of the `policy` params, or with
+    `lora.init_adapter` the base plus its adapters (`lora_reference`), else the initial policy's copy."""
     return lora_reference(self.policy, policy) if self.config.lora.enabled else self.ref_params
 
   def train_step(self, training: Training, state: TrainState, batch: dict) -> tuple[TrainState, dict]:
