@@ -29,6 +29,18 @@ def test_junit_counts_sum_the_suites(tmp_path):
   assert suite_time.junit_counts(str(path)) == {"tests": 8, "passed": 4, "failed": 1, "errors": 1, "skipped": 2}
 
 
+def test_slowest_files_sum_their_tests_times(tmp_path):
+  path = tmp_path / "junit.xml"
+  path.write_text('<testsuites><testsuite>'
+                  '<testcase classname="tests.test_a" name="x" time="1.5"/>'
+                  '<testcase classname="tests.test_a.TestGroup" name="y" time="2.0"/>'
+                  '<testcase classname="tests.multidevice.test_b" name="z" time="4.0"/>'
+                  '<testcase classname="tests.test_c" name="w" time="0.5"/></testsuite></testsuites>')
+  assert suite_time.file_seconds(str(path)) == {"tests/multidevice/test_b.py": 4.0, "tests/test_a.py": 3.5,
+                                                 "tests/test_c.py": 0.5}
+  assert list(suite_time.file_seconds(str(path), top=1)) == ["tests/multidevice/test_b.py"]
+
+
 def test_a_partial_run_appends_its_record(tmp_path):
   out = tmp_path / "times.jsonl"
   out.write_text('{"earlier": 1}\n')
@@ -42,5 +54,6 @@ def test_a_partial_run_appends_its_record(tmp_path):
   assert (record["tests"], record["passed"], record["failed"], record["partial"]) == (1, 1, 0, True)
   assert record["command"].endswith(f"{selection} -p no:cacheprovider") and "-n 2" in record["command"]
   assert record["wall_min"] > 0 and record["cpu_min"] > 0 and record["note"] == "a test"
+  assert list(record["slowest_files"]) == ["tests/test_tools_suite_time.py"]
   assert record["commit"] == subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                                             text=True).stdout.strip()

@@ -8,8 +8,10 @@ multi-device suites, notebook kernels, CLI runs), the tests passed / failed / er
 XML), the commit and whether the tree had uncommitted changes, the CPU (model, family/model/stepping, vector
 extensions: the machine changes between sessions, so only lines of one CPU compare), the 1-minute load average just
 before and just after (a quiet run starts near 0; other work on the cores stretches the wall time, much less the
-CPU time), python's and jax's versions, and `--note`. Arguments after `--` are added to the pytest command (a file
-selection, for a partial timing: recorded as such).
+CPU time), python's and jax's versions, `--note`, and `slowest_files`: the SLOWEST test files by the seconds their
+tests took (JUnit's per-test time, setup and teardown included: a module fixture's compile counts for its first
+test; the suite's files run on 2 workers, so they sum to about twice the wall time). Arguments after `--` are
+added to the pytest command (a file selection, for a partial timing: recorded as such).
 """
 
 from __future__ import annotations
@@ -57,6 +59,21 @@ def junit_counts(path: str) -> dict:
           "failed": count["failures"], "errors": count["errors"], "skipped": count["skipped"]}
 
 
+SLOWEST = 15
+
+
+def file_seconds(path: str, top: int = SLOWEST) -> dict[str, float]:
+  """{test file: seconds} of the `top` slowest files of a JUnit XML file (the sum of their testcases' times)."""
+  seconds: dict[str, float] = {}
+  for case in ET.parse(path).getroot().iter("testcase"):
+    name = case.get("classname", "").split(".")
+    module = next((i for i in range(len(name), 0, -1) if name[i - 1].startswith("test_")), len(name))
+    file = "/".join(name[:module]) + ".py"
+    seconds[file] = seconds.get(file, 0.0) + float(case.get("time", 0.0))
+  ranked = sorted(seconds.items(), key=lambda item: -item[1])[:top]
+  return {file: round(value, 1) for file, value in ranked}
+
+
 def git(*args: str) -> str:
   return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout.strip()
 
@@ -76,6 +93,7 @@ def measure(extra_args: list[str], note: str) -> dict:
     cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     load_after = os.getloadavg()[0]
     counts = junit_counts(junit) if os.path.exists(junit) else {}
+    slowest = file_seconds(junit) if os.path.exists(junit) else {}
   cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
   import jax
 
@@ -84,7 +102,7 @@ def measure(extra_args: list[str], note: str) -> dict:
           "wall_min": round(wall / 60, 2), "cpu_min": round(cpu / 60, 2), **counts,
           "commit": git("rev-parse", "--short", "HEAD"), "uncommitted_changes": bool(git("status", "--porcelain")),
           "load_1min_before": load_before, "load_1min_after": load_after, "cpu_count": os.cpu_count(), **cpu_model(),
-          "python": platform.python_version(), "jax": jax.__version__, "note": note}
+          "python": platform.python_version(), "jax": jax.__version__, "note": note, "slowest_files": slowest}
 
 
 def main(argv: list[str] | None = None) -> int:
