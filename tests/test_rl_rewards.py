@@ -120,6 +120,17 @@ def test_gsm8k_first_200_test_answers():
     assert R.gsm8k_reward(f"The answer is {gt}.", row["answer"]) == 0.0
 
 
+def test_a_runs_stop_ids_are_the_tokenizers_then_the_configs():
+  from types import SimpleNamespace
+
+  from jaxpt.rl.collect import run_stop_ids
+  from jaxpt.rl.sampler import SamplingConfig
+
+  tokenizer = SimpleNamespace(stop_ids=(2, 7))  # EOS, then an end-of-turn id (generation_config.json)
+  assert run_stop_ids(tokenizer, SamplingConfig(4)) == (2, 7)
+  assert run_stop_ids(tokenizer, SamplingConfig(4, stop_ids=(9, 7))) == (2, 7, 9)  # the config's added, once
+
+
 def test_response_texts_leave_out_eos_padding_and_ids_past_the_tokenizer():
   """A policy whose embedding has more rows than its tokenizer has pieces can sample such ids: no text, no crash."""
   decode = lambda ids: "".join("abcdefgh"[i] for i in ids)  # an 8-piece tokenizer

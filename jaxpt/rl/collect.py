@@ -117,6 +117,12 @@ def first_problems(prompts: PromptData, count: int) -> dict[str, list[dict]]:
   return {name: batches[:-(-count // size)] for name, batches in prompts.eval_sets().items()} if count else {}
 
 
+def run_stop_ids(tokenizer: Any, sampling: SamplingConfig) -> tuple[int, ...]:
+  """The ids an RL run's rollouts stop at: the tokenizer's `stop_ids` (EOS first) and then `sampling.stop_ids` (the
+  config's own, added: e.g. a token that ends an answer); left out of the decoded text the verifier reads."""
+  return tuple(dict.fromkeys((*tokenizer.stop_ids, *sampling.stop_ids)))
+
+
 @dataclasses.dataclass
 class RolloutCollector:
   """Samples, decodes and verifies an RL run's rollouts (see the module docstring); built once by `create`."""
@@ -149,7 +155,8 @@ class RolloutCollector:
                                 prompt_len=config.data.max_prompt_len, seed=config.seed, data_dir=data_dir)
 
     def settings(greedy: bool) -> SamplingConfig:
-      return dataclasses.replace(config.sampling, greedy=greedy, eos_id=tokenizer.eos_id, stop_ids=tokenizer.stop_ids,
+      return dataclasses.replace(config.sampling, greedy=greedy, eos_id=tokenizer.eos_id,
+                                 stop_ids=run_stop_ids(tokenizer, config.sampling),
                                  pad_id=tokenizer.pad_id, return_hidden=clipo_of(config).enabled)
 
     def sampler(greedy: bool, group_size: int = 1) -> Callable:
@@ -219,10 +226,11 @@ class RolloutCollector:
     decode or reward_fn raises leaves the others waiting in the all-gather."""
     tokens, mask = parallel.process_rows(out.tokens), parallel.process_rows(out.mask)
     lengths = parallel.process_rows(out.lengths)
-    texts = response_texts(self.tokenizer.decode, tokens, mask, self.tokenizer.stop_ids, self.tokenizer.vocab_size)
+    stops = run_stop_ids(self.tokenizer, self.config.sampling)
+    texts = response_texts(self.tokenizer.decode, tokens, mask, stops, self.tokenizer.vocab_size)
     local = {"scores": verifier_rewards(texts, answers, group_size, self.reward_fn), "lengths": lengths,
              "truncated": dapo.truncated(lengths, tokens[:, -1], self.config.sampling.max_new_tokens,
-                                         self.tokenizer.stop_ids),
+                                         stops),
              **{f"{BIAS_PREFIX}{name}": flagged for name, flagged in text_bias.flags(texts).items()}}
     return parallel.all_rows(local, self.layout.batch, out.tokens.shape[0])
 

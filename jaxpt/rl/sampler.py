@@ -56,7 +56,7 @@ class SamplingConfig(Section):
     top_p: nucleus sampling: among the most likely tokens holding probability top_p (1 = off).
     greedy: argmax decoding instead of sampling (the GRPO trainer sets it: sampled rollouts, greedy eval).
     eos_id: a row stops at its first eos_id (None = never; the trainers set the tokenizer's).
-    stop_ids: more ids a row stops at, as at eos_id (the trainers set the tokenizer's `stop_ids`: an HF
+    stop_ids: more ids a row stops at, as at eos_id (the trainers add the tokenizer's `stop_ids`: an HF
       checkpoint's generation_config.json eos_token_id list, e.g. an instruct model's end-of-turn token).
     pad_id: the token after a row's EOS (the trainers set the tokenizer's).
     return_hidden: also return the final-norm hidden states of the response (the GRPO trainer sets it for CLIPO).
