@@ -37,7 +37,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "power.json")
 POWER, ALPHA = 0.8, 0.05
 EXPERIMENTS = ("siamese_vs_prenorm", "residual_schemes_lm", "siamese_vit", "siamese_vit_powered", "siamese_dit",
-               "dir_debias", "grpo_vs_clipo", "grpo_vs_clipo_multipath", "policy_losses")
+               "dir_debias", "rlhf_reward_hacking", "grpo_vs_clipo", "grpo_vs_clipo_multipath", "policy_losses")
 
 # The SiameseNorm paper's numbers verified from the primary source (shared/specs/siamesenorm.md): DeiT-T top-1
 # 72.2 -> 73.6 (+1.4 points), DiT-B/2 FID 42.43 -> 40.31 (-5.0%, the smaller of its two DiT gains). Its LM claims,
@@ -46,6 +46,7 @@ PAPER = dict(vit_top1=0.014, dit_fid_relative=(40.31 - 42.43) / 42.43)
 LM_NATS = 0.02  # chosen here: 0.02 nats of test loss, a 2% perplexity change
 ACCURACY = 0.02  # chosen here: 2 accuracy points (5 of the 256 problems of a grpo_vs_clipo test set)
 MULTIPATH = 0.03  # chosen here: 3 points of sampled pass@1, the target grpo_vs_clipo_multipath's pilot fixed N for
+RLHF_GOLD = 0.10  # chosen here: 10 points of held-out gold accuracy, the target rlhf_reward_hacking's pilot fixed N for
 
 RECIPE = ("HybridNorm is handicapped by this recipe (it ends 0.76 nats behind Pre-Norm; issue 31 item 4), so this "
           "says as much about the recipe as the method")
@@ -79,6 +80,11 @@ CLAIMS = [
      ("synthetic_comparisons", "dir_1", "bt", "balanced_accuracy", {"p": 0.8}), +1, ACCURACY, "chosen", ""),
     ("DIR: higher length-matched accuracy than BT (hh-rlhf)", "dir_debias",
      ("hh_comparisons", "dir", "bt", "length_matched_accuracy", {}), +1, ACCURACY, "chosen", ""),
+] + [(f"DIR: RLHF ({rl.upper()}) against a DIR RM ends with higher gold accuracy than against BT",
+      "rlhf_reward_hacking",
+      ("comparisons", "dir", "bt", "gold_final", {"rl": rl}), +1, RLHF_GOLD, "chosen",
+      "RMs trained on length-biased pairs of the arithmetic task; N = 8, the CPU cap (16 needed for 10 points)")
+     for rl in ("grpo", "ppo")] + [
     ("CLIPO: higher pass@1 than GRPO (in distribution)", "grpo_vs_clipo",
      ("comparisons", "clipo", "grpo", "pass1_test", {}), +1, ACCURACY, "chosen", ONE_PATH),
     ("CLIPO: higher pass@1 than GRPO (renamed entities)", "grpo_vs_clipo",
@@ -186,7 +192,8 @@ def compute() -> dict:
       doc=__doc__.strip().split("\n\n")[0], command="python3 experiments/power.py",
       test="two-sided paired t test, alpha 0.05, power 0.8, exact via the noncentral t (toolkit/stats.py)",
       sd="each comparison's committed paired-difference sample sd (a pilot estimate)",
-      chosen_effects=dict(lm_test_loss_nats=LM_NATS, accuracy=ACCURACY, multipath_pass1=MULTIPATH),
+      chosen_effects=dict(lm_test_loss_nats=LM_NATS, accuracy=ACCURACY, multipath_pass1=MULTIPATH,
+                          rlhf_gold_final=RLHF_GOLD),
       paper_effects=dict(vit_top1=PAPER["vit_top1"], dit_fid_relative=round_(PAPER["dit_fid_relative"])),
       claims=claims, comparisons=comparisons)
 
