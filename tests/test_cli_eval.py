@@ -123,6 +123,7 @@ def test_eval_of_an_rl_run_whose_reward_model_is_gone_resets_only_that(kind, tmp
   recorded = {"trainer": kind, **base, "reward": {**base["reward"], "model": gone, "verifier_weight": 0.0}}
   if kind == "ppo":
     recorded["ppo"] = {**base["ppo"], "critic_init": gone}
+  recorded = json.loads(json.dumps(recorded))  # as config.json holds it (a tuple field is a list there)
   got, notes = without_gone_inputs(trainer, recorded)
   assert recorded["reward"]["model"] == gone  # the record itself is left alone
   assert got["reward"] == json.loads(json.dumps(dataclasses.asdict(RewardConfig())))
