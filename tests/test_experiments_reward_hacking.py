@@ -254,3 +254,22 @@ def test_runs_are_kept_as_they_finish_and_a_fresh_workdir_goes_on_from_them(run,
   with pytest.raises(SystemExit, match="sft_fingerprint"):
     main("other_cpu")
   assert trained[runs:] == ["sft"]
+
+
+def test_policy_drift_reads_the_committed_runs_and_its_file_is_what_it_computes():
+  """`policy_drift.py`: Spearman's rho as scipy's (ties included), kl_last the mean of a run's last W logged kl_ref,
+  and the committed results/policy_drift.json equal to what it computes from the committed results."""
+  from scipy import stats as scipy_stats
+
+  from experiments.rlhf_reward_hacking import policy_drift
+
+  x, y = [0.3, 0.1, 0.1, 0.7, 0.5, 0.2], [1.0, 3.0, 2.0, 0.0, 0.5, 0.5]
+  assert policy_drift.spearman(x, y) == pytest.approx(scipy_stats.spearmanr(x, y).statistic, abs=1e-12)
+  result = policy_drift.compute()
+  first = result["runs"][0]
+  with open(os.path.join(policy_drift.RESULTS, "runs", first["name"], f"{first['rl']}_metrics.jsonl")) as f:
+    logged = [json.loads(line)["kl_ref"] for line in f if "kl_ref" in line]
+  assert first["kl_last"] == pytest.approx(np.mean(logged[-policy_drift.run.W:]), abs=1e-6)
+  assert len(result["runs"]) == 2 * 3 * 8  # GRPO and PPO x three RMs x N = 8 seeds
+  with open(os.path.join(policy_drift.RESULTS, "policy_drift.json")) as f:
+    assert json.load(f) == json.loads(json.dumps(result))
