@@ -89,15 +89,16 @@ class Model:
   def generate(self, prompts: Sequence[str], max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
                top_k: int = 0, seed: int = 0, chat: bool | None = None,
                engine: EngineConfig | bool | None = None) -> list[str]:
-    """The continuation of each prompt (decoded, special tokens dropped): greedy when temperature is 0, else
-    sampled at `temperature` with the top-k / top-p filters (0 / 1 = off) from `jax.random.PRNGKey(seed)`. A row
-    stops at the tokenizer's EOS. chat: each prompt as one user turn of the tokenizer's chat template (default:
-    as the run this model came from formatted its prompts). Prompts are tokenized as the trainers tokenize them
-    (`encode_prompts_as_trained`) and left-padded into one batch; prompt + response must fit config.max_seq_len.
-    engine: an `EngineConfig` (or True: its defaults) decodes through the rollout engine (`jaxpt.rl.engine`:
-    continuous batching over a paged KV cache, for many prompts of spread-out lengths), which draws row b's token
-    t with key fold_in(fold_in(PRNGKey(seed), b), t): greedy output as the static sampler's, sampled output as the
-    static sampler's with `SamplingConfig.row_keys`."""
+    """The continuation of each prompt (decoded, special tokens dropped): greedy when temperature is 0, else sampled at
+    `temperature` with the top-k / top-p filters (0 / 1 = off) from `jax.random.PRNGKey(seed)`. A row stops at the
+    tokenizer's EOS or another of its `stop_ids` (an HF checkpoint's generation_config.json eos_token_id list, e.g.
+    an instruct model's end-of-turn), as transformers' generate does. chat: each prompt as one user turn of the
+    tokenizer's chat template (default: as the run this model came from formatted its prompts). Prompts are
+    tokenized as the trainers tokenize them (`encode_prompts_as_trained`) and left-padded into one batch; prompt +
+    response must fit config.max_seq_len. engine: an `EngineConfig` (or True: its defaults) decodes through the
+    rollout engine (`jaxpt.rl.engine`: continuous batching over a paged KV cache, for many prompts of spread-out
+    lengths), which draws row b's token t with key fold_in(fold_in(PRNGKey(seed), b), t): greedy output as the
+    static sampler's, sampled output as the static sampler's with `SamplingConfig.row_keys`."""
     self._need("lm", "generate")
     if temperature < 0:
       raise ValueError(f"generate: temperature={temperature}: must be >= 0 (0 = greedy)")
