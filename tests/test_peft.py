@@ -149,7 +149,8 @@ def test_a_run_from_peft_adapters_starts_with_them(lora_run):
 @pytest.mark.parametrize("rollouts", ["merged", "unmerged"])
 def test_the_reference_of_a_run_from_peft_adapters_is_its_start(lora_run, rollouts, tmp_path):
   """DPO from `lora.init_adapter` (an SFT adapter, say): the frozen reference is the policy the run starts from, the
-  base plus those adapters, not the base alone, so the first step's loss is ln 2 (z = 0: policy = reference); GRPO's
+  base plus those adapters, not the base alone, so the first step's loss is ln 2 (z = 0: policy = reference) and the
+  eval's implicit rewards start at 0; GRPO's
   and PPO's reference (`lora_reference`, either rollout layout) is that start too, as the merged model reads it."""
   from jaxpt.trainers.grpo import lora_reference
 
@@ -170,6 +171,9 @@ def test_the_reference_of_a_run_from_peft_adapters_is_its_start(lora_run, rollou
   if rollouts == "unmerged":
     got = built.training.merged_params(got)
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(got), jax.device_get(want))
+  evaluator = built.hooks.evaluator  # the eval's implicit rewards beta (logp - ref) read that reference too: 0
+  rewards = evaluator.score(state.params, evaluator.device_batches[evaluator.splits[0]][0])
+  np.testing.assert_array_equal(np.asarray(rewards), 0.0)
   metrics = built.train_step(state, next(built.batches(0)))[1]  # last: the step may donate the state
   assert float(metrics["dpo_loss"]) == pytest.approx(np.log(2.0), abs=1e-6)
 

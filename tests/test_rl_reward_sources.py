@@ -228,6 +228,7 @@ def test_an_rm_of_another_format_reads_a_chat_policys_question_not_its_template(
 
   tok = load_tokenizer(os.path.join(os.path.dirname(__file__), "assets", "hf", "qwen2"))
   questions, responses, group, width, new = ["What is 2+3?", "What is 7*6?"], ["5", "4 2", "42", "x"], 2, 160, 8
+  (stop,) = tok.encode("!")  # a stop id the run's config adds (sampling.stop_ids): left out of the RM's text too
   rendered = encode_prompts_as_trained(tok, [prompt_text(q, tok, "chat") for q in questions], True)
   prompt_tokens = np.zeros((4, width), np.int32)
   prompt_mask = np.zeros((4, width), np.int32)
@@ -236,12 +237,13 @@ def test_an_rm_of_another_format_reads_a_chat_policys_question_not_its_template(
   for i, text in enumerate(responses):
     ids = list(rendered[i // group])
     prompt_tokens[i, width - len(ids):], prompt_mask[i, width - len(ids):] = ids, 1  # left-padded, as the sampler
-    out = list(tok.encode(text)) + [tok.eos_id]
+    out = list(tok.encode(text)) + [tok.eos_id if i != 1 else stop]  # row 1 stops at the run's own stop id
     tokens[i, :len(out)], mask[i, :len(out)] = out, 1
   ro = {k: jnp.asarray(v) for k, v in dict(prompt_tokens=prompt_tokens, prompt_mask=prompt_mask, tokens=tokens,
                                             mask=mask).items()}
   source = RewardModelSource(params=None, forward=None, sequences=None, shared=False, tokenizer=tok,
-                             policy_tokenizer=tok, chat=False, policy_prompt_format="chat", seq_len=256, layout=None)
+                             policy_tokenizer=tok, chat=False, policy_prompt_format="chat", seq_len=256, layout=None,
+                             stop_ids=(*tok.stop_ids, stop))
   got_tokens, got_last = source.retokenized(ro, questions)
   asked = encode_prompts_as_trained(tok, [prompt_message(q, "chat") for q in questions], False)
   want_tokens, want_last = response_sequences([list(asked[i // group]) for i in range(4)],

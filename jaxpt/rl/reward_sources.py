@@ -178,16 +178,20 @@ class RewardModelSource:
   policy_tokenizer: Any
   chat: bool  # the RM was trained on chat-formatted prompts
   policy_prompt_format: str  # the policy's: what `prompt_message` gives the re-tokenizing path as the prompt
+  stop_ids: tuple[int, ...]  # the ids the rollouts stop at (left out of the response the RM reads)
   seq_len: int
   layout: parallel.MeshLayout
 
   @classmethod
   def create(cls, model_config: Any, params: Any, num_scores: int, tokenizer: Any, prompt_format: str,
              policy_tokenizer: Any, policy_prompt_format: str, layout: parallel.MeshLayout,
-             prompt_len: int, new_tokens: int, source: str = "") -> "RewardModelSource":
+             prompt_len: int, new_tokens: int, source: str = "",
+             stop_ids: Sequence[int] | None = None) -> "RewardModelSource":
     """The source for an RM of `model_config` (`params` on `layout`'s mesh, `num_scores` heads) whose tokenizer
-    and prompt format are those given, for rollouts of `prompt_len` + `new_tokens` tokens. Logs (absl, once)
-    which layout it reads."""
+    and prompt format are those given, for rollouts of `prompt_len` + `new_tokens` tokens that stop at `stop_ids`
+    (the run's, `jaxpt.rl.collect.run_stop_ids`; None: the policy tokenizer's). Logs (absl, once) which layout it
+    reads."""
+    stop_ids = tuple(policy_tokenizer.stop_ids if stop_ids is None else stop_ids)
     shared = same_tokens(tokenizer, prompt_format, policy_tokenizer, policy_prompt_format)
     # the rollouts' own tokens: at most prompt + response + EOS; re-tokenized text can be longer (Model.score's)
     seq_len = min(prompt_len + new_tokens + 1, model_config.max_seq_len) if shared else model_config.max_seq_len
@@ -201,7 +205,7 @@ class RewardModelSource:
     compiled = layout.jit(forward, layout.replicated, in_shardings=(param_shardings, layout.batch, layout.batch))
     eos = tokenizer.eos_id
     pad = tokenizer.pad_id if tokenizer.pad_id is not None else 0
-    sequences = layout.jit(lambda *arrays: rm_sequences(*arrays, eos_id=eos, pad_id=pad, stop_ids=tokenizer.stop_ids,
+    sequences = layout.jit(lambda *arrays: rm_sequences(*arrays, eos_id=eos, pad_id=pad, stop_ids=stop_ids,
                                                         vocab_limit=policy_tokenizer.vocab_size, seq_len=seq_len),
                            layout.batch)
     line = (f"reward model {source}: scoring " + ("the rollouts' own tokens (the policy's tokenizer and prompt "
@@ -211,7 +215,7 @@ class RewardModelSource:
     say(line)  # the CLI shows absl's INFO lines only with -v
     return cls(params=params, forward=compiled, sequences=sequences, shared=shared, tokenizer=tokenizer,
                policy_tokenizer=policy_tokenizer, chat=prompt_format == "chat",
-               policy_prompt_format=policy_prompt_format, seq_len=seq_len, layout=layout)
+               policy_prompt_format=policy_prompt_format, stop_ids=stop_ids, seq_len=seq_len, layout=layout)
 
   def scores(self, ro: dict, questions: Sequence[str]) -> np.ndarray:
     """The RM's (quality) score of each rollout of `ro` (global device arrays prompt_tokens, prompt_mask, tokens,
@@ -232,9 +236,8 @@ class RewardModelSource:
     (tokens [M, S], last [M]). The prompt is `prompt_message` of the row's question in the policy's format (not
     the decoded prompt tokens: a chat policy's are its chat template, which the RM would read as text); the
     response, its tokens decoded by the policy's tokenizer."""
-    decode, stops = self.policy_tokenizer.decode, self.policy_tokenizer.stop_ids
-    responses = response_texts(decode, parallel.process_rows(ro["tokens"]), parallel.process_rows(ro["mask"]), stops,
-                               self.policy_tokenizer.vocab_size)
+    responses = response_texts(self.policy_tokenizer.decode, parallel.process_rows(ro["tokens"]),
+                               parallel.process_rows(ro["mask"]), self.stop_ids, self.policy_tokenizer.vocab_size)
     if not questions or len(responses) % len(questions):
       raise ValueError(f"reward model scores: {len(responses)} rollouts of this process for {len(questions or [])} "
                        "questions (need G rollouts a question)")

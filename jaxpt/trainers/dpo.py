@@ -41,7 +41,6 @@ from jaxpt.data import preference_batches
 from jaxpt.data.preference_batches import PreferenceDataConfig
 from jaxpt.losses import get_loss
 from jaxpt.models.transformer import TransformerLM
-from jaxpt.nn import lora as lora_lib
 from jaxpt.progress import say
 from jaxpt.rl.logprobs import token_logprobs
 from jaxpt.trainers import dir_estimator
@@ -289,7 +288,7 @@ def build_reference_run(trainer: str, config: RunConfig, workdir: str, model: Tr
   reference = jax.jit(parallel.with_activation_sharding(reference, mesh, rules),
                       out_shardings={k: batch_sharding for k in reference_keys})
 
-  reference_model = model.clone(lora=lora_lib.base_spec(model.lora))  # with LoRA the reference params: the base
+  reference_model = reference_model_of(config)  # with LoRA: the base, or the adapted model (lora.init_adapter)
 
   def implicit_rewards(params: Any, ref_params: Any, batch: dict) -> jax.Array:
     """r = beta (logp - ref) [2B] of the batch's [chosen; rejected] rows."""

@@ -48,7 +48,7 @@ from jaxpt.progress import say
 from jaxpt.rl import clipo, dapo
 from jaxpt.rl.reward_sources import (RewardConfig, RewardModelSource, assemble_rewards, check_model_fits,
                                      init_running_stats, raw_rewards)
-from jaxpt.rl.collect import TRAIN_REWARDS, RolloutCollector
+from jaxpt.rl.collect import TRAIN_REWARDS, RolloutCollector, run_stop_ids
 from jaxpt.rl.logprobs import response_logits, token_logprobs
 from jaxpt.trainers.grpo_config import GRPOConfig, GRPORunConfig
 from jaxpt.trainers.teacher import load_teacher
@@ -347,7 +347,7 @@ def reward_functions(config: Any, layout: Any, tokenizer: Any,
   reward_model = None if reward_run is None else RewardModelSource.create(
       reward_run.config, reward_run.params, reward_run.num_scores, reward_run.tokenizer, reward_run.prompt_format,
       tokenizer, config.task.prompt_format, layout, config.data.max_prompt_len, config.sampling.max_new_tokens,
-      source=config.reward.model)
+      source=config.reward.model, stop_ids=run_stop_ids(tokenizer, config.sampling))
   return assemble, reward_model
 
 
