@@ -147,16 +147,19 @@ def section_values(section: Any) -> dict[str, Any]:
 
 def _coerce(kind: Any, value: Any, where: str) -> Any:
   """`value` as the annotated `kind` (int, float, bool, str, `X | None`, `tuple[X, ...]`, a nested section)."""
-  if typing.get_origin(kind) is tuple:  # tuple[X, ...]: a list or tuple of X (JSON and ml_collections give lists)
-    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
-      raise ConfigError(where, "must be a list or tuple", value)
-    item = typing.get_args(kind)[0]
-    return tuple(_coerce(item, v, f"{where}[{i}]") for i, v in enumerate(value))
   options = typing.get_args(kind) if typing.get_origin(kind) in (typing.Union, types.UnionType) else ()
   if options:
     if value is None and type(None) in options:
       return None
     (kind,) = [option for option in options if option is not type(None)]
+  if typing.get_origin(kind) is tuple:  # a list or tuple (JSON and ml_collections give lists), each item coerced
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+      raise ConfigError(where, "must be a list or tuple", value)
+    items = typing.get_args(kind)
+    if items[-1] is not Ellipsis and len(items) != len(value):  # tuple[X, Y]: exactly that many
+      raise ConfigError(where, f"must hold {len(items)} items", value)
+    kinds = [items[0]] * len(value) if items[-1] is Ellipsis else items
+    return tuple(_coerce(item, v, f"{where}[{i}]") for i, (item, v) in enumerate(zip(kinds, value)))
   if is_section(kind):
     return from_section(kind, value, where)
   if kind is bool:

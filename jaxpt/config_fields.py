@@ -128,6 +128,9 @@ def _type_name(kind: Any) -> str:
     return " | ".join(_type_name(option) for option in typing.get_args(kind))
   if kind is type(None):
     return "None"
+  if typing.get_args(kind):  # a generic alias: tuple[int, ...]
+    items = ", ".join("..." if item is Ellipsis else _type_name(item) for item in typing.get_args(kind))
+    return f"{_type_name(typing.get_origin(kind))}[{items}]"
   return getattr(kind, "__name__", str(kind).replace("typing.", ""))
 
 

@@ -9,7 +9,8 @@ import re
 import ml_collections
 import pytest
 
-from jaxpt.config import ConfigError, Section, as_dict, at_least, config_dict, from_section, load_config_file
+from jaxpt.config import (ConfigError, Section, _coerce, as_dict, at_least, config_dict, from_section,
+                          load_config_file)
 from jaxpt.registry import Registry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -42,6 +43,10 @@ class Outer(Section):
 
 
 def test_values_are_coerced_and_defaults_fill_absent_fields():
+  assert _coerce(tuple[int, ...] | None, [1, 2], "x") == (1, 2) and _coerce(tuple[int, ...] | None, None, "x") is None
+  assert _coerce(tuple[int, str], [1, "a"], "x") == (1, "a")
+  with pytest.raises(ConfigError, match=r"^x=\[1\]: must hold 2 items$"):
+    _coerce(tuple[int, str], [1], "x")
   outer = from_section(Outer, {"inner": {"rate": 2, "size": 3, "ids": [4, 5]}}, "config")
   assert outer == Outer(inner=Inner(rate=2.0, size=3, ids=(4, 5)))  # a list (JSON's, ml_collections') -> a tuple
   assert isinstance(outer.inner.rate, float) and isinstance(outer.inner.ids, tuple)

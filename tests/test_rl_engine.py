@@ -99,6 +99,7 @@ def case(request):
   eos, other = ending_tokens(free, 2)  # a row stops at either: EOS and another stop token (an end-of-turn id)
   sampling = dataclasses.replace(sampling, eos_id=eos, stop_ids=(other,))
   want = eos_run(free, [eos, other], budgets)
+  assert not np.array_equal(eos_run(free, eos, budgets).lengths, want.lengths)  # a row stops at `other` first
   got, stats = Engine(cfg, sampling, PROMPT_LEN, engine, group_size).run(params, tokens, mask, KEY, budgets)
   return cfg, params, sampling, group_size, tokens, mask, want, got, stats, engine
 

@@ -267,6 +267,11 @@ def test_eos_stops_rows_pads_after_and_max_new_tokens(given_as):
     assert out.lengths[1] <= 3 and out.lengths.min() < NEW_TOKENS
 
 
+def test_stop_ids_given_as_a_list_are_a_tuple_a_sampler_cache_can_key_on():
+  assert SamplingConfig(4, stop_ids=[3, 5]).stop_ids == (3, 5)
+  assert hash(SamplingConfig(4, stop_ids=[3, 5])) == hash(SamplingConfig(4, stop_ids=(3, 5)))
+
+
 @pytest.mark.parametrize("field,value", [("max_new_tokens", 0), ("temperature", 0.0), ("top_k", -1),
                                          ("top_p", 0.0), ("top_p", 1.5), ("eos_id", -2), ("stop_ids", (3, -1)),
                                          ("pad_id", -1),

@@ -94,6 +94,7 @@ class SamplingConfig(Section):
     in_range(self, "top_p", 0.0, 1.0, low_open=True)
     if self.eos_id is not None and self.eos_id < 0:
       raise fail(self, "eos_id", "must be a non-negative token id or None")
+    object.__setattr__(self, "stop_ids", tuple(self.stop_ids))  # a list given in Python: hashable, a cache key
     if any(i < 0 for i in self.stop_ids):
       raise fail(self, "stop_ids", "must be non-negative token ids")
     if self.pad_id < 0:

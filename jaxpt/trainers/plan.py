@@ -20,7 +20,9 @@ the adapters, `jaxpt.engine.builder.lora_trainable`), b the micro-batch's rows o
                  (alive through the backward passes; the update reads the average, the sum's buffer freed)
     optimizer    AdamW's two moments: 2 T in param_dtype (optax keeps them in the params' dtype)
     reference    a frozen copy of the policy (DPO / KTO, GRPO with kl_coef > 0, PPO with a KL; not with LoRA, whose
-                 reference is the base, adapters off): P in param_dtype
+                 reference is the base, adapters off, or with lora.init_adapter the base beside the start's adapters:
+                 no copy; not counted: GRPO's / PPO's transient merged copy of that start under merged rollouts
+                 while the reference log-probs run): P in param_dtype
     activations  what the backward pass keeps of the L blocks (PPO: of one model, its critic's backward done before
                  the policy's forward, `jaxpt.trainers.ppo.sequenced_grad_fn`), per layer and token (`_layer_bytes`):
                  remat none: every block intermediate (norms, q/k/v, attention out, the MLP's hidden, the attention
