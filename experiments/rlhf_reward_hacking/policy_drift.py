@@ -30,18 +30,10 @@ RESULTS = os.path.join(HERE, "results")
 
 
 def spearman(x: list[float], y: list[float]) -> float:
-  """Spearman's rho: Pearson's r of the ranks (ties get their mean rank)."""
-  def ranks(values):
-    values = np.asarray(values, np.float64)
-    order = np.argsort(values, kind="stable")
-    out = np.empty(len(values))
-    out[order] = np.arange(len(values), dtype=np.float64)
-    for value in np.unique(values):
-      tied = values == value
-      out[tied] = out[tied].mean()
-    return out
+  """Spearman's rho (scipy's: ties get their mean rank)."""
+  from scipy import stats
 
-  return float(np.corrcoef(ranks(x), ranks(y))[0, 1])
+  return float(stats.spearmanr(x, y).statistic)
 
 
 def kl_last(metrics_file: str, window: int = run.W) -> float:
